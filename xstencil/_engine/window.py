@@ -1,0 +1,339 @@
+"""The window object a kernel receives.
+
+A :class:`Window` wraps one per-cell array of the window's shape.  Reads by
+dim name (``u(x=1)``), by relative position (``u[1, -1]``) or by kernex-style
+axis names (``u["i+1", "j"]``) become static slices of that array, and the
+window also behaves as the array itself (``u * w``, ``u.sum()``,
+``jnp.mean(u)``).  It is a pytree, so JAX functions accept it directly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from xstencil._errors import WindowIndexError, XStencilError
+
+__all__ = ["Window", "WindowSet", "parse_axis_name"]
+
+_NAME = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:([+-])\s*(\d+))?\s*$")
+
+
+def parse_axis_name(text: str) -> tuple[str, int]:
+    """``"i+1"`` -> ``("i", 1)``; ``"n-2"`` -> ``("n", -2)``; ``"i"`` -> ``("i", 0)``."""
+    m = _NAME.match(text)
+    if m is None:
+        raise XStencilError(
+            f"window index {text!r}: expected a name with an optional offset, such as "
+            f"'i', 'i+1' or 'i-2'"
+        )
+    name, sign, num = m.groups()
+    off = int(num) if num else 0
+    return name, -off if sign == "-" else off
+
+
+def _binary(op: Any, reflected: bool = False) -> Any:
+    def method(self: Window, other: Any) -> Any:
+        if isinstance(other, Window):
+            other = other.array
+        a = self.array
+        return op(other, a) if reflected else op(a, other)
+
+    return method
+
+
+@jax.tree_util.register_pytree_node_class
+class Window:
+    """One window of a field, as seen by the kernel.
+
+    Parameters
+    ----------
+    data
+        The per-cell array, of the window's shape.
+    dims
+        A name per window axis (``None`` for unnamed axes).
+    centre
+        The centre cell's index along each axis.
+    rolled
+        If true, the array view is rolled so that index 0 is the centre
+        (kernex's ``relative=True``).
+    field
+        Every dim of the data mapped to the ``(lo, hi)`` reach of the window
+        along it; dims of the data that this window lacks may be read at any
+        offset within that reach (the value does not vary along them).
+    coords
+        Coordinate windows, for :meth:`coord`.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        dims: tuple[str | None, ...],
+        centre: tuple[int, ...],
+        *,
+        rolled: bool = False,
+        field: tuple[tuple[str, tuple[int, int]], ...] = (),
+        coords: dict[str, Window] | None = None,
+        label: str = "window",
+    ):
+        self._data = data
+        self._dims = tuple(dims)
+        self._centre = tuple(centre)
+        self._rolled = rolled
+        self._field = tuple(field)
+        self._coords = dict(coords or {})
+        self._label = label
+
+    # -- pytree -------------------------------------------------------------
+    def tree_flatten(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        return (self._data, self._coords), (
+            self._dims, self._centre, self._rolled, self._field, self._label)
+
+    @classmethod
+    def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> Window:
+        dims, centre, rolled, field, label = aux
+        data, coords = children
+        return cls(data, dims, centre, rolled=rolled, field=field, coords=coords, label=label)
+
+    # -- array view ---------------------------------------------------------
+    @property
+    def array(self) -> Any:
+        """The window as an array (rolled so the centre is at 0 if ``rolled``)."""
+        a = self._data
+        if self._rolled:
+            for ax, c in enumerate(self._centre):
+                if c:
+                    a = jnp.roll(a, -c, axis=ax)
+        return a
+
+    def __jax_array__(self) -> Any:
+        return self.array
+
+    __array_ufunc__ = None  # make numpy defer to our reflected operators
+    __array_priority__ = 1000
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._data.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self._data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._dims)
+
+    @property
+    def dims(self) -> tuple[str | None, ...]:
+        """The window's dim names, in the order of its axes."""
+        return self._dims
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.array, name)
+
+    __add__ = _binary(lambda a, b: a + b)
+    __radd__ = _binary(lambda a, b: a + b, True)
+    __sub__ = _binary(lambda a, b: a - b)
+    __rsub__ = _binary(lambda a, b: a - b, True)
+    __mul__ = _binary(lambda a, b: a * b)
+    __rmul__ = _binary(lambda a, b: a * b, True)
+    __truediv__ = _binary(lambda a, b: a / b)
+    __rtruediv__ = _binary(lambda a, b: a / b, True)
+    __floordiv__ = _binary(lambda a, b: a // b)
+    __rfloordiv__ = _binary(lambda a, b: a // b, True)
+    __mod__ = _binary(lambda a, b: a % b)
+    __rmod__ = _binary(lambda a, b: a % b, True)
+    __pow__ = _binary(lambda a, b: a**b)
+    __rpow__ = _binary(lambda a, b: a**b, True)
+    __matmul__ = _binary(lambda a, b: a @ b)
+    __rmatmul__ = _binary(lambda a, b: a @ b, True)
+    __and__ = _binary(lambda a, b: a & b)
+    __rand__ = _binary(lambda a, b: a & b, True)
+    __or__ = _binary(lambda a, b: a | b)
+    __ror__ = _binary(lambda a, b: a | b, True)
+    __xor__ = _binary(lambda a, b: a ^ b)
+    __rxor__ = _binary(lambda a, b: a ^ b, True)
+    __lt__ = _binary(lambda a, b: a < b)
+    __le__ = _binary(lambda a, b: a <= b)
+    __gt__ = _binary(lambda a, b: a > b)
+    __ge__ = _binary(lambda a, b: a >= b)
+    __eq__ = _binary(lambda a, b: a == b)  # type: ignore[assignment]
+    __ne__ = _binary(lambda a, b: a != b)  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]
+
+    def __neg__(self) -> Any:
+        return -self.array
+
+    def __pos__(self) -> Any:
+        return self.array
+
+    def __abs__(self) -> Any:
+        return abs(self.array)
+
+    def __invert__(self) -> Any:
+        return ~self.array
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.array)
+
+    def __repr__(self) -> str:
+        shape = dict(zip(self._dims, self.shape, strict=True))
+        return f"<xstencil.Window {self._label} {shape}>"
+
+    # -- reads ----------------------------------------------------------------
+    def _cell(self, offsets: tuple[int, ...]) -> Any:
+        start = []
+        for ax, (o, c, n) in enumerate(zip(offsets, self._centre, self.shape, strict=True)):
+            i = c + o
+            if not 0 <= i < n:
+                dim = self._dims[ax]
+                name = repr(dim) if dim is not None else f"axis {ax}"
+                raise WindowIndexError(
+                    f"{self._label} read at offset {o} along {name} is outside the window, "
+                    f"which reaches offsets {-c}..{n - 1 - c}; widen the window (window=...) "
+                    f"or read a closer cell"
+                )
+            start.append(i)
+        if not start:
+            return self._data
+        cell = lax.slice(self._data, start, [i + 1 for i in start])
+        return lax.squeeze(cell, tuple(range(len(start))))
+
+    def __call__(self, **offsets: int) -> Any:
+        """Read a cell by dim name, relative to the centre: ``u(x=1, y=-1)``."""
+        field = dict(self._field)
+        rel = [0] * self.ndim
+        for dim, off in offsets.items():
+            if not isinstance(off, int) or isinstance(off, bool):
+                raise XStencilError(
+                    f"{self._label}({dim}={off!r}): offsets must be Python ints, relative to "
+                    f"the centre"
+                )
+            if dim in self._dims:
+                rel[self._dims.index(dim)] = off
+            elif dim in field:
+                lo, hi = field[dim]
+                if not -lo <= off <= hi:
+                    raise WindowIndexError(
+                        f"{self._label} read at offset {off} along {dim!r} is outside the "
+                        f"window, which reaches offsets {-lo}..{hi} along {dim!r}; "
+                        f"add {dim!r} to window=... to read neighbours along it"
+                    )
+            else:
+                known = tuple(d for d in self._dims if d is not None) + tuple(
+                    d for d in field if d not in self._dims)
+                raise XStencilError(
+                    f"{self._label}({dim}=...): dimension {dim!r} not found; available dims "
+                    f"are {known!r}"
+                )
+        return self._cell(tuple(rel))
+
+    def __getitem__(self, key: Any) -> Any:
+        """Relative reads (``u[1, -1]``), named reads (``u["i+1", "j"]``), or
+        plain indexing of the array view for slices."""
+        items = key if isinstance(key, tuple) else (key,)
+        if any(isinstance(k, str) for k in items):
+            return self._cell(self._named_offsets(items))
+        if len(items) == self.ndim and all(
+            isinstance(k, int) and not isinstance(k, bool) for k in items
+        ):
+            return self._cell(tuple(items))
+        return self.array[key]
+
+    def _named_offsets(self, items: tuple[Any, ...]) -> tuple[int, ...]:
+        if len(items) != self.ndim:
+            raise XStencilError(
+                f"{self._label}[{', '.join(map(repr, items))}]: the window has {self.ndim} "
+                f"axes, so give one index per axis"
+            )
+        rel: list[int | None] = [None] * self.ndim
+        for pos, k in enumerate(items):
+            if isinstance(k, str):
+                name, off = parse_axis_name(k)
+                if name not in self._dims:
+                    raise XStencilError(
+                        f"{self._label}[{k!r}]: axis name {name!r} is not one of the named "
+                        f"axes {tuple(d for d in self._dims if d is not None)!r}"
+                    )
+                ax = self._dims.index(name)
+            elif isinstance(k, int) and not isinstance(k, bool):
+                ax, off = pos, k
+            else:
+                raise XStencilError(
+                    f"{self._label}[...]: index {k!r} must be an int or an axis name such "
+                    f"as 'i+1'"
+                )
+            if rel[ax] is not None:
+                raise XStencilError(
+                    f"{self._label}[{', '.join(map(repr, items))}]: axis {ax} is indexed "
+                    f"twice"
+                )
+            rel[ax] = off
+        return tuple(0 if r is None else r for r in rel)
+
+    def coord(self, name: str) -> Window:
+        """The window over coordinate ``name``, read like the data window:
+        ``x = u.coord("x"); x(x=1) - x(x=-1)``."""
+        if name not in self._coords:
+            raise XStencilError(
+                f"{self._label}.coord({name!r}): no coordinate {name!r} is available; "
+                f"available are {tuple(self._coords)!r} (coordinates of the window's dims, "
+                f"numeric, one-dimensional)"
+            )
+        return self._coords[name]
+
+
+@jax.tree_util.register_pytree_node_class
+class WindowSet(Mapping[str, Window]):
+    """The windows of several variables (a Dataset kernel's argument):
+    ``s["u"]`` or ``s.u``."""
+
+    def __init__(self, windows: dict[str, Window], label: str = "s"):
+        self._windows = dict(windows)
+        self._label = label
+
+    def tree_flatten(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        names = tuple(self._windows)
+        return tuple(self._windows[n] for n in names), (names, self._label)
+
+    @classmethod
+    def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> WindowSet:
+        names, label = aux
+        return cls(dict(zip(names, children, strict=True)), label)
+
+    def __getitem__(self, name: str) -> Window:
+        try:
+            return self._windows[name]
+        except KeyError:
+            raise XStencilError(
+                f"{self._label}[{name!r}]: the Dataset has no data variable {name!r}; "
+                f"available are {tuple(self._windows)!r}"
+            ) from None
+
+    def __getattr__(self, name: str) -> Window:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._windows
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._windows)
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    def __repr__(self) -> str:
+        return f"<xstencil.WindowSet {list(self._windows)}>"
