@@ -1,0 +1,36 @@
+"""xstencil: labelled stencil computations on xarray objects, lowered to JAX.
+
+``import xstencil`` registers the ``.stencil`` accessor on
+:class:`xarray.DataArray` and :class:`xarray.Dataset`.  The array API
+(:func:`kmap`, :func:`kscan`, :func:`smap`, :func:`sscan`) is a drop-in for
+kernex 0.2.
+"""
+
+from xstencil._engine.kernex import KernelMesh as KernelMesh
+from xstencil._engine.kernex import kmap as kmap
+from xstencil._engine.kernex import kscan as kscan
+from xstencil._engine.kernex import smap as smap
+from xstencil._engine.kernex import sscan as sscan
+from xstencil._engine.window import Window as Window
+from xstencil._engine.window import WindowSet as WindowSet
+from xstencil._errors import KernelError as KernelError
+from xstencil._errors import LabelError as LabelError
+from xstencil._errors import WindowIndexError as WindowIndexError
+from xstencil._errors import XStencilError as XStencilError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KernelError",
+    "KernelMesh",
+    "LabelError",
+    "Window",
+    "WindowIndexError",
+    "WindowSet",
+    "XStencilError",
+    "kmap",
+    "kscan",
+    "smap",
+    "sscan",
+    "__version__",
+]

@@ -1,0 +1,106 @@
+"""Calling the engine: float64 handling and static/dynamic kernel arguments.
+
+* float64 stays float64 even when JAX's x64 flag is off: a call whose inputs
+  are 64-bit runs under ``jax.enable_x64(True)`` for its duration only, so no
+  global flag changes for the user.
+* Extra kernel arguments are split into array leaves (dynamic: traced, so a
+  new value does not recompile and gradients flow) and everything else
+  (static: hashable Python values baked into the trace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xstencil._errors import XStencilError
+
+__all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static"]
+
+
+def _dtype(x: Any) -> Any:
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        return None
+    return np.dtype(dt)
+
+
+def is_wide(*xs: Any) -> bool:
+    """Whether any input carries a 64-bit dtype."""
+    for leaf in jax.tree_util.tree_leaves(xs):
+        dt = _dtype(leaf)
+        if dt is None:
+            continue
+        if dt.kind in "fiu" and dt.itemsize == 8 or dt.kind == "c" and dt.itemsize == 16:
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def precision(*xs: Any) -> Iterator[None]:
+    """Run the block with x64 enabled if the inputs are 64-bit."""
+    if is_wide(*xs) and not jax.config.read("jax_enable_x64"):
+        with jax.enable_x64(True):
+            yield
+    else:
+        yield
+
+
+def as_array(call: str, arg: str, x: Any) -> Any:
+    """A JAX array (or tracer) with the input's dtype; no copy of JAX arrays."""
+    if isinstance(x, jax.Array | jax.core.Tracer):
+        return x
+    if isinstance(x, np.ndarray | np.generic):
+        if x.dtype.kind not in "biufc":
+            raise XStencilError(
+                f"{call}: {arg} has dtype {x.dtype}, which is not numeric; stencils run on "
+                f"bool, int, float or complex data (convert with .astype(float))"
+            )
+        return jnp.asarray(x)
+    raise XStencilError(
+        f"{call}: {arg} must be an array (numpy or JAX), got {type(x).__name__}: {x!r:.80}; "
+        f"wrap it with numpy.asarray"
+    )
+
+
+class _Dynamic:
+    """Marks a dynamic leaf's position in a static template."""
+
+    def __repr__(self) -> str:
+        return "<dynamic>"
+
+
+DYNAMIC = _Dynamic()
+
+
+def split_static(call: str, tree: Any) -> tuple[list[Any], Any]:
+    """Split kernel arguments into dynamic array leaves and a hashable
+    template of everything else."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    dyn, template = [], []
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array | jax.core.Tracer | np.ndarray | np.generic):
+            dyn.append(leaf)
+            template.append(DYNAMIC)
+            continue
+        try:
+            hash(leaf)
+        except TypeError:
+            raise XStencilError(
+                f"{call}: the kernel argument {leaf!r:.80} is neither an array nor hashable; "
+                f"pass arrays as numpy/JAX arrays and other values as hashable constants"
+            ) from None
+        template.append((type(leaf), leaf))
+    return dyn, (treedef, tuple(template))
+
+
+def merge_static(dyn: list[Any], static: Any) -> Any:
+    treedef, template = static
+    it = iter(dyn)
+    leaves = [next(it) if t is DYNAMIC else t[1] for t in template]
+    return jax.tree_util.tree_unflatten(treedef, leaves)

@@ -1,0 +1,175 @@
+"""kernex-semantics scans: windows visited in row-major order, every result
+written into the working array before the next window is read.
+
+The kernel is traced once to find which window cells it reads.  A read at
+offset ``o`` (relative to the centre) sees an earlier result only when every
+component of ``o`` is a multiple of the stride along its axis and ``o`` comes
+before zero in row-major order.  Only the axes that carry such a dependency
+must be walked in order; all the others are computed in parallel, as one
+slab per step.  A time-causal kernel on ``(time, x)`` therefore runs as one
+``fori_loop`` over rows of whole-row array expressions, and only a genuine
+recurrence along ``x`` nests a walk along ``x``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+from xstencil._engine.lower import AxisGeom, KernelCall, Source, dependencies, evaluate, trace
+from xstencil._engine.mesh import Mask, Slab, mesh_evaluate, slab_geometry, write_slab
+
+__all__ = ["sequential_axes", "read_offsets", "kscan_array"]
+
+
+def _first_nonzero(o: Sequence[int]) -> int | None:
+    for d, v in enumerate(o):
+        if v:
+            return d
+    return None
+
+
+def _lex_negative(o: Sequence[int]) -> bool:
+    d = _first_nonzero(o)
+    return d is not None and o[d] < 0
+
+
+def sequential_axes(offsets: Iterable[Sequence[int]], strides: Sequence[int]) -> tuple[int, ...]:
+    """The axes that must be walked in order for row-major kscan semantics.
+
+    Walking the chosen axes in order (the others in parallel) must show each
+    read exactly what the row-major walk shows: earlier results for
+    dependencies, input values for everything else.
+    """
+    hits = [tuple(o) for o in offsets
+            if any(o) and all(v % s == 0 for v, s in zip(o, strides, strict=True))]
+    seq = {_first_nonzero(o) for o in hits if _lex_negative(o)}
+    changed = True
+    while changed:
+        changed = False
+        for o in hits:
+            a = _first_nonzero(o)
+            if _lex_negative(o) or a in seq:
+                continue
+            # a later cell: it must not be computed earlier in our order
+            if _lex_negative([o[d] for d in sorted(seq)]):
+                seq.add(a)
+                changed = True
+    return tuple(sorted(d for d in seq if d is not None))
+
+
+def read_offsets(calls: Sequence[KernelCall], source: Source, geom: Sequence[AxisGeom],
+                 dyn: Any, centre: Sequence[int]) -> set[tuple[int, ...]]:
+    """Offsets (relative to the centre) that any of the kernels reads."""
+    shape = tuple(geom[a].size for a in source.cell_axes)
+    out: set[tuple[int, ...]] = set()
+    for call in calls:
+        closed, _ = trace(call, [source], geom, dyn)
+        (cells,) = dependencies(closed, 1, [shape], 0)
+        out |= {tuple(i - c for i, c in zip(idx, centre, strict=True)) for idx in cells}
+    return out
+
+
+def kscan_array(
+    branches: Sequence[tuple[Slab | Mask, KernelCall]],
+    base: KernelCall,
+    work: Any,
+    geom: Sequence[AxisGeom],
+    dyn: Any,
+    centre: Sequence[int],
+) -> Any:
+    """Scan over the padded working array ``work``; returns the outputs.
+
+    ``branches`` are the mesh regions (over output positions) and their
+    kernels; ``base`` computes positions no region covers.
+    """
+    rank = work.ndim
+    axes = tuple(range(rank))
+    src = Source(work, axes, axes)
+    strides = [g.step for g in geom]
+    offsets = read_offsets([c for _, c in branches] + [base], src, geom, dyn, centre)
+    seq = sequential_axes(offsets, strides)
+    if not seq:
+        return mesh_evaluate(branches, base, [src], geom, dyn)
+    par = [a for a in axes if a not in seq]
+    counts = [geom[a].count for a in seq]
+    if 0 in counts or any(geom[a].count == 0 for a in par):
+        return _outputs(work, geom, centre)
+
+    def body(i: Any, w: Any) -> Any:
+        pos = {}
+        rem = i
+        for a, n in zip(reversed(seq), reversed(counts), strict=True):
+            pos[a] = rem % n
+            rem = rem // n
+        starts = [pos[a] * geom[a].step if a in pos else 0 for a in axes]
+        sizes = [geom[a].size if a in pos else w.shape[a] for a in axes]
+        blk = lax.dynamic_slice(w, starts, sizes)
+        sub = [AxisGeom(0, 1, 1, g.size) if a in pos else g for a, g in enumerate(geom)]
+        val = _slab_mesh(branches, base, Source(blk, axes, axes), sub, dyn, pos, seq)
+        val = val.astype(w.dtype)
+        if all(geom[a].step == 1 for a in par):
+            wstart = [pos[a] * geom[a].step + centre[a] if a in pos
+                      else geom[a].start + centre[a] for a in axes]
+            return lax.dynamic_update_slice(w, val, wstart)
+        idx = tuple(
+            pos[a] * geom[a].step + centre[a] if a in pos
+            else slice(geom[a].start + centre[a],
+                       geom[a].start + centre[a] + geom[a].step * (geom[a].count - 1) + 1,
+                       geom[a].step)
+            for a in axes)
+        return w.at[idx].set(jnp.squeeze(val, axis=tuple(seq)))
+
+    work = lax.fori_loop(0, math.prod(counts), body, work)
+    return _outputs(work, geom, centre)
+
+
+def _outputs(work: Any, geom: Sequence[AxisGeom], centre: Sequence[int]) -> Any:
+    starts = [g.start + c for g, c in zip(geom, centre, strict=True)]
+    limits = [s + max(g.step * (g.count - 1) + 1, 0) for s, g in zip(starts, geom, strict=True)]
+    return lax.slice(work, starts, limits, [g.step for g in geom])
+
+
+def _slab_mesh(branches: Sequence[tuple[Slab | Mask, KernelCall]], base: KernelCall,
+               src: Source, sub: Sequence[AxisGeom], dyn: Any, pos: dict[int, Any],
+               seq: Sequence[int]) -> Any:
+    """One step's slab under a mesh; membership along walked axes is dynamic."""
+    par_branches: list[tuple[Slab | Mask, KernelCall]] = []
+    conds: list[Any] = []
+    for region, call in branches:
+        if isinstance(region, Mask):
+            m = lax.dynamic_slice(jnp.asarray(region.array, bool),
+                                  [pos.get(a, 0) for a in range(len(sub))],
+                                  [1 if a in pos else sub[a].count for a in range(len(sub))])
+            par_branches.append((Mask(m), call))
+            conds.append(None)
+            continue
+        ranges = list(region.ranges)
+        cond = jnp.asarray(True)
+        for a in seq:
+            lo, hi, step = ranges[a]
+            p = pos[a]
+            cond = cond & (p >= lo) & (p < hi) & ((p - lo) % step == 0)
+            ranges[a] = (0, 1, 1)
+        par_branches.append((Slab(tuple(ranges)), call))
+        conds.append(cond)
+    out = evaluate(base, [src], sub, dyn)
+    for (region, call), cond in zip(par_branches, conds, strict=True):
+        new = _apply(region, call, out, src, sub, dyn)
+        out = new if cond is None else jnp.where(cond, new, out)
+    return out
+
+
+def _apply(region: Slab | Mask, call: KernelCall, out: Any, src: Source,
+           sub: Sequence[AxisGeom], dyn: Any) -> Any:
+    if isinstance(region, Mask):
+        val = evaluate(call, [src], sub, dyn)
+        return jnp.where(region.array, val.astype(out.dtype), out)
+    if 0 in region.counts():
+        return out
+    val = evaluate(call, [src], slab_geometry(sub, region), dyn)
+    return write_slab(out, val, region)

@@ -1,0 +1,95 @@
+"""Function meshes: different kernels on different regions of the output.
+
+The result equals a per-cell ``lax.switch`` over the assigned kernels, with
+the later assignment winning where regions overlap.  A rectangular region
+(slices, with steps) is evaluated only over its own slab of outputs, so a
+one-cell boundary strip costs one strip, not a full-array evaluation of every
+branch.  Boolean-mask regions are evaluated everywhere and merged with
+``select``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from xstencil._engine.lower import AxisGeom, KernelCall, Source, evaluate
+
+__all__ = ["Slab", "Mask", "mesh_evaluate", "slab_geometry", "write_slab"]
+
+
+@dataclass(frozen=True)
+class Slab:
+    """Output positions ``range(start, stop, step)`` per field axis."""
+
+    ranges: tuple[tuple[int, int, int], ...]
+
+    def covers(self, geom: Sequence[AxisGeom]) -> bool:
+        return all(r == (0, g.count, 1) for r, g in zip(self.ranges, geom, strict=True))
+
+    def counts(self) -> tuple[int, ...]:
+        return tuple(len(range(*r)) for r in self.ranges)
+
+
+@dataclass(frozen=True, eq=False)
+class Mask:
+    """A boolean array of the output's field shape."""
+
+    array: Any
+
+
+def slab_geometry(geom: Sequence[AxisGeom], slab: Slab) -> list[AxisGeom]:
+    return [AxisGeom(g.start + a * g.step, g.step * c, len(range(a, b, c)), g.size)
+            for g, (a, b, c) in zip(geom, slab.ranges, strict=True)]
+
+
+def mesh_evaluate(
+    branches: Sequence[tuple[Slab | Mask, KernelCall]],
+    base: KernelCall,
+    sources: Sequence[Source],
+    geom: Sequence[AxisGeom],
+    dyn: Any,
+) -> Any:
+    """Evaluate ``base`` everywhere, then each branch on its region, in order."""
+    start = 0
+    for k, (region, _) in enumerate(branches):
+        if isinstance(region, Slab) and region.covers(geom):
+            start = k
+    if branches and isinstance(branches[start][0], Slab) and branches[start][0].covers(geom):
+        out = evaluate(branches[start][1], sources, geom, dyn)
+        rest = branches[start + 1:]
+    else:
+        out = evaluate(base, sources, geom, dyn)
+        rest = branches
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    nfield = len(geom)
+    for region, call in rest:
+        if isinstance(region, Slab):
+            if 0 in region.counts():
+                continue
+            vals = jax.tree_util.tree_leaves(
+                evaluate(call, sources, slab_geometry(geom, region), dyn))
+            leaves = [write_slab(o, v, region) for o, v in zip(leaves, vals, strict=True)]
+        else:
+            vals = jax.tree_util.tree_leaves(evaluate(call, sources, geom, dyn))
+            mask = jnp.asarray(region.array, dtype=bool)
+            leaves = [jnp.where(_expand(mask, o.ndim, nfield), v.astype(o.dtype), o)
+                      for o, v in zip(leaves, vals, strict=True)]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _expand(mask: Any, ndim: int, nfield: int) -> Any:
+    return lax.expand_dims(mask, tuple(range(nfield, ndim))) if ndim > nfield else mask
+
+
+def write_slab(out: Any, vals: Any, slab: Slab) -> Any:
+    vals = vals.astype(out.dtype)
+    if all(step == 1 for _, _, step in slab.ranges):
+        starts = [a for a, _, _ in slab.ranges] + [0] * (out.ndim - len(slab.ranges))
+        return lax.dynamic_update_slice(out, vals, starts)
+    return out.at[tuple(slice(*r) for r in slab.ranges)].set(vals)
