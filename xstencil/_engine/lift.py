@@ -110,7 +110,9 @@ class ArrayAlgebra:
         return np.asarray(value)[idx]
 
     @staticmethod
-    def apply(prim: Any, elems: Sequence[Any], params: dict[str, Any], dtypes: Sequence[Any]) -> Any:
+    def apply(
+        prim: Any, elems: Sequence[Any], params: dict[str, Any], dtypes: Sequence[Any]
+    ) -> Any:
         arrays = []
         for e, dt in zip(elems, dtypes, strict=True):
             if isinstance(e, jax.Array | jax.core.Tracer):
@@ -138,7 +140,9 @@ class DepsAlgebra:
         return frozenset()
 
     @staticmethod
-    def apply(prim: Any, elems: Sequence[Any], params: dict[str, Any], dtypes: Sequence[Any]) -> Any:
+    def apply(
+        prim: Any, elems: Sequence[Any], params: dict[str, Any], dtypes: Sequence[Any]
+    ) -> Any:
         out: frozenset = frozenset()
         for e in elems:
             if isinstance(e, frozenset):
