@@ -6,6 +6,8 @@
 kernex 0.2.
 """
 
+from xstencil._accessor import StencilAccessor as StencilAccessor
+from xstencil._accessor import register as _register
 from xstencil._engine.kernex import KernelMesh as KernelMesh
 from xstencil._engine.kernex import kmap as kmap
 from xstencil._engine.kernex import kscan as kscan
@@ -17,6 +19,10 @@ from xstencil._errors import KernelError as KernelError
 from xstencil._errors import LabelError as LabelError
 from xstencil._errors import WindowIndexError as WindowIndexError
 from xstencil._errors import XStencilError as XStencilError
+from xstencil._labelled.map import map as map
+from xstencil._labelled.mesh import Mesh as Mesh
+from xstencil._labelled.mesh import mesh as mesh
+from xstencil._labelled.mesh import nearest as nearest
 
 __version__ = "0.1.0"
 
@@ -24,13 +30,20 @@ __all__ = [
     "KernelError",
     "KernelMesh",
     "LabelError",
+    "Mesh",
+    "StencilAccessor",
     "Window",
     "WindowIndexError",
     "WindowSet",
     "XStencilError",
     "kmap",
     "kscan",
+    "map",
+    "mesh",
+    "nearest",
     "smap",
     "sscan",
     "__version__",
 ]
+
+_register()

@@ -277,14 +277,20 @@ class KernelMesh:
         names = _named(call, o["named_axis"], x.ndim)
         scanning = self._kind in ("kscan", "sscan")
         if self._kind in ("smap", "sscan"):
+            # Every position is an output; the kernel runs on positions
+            # range(lo, n - hi, stride) of each axis (see `keep` below).
             pads = [((k - 1) // 2, k // 2) for k in sizes]
             offsets = [_pair(call, "offset", v, 0, o["offset"])
                        for v in _per_axis(call, "offset", o["offset"], x.ndim)]
+            _check_offsets(call, o["offset"], offsets, pads, modes)
+            steps = (1,) * x.ndim
         else:
             pads = _paddings(call, o["padding"], sizes)
             offsets = None
+            _check_valid(call, o["padding"], pads, modes)
+            steps = strides
         specs = [AxisSpec((k - 1) // 2, k // 2, lo, hi, s, m)
-                 for k, (lo, hi), s, m in zip(sizes, pads, strides, modes, strict=True)]
+                 for k, (lo, hi), s, m in zip(sizes, pads, steps, modes, strict=True)]
         for ax, (n, sp) in enumerate(zip(x.shape, specs, strict=True)):
             if n + sp.pad_lo + sp.pad_hi < sp.size:
                 raise XStencilError(
@@ -333,8 +339,8 @@ class KernelMesh:
         else:
             branches = [(_region(call, idx, counts), wrap(f)) for idx, f in self._branches]
         if offsets is not None:
-            keep = np.zeros(counts, dtype=bool)
-            keep[tuple(slice(lo, n - hi) for (lo, hi), n in zip(offsets, counts, strict=True))] = 1
+            keep = Slab(tuple(_normal(range(lo, n - hi, s)) for (lo, hi), n, s
+                              in zip(offsets, counts, strides, strict=True)))
             branches = [(_intersect(r, keep), f) for r, f in branches]
         fill = o["fill_value"]
         if scanning:
@@ -354,23 +360,58 @@ class KernelMesh:
         return keep
 
 
-def _intersect(region: Slab | Mask, keep: np.ndarray) -> Slab | Mask:
+def _normal(r: range) -> tuple[int, int, int]:
+    """``(start, stop, step)`` of a non-empty increasing range, or the empty one."""
+    if not len(r):
+        return (0, 0, 1)
+    return (r[0], r[-1] + 1, r.step if len(r) > 1 else 1)
+
+
+def _intersect(region: Slab | Mask, keep: Slab) -> Slab | Mask:
+    """``region`` restricted to the slab ``keep``.  Two arithmetic progressions
+    intersect in an arithmetic progression, so a slab stays a slab."""
     if isinstance(region, Mask):
-        return Mask(np.asarray(region.array) & keep)
-    mask = np.zeros_like(keep)
-    mask[tuple(slice(*r) for r in region.ranges)] = True
-    inner = mask & keep
-    # keep it a slab when the intersection is one
-    idx = np.nonzero(inner)
-    if not idx[0].size:
-        return Slab(tuple((0, 0, 1) for _ in region.ranges))
-    lo = [int(i.min()) for i in idx]
-    hi = [int(i.max()) + 1 for i in idx]
-    box = np.zeros_like(keep)
-    box[tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))] = True
-    if np.array_equal(box, inner):
-        return Slab(tuple((a, b, 1) for a, b in zip(lo, hi, strict=True)))
-    return Mask(inner)
+        mask = np.zeros(np.shape(region.array), dtype=bool)
+        mask[tuple(slice(*r) for r in keep.ranges)] = True
+        return Mask(np.asarray(region.array) & mask)
+    ranges = []
+    for a, b in zip(region.ranges, keep.ranges, strict=True):
+        common = sorted(set(range(*a)) & set(range(*b)))
+        if not common:
+            return Slab(tuple((0, 0, 1) for _ in region.ranges))
+        step = common[1] - common[0] if len(common) > 1 else 1
+        ranges.append((common[0], common[-1] + 1, step))
+    return Slab(tuple(ranges))
+
+
+def _check_valid(call: str, padding: Any, pads: Sequence[tuple[int, int]],
+                 modes: Sequence[str]) -> None:
+    """``boundary='valid'`` has no halo, so it cannot pad (it may trim)."""
+    for ax, ((lo, hi), mode) in enumerate(zip(pads, modes, strict=True)):
+        if mode == "valid" and (lo > 0 or hi > 0):
+            raise XStencilError(
+                f"{call}: boundary 'valid' along axis {ax} has no halo, but "
+                f"padding={padding!r} pads it by ({lo}, {hi}); use padding='valid' (or 0) "
+                f"along that axis, or a boundary that fills the halo such as 'fill'"
+            )
+
+
+def _check_offsets(call: str, offset: Any, offsets: Sequence[tuple[int, int]],
+                   pads: Sequence[tuple[int, int]], modes: Sequence[str]) -> None:
+    for ax, ((lo, hi), (reach_lo, reach_hi), mode) in enumerate(
+            zip(offsets, pads, modes, strict=True)):
+        if lo < 0 or hi < 0:
+            raise XStencilError(
+                f"{call}: offset={offset!r} holds ({lo}, {hi}) along axis {ax}; offsets "
+                f"count positions skipped at each end and must be >= 0"
+            )
+        if mode == "valid" and (lo < reach_lo or hi < reach_hi):
+            raise XStencilError(
+                f"{call}: boundary 'valid' along axis {ax} has no halo, but "
+                f"offset={offset!r} gives ({lo}, {hi}) there, so some windows reach past "
+                f"the array; use an offset of at least ({reach_lo}, {reach_hi}) along that "
+                f"axis, or a boundary that fills the halo such as 'fill'"
+            )
 
 
 def _make(kind: str, defaults: dict[str, Any]) -> Callable[..., Any]:

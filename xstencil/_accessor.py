@@ -1,0 +1,43 @@
+"""The ``.stencil`` accessor on DataArray and Dataset.
+
+Each method is a one-line delegate to the public function of the same name;
+the accessor holds no state (xarray caches it per object).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import xarray as xr
+
+from xstencil._labelled.map import map as _map
+from xstencil._labelled.mesh import mesh as _mesh
+
+__all__ = ["StencilAccessor"]
+
+
+class StencilAccessor:
+    """Stencil computations on this object: ``obj.stencil.map(kernel)``."""
+
+    def __init__(self, obj: xr.DataArray | xr.Dataset):
+        self._obj = obj
+
+    def map(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
+        """Apply a kernel at every point; see :func:`xstencil.map`."""
+        return _map(self._obj, kernel, *args, **kwargs)
+
+    def mesh(self, **kwargs: Any) -> Any:
+        """A function mesh over this object; see :func:`xstencil.mesh`."""
+        return _mesh(self._obj, **kwargs)
+
+    def scan(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
+        """Scan a kernel along a dim (time stepping); see :func:`xstencil.scan`."""
+        from xstencil._labelled.scan import scan as _scan
+
+        return _scan(self._obj, kernel, *args, **kwargs)
+
+
+def register() -> None:
+    """Register the accessor as ``.stencil`` on DataArray and Dataset."""
+    xr.register_dataarray_accessor("stencil")(StencilAccessor)
+    xr.register_dataset_accessor("stencil")(StencilAccessor)

@@ -1,0 +1,69 @@
+"""Coordinate windows: the values of a 1-D coordinate around each point.
+
+Inside the halo the coordinate continues geometrically, so that differences
+such as ``x(x=1) - x(x=-1)`` stay meaningful at the edges:
+
+* ``fill``, ``extend``, ``valid``: extrapolated linearly with the edge spacing;
+* ``periodic``: shifted by one period (the neighbour of the last point reads
+  as the first point plus the period).  The period is inferred from uniform
+  spacing (``n * dx``) or given with ``period={dim: value}``;
+* ``reflect`` / ``symmetric``: mirrored about the edge point / about the
+  midpoint half a spacing beyond the edge, so distances are preserved.
+
+Datetime coordinates become float seconds since their first value, and
+timedelta coordinates float seconds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xstencil._engine.boundary import source_index
+from xstencil._errors import XStencilError
+
+__all__ = ["numeric_coord", "pad_coord"]
+
+
+def numeric_coord(call: str, dim: str, values: np.ndarray) -> np.ndarray | None:
+    """The coordinate as float64, or ``None`` if it is not numeric."""
+    values = np.asarray(values)
+    if values.dtype.kind == "M":
+        return (values - values[0]) / np.timedelta64(1, "s")
+    if values.dtype.kind == "m":
+        return values / np.timedelta64(1, "s")
+    if values.dtype.kind in "iuf":
+        return values.astype(np.float64)
+    return None
+
+
+def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,
+              period: float | None = None) -> np.ndarray:
+    """The coordinate ``c`` with ``lo``/``hi`` halo points for ``mode``."""
+    n = len(c)
+    if lo == 0 and hi == 0:
+        return c
+    p = np.arange(-lo, n + hi)
+    if mode in ("fill", "extend", "valid") or n == 1:
+        d_lo = c[1] - c[0] if n > 1 else 1.0
+        d_hi = c[-1] - c[-2] if n > 1 else 1.0
+        return np.where(p < 0, c[0] + p * d_lo,
+                        np.where(p >= n, c[-1] + (p - n + 1) * d_hi, c[np.clip(p, 0, n - 1)]))
+    idx = source_index(p, n, mode)
+    if mode == "periodic":
+        if period is None:
+            d = np.diff(c)
+            if not np.allclose(d, d[0], rtol=1e-6, atol=0):
+                raise XStencilError(
+                    f"{call}: coordinate {dim!r} is not uniformly spaced, so its period across "
+                    f"the periodic boundary cannot be inferred; pass period={{{dim!r}: ...}}"
+                )
+            period = float(n * d[0])
+        return c[idx] + np.floor_divide(p, n) * period
+    if mode == "reflect":
+        # mirror about the edge point
+        left, right = 2 * c[0] - c[idx], 2 * c[-1] - c[idx]
+    else:  # symmetric: mirror about the midpoint half a spacing beyond the edge
+        m_lo = c[0] - (c[1] - c[0]) / 2
+        m_hi = c[-1] + (c[-1] - c[-2]) / 2
+        left, right = 2 * m_lo - c[idx], 2 * m_hi - c[idx]
+    return np.where(p < 0, left, np.where(p >= n, right, c[idx]))

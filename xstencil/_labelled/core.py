@@ -1,0 +1,341 @@
+"""The labelled pipeline shared by map, mesh and scan: unwrap an xarray
+object into fields, build windows inside the trace, run the engine under a
+cached jit, and rewrap the result with its coords."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+from xstencil._engine.call import as_array, merge_static, precision, split_static
+from xstencil._engine.lower import Source
+from xstencil._engine.window import Window, WindowSet
+from xstencil._errors import KernelError, WindowIndexError, XStencilError
+from xstencil._labelled.coords import numeric_coord, pad_coord
+from xstencil._labelled.plan import Plan, infer_window, make_plan
+from xstencil._labelled.plan import _window as parse_window
+
+__all__ = ["Fields", "unwrap", "prepare", "kernel_caller", "identity_caller", "rewrap",
+           "compiled", "sources"]
+
+
+@dataclass
+class Fields:
+    """An xarray object seen as named arrays over a common field of dims."""
+
+    obj: xr.DataArray | xr.Dataset
+    dims: tuple[str, ...]
+    shape: tuple[int, ...]
+    names: tuple[str, ...] | None  # None for a DataArray
+    arrays: list[Any]  # data in field dim order (per variable: its own dims)
+    var_dims: tuple[tuple[str, ...], ...]
+    dtypes: tuple[Any, ...]
+
+
+def _check_dtype(call: str, name: str, dtype: Any) -> None:
+    if np.dtype(dtype).kind not in "biufc":
+        raise XStencilError(
+            f"{call}: {name} has dtype {np.dtype(dtype)}, which is not numeric; stencils run "
+            f"on bool, int, float or complex data (convert with .astype(float))"
+        )
+
+
+def unwrap(call: str, obj: Any, *, skip: Sequence[str] = ()) -> Fields:
+    """Check and unwrap a DataArray or Dataset (no copy of JAX data)."""
+    if isinstance(obj, xr.DataArray):
+        _check_dtype(call, "the data", obj.dtype)
+        if obj.ndim == 0:
+            raise XStencilError(f"{call}: the DataArray is a scalar; stencils need dims")
+        return Fields(obj, tuple(map(str, obj.dims)), tuple(obj.shape), None, [obj.data],
+                      (tuple(map(str, obj.dims)),), (obj.dtype,))
+    if isinstance(obj, xr.Dataset):
+        names = tuple(str(n) for n in obj.data_vars if str(n) not in skip)
+        if not names:
+            raise XStencilError(f"{call}: the Dataset has no data variables")
+        dims: list[str] = []
+        for n in names:
+            _check_dtype(call, f"data variable {n!r}", obj[n].dtype)
+            dims += [str(d) for d in obj[n].dims if str(d) not in dims]
+        arrays, var_dims = [], []
+        for n in names:
+            v = obj[n]
+            order = tuple(d for d in dims if d in v.dims)
+            arrays.append(v.transpose(*order).data)
+            var_dims.append(order)
+        shape = tuple(obj.sizes[d] for d in dims)
+        return Fields(obj, tuple(dims), shape, names, arrays, tuple(var_dims),
+                      tuple(obj[n].dtype for n in names))
+    raise XStencilError(
+        f"{call}: expected an xarray DataArray or Dataset, got {type(obj).__name__}"
+    )
+
+
+def coord_dims(f: Fields) -> tuple[str, ...]:
+    """Dims with a one-dimensional numeric coordinate of the same name."""
+    variables = f.obj.coords.variables
+    out = []
+    for d in f.dims:
+        v = variables.get(d)
+        if v is not None and v.dims == (d,) and v.dtype.kind in "iufMm":
+            out.append(d)
+    return tuple(out)
+
+
+def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, window: Any,
+            boundary: Any, fill_value: Any, stride: Any, output_dims: Any, args: Any,
+            kwargs: Any, extra_reach: Mapping[str, tuple[int, int]] | None = None) -> Plan:
+    """Validate options and build the plan, inferring the window if needed."""
+    cdims = coord_dims(f)
+    if window is None:
+        reach: dict[str, tuple[int, int]] = {}
+        for k in kernels:
+            for d, (lo, hi) in _inferred(call, k, f, cdims, args, kwargs).items():
+                a, b = reach.get(d, (0, 0))
+                reach[d] = (max(a, lo), max(b, hi))
+    else:
+        reach = parse_window(call, window, f.dims, dict(zip(f.dims, f.shape, strict=True)))
+    for d, (lo, hi) in (extra_reach or {}).items():
+        a, b = reach.get(d, (0, 0))
+        reach[d] = (max(a, lo), max(b, hi))
+    if output_dims is None:
+        odims: tuple[str, ...] = ()
+    elif isinstance(output_dims, str):
+        odims = (output_dims,)
+    else:
+        odims = tuple(output_dims)
+    for d in odims:
+        if d in f.dims:
+            raise XStencilError(
+                f"{call}: output_dims={output_dims!r} repeats dim {d!r} of the data; name the "
+                f"new dims differently"
+            )
+    return make_plan(call, dims=f.dims, shape=f.shape, window=reach, window_arg=window,
+                     boundary=boundary, fill_value=fill_value, stride=stride,
+                     var_names=f.names, var_dims=f.var_dims, var_dtypes=f.dtypes,
+                     coord_dims=cdims, output_dims=odims)
+
+
+def _inferred(call: str, kernel: Callable[..., Any], f: Fields, cdims: tuple[str, ...],
+              args: Any, kwargs: Any) -> dict[str, tuple[int, int]]:
+    """The kernel's window, inferred once per kernel and data layout."""
+    dyn, static = split_static(call, (args, kwargs))
+    key = ("window", f.dims, f.names, f.var_dims, tuple(map(str, f.dtypes)), cdims, static,
+           tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in dyn))
+    return compiled(kernel, key, lambda: infer_window(
+        call, kernel, f.dims, f.names, f.var_dims, f.dtypes, cdims, args, kwargs))
+
+
+def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> list[Any]:
+    """Padded coordinate values for the window dims that have coordinates."""
+    out = []
+    cdt = np.result_type(*[dt if np.dtype(dt).kind in "fc" else np.float32
+                           for dt in plan.var_dtypes])
+    if np.dtype(cdt).kind == "c":
+        cdt = np.float64 if np.dtype(cdt).itemsize == 16 else np.float32
+    variables = f.obj.coords.variables
+    for d in plan.coord_dims:
+        s = plan.specs[plan.axis(d)]
+        c = numeric_coord(plan.call, d, variables[d].values)
+        p = pad_coord(plan.call, d, c, s.pad_lo, s.pad_hi, s.mode,
+                      None if period is None else period.get(d))
+        out.append(np.asarray(p, dtype=cdt))
+    return out
+
+
+def sources(plan: Plan, arrays: Sequence[Any], coords: Sequence[Any]) -> list[Source]:
+    out = []
+    wset = set(plan.window_dims)
+    for x, vdims in zip(arrays, plan.var_dims, strict=True):
+        axes = tuple(plan.axis(d) for d in vdims)
+        specs = [plan.specs[a] for a in axes]
+        out.append(Source(x, axes, tuple(a for a, d in zip(axes, vdims, strict=True) if d in wset),
+                          tuple((s.pad_lo, s.pad_hi) for s in specs),
+                          tuple(s.mode if s.mode != "valid" else "fill" for s in specs),
+                          0 if plan.fill_value is None else plan.fill_value))
+    for c, d in zip(coords, plan.coord_dims, strict=True):
+        a = plan.axis(d)
+        out.append(Source(c, (a,), (a,)))
+    return out
+
+
+def _out_dtype(plan: Plan, name: str | None) -> Any:
+    if plan.var_names is not None and name in plan.var_names:
+        return plan.var_dtypes[plan.var_names.index(name)]
+    return np.result_type(*plan.var_dtypes)
+
+
+def windows(plan: Plan, cells: Sequence[Any]) -> Any:
+    """The kernel's argument: a Window, or a WindowSet for a Dataset."""
+    field = plan.reach()
+    nvar = len(plan.var_dims)
+    coords = {}
+    for k, d in enumerate(plan.coord_dims):
+        coords[d] = Window(cells[nvar + k], (d,), (plan.specs[plan.axis(d)].lo,), field=field,
+                           label=f"u.coord({d!r})")
+    wins = []
+    for k, vdims in enumerate(plan.var_dims):
+        wd = tuple(d for d in vdims if d in plan.window_dims)
+        centre = tuple(plan.specs[plan.axis(d)].lo for d in wd)
+        label = "u" if plan.var_names is None else f"s[{plan.var_names[k]!r}]"
+        wins.append(Window(cells[k], wd, centre, field=field, coords=coords, label=label))
+    if plan.var_names is None:
+        return wins[0]
+    return WindowSet(dict(zip(plan.var_names, wins, strict=True)))
+
+
+def kernel_caller(plan: Plan, kernel: Callable[..., Any], static: Any) -> Callable[..., Any]:
+    """The engine-facing kernel: cells in, normalized outputs out."""
+    name = getattr(kernel, "__name__", repr(kernel))
+
+    def call(cells: Sequence[Any], dyn: Any) -> Any:
+        a, kw = merge_static(dyn, static)
+        arg = windows(plan, cells)
+        try:
+            out = kernel(arg, *a, **kw)
+        except (XStencilError, WindowIndexError):
+            raise
+        except Exception as e:
+            shape = {d: plan.specs[plan.axis(d)].size for d in plan.window_dims}
+            raise KernelError(
+                f"{plan.call}: kernel {name!r} failed on a window {shape} "
+                f"({type(e).__name__}: {e})") from e
+        return normalize(plan, name, out)
+
+    return call
+
+
+def normalize(plan: Plan, name: str, out: Any) -> Any:
+    if plan.var_names is not None and isinstance(out, Mapping):
+        res = {}
+        for k, v in out.items():
+            if not isinstance(k, str):
+                raise XStencilError(f"{plan.call}: kernel {name!r} returned a dict with key "
+                                    f"{k!r}; keys must be variable names (str)")
+            res[k] = _leaf(plan, name, v, _out_dtype(plan, k))
+        return res
+    if isinstance(out, Mapping):
+        raise XStencilError(
+            f"{plan.call}: kernel {name!r} returned a dict, which only a Dataset kernel may do")
+    return _leaf(plan, name, out, _out_dtype(plan, None))
+
+
+def _leaf(plan: Plan, name: str, v: Any, dtype: Any) -> Any:
+    v = jnp.asarray(v)
+    if v.ndim != len(plan.output_dims):
+        if not plan.output_dims:
+            raise XStencilError(
+                f"{plan.call}: kernel {name!r} returned an array of shape {v.shape} per point; "
+                f"name its dims with output_dims=(...), e.g. output_dims="
+                f"{tuple(f'k{i}' for i in range(v.ndim))!r}, or return a scalar"
+            )
+        raise XStencilError(
+            f"{plan.call}: kernel {name!r} returned shape {v.shape} per point, which does not "
+            f"match output_dims={plan.output_dims!r}"
+        )
+    return v.astype(dtype)
+
+
+def identity_caller(plan: Plan, like: Callable[..., Any]) -> Callable[..., Any]:
+    """Keeps the input: the centre of each variable the kernel returns."""
+
+    def keep(cells: Sequence[Any], dyn: Any) -> Any:
+        shapes = jax.eval_shape(like, cells, dyn)
+        centres = []
+        for k, vdims in enumerate(plan.var_dims):
+            wd = [d for d in vdims if d in plan.window_dims]
+            centres.append(cells[k][tuple(plan.specs[plan.axis(d)].lo for d in wd)])
+        if isinstance(shapes, Mapping):
+            out = {}
+            for n, sd in shapes.items():
+                if plan.var_names is None or n not in plan.var_names:
+                    raise XStencilError(
+                        f"{plan.call}: a mesh kernel returned {n!r}, which is not a data "
+                        f"variable, so uncovered points have no input value to keep")
+                c = centres[plan.var_names.index(n)]
+                out[n] = jnp.broadcast_to(c[(...,) + (None,) * sd.ndim], sd.shape).astype(sd.dtype)
+            return out
+        c = centres[0]
+        return jnp.broadcast_to(c, shapes.shape).astype(shapes.dtype)
+
+    return keep
+
+
+# -- compile cache ---------------------------------------------------------------------
+
+_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def compiled(owner: Any, key: Any, build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+    """A jitted function cached per ``owner`` (a kernel or a mesh) and ``key``.
+
+    The cache holds its owners weakly, so kernels created afresh on every call
+    (lambdas) are dropped with their compiled code once unused.
+    """
+    try:
+        table = _CACHE.setdefault(owner, {})
+    except TypeError:  # not weak-referenceable: compile per call
+        return build()
+    fn = table.get(key)
+    if fn is None:
+        fn = table[key] = build()
+    return fn
+
+
+def call_engine(plan: Plan, f: Fields, owner: Any, key_extra: Any,
+                body: Callable[..., Any], args: Any, kwargs: Any,
+                period: Mapping[str, float] | None, dynamic: Sequence[Any] = ()) -> Any:
+    """Run ``body(plan, static, arrays, coords, dyn, dynamic)`` under jit."""
+    with precision(f.arrays, args, kwargs):
+        arrays = [as_array(plan.call, "the data", x) for x in f.arrays]
+        coords = [jnp.asarray(c) for c in coord_arrays(plan, f, period)]
+        dyn, static = split_static(plan.call, (args, kwargs))
+        key = (plan, static, key_extra)
+
+        def build() -> Callable[..., Any]:
+            ref = weakref.ref(owner) if _weakrefable(owner) else (lambda: owner)
+
+            def run(arrays: Any, coords: Any, dyn: Any, dynamic: Any) -> Any:
+                return body(ref(), plan, static, arrays, coords, dyn, dynamic)
+
+            return jax.jit(run)
+
+        fn = compiled(owner, key, build)
+        return fn(arrays, coords, dyn, list(dynamic))
+
+
+def _weakrefable(x: Any) -> bool:
+    try:
+        weakref.ref(x)
+    except TypeError:
+        return False
+    return True
+
+
+def rewrap(plan: Plan, f: Fields, out: Any) -> xr.DataArray | xr.Dataset:
+    """Put the engine's output back into xarray with dims, coords, attrs, name."""
+    index = {d: s for d, s in plan.input_index().items()
+             if s != slice(0, f.shape[plan.axis(d)], 1)}
+    if isinstance(f.obj, xr.DataArray) and not index and not plan.output_dims \
+            and not isinstance(out, Mapping):
+        return f.obj.copy(deep=False, data=out)
+    coords_ds = f.obj.coords.to_dataset()
+    if index:
+        coords_ds = coords_ds.isel(index)
+    dims = plan.dims + plan.output_dims
+    if isinstance(out, Mapping):
+        ds = f.obj if not index else f.obj.isel(index)
+        ds = ds.copy(deep=False)
+        for n, v in out.items():
+            ds[n] = xr.DataArray(v, dims=dims, coords=coords_ds.coords,
+                                 attrs=f.obj[n].attrs if n in f.obj else {}, name=n)
+        return ds
+    attrs = f.obj.attrs
+    name = f.obj.name if isinstance(f.obj, xr.DataArray) else None
+    return xr.DataArray(out, dims=dims, coords=coords_ds.coords, attrs=dict(attrs), name=name)

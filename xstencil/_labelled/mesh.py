@@ -1,0 +1,307 @@
+"""Function meshes on labelled data: kernels assigned to regions picked by
+position (``m[{"x": 0}]``, ``.isel`` semantics), by coordinate label
+(``m.loc[{"x": 0.0}]``, ``.sel`` semantics) or by a boolean DataArray mask.
+
+The later assignment wins where regions overlap; points no region covers keep
+their input value.  The result equals a per-point ``lax.switch`` over the
+assigned kernels.  Rectangular regions are computed over their own slab only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
+from xstencil._errors import LabelError, XStencilError
+from xstencil._labelled.core import (
+    Fields,
+    call_engine,
+    identity_caller,
+    kernel_caller,
+    prepare,
+    rewrap,
+    sources,
+    unwrap,
+)
+from xstencil._labelled.plan import Plan
+
+__all__ = ["mesh", "Mesh", "nearest"]
+
+
+@dataclass(frozen=True)
+class nearest:  # noqa: N801 - reads as a function at the call site
+    """Select the nearest labels in ``m.loc[...]``:
+    ``m.loc[xstencil.nearest(x=0.31)] = f``."""
+
+    indexers: Mapping[str, Any]
+
+    def __init__(self, indexers: Mapping[str, Any] | None = None, /, **kw: Any):
+        object.__setattr__(self, "indexers", {**(indexers or {}), **kw})
+
+
+class _Loc:
+    def __init__(self, mesh: Mesh):
+        self._mesh = mesh
+
+    def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
+        self._mesh._assign(self._mesh._by_label(key), kernel, key)
+
+
+class Mesh:
+    """A function mesh over a DataArray or Dataset (see :func:`mesh`)."""
+
+    def __init__(self, obj: xr.DataArray | xr.Dataset, **options: Any):
+        self._obj = obj
+        self._options = options
+        self._call = "da.stencil.mesh(...)" if isinstance(obj, xr.DataArray) \
+            else "ds.stencil.mesh(...)"
+        self._fields: Fields = unwrap(self._call, obj)
+        self._regions: list[tuple[dict[str, np.ndarray] | np.ndarray | None,
+                                  Callable[..., Any]]] = []
+
+    def __repr__(self) -> str:
+        return f"<xstencil.Mesh over {dict(self._obj.sizes)} with {len(self._regions)} regions>"
+
+    @property
+    def loc(self) -> _Loc:
+        """Assign by coordinate label: ``m.loc[{"x": slice(1.5, None)}] = f``."""
+        return _Loc(self)
+
+    def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
+        if key is Ellipsis:
+            self._assign(None, kernel, key)
+        elif isinstance(key, xr.DataArray):
+            self._assign(self._by_mask(key), kernel, "<mask>")
+        elif isinstance(key, Mapping):
+            self._assign(self._by_position(key), kernel, key)
+        else:
+            raise XStencilError(
+                f"{self._call}: m[{key!r:.60}] = ...: select with '...' (everywhere), a dict "
+                f"of positions such as {{'x': 0}}, a boolean DataArray, or m.loc[{{...}}] for "
+                f"labels"
+            )
+
+    def _assign(self, region: Any, kernel: Callable[..., Any], key: Any) -> None:
+        if not callable(kernel):
+            raise XStencilError(
+                f"{self._call}: m[{key!r:.60}] = {kernel!r:.60}: assign a kernel function, such "
+                f"as lambda u: u(x=-1)"
+            )
+        self._regions.append((region, kernel))
+
+    def _check_dims(self, key: Mapping[str, Any], how: str) -> None:
+        for d in key:
+            if d not in self._fields.dims:
+                raise XStencilError(
+                    f"{self._call}: {how}: dimension {d!r} not found; available dims are "
+                    f"{self._fields.dims!r}"
+                )
+
+    def _by_position(self, key: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        self._check_dims(key, f"m[{dict(key)!r}]")
+        out = {}
+        for d, sel in key.items():
+            n = self._fields.shape[self._fields.dims.index(d)]
+            try:
+                out[d] = np.arange(n)[sel]
+            except IndexError:
+                raise XStencilError(
+                    f"{self._call}: m[{{{d!r}: {sel!r}}}]: position {sel!r} is out of range for "
+                    f"dim {d!r} of length {n}"
+                ) from None
+            out[d] = np.atleast_1d(out[d])
+        return out
+
+    def _by_label(self, key: Any) -> dict[str, np.ndarray]:
+        method = None
+        if isinstance(key, nearest):
+            key, method = key.indexers, "nearest"
+        if not isinstance(key, Mapping):
+            raise XStencilError(
+                f"{self._call}: m.loc[{key!r:.60}]: select with a dict of labels such as "
+                f"{{'x': 0.0}} or {{'x': slice(1.5, None)}}"
+            )
+        self._check_dims(key, f"m.loc[{dict(key)!r}]")
+        out = {}
+        for d, sel in key.items():
+            if d not in self._obj.indexes:
+                raise XStencilError(
+                    f"{self._call}: m.loc[{{{d!r}: ...}}]: dim {d!r} has no index coordinate to "
+                    f"select labels from; assign one (obj.assign_coords({d}=...)) or select by "
+                    f"position with m[{{{d!r}: ...}}]"
+                )
+            index = self._obj.indexes[d]
+            pos = xr.DataArray(np.arange(len(index)), dims=d, coords={d: index})
+            try:
+                got = pos.sel({d: sel}, method=method) if method else pos.sel({d: sel})
+            except KeyError:
+                vals = np.asarray(index)
+                near = vals[np.argsort(np.abs(vals - sel))[:3]] if np.asarray(
+                    sel).dtype.kind in "iuf" and vals.dtype.kind in "iuf" else vals[:3]
+                raise LabelError(
+                    f"{self._call}: m.loc[{{{d!r}: {sel!r}}}]: label {sel!r} not found in "
+                    f"coordinate {d!r}; nearest available are {list(near)!r} (use "
+                    f"xstencil.nearest({d}={sel!r}) to snap to the nearest)"
+                ) from None
+            out[d] = np.atleast_1d(got.values)
+        return out
+
+    def _by_mask(self, mask: xr.DataArray) -> np.ndarray:
+        if mask.dtype != bool:
+            raise XStencilError(
+                f"{self._call}: m[mask] = ...: the mask has dtype {mask.dtype}; use a boolean "
+                f"DataArray, e.g. m[da > 0] = f"
+            )
+        extra = [d for d in mask.dims if d not in self._fields.dims]
+        if extra:
+            raise XStencilError(
+                f"{self._call}: m[mask] = ...: the mask has dims {tuple(mask.dims)!r}, and "
+                f"{extra!r} are not dims of the data {self._fields.dims!r}"
+            )
+        sizes = dict(zip(self._fields.dims, self._fields.shape, strict=True))
+        for d in mask.dims:
+            if mask.sizes[d] != sizes[d]:
+                raise XStencilError(
+                    f"{self._call}: m[mask] = ...: the mask has length {mask.sizes[d]} along "
+                    f"{d!r} but the data has {sizes[d]}"
+                )
+        full = mask.transpose(*[d for d in self._fields.dims if d in mask.dims])
+        arr = np.asarray(full.values, dtype=bool)
+        arr = arr.reshape([sizes[d] if d in mask.dims else 1 for d in self._fields.dims])
+        return np.broadcast_to(arr, self._fields.shape)
+
+    # -- running --------------------------------------------------------------
+    def _plan(self, extra_reach: Mapping[str, tuple[int, int]] | None = None,
+              call: str | None = None, **over: Any) -> tuple[Plan, dict[str, Any]]:
+        o = dict(self._options)
+        o.update(over)
+        if not self._regions:
+            raise XStencilError(f"{self._call}: the mesh has no regions; assign kernels with "
+                                f"m[...] = f, m[{{dim: pos}}] = f or m.loc[{{dim: label}}] = f")
+        plan = prepare(call or self._call, self._fields, [k for _, k in self._regions],
+                       window=o.get("window"), boundary=o.get("boundary", "fill"),
+                       fill_value=o.get("fill_value"), stride=o.get("stride"),
+                       output_dims=o.get("output_dims"), args=o.get("args", ()),
+                       kwargs=o.get("kwargs", {}), extra_reach=extra_reach)
+        return plan, o
+
+    def regions(self, plan: Plan) -> tuple[list[Slab | int], list[np.ndarray]]:
+        """Engine regions over output positions; masks are returned separately
+        (they travel as arrays), referenced by index."""
+        out: list[Slab | int] = []
+        masks: list[np.ndarray] = []
+        index = plan.input_index()
+        counts = plan.out_shape
+        for region, _ in self._regions:
+            if region is None:
+                out.append(Slab(tuple((0, c, 1) for c in counts)))
+                continue
+            if isinstance(region, np.ndarray):
+                sub = region[tuple(index[d] for d in plan.dims)]
+                masks.append(sub)
+                out.append(len(masks) - 1)
+                continue
+            ranges = []
+            as_mask = False
+            per_dim = []
+            for d, c in zip(plan.dims, counts, strict=True):
+                s = index[d]
+                inputs = np.arange(s.start, s.stop, s.step)[:c]
+                pos = region.get(d)
+                hit = np.arange(c) if pos is None else np.nonzero(np.isin(inputs, pos))[0]
+                per_dim.append(hit)
+                r = _as_range(hit)
+                if r is None:
+                    as_mask = True
+                ranges.append(r if r is not None else (0, 0, 1))
+            if as_mask:
+                m = np.zeros(counts, dtype=bool)
+                m[np.ix_(*per_dim)] = True
+                masks.append(m)
+                out.append(len(masks) - 1)
+            else:
+                out.append(Slab(tuple(ranges)))  # type: ignore[arg-type]
+        return out, masks
+
+    def map(self, *args: Any, **kwargs: Any) -> xr.DataArray | xr.Dataset:
+        """Run the mesh over the data; extra arguments go to every kernel."""
+        call = self._call.replace("mesh(...)", "mesh(...).map()")
+        plan, _ = self._plan(call=call, args=args, kwargs=kwargs)
+        regions, masks = self.regions(plan)
+        kernels = tuple(k for _, k in self._regions)
+        out = call_engine(plan, self._fields, self, (kernels, tuple(regions)),
+                          _mesh_body(kernels, regions), args, kwargs,
+                          self._options.get("period"), masks)
+        return rewrap(plan, self._fields, out)
+
+    def scan(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the mesh as a scan along a dim; see :func:`xstencil.scan`."""
+        from xstencil._labelled.scan import scan_mesh
+
+        return scan_mesh(self, *args, **kwargs)
+
+
+def _as_range(hit: np.ndarray) -> tuple[int, int, int] | None:
+    if hit.size == 0:
+        return (0, 0, 1)
+    if hit.size == 1:
+        return (int(hit[0]), int(hit[0]) + 1, 1)
+    d = np.diff(hit)
+    if np.all(d == d[0]) and d[0] > 0:
+        return (int(hit[0]), int(hit[-1]) + 1, int(d[0]))
+    return None
+
+
+def _mesh_body(kernels: Sequence[Callable[..., Any]], regions: Sequence[Slab | int]) -> Any:
+    def body(owner: Any, plan: Plan, static: Any, arrays: Any, coords: Any, dyn: Any,
+             masks: Any) -> Any:
+        calls = [kernel_caller(plan, k, static) for k in kernels]
+        branches = [(r if isinstance(r, Slab) else Mask(masks[r]), c)
+                    for r, c in zip(regions, calls, strict=True)]
+        base = identity_caller(plan, calls[-1])
+        return mesh_evaluate(branches, base, sources(plan, arrays, coords), plan.geom, dyn)
+
+    return body
+
+
+def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
+    """A function mesh: different kernels on different regions.
+
+    Parameters
+    ----------
+    obj
+        The data.
+    **options
+        ``window``, ``boundary``, ``fill_value``, ``stride``, ``output_dims``
+        and ``period``, as for :func:`xstencil.map`.
+
+    Returns
+    -------
+    Mesh
+        Assign kernels with ``m[...] = f`` (everywhere), ``m[{"x": 0}] = f``
+        (by position), ``m.loc[{"x": 0.0}] = f`` (by label, inclusive slices),
+        ``m[mask] = f`` (a boolean DataArray); run with ``m.map()`` or
+        ``m.scan(dim=...)``.  Later assignments win; uncovered points keep
+        their input.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> da = xr.DataArray(np.arange(5.0), dims="x", coords={"x": np.linspace(0, 1, 5)})
+    >>> m = da.stencil.mesh(boundary="extend")
+    >>> m[...] = lambda u: u(x=-1) + u(x=1)
+    >>> m.loc[{"x": 0.0}] = lambda u: -1.0
+    >>> m.map().values
+    array([-1.,  2.,  4.,  6.,  7.])
+    """
+    allowed = {"window", "boundary", "fill_value", "stride", "output_dims", "period"}
+    bad = set(options) - allowed
+    if bad:
+        raise XStencilError(f"obj.stencil.mesh(...): unknown option(s) {sorted(bad)!r}; "
+                            f"accepted are {sorted(allowed)!r}")
+    return Mesh(obj, **options)

@@ -1,0 +1,309 @@
+"""Validate a labelled call and turn it into a static :class:`Plan`.
+
+A plan holds everything about a call that does not depend on data values:
+the field's dims and shape, the window reach, boundary mode, padding and
+stride per dim, and how each variable's dims sit in the field.  It is
+hashable, so it keys the compile cache.  All user errors are raised here,
+before anything is traced.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from xstencil._engine.boundary import MODES
+from xstencil._engine.lower import AxisGeom
+from xstencil._engine.spec import AxisSpec, geometry
+from xstencil._engine.window import Window, WindowSet
+from xstencil._errors import KernelError, WindowIndexError, XStencilError
+
+__all__ = ["Plan", "make_plan", "infer_window"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The static description of a labelled stencil call."""
+
+    call: str
+    dims: tuple[str, ...]
+    shape: tuple[int, ...]
+    specs: tuple[AxisSpec, ...]
+    window_dims: tuple[str, ...]
+    fill_value: Any
+    var_names: tuple[str, ...] | None  # None: a DataArray
+    var_dims: tuple[tuple[str, ...], ...]
+    var_dtypes: tuple[Any, ...]
+    coord_dims: tuple[str, ...]
+    output_dims: tuple[str, ...] = ()
+
+    @property
+    def geom(self) -> list[AxisGeom]:
+        return geometry(self.shape, self.specs)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return tuple(g.count for g in self.geom)
+
+    def axis(self, dim: str) -> int:
+        return self.dims.index(dim)
+
+    def reach(self) -> tuple[tuple[str, tuple[int, int]], ...]:
+        return tuple((d, (s.lo, s.hi)) for d, s in zip(self.dims, self.specs, strict=True))
+
+    def input_index(self) -> dict[str, slice]:
+        """For each dim, the input positions the outputs sit on."""
+        out = {}
+        for d, s, g in zip(self.dims, self.specs, self.geom, strict=True):
+            first = s.lo - s.pad_lo
+            out[d] = slice(first, first + s.stride * (g.count - 1) + 1 if g.count else first,
+                           s.stride)
+        return out
+
+
+def _fmt(call: str) -> str:
+    return call
+
+
+def _dims_mapping(call: str, arg: str, value: Any, dims: tuple[str, ...],
+                  check: Callable[[str, Any], Any]) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise XStencilError(
+            f"{call}: {arg}={value!r} must be a dict mapping dim names to values, such as "
+            f"{{{dims[-1]!r}: 3}}" if dims else f"{call}: {arg}={value!r} must be a dict")
+    out = {}
+    for d, v in value.items():
+        if d not in dims:
+            raise XStencilError(
+                f"{call}: {arg}={dict(value)!r}: dimension {d!r} not found; available dims are "
+                f"{dims!r}"
+            )
+        out[d] = check(d, v)
+    return out
+
+
+def _window(call: str, window: Any, dims: tuple[str, ...],
+            sizes: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+    def check(d: str, v: Any) -> tuple[int, int]:
+        if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+            if v < 1:
+                raise XStencilError(
+                    f"{call}: window={{{d!r}: {v!r}}}: a window size must be >= 1; use "
+                    f"{{{d!r}: 3}} for a centred window of 3 cells"
+                )
+            return (int(v) - 1) // 2, int(v) // 2
+        if (isinstance(v, tuple | list) and len(v) == 2
+                and all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in v)):
+            lo, hi = int(v[0]), int(v[1])
+            if lo < 0 or hi < 0:
+                raise XStencilError(
+                    f"{call}: window={{{d!r}: {tuple(v)!r}}}: (lo, hi) count the cells before "
+                    f"and after the centre and must be >= 0; e.g. {{{d!r}: (1, 0)}} reads "
+                    f"offsets -1 and 0"
+                )
+            return lo, hi
+        raise XStencilError(
+            f"{call}: window={{{d!r}: {v!r}}}: give a size (an int >= 1) or a (lo, hi) pair of "
+            f"cell counts before and after the centre"
+        )
+
+    return _dims_mapping(call, "window", window, dims, check)
+
+
+def _modes(call: str, boundary: Any, dims: tuple[str, ...]) -> dict[str, str]:
+    def check(d: str, m: Any) -> str:
+        if not isinstance(m, str) or m not in MODES:
+            raise XStencilError(
+                f"{call}: boundary={boundary!r}: {m!r} is not a boundary mode for dim {d!r}; "
+                f"use one of {MODES!r}"
+            )
+        return m
+
+    if isinstance(boundary, str) or not isinstance(boundary, Mapping):
+        if not isinstance(boundary, str) or boundary not in MODES:
+            raise XStencilError(
+                f"{call}: boundary={boundary!r} is not a boundary mode; use one of {MODES!r}, "
+                f"or a dict such as {{'x': 'periodic', 'y': 'reflect'}}"
+            )
+        return dict.fromkeys(dims, boundary)
+    given = _dims_mapping(call, "boundary", boundary, dims, check)
+    return {d: given.get(d, "fill") for d in dims}
+
+
+def _strides(call: str, stride: Any, dims: tuple[str, ...]) -> dict[str, int]:
+    def check(d: str, s: Any) -> int:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1:
+            raise XStencilError(
+                f"{call}: stride={{{d!r}: {s!r}}}: strides must be ints >= 1"
+            )
+        return int(s)
+
+    if stride is None:
+        return {}
+    if isinstance(stride, numbers.Integral) and not isinstance(stride, bool):
+        return {d: check(d, stride) for d in dims}
+    return _dims_mapping(call, "stride", stride, dims, check)
+
+
+def fill_for(call: str, fill_value: Any, dtypes: Sequence[Any], needed: bool) -> Any:
+    """The fill value, checked against the data's dtypes."""
+    for dt in dtypes:
+        kind = np.dtype(dt).kind
+        if fill_value is None:
+            if not needed:
+                return None
+            if kind in "fc":
+                return math.nan
+            raise XStencilError(
+                f"{call}: boundary 'fill' on {np.dtype(dt)} data needs fill_value=...; the "
+                f"default NaN has no {np.dtype(dt)} value (pass e.g. fill_value=0, or "
+                f"another boundary mode)"
+            )
+        if kind in "iub" and isinstance(fill_value, float) and not float(fill_value).is_integer():
+            raise XStencilError(
+                f"{call}: fill_value={fill_value!r} cannot be stored in {np.dtype(dt)} data; "
+                f"pass an integer fill_value or convert the data with .astype(float)"
+            )
+    if fill_value is not None and not isinstance(fill_value, numbers.Number | np.generic):
+        raise XStencilError(f"{call}: fill_value={fill_value!r} must be a number")
+    if isinstance(fill_value, np.generic):
+        fill_value = fill_value.item()
+    return fill_value
+
+
+class _Probe:
+    """Records the offsets a kernel reads, to infer its window."""
+
+    def __init__(self, dims: tuple[str, ...]):
+        self.dims = dims
+        self.reads: dict[str, set[int]] = {d: {0} for d in dims}
+
+
+class _ProbeWindow(Window):
+    def __init__(self, data: Any, probe: _Probe, label: str, own: tuple[str, ...],
+                 coords: dict[str, Window] | None = None):
+        super().__init__(data, (), (), field=(), coords=coords, label=label)
+        self._probe = probe
+        self._own = own
+
+    @property
+    def array(self) -> Any:
+        raise _ArrayUse(self._label)
+
+    def __call__(self, **offsets: int) -> Any:
+        for d, o in offsets.items():
+            if d not in self._probe.dims:
+                raise XStencilError(
+                    f"{self._label}({d}=...): dimension {d!r} not found; available dims are "
+                    f"{self._probe.dims!r}"
+                )
+            if not isinstance(o, int) or isinstance(o, bool):
+                raise XStencilError(
+                    f"{self._label}({d}={o!r}): offsets must be Python ints, relative to the "
+                    f"centre")
+            self._probe.reads[d].add(o)
+        return self._data
+
+    def __getitem__(self, key: Any) -> Any:
+        raise _ArrayUse(self._label)
+
+
+class _ArrayUse(Exception):
+    pass
+
+
+def infer_window(call: str, kernel: Callable[..., Any], plan_dims: tuple[str, ...],
+                 var_names: tuple[str, ...] | None, var_dims: Sequence[tuple[str, ...]],
+                 dtypes: Sequence[Any], coord_dims: Sequence[str],
+                 args: Any, kwargs: Any) -> dict[str, tuple[int, int]]:
+    """Trace the kernel once on probe windows and collect the offsets it reads."""
+    probe = _Probe(plan_dims)
+
+    def run(*scalars: Any) -> Any:
+        cs = {d: _ProbeWindow(scalars[-1], probe, f"u.coord({d!r})", (d,)) for d in coord_dims}
+        wins = [_ProbeWindow(s, probe, f"s[{n!r}]" if var_names else "u", dims, cs)
+                for s, n, dims in zip(scalars, var_names or ("u",), var_dims, strict=False)]
+        arg = WindowSet(dict(zip(var_names, wins, strict=True))) if var_names else wins[0]
+        return kernel(arg, *args, **kwargs)
+
+    avals = [jax.ShapeDtypeStruct((), dt) for dt in dtypes] + [
+        jax.ShapeDtypeStruct((), np.float32)]
+    try:
+        jax.eval_shape(run, *avals)
+    except _ArrayUse:
+        raise XStencilError(
+            f"{call}: cannot infer the window because the kernel uses the window as an array "
+            f"(arithmetic on it, u[...], u.sum(), ...); pass window={{dim: size}}, e.g. "
+            f"window={dict.fromkeys(plan_dims[-2:], 3)!r}"
+        ) from None
+    except (XStencilError, WindowIndexError):
+        raise
+    except Exception as e:
+        name = getattr(kernel, "__name__", repr(kernel))
+        raise KernelError(
+            f"{call}: kernel {name!r} failed while its window was being inferred "
+            f"({type(e).__name__}: {e})") from e
+    return {d: (max(0, -min(r)), max(0, max(r))) for d, r in probe.reads.items()
+            if min(r) < 0 or max(r) > 0}
+
+
+def make_plan(
+    call: str,
+    *,
+    dims: tuple[str, ...],
+    shape: tuple[int, ...],
+    window: Mapping[str, tuple[int, int]] | None,
+    window_arg: Any,
+    boundary: Any,
+    fill_value: Any,
+    stride: Any,
+    var_names: tuple[str, ...] | None,
+    var_dims: tuple[tuple[str, ...], ...],
+    var_dtypes: tuple[Any, ...],
+    coord_dims: tuple[str, ...],
+    output_dims: tuple[str, ...] = (),
+) -> Plan:
+    """Validate the options and build the plan (``window`` already parsed or
+    inferred; ``window_arg`` is what the user passed, for messages)."""
+    sizes = dict(zip(dims, shape, strict=True))
+    reach = dict(window or {})
+    modes = _modes(call, boundary, dims)
+    strides = _strides(call, stride, dims)
+    specs = []
+    for d in dims:
+        lo, hi = reach.get(d, (0, 0))
+        mode = modes[d] if d in reach else "fill"
+        if d not in reach and modes[d] == "valid":
+            mode = "valid"
+        pad = (0, 0) if mode == "valid" else (lo, hi)
+        n = sizes[d]
+        if mode == "valid" and lo + hi + 1 > n:
+            raise XStencilError(
+                f"{call}: window={window_arg!r} spans {lo + hi + 1} cells along {d!r}, which "
+                f"has only {n}; with boundary 'valid' nothing is left (use a smaller window or "
+                f"a padding boundary mode)"
+            )
+        if mode in ("reflect",) and n < 2 and (lo or hi):
+            raise XStencilError(
+                f"{call}: boundary 'reflect' along {d!r} needs at least 2 points, it has {n}"
+            )
+        specs.append(AxisSpec(lo, hi, pad[0], pad[1], strides.get(d, 1), mode))
+    window_dims = tuple(d for d in dims if d in reach)
+    needs_fill = any(s.mode == "fill" and (s.pad_lo or s.pad_hi) for s in specs)
+    fill = fill_for(call, fill_value, var_dtypes, needs_fill)
+    return Plan(call, dims, shape, tuple(specs), window_dims, fill, var_names, var_dims,
+                var_dtypes, tuple(d for d in coord_dims if d in window_dims), output_dims)
+
+
+def hashable(call: str, value: Any) -> Hashable:
+    try:
+        hash(value)
+    except TypeError:
+        raise XStencilError(f"{call}: {value!r} must be hashable") from None
+    return value
