@@ -100,17 +100,72 @@ def kscan_array(
     if 0 in counts or any(geom[a].count == 0 for a in par):
         return _outputs(work, geom, centre)
 
+    segments = _segments(branches, seq, counts)
+    if segments is None:  # regions that change along walked axes in other ways
+        segments = [(0, math.prod(counts), None)]
+    for lo, hi, active in segments:
+        if active is not None and not active:
+            continue  # no kernel applies here: every position keeps its value
+        body = _step(branches if active is None else active, base, geom, dyn, centre, seq,
+                     counts, par, dynamic=active is None)
+        work = lax.fori_loop(lo, hi, body, work)
+    return _outputs(work, geom, centre)
+
+
+def _segments(branches: Sequence[tuple[Slab | Mask, KernelCall]], seq: Sequence[int],
+              counts: Sequence[int]) -> list[tuple[int, int, Any]] | None:
+    """Split a walk along one axis into runs where the same regions apply.
+
+    Within a run, region membership along the walked axis is static, so the
+    step needs no per-step selects.  Returns ``None`` when that does not hold
+    (several walked axes, strided regions along the walked axis, masks).
+    """
+    if len(seq) != 1 or any(isinstance(r, Mask) for r, _ in branches):
+        return None
+    (a,) = seq
+    if any(r.ranges[a][2] != 1 for r, _ in branches if isinstance(r, Slab)):
+        return None
+    n = counts[0]
+    cuts = {0, n}
+    for r, _ in branches:
+        lo, hi, _ = r.ranges[a]  # type: ignore[union-attr]
+        cuts |= {min(max(lo, 0), n), min(max(hi, 0), n)}
+    cuts_sorted = sorted(cuts)
+    out = []
+    for lo, hi in zip(cuts_sorted, cuts_sorted[1:], strict=False):
+        active = []
+        for r, call in branches:
+            rlo, rhi, _ = r.ranges[a]  # type: ignore[union-attr]
+            if rlo <= lo and hi <= rhi:
+                ranges = list(r.ranges)  # type: ignore[union-attr]
+                ranges[a] = (0, 1, 1)
+                active.append((Slab(tuple(ranges)), call))
+        out.append((lo, hi, active))
+    return out
+
+
+def _step(branches: Sequence[tuple[Slab | Mask, KernelCall]], base: KernelCall,
+          geom: Sequence[AxisGeom], dyn: Any, centre: Sequence[int], seq: Sequence[int],
+          counts: Sequence[int], par: Sequence[int], *, dynamic: bool) -> Any:
+    """The loop body: compute one slab of outputs and write it back."""
+    axes = tuple(range(len(geom)))
+
     def body(i: Any, w: Any) -> Any:
         pos = {}
         rem = i
-        for a, n in zip(reversed(seq), reversed(counts), strict=True):
-            pos[a] = rem % n
+        for k, (a, n) in enumerate(zip(reversed(seq), reversed(counts), strict=True)):
+            last = k == len(seq) - 1
+            pos[a] = rem if last else rem % n
             rem = rem // n
         starts = [pos[a] * geom[a].step if a in pos else 0 for a in axes]
         sizes = [geom[a].size if a in pos else w.shape[a] for a in axes]
         blk = lax.dynamic_slice(w, starts, sizes)
         sub = [AxisGeom(0, 1, 1, g.size) if a in pos else g for a, g in enumerate(geom)]
-        val = _slab_mesh(branches, base, Source(blk, axes, axes), sub, dyn, pos, seq)
+        src = Source(blk, axes, axes)
+        if dynamic:
+            val = _slab_mesh(branches, base, src, sub, dyn, pos, seq)
+        else:
+            val = mesh_evaluate(branches, base, [src], sub, dyn)
         val = val.astype(w.dtype)
         if all(geom[a].step == 1 for a in par):
             wstart = [pos[a] * geom[a].step + centre[a] if a in pos
@@ -124,8 +179,7 @@ def kscan_array(
             for a in axes)
         return w.at[idx].set(jnp.squeeze(val, axis=tuple(seq)))
 
-    work = lax.fori_loop(0, math.prod(counts), body, work)
-    return _outputs(work, geom, centre)
+    return body
 
 
 def _outputs(work: Any, geom: Sequence[AxisGeom], centre: Sequence[int]) -> Any:

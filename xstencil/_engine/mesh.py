@@ -10,12 +10,14 @@ branch.  Boolean-mask regions are evaluated everywhere and merged with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from xstencil._engine.lower import AxisGeom, KernelCall, Source, evaluate
@@ -63,6 +65,15 @@ def mesh_evaluate(
     if branches and isinstance(branches[start][0], Slab) and branches[start][0].covers(geom):
         out = evaluate(branches[start][1], sources, geom, dyn)
         rest = branches[start + 1:]
+    elif _tiles(branches, geom):
+        # the slabs cover every position: no need to evaluate the base
+        first = branches[0]
+        vals = evaluate(first[1], sources, slab_geometry(geom, first[0]), dyn)
+        out = jax.tree_util.tree_map(
+            lambda v: jnp.zeros(tuple(g.count for g in geom) + v.shape[len(geom):], v.dtype),
+            vals)
+        out = jax.tree_util.tree_map(lambda o, v: write_slab(o, v, first[0]), out, vals)
+        rest = branches[1:]
     else:
         out = evaluate(base, sources, geom, dyn)
         rest = branches
@@ -81,6 +92,20 @@ def mesh_evaluate(
             leaves = [jnp.where(_expand(mask, o.ndim, nfield), v.astype(o.dtype), o)
                       for o, v in zip(leaves, vals, strict=True)]
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _tiles(branches: Sequence[tuple[Slab | Mask, KernelCall]],
+           geom: Sequence[AxisGeom]) -> bool:
+    """Whether the slab regions together cover every output position."""
+    counts = tuple(g.count for g in geom)
+    if not branches or any(isinstance(r, Mask) for r, _ in branches):
+        return False
+    if math.prod(counts) > 4_000_000:
+        return False
+    hit = np.zeros(counts, dtype=bool)
+    for r, _ in branches:
+        hit[tuple(slice(*rr) for rr in r.ranges)] = True  # type: ignore[union-attr]
+    return bool(hit.all())
 
 
 def _expand(mask: Any, ndim: int, nfield: int) -> Any:
