@@ -19,7 +19,7 @@ from xstencil._engine.lower import Source
 from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.coords import numeric_coord, pad_coord
-from xstencil._labelled.plan import Plan, infer_window, make_plan
+from xstencil._labelled.plan import Plan, check_options, infer_window, make_plan, with_call
 from xstencil._labelled.plan import _window as parse_window
 
 __all__ = ["Fields", "unwrap", "prepare", "kernel_caller", "identity_caller", "rewrap",
@@ -72,8 +72,11 @@ def unwrap(call: str, obj: Any, *, skip: Sequence[str] = ()) -> Fields:
         shape = tuple(obj.sizes[d] for d in dims)
         return Fields(obj, tuple(dims), shape, names, arrays, tuple(var_dims),
                       tuple(obj[n].dtype for n in names))
+    call = call.replace("ds.stencil.", "xstencil.").replace("da.stencil.", "xstencil.")
     raise XStencilError(
-        f"{call}: expected an xarray DataArray or Dataset, got {type(obj).__name__}"
+        f"{call}: expected an xarray DataArray or Dataset, got {type(obj).__name__}: "
+        f"{obj!r:.60}; wrap it with xarray.DataArray(..., dims=...) or use the array API "
+        f"(xstencil.kmap)"
     )
 
 
@@ -92,6 +95,8 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
             boundary: Any, fill_value: Any, stride: Any, output_dims: Any, args: Any,
             kwargs: Any, extra_reach: Mapping[str, tuple[int, int]] | None = None) -> Plan:
     """Validate options and build the plan, inferring the window if needed."""
+    check_options(call, f.dims, boundary=boundary, stride=stride, fill_value=fill_value)
+    odims = _output_dims(call, output_dims, f.dims)
     cdims = coord_dims(f)
     if window is None:
         reach: dict[str, tuple[int, int]] = {}
@@ -104,22 +109,35 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
     for d, (lo, hi) in (extra_reach or {}).items():
         a, b = reach.get(d, (0, 0))
         reach[d] = (max(a, lo), max(b, hi))
-    if output_dims is None:
-        odims: tuple[str, ...] = ()
-    elif isinstance(output_dims, str):
-        odims = (output_dims,)
-    else:
-        odims = tuple(output_dims)
-    for d in odims:
-        if d in f.dims:
-            raise XStencilError(
-                f"{call}: output_dims={output_dims!r} repeats dim {d!r} of the data; name the "
-                f"new dims differently"
-            )
     return make_plan(call, dims=f.dims, shape=f.shape, window=reach, window_arg=window,
                      boundary=boundary, fill_value=fill_value, stride=stride,
                      var_names=f.names, var_dims=f.var_dims, var_dtypes=f.dtypes,
                      coord_dims=cdims, output_dims=odims)
+
+
+def _output_dims(call: str, output_dims: Any, dims: tuple[str, ...]) -> tuple[str, ...]:
+    if output_dims is None:
+        return ()
+    if isinstance(output_dims, str):
+        odims: tuple[Any, ...] = (output_dims,)
+    elif isinstance(output_dims, Sequence):
+        odims = tuple(output_dims)
+    else:
+        odims = (None,)
+    for d in odims:
+        if not isinstance(d, str):
+            raise XStencilError(
+                f"{call}: output_dims={output_dims!r:.60} must be a dim name or a tuple of dim "
+                f"names (str), such as output_dims=('k',)"
+            )
+        if d in dims:
+            raise XStencilError(
+                f"{call}: output_dims={output_dims!r} repeats dim {d!r} of the data; name the "
+                f"new dims differently"
+            )
+    if len(set(odims)) != len(odims):
+        raise XStencilError(f"{call}: output_dims={output_dims!r} repeats a name")
+    return odims
 
 
 def _inferred(call: str, kernel: Callable[..., Any], f: Fields, cdims: tuple[str, ...],
@@ -134,6 +152,7 @@ def _inferred(call: str, kernel: Callable[..., Any], f: Fields, cdims: tuple[str
 
 def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> list[Any]:
     """Padded coordinate values for the window dims that have coordinates."""
+    _check_period(plan.call, period, plan.dims)
     out = []
     cdt = np.result_type(*[dt if np.dtype(dt).kind in "fc" else np.float32
                            for dt in plan.var_dtypes])
@@ -147,6 +166,25 @@ def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> l
                       None if period is None else period.get(d))
         out.append(np.asarray(p, dtype=cdt))
     return out
+
+
+def _check_period(call: str, period: Any, dims: tuple[str, ...]) -> None:
+    if period is None:
+        return
+    if not isinstance(period, Mapping):
+        raise XStencilError(
+            f"{call}: period={period!r:.60} must be a dict mapping dim names to periods, such "
+            f"as {{{dims[-1]!r}: 360.0}}")
+    for d, p in period.items():
+        if d not in dims:
+            raise XStencilError(
+                f"{call}: period={dict(period)!r}: dimension {d!r} not found; available dims "
+                f"are {dims!r}")
+        if isinstance(p, bool) or not isinstance(p, int | float | np.integer | np.floating) \
+                or not np.isfinite(p) or p <= 0:
+            raise XStencilError(
+                f"{call}: period={dict(period)!r}: the period of {d!r} must be a positive "
+                f"number, got {p!r}")
 
 
 def sources(plan: Plan, arrays: Sequence[Any], coords: Sequence[Any]) -> list[Source]:
@@ -199,8 +237,8 @@ def kernel_caller(plan: Plan, kernel: Callable[..., Any], static: Any) -> Callab
         arg = windows(plan, cells)
         try:
             out = kernel(arg, *a, **kw)
-        except (XStencilError, WindowIndexError):
-            raise
+        except (XStencilError, WindowIndexError) as e:
+            raise with_call(plan.call, kernel, e) from None
         except Exception as e:
             shape = {d: plan.specs[plan.axis(d)].size for d in plan.window_dims}
             raise KernelError(
@@ -326,8 +364,8 @@ def rewrap(plan: Plan, f: Fields, out: Any) -> xr.DataArray | xr.Dataset:
             and not isinstance(out, Mapping):
         return f.obj.copy(deep=False, data=out)
     coords_ds = f.obj.coords.to_dataset()
-    if index:
-        coords_ds = coords_ds.isel(index)
+    if index:  # coords may lack some of the dims (dims without coordinates)
+        coords_ds = coords_ds.isel({d: s for d, s in index.items() if d in coords_ds.dims})
     dims = plan.dims + plan.output_dims
     if isinstance(out, Mapping):
         ds = f.obj if not index else f.obj.isel(index)
