@@ -7,6 +7,7 @@ from typing import Any
 
 import xarray as xr
 
+from xstencil._dask import any_dask
 from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
@@ -91,6 +92,10 @@ def map(  # noqa: A001 - the contract's name
     f = unwrap(call, obj)
     plan = prepare(call, f, [kernel], window=window, boundary=boundary, fill_value=fill_value,
                    stride=stride, output_dims=output_dims, args=args, kwargs=kwargs)
+    if any_dask(f.arrays):  # lazy: xstencil._dask builds a map_overlap graph
+        from xstencil._dask import map_dask
+
+        return rewrap(plan, f, map_dask(plan, f, [kernel], args, kwargs, period))
     out = call_engine(plan, f, kernel, None, _body, args, kwargs, period)
     return rewrap(plan, f, out)
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from xstencil._dask import any_dask
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._errors import LabelError, XStencilError
 from xstencil._labelled.core import (
@@ -234,6 +235,12 @@ class Mesh:
         plan, _ = self._plan(call=call, args=args, kwargs=kwargs)
         regions, masks = self.regions(plan)
         kernels = tuple(k for _, k in self._regions)
+        if any_dask(self._fields.arrays):  # lazy: xstencil._dask builds a map_overlap graph
+            from xstencil._dask import map_dask
+
+            return rewrap(plan, self._fields, map_dask(
+                plan, self._fields, kernels, args, kwargs, self._options.get("period"),
+                regions, masks))
         out = call_engine(plan, self._fields, self, (kernels, tuple(regions)),
                           _mesh_body(kernels, regions), args, kwargs,
                           self._options.get("period"), masks)

@@ -1,0 +1,383 @@
+"""dask-backed DataArrays: lazy maps through :func:`dask.array.map_overlap`.
+
+``da.stencil.map`` on a DataArray whose data is a dask array returns a lazy,
+dask-backed DataArray with the input's chunks.  Nothing is computed until the
+user asks (``.compute()``, ``.values``, ``to_netcdf``...).
+
+How a block is computed
+-----------------------
+* The halo depth along each window dim is ``max(lo, hi)`` of the window; the
+  boundary mode maps onto dask's: ``periodic`` -> ``"periodic"``,
+  ``extend`` -> ``"nearest"``, ``symmetric`` -> ``"reflect"`` (dask's
+  ``reflect`` repeats the edge cell, which is numpy's ``symmetric``), ``fill``
+  -> the constant ``fill_value``.  numpy's ``reflect`` has no dask equivalent,
+  and ``valid`` has no halo: those dims overlap with ``"none"`` and the block
+  at the global edge pads itself with the engine's :func:`~xstencil._engine.
+  boundary.pad`.
+* Every block is evaluated by one jitted engine function (the same lowering
+  as in-memory maps: whole shifted slices, no padding copy).  The jitted
+  functions live in this importable module, in a per-process cache keyed by a
+  token of the kernel and the options computed once on the client.  A kernel
+  pickled to a worker is a new object on every task; keying by the token, not
+  by the object, is what keeps a worker at one compile per block geometry.
+* Each block knows its global position (from ``block_info``), so strides,
+  ``valid`` trimming, mesh regions by label or position, and coordinate
+  windows (``u.coord``, sliced per block with its halo) are all exact across
+  chunk borders.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from xstencil._engine.boundary import pad
+from xstencil._engine.call import precision, split_static
+from xstencil._engine.lower import AxisGeom, Source, evaluate
+from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
+from xstencil._errors import XStencilError
+from xstencil._labelled.coords import numeric_coord, pad_coord
+from xstencil._labelled.plan import Plan
+
+__all__ = ["is_dask", "any_dask", "map_dask", "compile_count", "clear_cache"]
+
+#: dask's name for each xstencil boundary mode with an exact equivalent.
+DASK_BOUNDARY = {"periodic": "periodic", "extend": "nearest", "symmetric": "reflect"}
+
+# The per-process compile cache: token -> jitted block function.  It is the one
+# piece of module state in xstencil, and exists because dask ships kernels to
+# worker processes as fresh objects on every task (see the module docstring).
+_CACHE_SIZE = 64
+_cache: OrderedDict[Any, Callable[..., Any]] = OrderedDict()
+_lock = threading.Lock()
+_traces = [0]
+
+
+def is_dask(x: Any) -> bool:
+    """Whether ``x`` is a dask array (without importing dask)."""
+    if "dask.array" not in sys.modules:
+        return False
+    import dask.array as dsa
+
+    return isinstance(x, dsa.Array)
+
+
+def any_dask(arrays: Sequence[Any]) -> bool:
+    return any(is_dask(x) for x in arrays)
+
+
+def compile_count() -> int:
+    """How many block functions this process has traced (and so compiled).
+
+    Run it on workers with ``client.run(xstencil._dask.compile_count)`` to
+    check that a graph compiles once per block geometry, not once per task.
+    """
+    return _traces[0]
+
+
+def clear_cache() -> None:
+    """Drop this process's compiled block functions."""
+    with _lock:
+        _cache.clear()
+
+
+def _cached(key: Any, build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+    with _lock:
+        fn = _cache.get(key)
+        if fn is not None:
+            _cache.move_to_end(key)
+            return fn
+    fn = build()
+    with _lock:
+        fn = _cache.setdefault(key, fn)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return fn
+
+
+def _token(*parts: Any) -> str:
+    try:
+        from dask.base import tokenize
+
+        return tokenize(*parts)
+    except Exception:  # an unpicklable or untokenizable kernel: one token per call
+        return uuid.uuid4().hex
+
+
+# -- per-axis layout -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """One field axis: halo depth, in-block padding mode at the global edges
+    (``None`` where dask pads), and per input chunk the output range."""
+
+    depth: int
+    edge_mode: str | None
+    starts: tuple[int, ...]  # input chunk starts
+    sizes: tuple[int, ...]  # input chunk sizes
+    out: tuple[tuple[int, int], ...]  # [j_lo, j_hi) outputs per chunk
+    lo: int
+    stride: int
+    offset: int  # the centre of output j sits at input j * stride + offset
+
+
+def _axes(plan: Plan, chunks: Sequence[Sequence[int]]) -> list[_Axis]:
+    out = []
+    for d, s, g, ch in zip(plan.dims, plan.specs, plan.geom, chunks, strict=True):
+        depth = max(s.lo, s.hi)
+        if depth and min(ch) < depth:
+            small = min(ch)
+            raise XStencilError(
+                f"{plan.call}: dim {d!r} has a chunk of {small} points, smaller than the "
+                f"window's halo of {depth}; neighbouring chunks must supply the halo, so "
+                f"rechunk with larger chunks, e.g. .chunk({{{d!r}: {max(depth, 256)}}})"
+            )
+        edge = None
+        if depth and s.mode in ("reflect", "valid"):
+            edge = "reflect" if s.mode == "reflect" else "fill"
+        starts = tuple(int(v) for v in np.cumsum((0,) + tuple(ch))[:-1])
+        off = s.lo - s.pad_lo
+        rng = []
+        for a, n in zip(starts, ch, strict=True):
+            j_lo = min(max(-(-(a - off) // s.stride), 0), g.count)
+            j_hi = min(max(-(-(a + n - off) // s.stride), 0), g.count)
+            rng.append((j_lo, max(j_lo, j_hi)))
+        out.append(_Axis(depth, edge, starts, tuple(int(c) for c in ch), tuple(rng), s.lo,
+                         s.stride, off))
+    return out
+
+
+def _dask_boundary(plan: Plan) -> dict[int, Any]:
+    out: dict[int, Any] = {}
+    for k, s in enumerate(plan.specs):
+        if s.mode in DASK_BOUNDARY:
+            out[k] = DASK_BOUNDARY[s.mode]
+        elif s.mode == "fill":
+            out[k] = plan.fill_value if plan.fill_value is not None else 0
+        else:
+            out[k] = "none"
+    return out
+
+
+# -- the task function -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class BlockMap:
+    """The function dask calls on each (overlapped) block; pickled to workers.
+
+    It holds the kernels, the plan and the global layout; the compiled code
+    is looked up by ``token`` in the worker's process-wide cache.
+    """
+
+    token: str
+    plan: Plan
+    kernels: tuple[Callable[..., Any], ...]
+    regions: tuple[Slab | int, ...] | None  # None: a plain map
+    static: Any
+    dyn: tuple[Any, ...]
+    coords: tuple[np.ndarray, ...]  # padded by each axis's depth
+    axes: tuple[_Axis, ...]
+    nvar: int
+    stacked: bool  # several output leaves, stacked along a trailing axis
+
+    def __call__(self, *blocks: Any, block_info: Any = None) -> np.ndarray:
+        loc = block_info[0]["chunk-location"]
+        arrays, masks = blocks[:self.nvar], blocks[self.nvar:]
+        geom, edges, coords, regions = [], [], [], []
+        for k, (ax, c) in enumerate(zip(self.axes, loc, strict=True)):
+            a, n = ax.starts[c], ax.sizes[c]
+            j_lo, j_hi = ax.out[c]
+            pad_lo = ax.depth if ax.edge_mode and c == 0 else 0
+            pad_hi = ax.depth if ax.edge_mode and c == len(ax.sizes) - 1 else 0
+            edges.append((pad_lo, pad_hi))
+            first = j_lo * ax.stride + ax.offset - a  # the first centre, in the core
+            geom.append(AxisGeom(ax.depth + first - ax.lo, ax.stride, j_hi - j_lo,
+                                 self.plan.specs[k].size))
+            del n
+        for d, c in zip(self.plan.coord_dims, self.coords, strict=True):
+            k = self.plan.axis(d)
+            ax = self.axes[k]
+            a = ax.starts[loc[k]]
+            coords.append(c[a:a + ax.sizes[loc[k]] + 2 * ax.depth])
+        if self.regions is not None:
+            spans = [ax.out[c] for ax, c in zip(self.axes, loc, strict=True)]
+            regions = [_local(r, spans) for r in self.regions]
+        key = (self.token, tuple(geom), tuple(edges), tuple(regions),
+               tuple((x.shape, str(x.dtype)) for x in arrays))
+        fn = _cached(key, lambda: self._build(geom, edges, regions))
+        with precision(arrays, self.dyn):
+            out = fn(list(arrays), coords, list(self.dyn), list(masks))
+        return np.asarray(out)
+
+    def _build(self, geom: list[AxisGeom], edges: list[tuple[int, int]],
+               regions: list[Slab | int]) -> Callable[..., Any]:
+        from xstencil._labelled.core import identity_caller, kernel_caller
+
+        plan, static, stacked = self.plan, self.static, self.stacked
+        kernels, axes = self.kernels, self.axes
+        is_mesh = self.regions is not None
+        wset = {plan.axis(d) for d in plan.window_dims}
+        modes = tuple(ax.edge_mode or "fill" for ax in axes)
+        fill = 0 if plan.fill_value is None else plan.fill_value
+
+        def run(arrays: Any, coords: Any, dyn: Any, masks: Any) -> Any:
+            _traces[0] += 1
+            srcs = []
+            for x in arrays:
+                if any(lo or hi for lo, hi in edges):
+                    x = pad(x, edges, modes, fill)
+                srcs.append(Source(x, tuple(range(x.ndim)), tuple(sorted(wset))))
+            for c, d in zip(coords, plan.coord_dims, strict=True):
+                a = plan.axis(d)
+                srcs.append(Source(c, (a,), (a,)))
+            if not is_mesh:
+                out = evaluate(kernel_caller(plan, kernels[0], static), srcs, geom, dyn)
+            else:
+                calls = [kernel_caller(plan, k, static) for k in kernels]
+                branches = [(r if isinstance(r, Slab) else Mask(masks[r]), c)
+                            for r, c in zip(regions, calls, strict=True)]
+                out = mesh_evaluate(branches, identity_caller(plan, calls[-1]), srcs, geom,
+                                    dyn)
+            return _stack(out, len(geom)) if stacked else out
+
+        return jax.jit(run)
+
+
+def _local(region: Slab | int, spans: Sequence[tuple[int, int]]) -> Slab | int:
+    """A global slab of outputs, restricted to one block's outputs."""
+    if not isinstance(region, Slab):
+        return region
+    out = []
+    for (a, b, c), (j_lo, j_hi) in zip(region.ranges, spans, strict=True):
+        hit = np.arange(a, b, c)
+        hit = hit[(hit >= j_lo) & (hit < j_hi)] - j_lo
+        if hit.size == 0:
+            return Slab(tuple((0, 0, 1) for _ in spans))
+        step = int(hit[1] - hit[0]) if hit.size > 1 else 1
+        out.append((int(hit[0]), int(hit[-1]) + 1, step))
+    return Slab(tuple(out))
+
+
+def _stack(out: Any, nfield: int) -> Any:
+    import jax.numpy as jnp
+
+    leaves = jax.tree_util.tree_leaves(out)
+    dt = np.result_type(*[x.dtype for x in leaves])
+    flat = [x.reshape(x.shape[:nfield] + (-1,)).astype(dt) for x in leaves]
+    return jnp.concatenate(flat, axis=-1)
+
+
+# -- building the graph ----------------------------------------------------------------
+
+
+def _coords(plan: Plan, f: Any, axes: Sequence[_Axis],
+            period: Mapping[str, float] | None) -> tuple[np.ndarray, ...]:
+    cdt = np.result_type(*[dt if np.dtype(dt).kind in "fc" else np.float32
+                           for dt in plan.var_dtypes])
+    if np.dtype(cdt).kind == "c":
+        cdt = np.float64 if np.dtype(cdt).itemsize == 16 else np.float32
+    out = []
+    variables = f.obj.coords.variables
+    for d in plan.coord_dims:
+        k = plan.axis(d)
+        s, depth = plan.specs[k], axes[k].depth
+        c = numeric_coord(plan.call, d, np.asarray(variables[d].values))
+        mode = s.mode if s.mode != "valid" else "fill"
+        p = pad_coord(plan.call, d, c, depth, depth, mode,
+                      None if period is None else period.get(d))
+        out.append(np.asarray(p, dtype=cdt))
+    return tuple(out)
+
+
+def _leaf_shapes(plan: Plan, kernel: Callable[..., Any], static: Any, dyn: Sequence[Any],
+                 arrays: Sequence[Any], coords: Sequence[np.ndarray]) -> Any:
+    """The kernel's per-point output structure (shapes and dtypes), from one
+    per-cell trace on the client."""
+    from xstencil._labelled.core import kernel_caller
+
+    cells = []
+    for x, vdims in zip(arrays, plan.var_dims, strict=True):
+        shape = tuple(plan.specs[plan.axis(d)].size for d in vdims if d in plan.window_dims)
+        cells.append(jax.ShapeDtypeStruct(shape, x.dtype))
+    for c, d in zip(coords, plan.coord_dims, strict=True):
+        cells.append(jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), c.dtype))
+    with precision(list(arrays), list(dyn)):
+        return jax.eval_shape(kernel_caller(plan, kernel, static), cells, list(dyn))
+
+
+def map_dask(plan: Plan, f: Any, kernels: Sequence[Callable[..., Any]], args: Any,
+             kwargs: Any, period: Mapping[str, float] | None,
+             regions: Sequence[Slab | int] | None = None,
+             masks: Sequence[np.ndarray] = ()) -> Any:
+    """A lazy map (or mesh map) of dask-backed fields: the engine output as
+    dask arrays (a dict of them for a Dataset kernel returning a dict)."""
+    import dask.array as dsa
+
+    for vdims, name in zip(f.var_dims, f.names or (None,), strict=True):
+        if vdims != f.dims:
+            raise XStencilError(
+                f"{plan.call}: variable {name!r} has dims {vdims!r} but the Dataset's field "
+                f"has {f.dims!r}; with dask-backed data every variable must span every dim "
+                f"(broadcast them first, e.g. ds = xr.broadcast(ds)[0])"
+            )
+    arrays = [x if is_dask(x) else dsa.from_array(np.asarray(x)) for x in f.arrays]
+    if len(arrays) > 1:
+        arrays = list(dsa.core.unify_chunks(
+            *[a for x in arrays for a in (x, tuple(range(x.ndim)))], warn=False)[1])
+    chunks = arrays[0].chunks
+    axes = _axes(plan, chunks)
+    dyn, static = split_static(plan.call, (args, kwargs))
+    dyn = tuple(np.asarray(x) for x in dyn)
+    coords = _coords(plan, f, axes, period)
+    shapes = _leaf_shapes(plan, kernels[-1], static, dyn, arrays, coords)
+    leaves, treedef = jax.tree_util.tree_flatten(shapes)
+    stacked = len(leaves) > 1
+    nfield = len(plan.dims)
+    out_chunks = tuple(tuple(b - a for a, b in ax.out) for ax in axes)
+    widths = [math.prod(v.shape) for v in leaves]
+    if stacked:
+        dtype = np.result_type(*[v.dtype for v in leaves])
+        extra: tuple[tuple[int, ...], ...] = ((sum(widths),),)
+    else:
+        dtype = np.dtype(leaves[0].dtype)
+        extra = tuple((n,) for n in leaves[0].shape)
+    token = _token("xstencil-map", tuple(kernels), plan, static, tuple(regions or ()),
+                   [x.name for x in arrays], dyn, coords)
+    fn = BlockMap(token, plan, tuple(kernels), None if regions is None else tuple(regions),
+                  static, dyn, coords, tuple(axes), len(arrays), stacked)
+    depth = {k: ax.depth for k, ax in enumerate(axes)}
+    boundary = _dask_boundary(plan)
+    margs = list(arrays) + [dsa.from_array(np.asarray(m), chunks=out_chunks) for m in masks]
+    new_axis = list(range(nfield, nfield + len(extra))) or None
+    out = dsa.map_overlap(
+        fn, *margs,
+        depth=[depth] * len(arrays) + [0] * len(masks),
+        boundary=[boundary] * len(arrays) + ["none"] * len(masks),
+        trim=False, align_arrays=False, allow_rechunk=False,
+        chunks=out_chunks + extra, new_axis=new_axis, dtype=dtype,
+        meta=np.empty((0,) * (nfield + len(extra)), dtype=dtype),
+        name=f"xstencil-map-{token}",
+    )
+    if not stacked:
+        return out
+    parts, k = [], 0
+    for v, w in zip(leaves, widths, strict=True):
+        if v.shape == ():
+            part = out[(slice(None),) * nfield + (k,)]
+        else:
+            part = out[(slice(None),) * nfield + (slice(k, k + w),)]
+            part = part.reshape(part.shape[:nfield] + v.shape)
+        parts.append(part.astype(v.dtype))
+        k += w
+    return jax.tree_util.tree_unflatten(treedef, parts)
