@@ -289,6 +289,17 @@ class KernelMesh:
             offsets = None
             _check_valid(call, o["padding"], pads, modes)
             steps = strides
+        _check_fill(call, o["fill_value"], x.dtype, modes)
+        for ax, ((lo, hi), n) in enumerate(zip(pads, x.shape, strict=True)):
+            if max(lo, hi) > max(n, _MAX_HALO):
+                raise XStencilError(
+                    f"{call}: padding={o['padding']!r:.60} pads axis {ax} (length {n}) by "
+                    f"({lo}, {hi}); padding wider than the data (or {_MAX_HALO} cells) is not "
+                    f"supported; use 'same', 'valid' or a smaller int"
+                )
+        # a stride beyond the padded length gives one output, as that length does
+        steps = tuple(min(s, max(n + lo + hi, 1))
+                      for s, n, (lo, hi) in zip(steps, x.shape, pads, strict=True))
         specs = [AxisSpec((k - 1) // 2, k // 2, lo, hi, s, m)
                  for k, (lo, hi), s, m in zip(sizes, pads, steps, modes, strict=True)]
         for ax, (n, sp) in enumerate(zip(x.shape, specs, strict=True)):
@@ -313,8 +324,12 @@ class KernelMesh:
                     win = cell
                 try:
                     out = func(win, *a, **kw)
-                except (XStencilError, WindowIndexError):
-                    raise
+                except (XStencilError, WindowIndexError) as e:
+                    msg = str(e)
+                    if msg.startswith(call):
+                        raise
+                    name = getattr(func, "__name__", repr(func))
+                    raise type(e)(f"{call}: kernel {name!r}: {msg}") from None
                 except Exception as e:  # a bug in the user's kernel
                     name = getattr(func, "__name__", repr(func))
                     raise KernelError(
@@ -382,6 +397,36 @@ def _intersect(region: Slab | Mask, keep: Slab) -> Slab | Mask:
         step = common[1] - common[0] if len(common) > 1 else 1
         ranges.append((common[0], common[-1] + 1, step))
     return Slab(tuple(ranges))
+
+
+#: The widest padding (cells per side) beyond the data's own length.
+_MAX_HALO = 1024
+
+
+def _check_fill(call: str, fill_value: Any, dtype: Any, modes: Sequence[str]) -> None:
+    """``fill_value`` must be a number that the data's dtype can hold."""
+    number = isinstance(fill_value, numbers.Number | np.generic) and not isinstance(
+        fill_value, str) and np.ndim(fill_value) == 0
+    if not number:
+        raise XStencilError(
+            f"{call}: fill_value={fill_value!r:.60} must be a number, such as fill_value=0"
+        )
+    dt = np.dtype(dtype)
+    v = fill_value.item() if isinstance(fill_value, np.generic) else fill_value
+    ok = True
+    if isinstance(v, complex) and dt.kind != "c":
+        ok = v.imag == 0
+        v = v.real
+    if dt.kind in "iu":
+        ok = ok and not (isinstance(v, float) and not v.is_integer()) and bool(
+            np.iinfo(dt).min <= v <= np.iinfo(dt).max)
+    elif dt.kind == "b":
+        ok = ok and v in (0, 1)
+    if not ok and "fill" in modes:
+        raise XStencilError(
+            f"{call}: fill_value={fill_value!r} cannot be stored in {dt} data; pass a "
+            f"fill_value that {dt} can hold, or convert the array with .astype(...)"
+        )
 
 
 def _check_valid(call: str, padding: Any, pads: Sequence[tuple[int, int]],

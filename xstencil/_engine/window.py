@@ -21,7 +21,7 @@ from xstencil._errors import WindowIndexError, XStencilError
 
 __all__ = ["Window", "WindowSet", "parse_axis_name"]
 
-_NAME = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:([+-])\s*(\d+))?\s*$")
+_NAME = re.compile(r"^\s*([^\W\d]\w*)\s*(?:([+-])\s*(\d+))?\s*$")
 
 
 def parse_axis_name(text: str) -> tuple[str, int]:
@@ -260,7 +260,10 @@ class Window:
         rel: list[int | None] = [None] * self.ndim
         for pos, k in enumerate(items):
             if isinstance(k, str):
-                name, off = parse_axis_name(k)
+                try:
+                    name, off = parse_axis_name(k)
+                except XStencilError as e:
+                    raise XStencilError(f"{self._label}[...]: {e}") from None
                 if name not in self._dims:
                     raise XStencilError(
                         f"{self._label}[{k!r}]: axis name {name!r} is not one of the named "

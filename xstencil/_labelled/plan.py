@@ -24,7 +24,11 @@ from xstencil._engine.spec import AxisSpec, geometry
 from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 
-__all__ = ["Plan", "make_plan", "infer_window"]
+__all__ = ["Plan", "make_plan", "infer_window", "check_options", "with_call"]
+
+#: The widest halo (cells per side) beyond the data's own length; wider
+#: windows are almost certainly a mistake, and would allocate without bound.
+MAX_HALO = 1024
 
 
 @dataclass(frozen=True)
@@ -151,30 +155,63 @@ def _strides(call: str, stride: Any, dims: tuple[str, ...]) -> dict[str, int]:
     return _dims_mapping(call, "stride", stride, dims, check)
 
 
+def check_options(call: str, dims: tuple[str, ...], *, boundary: Any, stride: Any,
+                  fill_value: Any) -> None:
+    """Check the options that do not depend on the kernel, so that a bad option
+    fails before the kernel is traced to infer its window."""
+    _modes(call, boundary, dims)
+    _strides(call, stride, dims)
+    check_fill(call, fill_value)
+
+
 def fill_for(call: str, fill_value: Any, dtypes: Sequence[Any], needed: bool) -> Any:
-    """The fill value, checked against the data's dtypes."""
+    """The fill value, checked against every one of the data's dtypes."""
+    check_fill(call, fill_value)
+    if fill_value is None:
+        if not needed:
+            return None
+        for dt in dtypes:
+            if np.dtype(dt).kind not in "fc":
+                raise XStencilError(
+                    f"{call}: boundary 'fill' on {np.dtype(dt)} data needs fill_value=...; the "
+                    f"default NaN has no {np.dtype(dt)} value (pass e.g. fill_value=0, or "
+                    f"another boundary mode)"
+                )
+        return math.nan
     for dt in dtypes:
-        kind = np.dtype(dt).kind
-        if fill_value is None:
-            if not needed:
-                return None
-            if kind in "fc":
-                return math.nan
-            raise XStencilError(
-                f"{call}: boundary 'fill' on {np.dtype(dt)} data needs fill_value=...; the "
-                f"default NaN has no {np.dtype(dt)} value (pass e.g. fill_value=0, or "
-                f"another boundary mode)"
-            )
-        if kind in "iub" and isinstance(fill_value, float) and not float(fill_value).is_integer():
+        if not fits(fill_value, dt):
             raise XStencilError(
                 f"{call}: fill_value={fill_value!r} cannot be stored in {np.dtype(dt)} data; "
-                f"pass an integer fill_value or convert the data with .astype(float)"
+                f"pass a fill_value that {np.dtype(dt)} can hold, or convert the data with "
+                f".astype(...)"
             )
-    if fill_value is not None and not isinstance(fill_value, numbers.Number | np.generic):
-        raise XStencilError(f"{call}: fill_value={fill_value!r} must be a number")
     if isinstance(fill_value, np.generic):
         fill_value = fill_value.item()
     return fill_value
+
+
+def check_fill(call: str, fill_value: Any) -> None:
+    """``fill_value`` is None or a number (not a bool-like string, list, ...)."""
+    if fill_value is not None and (isinstance(fill_value, str) or not isinstance(
+            fill_value, numbers.Number | np.generic) or np.ndim(fill_value) != 0):
+        raise XStencilError(
+            f"{call}: fill_value={fill_value!r:.60} must be a number, such as fill_value=0.0")
+
+
+def fits(value: Any, dtype: Any) -> bool:
+    """Whether the scalar ``value`` can be stored in ``dtype`` without changing."""
+    dt = np.dtype(dtype)
+    v = value.item() if isinstance(value, np.generic) else value
+    if isinstance(v, complex) and dt.kind != "c":
+        return v.imag == 0 and fits(v.real, dt)
+    if dt.kind in "iu":
+        if isinstance(v, float) and not v.is_integer():
+            return False
+        info = np.iinfo(dt)
+        return bool(info.min <= v <= info.max)
+    if dt.kind == "b":
+        return v in (0, 1)
+    return True
 
 
 class _Probe:
@@ -242,8 +279,8 @@ def infer_window(call: str, kernel: Callable[..., Any], plan_dims: tuple[str, ..
             f"(arithmetic on it, u[...], u.sum(), ...); pass window={{dim: size}}, e.g. "
             f"window={dict.fromkeys(plan_dims[-2:], 3)!r}"
         ) from None
-    except (XStencilError, WindowIndexError):
-        raise
+    except (XStencilError, WindowIndexError) as e:
+        raise with_call(call, kernel, e) from None
     except Exception as e:
         name = getattr(kernel, "__name__", repr(kernel))
         raise KernelError(
@@ -283,6 +320,12 @@ def make_plan(
             mode = "valid"
         pad = (0, 0) if mode == "valid" else (lo, hi)
         n = sizes[d]
+        if max(lo, hi) > max(n, MAX_HALO):
+            raise XStencilError(
+                f"{call}: window={window_arg!r} reaches {lo} cells before and {hi} after the "
+                f"centre along {d!r}, which has {n}; a halo wider than the data (or "
+                f"{MAX_HALO} cells) is not supported; use a smaller window or smaller offsets"
+            )
         if mode == "valid" and lo + hi + 1 > n:
             raise XStencilError(
                 f"{call}: window={window_arg!r} spans {lo + hi + 1} cells along {d!r}, which "
@@ -293,12 +336,24 @@ def make_plan(
             raise XStencilError(
                 f"{call}: boundary 'reflect' along {d!r} needs at least 2 points, it has {n}"
             )
-        specs.append(AxisSpec(lo, hi, pad[0], pad[1], strides.get(d, 1), mode))
+        # a stride beyond the dim's length gives one output, as the length does
+        stride_d = min(strides.get(d, 1), max(n, 1))
+        specs.append(AxisSpec(lo, hi, pad[0], pad[1], stride_d, mode))
     window_dims = tuple(d for d in dims if d in reach)
     needs_fill = any(s.mode == "fill" and (s.pad_lo or s.pad_hi) for s in specs)
     fill = fill_for(call, fill_value, var_dtypes, needs_fill)
     return Plan(call, dims, shape, tuple(specs), window_dims, fill, var_names, var_dims,
                 var_dtypes, tuple(d for d in coord_dims if d in window_dims), output_dims)
+
+
+def with_call(call: str, kernel: Any, e: Exception) -> Exception:
+    """``e`` (a window read error from inside a kernel) with the call and the
+    kernel's name in front of its message, keeping its type."""
+    msg = str(e)
+    if msg.startswith(call):
+        return e
+    name = getattr(kernel, "__name__", repr(kernel))
+    return type(e)(f"{call}: kernel {name!r}: {msg}")
 
 
 def hashable(call: str, value: Any) -> Hashable:
