@@ -146,7 +146,7 @@ class Mesh:
                     sel).dtype.kind in "iuf" and vals.dtype.kind in "iuf" else vals[:3]
                 raise LabelError(
                     f"{self._call}: m.loc[{{{d!r}: {sel!r}}}]: label {sel!r} not found in "
-                    f"coordinate {d!r}; nearest available are {list(near)!r} (use "
+                    f"coordinate {d!r}; nearest available are {near.tolist()!r} (use "
                     f"xstencil.nearest({d}={sel!r}) to snap to the nearest)"
                 ) from None
             out[d] = np.atleast_1d(got.values)

@@ -164,24 +164,30 @@ def check_options(call: str, dims: tuple[str, ...], *, boundary: Any, stride: An
     check_fill(call, fill_value)
 
 
-def fill_for(call: str, fill_value: Any, dtypes: Sequence[Any], needed: bool) -> Any:
+def fill_for(call: str, fill_value: Any, dtypes: Sequence[Any], needed: bool,
+             names: Sequence[str] | None = None) -> Any:
     """The fill value, checked against every one of the data's dtypes."""
     check_fill(call, fill_value)
+
+    def what(k: int) -> str:
+        return "" if names is None else f" (variable {names[k]!r})"
+
     if fill_value is None:
         if not needed:
             return None
-        for dt in dtypes:
+        for k, dt in enumerate(dtypes):
             if np.dtype(dt).kind not in "fc":
                 raise XStencilError(
                     f"{call}: boundary 'fill' on {np.dtype(dt)} data needs fill_value=...; the "
-                    f"default NaN has no {np.dtype(dt)} value (pass e.g. fill_value=0, or "
+                    f"default NaN has no {np.dtype(dt)} value{what(k)} (pass e.g. fill_value=0, or "
                     f"another boundary mode)"
                 )
         return math.nan
-    for dt in dtypes:
+    for k, dt in enumerate(dtypes):
         if not fits(fill_value, dt):
             raise XStencilError(
-                f"{call}: fill_value={fill_value!r} cannot be stored in {np.dtype(dt)} data; "
+                f"{call}: fill_value={fill_value!r} cannot be stored in {np.dtype(dt)} data"
+                f"{what(k)}; "
                 f"pass a fill_value that {np.dtype(dt)} can hold, or convert the data with "
                 f".astype(...)"
             )
@@ -341,7 +347,7 @@ def make_plan(
         specs.append(AxisSpec(lo, hi, pad[0], pad[1], stride_d, mode))
     window_dims = tuple(d for d in dims if d in reach)
     needs_fill = any(s.mode == "fill" and (s.pad_lo or s.pad_hi) for s in specs)
-    fill = fill_for(call, fill_value, var_dtypes, needs_fill)
+    fill = fill_for(call, fill_value, var_dtypes, needs_fill, var_names)
     return Plan(call, dims, shape, tuple(specs), window_dims, fill, var_names, var_dims,
                 var_dtypes, tuple(d for d in coord_dims if d in window_dims), output_dims)
 
