@@ -136,11 +136,11 @@ def _axes(plan: Plan, chunks: Sequence[Sequence[int]]) -> list[_Axis]:
     for d, s, g, ch in zip(plan.dims, plan.specs, plan.geom, chunks, strict=True):
         depth = max(s.lo, s.hi)
         if depth and min(ch) < depth:
-            small = min(ch)
             raise XStencilError(
-                f"{plan.call}: dim {d!r} has a chunk of {small} points, smaller than the "
+                f"{plan.call}: dim {d!r} has a chunk of {min(ch)} points, smaller than the "
                 f"window's halo of {depth}; neighbouring chunks must supply the halo, so "
-                f"rechunk with larger chunks, e.g. .chunk({{{d!r}: {max(depth, 256)}}})"
+                f"rechunk with every chunk >= {depth}, e.g. "
+                f".chunk({{{d!r}: {_merged(tuple(ch), depth)!r}}})"
             )
         edge = None
         if depth and s.mode in ("reflect", "valid"):
@@ -155,6 +155,17 @@ def _axes(plan: Plan, chunks: Sequence[Sequence[int]]) -> list[_Axis]:
         out.append(_Axis(depth, edge, starts, tuple(int(c) for c in ch), tuple(rng), s.lo,
                          s.stride, off))
     return out
+
+
+def _merged(chunks: tuple[int, ...], depth: int) -> tuple[int, ...] | int:
+    """``chunks`` with every chunk smaller than ``depth`` merged into a neighbour."""
+    out: list[int] = []
+    for c in chunks:
+        if out and (c < depth or out[-1] < depth):
+            out[-1] += c
+        else:
+            out.append(c)
+    return tuple(out) if len(out) > 1 else out[0]
 
 
 def _dask_boundary(plan: Plan) -> dict[int, Any]:
