@@ -362,7 +362,9 @@ def rewrap(plan: Plan, f: Fields, out: Any) -> xr.DataArray | xr.Dataset:
              if s != slice(0, f.shape[plan.axis(d)], 1)}
     if isinstance(f.obj, xr.DataArray) and not index and not plan.output_dims \
             and not isinstance(out, Mapping):
-        return f.obj.copy(deep=False, data=out)
+        res = f.obj.copy(deep=False, data=out)
+        res.encoding = {}  # the on-disk encoding (dtype, scale_factor) was the input's
+        return res
     coords_ds = f.obj.coords.to_dataset()
     if index:  # coords may lack some of the dims (dims without coordinates)
         coords_ds = coords_ds.isel({d: s for d, s in index.items() if d in coords_ds.dims})
