@@ -11,6 +11,7 @@ from xstencil._dask import any_dask
 from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
+from xstencil._shard import is_sharded
 
 __all__ = ["map"]
 
@@ -25,6 +26,7 @@ def map(  # noqa: A001 - the contract's name
     stride: int | Mapping[str, int] | None = None,
     output_dims: str | Sequence[str] | None = None,
     period: Mapping[str, float] | None = None,
+    mesh: Any = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Apply a stencil kernel at every point of a DataArray or Dataset.
@@ -66,6 +68,11 @@ def map(  # noqa: A001 - the contract's name
     period
         ``{dim: period}`` of a periodic coordinate, for ``u.coord`` across the
         periodic seam; inferred from uniform spacing when omitted.
+    mesh
+        Run on several devices: ``{dim: mesh_axis_name}`` or a
+        :class:`jax.sharding.Mesh` whose axes are named after dims.  Data that
+        is already a sharded JAX array runs sharded without it.  See
+        :doc:`/scaling`.
 
     Returns
     -------
@@ -96,6 +103,10 @@ def map(  # noqa: A001 - the contract's name
         from xstencil._dask import map_dask
 
         return rewrap(plan, f, map_dask(plan, f, [kernel], args, kwargs, period))
+    if mesh is not None or is_sharded(f.arrays):  # several devices: xstencil._shard
+        from xstencil._shard import map_sharded
+
+        return rewrap(plan, f, map_sharded(plan, f, [kernel], args, kwargs, period, mesh, kernel))
     out = call_engine(plan, f, kernel, None, _body, args, kwargs, period)
     return rewrap(plan, f, out)
 

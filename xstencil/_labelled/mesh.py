@@ -30,6 +30,7 @@ from xstencil._labelled.core import (
     unwrap,
 )
 from xstencil._labelled.plan import Plan
+from xstencil._shard import is_sharded
 
 __all__ = ["mesh", "Mesh", "nearest"]
 
@@ -241,6 +242,12 @@ class Mesh:
             return rewrap(plan, self._fields, map_dask(
                 plan, self._fields, kernels, args, kwargs, self._options.get("period"),
                 regions, masks))
+        if self._options.get("mesh") is not None or is_sharded(self._fields.arrays):
+            from xstencil._shard import map_sharded
+
+            return rewrap(plan, self._fields, map_sharded(
+                plan, self._fields, kernels, args, kwargs, self._options.get("period"),
+                self._options.get("mesh"), self, regions, masks))
         out = call_engine(plan, self._fields, self, (kernels, tuple(regions)),
                           _mesh_body(kernels, regions), args, kwargs,
                           self._options.get("period"), masks)
@@ -284,8 +291,8 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
     obj
         The data.
     **options
-        ``window``, ``boundary``, ``fill_value``, ``stride``, ``output_dims``
-        and ``period``, as for :func:`xstencil.map`.
+        ``window``, ``boundary``, ``fill_value``, ``stride``, ``output_dims``,
+        ``period`` and ``mesh`` (devices), as for :func:`xstencil.map`.
 
     Returns
     -------
@@ -306,7 +313,7 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
     >>> m.map().values
     array([-1.,  2.,  4.,  6.,  7.])
     """
-    allowed = {"window", "boundary", "fill_value", "stride", "output_dims", "period"}
+    allowed = {"window", "boundary", "fill_value", "stride", "output_dims", "period", "mesh"}
     bad = set(options) - allowed
     if bad:
         raise XStencilError(f"obj.stencil.mesh(...): unknown option(s) {sorted(bad)!r}; "

@@ -1,0 +1,171 @@
+"""Sharding checks, run in a subprocess by tests/test_shard.py.
+
+JAX reads ``XLA_FLAGS`` once, at import, so 4 simulated CPU devices need a
+fresh interpreter: ``XLA_FLAGS=--xla_force_host_platform_device_count=4
+python tests/shard_checks.py`` prints one JSON object, check name -> "ok" or
+the failure's traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import xarray as xr  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import xstencil  # noqa: E402, F401
+from xstencil import XStencilError  # noqa: E402
+from xstencil._shard import make_mesh, sharded_hlo  # noqa: E402
+
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+MODES = ("fill", "extend", "periodic", "reflect", "symmetric")
+MESHES = ({"x": "i"}, {"y": "i"}, {"y": "a", "x": "b"})
+
+
+def field(dtype=np.float32):
+    rng = np.random.default_rng(0)
+    return xr.DataArray(rng.random((32, 48)).astype(dtype), dims=("y", "x"),
+                        coords={"y": np.linspace(0.0, 1.0, 32),
+                                "x": np.linspace(0.0, 2.0, 48)},
+                        attrs={"units": "K"}, name="T")
+
+
+def lap(u):
+    return u(x=1) + u(x=-2) + 2 * u(y=1) - u(y=-1) - 4 * u()
+
+
+def same(out, ref, rtol=1e-6):
+    assert out.dims == ref.dims and out.shape == ref.shape and out.dtype == ref.dtype
+    np.testing.assert_allclose(np.asarray(out.data), np.asarray(ref.data), rtol=rtol, atol=1e-6,
+                               equal_nan=True)
+    assert out.attrs == ref.attrs and out.name == ref.name
+
+
+def check_devices():
+    assert jax.device_count() == 4, jax.devices()
+
+
+def check_modes_and_meshes():
+    da = field()
+    for mode in MODES:
+        ref = da.stencil.map(lap, boundary=mode)
+        for mesh in MESHES:
+            same(da.stencil.map(lap, boundary=mode, mesh=mesh), ref)
+
+
+def check_output_sharding():
+    da = field()
+    out = da.stencil.map(lap, boundary="periodic", mesh={"y": "a", "x": "b"})
+    sh = out.data.sharding
+    assert isinstance(sh, NamedSharding) and sh.spec == P("a", "b"), sh
+    assert len(out.data.addressable_shards) == 4
+    assert out.data.addressable_shards[0].data.shape == (16, 24)
+
+
+def check_presharded_input():
+    da = field()
+    for mesh in (make_mesh(("y", "x")), jax.make_mesh((2, 2), ("y", "x"))):  # Auto, Explicit
+        x = jax.device_put(da.values, NamedSharding(mesh, P("y", "x")))
+        out = da.copy(data=x).stencil.map(lap, boundary="reflect")
+        same(out, da.stencil.map(lap, boundary="reflect"))
+        assert out.data.sharding.spec == P("y", "x")
+
+
+def check_hlo_collective_permute():
+    da = field()
+    for mode in ("periodic", "extend"):
+        hlo = sharded_hlo(da, lap, boundary=mode, mesh={"y": "a", "x": "b"})
+        assert "collective-permute" in hlo, mode
+        assert "all-gather" not in hlo and "all-reduce" not in hlo, mode
+
+
+def check_float64():
+    da = field(np.float64)
+    for mode in ("periodic", "symmetric"):
+        out = da.stencil.map(lap, boundary=mode, mesh={"x": "i"})
+        assert out.dtype == np.float64
+        same(out, da.stencil.map(lap, boundary=mode), rtol=1e-12)
+
+
+def check_coords_stride_mesh_window():
+    da = field()
+    nonuniform = da.assign_coords(x=np.linspace(0.0, 2.0, 48) ** 2)
+
+    def ddx(u):
+        x = u.coord("x")
+        return (u(x=1) - u(x=-1)) / (x(x=1) - x(x=-1))
+
+    for mode in ("extend", "periodic", "reflect"):
+        kw = dict(boundary=mode, period={"x": 5.0})
+        same(nonuniform.stencil.map(ddx, mesh={"x": "i"}, **kw),
+             nonuniform.stencil.map(ddx, **kw), rtol=1e-5)
+    kw = dict(boundary="extend", stride={"x": 2, "y": 4})
+    same(da.stencil.map(lap, mesh={"y": "a", "x": "b"}, **kw), da.stencil.map(lap, **kw))
+    w = np.arange(9, dtype=np.float32).reshape(3, 3)
+    kw = dict(window={"y": 3, "x": 3}, boundary={"y": "reflect", "x": "periodic"})
+    same(da.stencil.map(lambda u: (u * w).sum(), mesh={"y": "a", "x": "b"}, **kw),
+         da.stencil.map(lambda u: (u * w).sum(), **kw))
+
+    def regions(m):
+        m[...] = lap
+        m.loc[{"x": slice(1.0, 2.5)}] = lambda u: 3 * u(x=1)
+        m[{"y": -1}] = lambda u: 7.0
+        m[da > 0.9] = lambda u: -u()
+        return m.map()
+
+    same(regions(da.stencil.mesh(boundary="extend", mesh={"y": "a", "x": "b"})),
+         regions(da.stencil.mesh(boundary="extend")))
+
+
+def check_bad_input():
+    da = field()
+    cases = [
+        (dict(mesh={"z": "i"}), r"mesh=\{'z': 'i'\}: dimension 'z' not found"),
+        (dict(mesh="x"), r"must map dim names to mesh axis names"),
+        (dict(mesh={"x": "i"}, boundary="valid"), r"'valid' along the sharded dim 'x'"),
+    ]
+    for kw, match in cases:
+        _raises(lambda kw=kw: da.stencil.map(lap, **kw), match)
+    _raises(lambda: da.isel(x=slice(0, 47)).stencil.map(lap, mesh={"x": "i"}),
+            r"47 points, which does not divide evenly over the 4 devices of mesh axis 'i'")
+    _raises(lambda: da.isel(x=slice(0, 4)).stencil.map(lambda u: u(x=2), boundary="reflect",
+                                                       mesh={"x": "i"}),
+            r"each device holds 1 points of 'x'")
+
+
+def _raises(fn, match):
+    import re
+
+    try:
+        fn()
+    except XStencilError as e:
+        assert re.search(match, str(e)), (match, str(e))
+        return
+    raise AssertionError(f"no XStencilError matching {match!r}")
+
+
+CHECKS = {name[6:]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
+
+
+def main(names):
+    out = {}
+    for name in names or CHECKS:
+        try:
+            CHECKS[name]()
+            out[name] = "ok"
+        except Exception:
+            out[name] = traceback.format_exc()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

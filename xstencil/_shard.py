@@ -1,0 +1,334 @@
+"""JAX arrays sharded across devices: maps under :func:`jax.shard_map`.
+
+When the data is a JAX array sharded with a :class:`~jax.sharding.NamedSharding`
+or the call passes ``mesh={dim: axis_name}``, each device evaluates the kernel
+on its own block.  The halo comes from the neighbouring devices through
+``lax.ppermute`` along the mesh axis that the dim is sharded over (keyed by
+dim name), so no device ever sees the whole field:
+
+* ``periodic`` dims exchange cyclically (the last device sends to the first);
+* other modes exchange with the open-ended permutation, and the devices at
+  the global edge build their outer halo from their own block with the
+  engine's boundary padding (``extend``, ``reflect``, ``symmetric``, ``fill``).
+
+The exchange is one ``ppermute`` per side per sharded dim, applied dim after
+dim on the already-extended block, so corner cells come from diagonal
+neighbours without extra messages.  Dims that are not sharded keep the
+engine's virtual padding.  The output has the input's sharding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from xstencil._engine.boundary import pad
+from xstencil._engine.call import as_array, precision, split_static
+from xstencil._engine.lower import AxisGeom, Source, evaluate
+from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
+from xstencil._errors import XStencilError
+from xstencil._labelled.plan import Plan
+
+__all__ = ["Layout", "is_sharded", "layout", "make_mesh", "map_sharded", "sharded_hlo",
+           "exchange"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A device mesh and, per field dim, the mesh axis it is sharded over."""
+
+    mesh: Mesh
+    names: tuple[str | None, ...]
+
+    def size(self, k: int) -> int:
+        name = self.names[k]
+        return 1 if name is None else int(self.mesh.shape[name])
+
+    def spec(self, extra: int = 0) -> P:
+        return P(*self.names, *([None] * extra))
+
+
+def is_sharded(arrays: Sequence[Any]) -> bool:
+    """Whether any array is a JAX array split over several devices."""
+    for x in arrays:
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+            sh = getattr(x, "sharding", None)
+            if isinstance(sh, NamedSharding) and not x.is_fully_replicated:
+                return True
+    return False
+
+
+def make_mesh(axes: Mapping[str, int] | Sequence[str], devices: Sequence[Any] | None = None
+              ) -> Mesh:
+    """A device mesh with ``Auto`` axes (``jax.make_mesh`` defaults to
+    ``Explicit`` ones, under which padded slices of sharded dims fail).
+
+    ``axes`` maps axis names to sizes, or lists names: one name takes every
+    device, two names split them as squarely as possible.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if isinstance(axes, Mapping):
+        names, shape = tuple(axes), tuple(int(v) for v in axes.values())
+    else:
+        names = tuple(axes)
+        n = len(devices)
+        if len(names) == 1:
+            shape = (n,)
+        else:
+            a = max(f for f in range(1, int(math.isqrt(n)) + 1) if n % f == 0)
+            shape = (n // a, a) + (1,) * (len(names) - 2)
+    count = math.prod(shape)
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(names),
+                         devices=devices[:count])
+
+
+def layout(call: str, dims: tuple[str, ...], arrays: Sequence[Any], mesh: Any) -> Layout:
+    """The layout of a call: from ``mesh=`` (a ``{dim: axis}`` dict or a
+    ``jax.sharding.Mesh`` whose axes are named after dims), or from the
+    sharding of the data."""
+    data_mesh, data_names = None, None
+    for x in arrays:
+        sh = getattr(x, "sharding", None)
+        if isinstance(sh, NamedSharding) and not x.is_fully_replicated:
+            spec = tuple(sh.spec) + (None,) * (x.ndim - len(sh.spec))
+            for d, s in zip(dims, spec, strict=False):
+                if isinstance(s, tuple):
+                    if len(s) != 1:
+                        raise XStencilError(
+                            f"{call}: dim {d!r} is sharded over several mesh axes {s!r}; "
+                            f"shard each dim over at most one axis")
+            data_mesh = sh.mesh
+            data_names = tuple(s[0] if isinstance(s, tuple) else s for s in spec)
+            break
+    if mesh is None:
+        assert data_mesh is not None
+        return Layout(data_mesh, data_names)
+    if isinstance(mesh, Mesh):
+        for name in mesh.axis_names:
+            if name not in dims:
+                raise XStencilError(
+                    f"{call}: mesh={mesh!r} has axis {name!r}, which is not a dim of the data "
+                    f"{dims!r}; name the axes after the dims, or pass mesh={{dim: axis}}")
+        return Layout(mesh, tuple(d if d in mesh.axis_names else None for d in dims))
+    if not isinstance(mesh, Mapping) or not all(isinstance(v, str) for v in mesh.values()):
+        raise XStencilError(
+            f"{call}: mesh={mesh!r} must map dim names to mesh axis names, such as "
+            f"{{{dims[-1]!r}: 'i'}}, or be a jax.sharding.Mesh whose axes are named after dims")
+    for d in mesh:
+        if d not in dims:
+            raise XStencilError(
+                f"{call}: mesh={dict(mesh)!r}: dimension {d!r} not found; available dims are "
+                f"{dims!r}")
+    if len(set(mesh.values())) != len(mesh):
+        raise XStencilError(f"{call}: mesh={dict(mesh)!r} shards two dims over one mesh axis; "
+                            f"give each dim its own axis")
+    if data_mesh is not None and all(v in data_mesh.axis_names for v in mesh.values()):
+        devmesh = data_mesh
+    else:
+        devmesh = make_mesh(tuple(mesh.values()))
+    return Layout(devmesh, tuple(mesh.get(d) for d in dims))
+
+
+def _check(plan: Plan, lay: Layout) -> None:
+    for k, (d, n, s) in enumerate(zip(plan.dims, plan.shape, plan.specs, strict=True)):
+        p = lay.size(k)
+        if p == 1:
+            continue
+        if n % p:
+            raise XStencilError(
+                f"{plan.call}: dim {d!r} has {n} points, which does not divide evenly over "
+                f"the {p} devices of mesh axis {lay.names[k]!r}; pad the data to "
+                f"{-(-n // p) * p} points (e.g. with .pad({{{d!r}: (0, {-(-n // p) * p - n})}}, "
+                f"mode='edge')) or use a mesh axis whose size divides {n}")
+        local = n // p
+        if s.mode == "valid" and (s.lo or s.hi):
+            raise XStencilError(
+                f"{plan.call}: boundary 'valid' along the sharded dim {d!r} is not supported "
+                f"(the output would not split evenly over the devices); use a padding mode "
+                f"and trim the result with .isel")
+        if local % s.stride:
+            raise XStencilError(
+                f"{plan.call}: stride {s.stride} along {d!r} does not divide the {local} "
+                f"points each device holds; pick a stride that divides {local}")
+        need = max(s.lo, s.hi) + (1 if s.mode == "reflect" else 0)
+        if local < need:
+            raise XStencilError(
+                f"{plan.call}: each device holds {local} points of {d!r}, fewer than the "
+                f"window's halo of {max(s.lo, s.hi)} needs ({need}); use fewer devices along "
+                f"{lay.names[k]!r} or a smaller window")
+
+
+def exchange(x: Any, axis: int, name: str, p: int, lo: int, hi: int, mode: str,
+             fill_value: Any = 0) -> Any:
+    """Extend the local block ``x`` by ``lo``/``hi`` halo cells along
+    ``axis`` from the neighbours on mesh axis ``name`` (inside ``shard_map``).
+
+    ``periodic`` exchanges cyclically; other modes pad the outer side of the
+    first and last device from their own block.
+    """
+    n = x.shape[axis]
+    cyclic = mode == "periodic"
+    idx = lax.axis_index(name)
+    parts = []
+
+    def edge(pads: tuple[int, int], take: slice) -> Any:
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = pads
+        modes = ["fill"] * x.ndim
+        modes[axis] = mode
+        padded = pad(x, widths, modes, fill_value)
+        return lax.slice_in_dim(padded, take.start, take.stop, axis=axis)
+
+    if lo:
+        send = lax.slice_in_dim(x, n - lo, n, axis=axis)
+        perm = [(i, (i + 1) % p) for i in range(p if cyclic else p - 1)]
+        got = lax.ppermute(send, name, perm)
+        if not cyclic:
+            got = jnp.where(idx == 0, edge((lo, 0), slice(0, lo)), got)
+        parts.append(got)
+    parts.append(x)
+    if hi:
+        send = lax.slice_in_dim(x, 0, hi, axis=axis)
+        perm = [((i + 1) % p, i) for i in range(p if cyclic else p - 1)]
+        got = lax.ppermute(send, name, perm)
+        if not cyclic:
+            got = jnp.where(idx == p - 1, edge((0, hi), slice(n, n + hi)), got)
+        parts.append(got)
+    return parts[0] if len(parts) == 1 else lax.concatenate(parts, axis)
+
+
+def _global_masks(plan: Plan, regions: Sequence[Slab | int], masks: Sequence[np.ndarray]
+                  ) -> list[np.ndarray]:
+    """Every mesh region as a boolean mask over the output (masks shard like the data)."""
+    out = []
+    for r in regions:
+        if isinstance(r, Slab):
+            m = np.zeros(plan.out_shape, dtype=bool)
+            m[tuple(slice(*t) for t in r.ranges)] = True
+            out.append(m)
+        else:
+            out.append(np.asarray(masks[r], dtype=bool))
+    return out
+
+
+def _body(plan: Plan, lay: Layout, kernels: Sequence[Callable[..., Any]], static: Any,
+          is_mesh: bool) -> Callable[..., Any]:
+    from xstencil._labelled.core import identity_caller, kernel_caller
+
+    local = [n // lay.size(k) for k, n in enumerate(plan.shape)]
+    wset = tuple(plan.axis(d) for d in plan.window_dims)
+    fill = 0 if plan.fill_value is None else plan.fill_value
+
+    def body(arrays: Any, coords: Any, dyn: Any, masks: Any) -> Any:
+        srcs = []
+        for x in arrays:
+            for k, s in enumerate(plan.specs):
+                if lay.names[k] is not None and (s.lo or s.hi):
+                    x = exchange(x, k, lay.names[k], lay.size(k), s.pad_lo, s.pad_hi, s.mode,
+                                 fill)
+            pads = tuple((0, 0) if lay.names[k] is not None else (s.pad_lo, s.pad_hi)
+                         for k, s in enumerate(plan.specs))
+            modes = tuple("fill" if lay.names[k] is not None or s.mode == "valid" else s.mode
+                          for k, s in enumerate(plan.specs))
+            srcs.append(Source(x, tuple(range(x.ndim)), wset, pads, modes, fill))
+        for c, d in zip(coords, plan.coord_dims, strict=True):
+            k = plan.axis(d)
+            if lay.names[k] is not None:
+                s = plan.specs[k]
+                start = lax.axis_index(lay.names[k]) * local[k]
+                c = lax.dynamic_slice_in_dim(c, start, local[k] + s.pad_lo + s.pad_hi)
+            srcs.append(Source(c, (k,), (k,)))
+        geom = []
+        for k, (s, g) in enumerate(zip(plan.specs, plan.geom, strict=True)):
+            if lay.names[k] is None:
+                geom.append(g)
+            else:
+                geom.append(AxisGeom(0, s.stride, local[k] // s.stride, s.size))
+        calls = [kernel_caller(plan, k, static) for k in kernels]
+        if not is_mesh:
+            return evaluate(calls[0], srcs, geom, dyn)
+        branches = [(Mask(m), c) for m, c in zip(masks, calls, strict=True)]
+        return mesh_evaluate(branches, identity_caller(plan, calls[-1]), srcs, geom, dyn)
+
+    return body
+
+
+def _prepared(plan: Plan, f: Any, kernels: Sequence[Callable[..., Any]], args: Any,
+              kwargs: Any, period: Mapping[str, float] | None, mesh: Any, owner: Any,
+              regions: Sequence[Slab | int] | None, masks: Sequence[np.ndarray]
+              ) -> tuple[Callable[..., Any], tuple[Any, ...], Any]:
+    from xstencil._labelled.core import compiled, coord_arrays
+
+    for vdims, name in zip(f.var_dims, f.names or (None,), strict=True):
+        if vdims != f.dims:
+            raise XStencilError(
+                f"{plan.call}: variable {name!r} has dims {vdims!r} but the field has "
+                f"{f.dims!r}; sharded Datasets need every variable over every dim (broadcast "
+                f"them first)")
+    lay = layout(plan.call, plan.dims, f.arrays, mesh)
+    _check(plan, lay)
+    is_mesh = regions is not None
+    gmasks = _global_masks(plan, regions, masks) if is_mesh else []
+    nout = len(plan.output_dims)
+    dyn, static = split_static(plan.call, (args, kwargs))
+    data_sharding = NamedSharding(lay.mesh, lay.spec())
+    arrays = [jax.device_put(as_array(plan.call, "the data", x), data_sharding)
+              for x in f.arrays]
+    gm = [jax.device_put(m, data_sharding) for m in gmasks]
+    coords = [np.asarray(c) for c in coord_arrays(plan, f, period)]
+    key = ("shard", plan, static, lay, is_mesh, tuple(regions or ()))
+
+    def build() -> Callable[..., Any]:
+        body = _body(plan, lay, kernels, static, is_mesh)
+        mapped = jax.shard_map(body, mesh=lay.mesh,
+                               in_specs=(lay.spec(), P(), P(), lay.spec()),
+                               out_specs=lay.spec(nout), check_vma=False)
+        return jax.jit(mapped)
+
+    fn = compiled(owner, key, build)
+    return fn, (arrays, coords, list(dyn), gm), (f.arrays, args, kwargs)
+
+
+def map_sharded(plan: Plan, f: Any, kernels: Sequence[Callable[..., Any]], args: Any,
+                kwargs: Any, period: Mapping[str, float] | None, mesh: Any, owner: Any,
+                regions: Sequence[Slab | int] | None = None,
+                masks: Sequence[np.ndarray] = ()) -> Any:
+    """Run a map (or mesh map) under ``shard_map``; the output keeps the
+    input's sharding."""
+    fn, inputs, wide = _prepared(plan, f, kernels, args, kwargs, period, mesh, owner, regions,
+                                 masks)
+    with precision(*wide):
+        return fn(*inputs)
+
+
+def sharded_hlo(obj: Any, kernel: Callable[..., Any], *args: Any, mesh: Any = None,
+                **options: Any) -> str:
+    """The optimized HLO text of a sharded ``map`` call, to inspect its
+    communication (``collective-permute`` for halos, no ``all-gather``).
+
+    Takes the same arguments as :func:`xstencil.map`; extra keyword
+    arguments that are not map options are passed to the kernel.
+    """
+    from xstencil._labelled.core import prepare, unwrap
+
+    names = {"window", "boundary", "fill_value", "stride", "output_dims", "period"}
+    opts = {k: options.pop(k) for k in list(options) if k in names}
+    call = "xstencil._shard.sharded_hlo(...)"
+    f = unwrap(call, obj)
+    plan = prepare(call, f, [kernel], window=opts.get("window"),
+                   boundary=opts.get("boundary", "fill"), fill_value=opts.get("fill_value"),
+                   stride=opts.get("stride"), output_dims=opts.get("output_dims"), args=args,
+                   kwargs=options)
+    fn, inputs, wide = _prepared(plan, f, [kernel], args, options, opts.get("period"), mesh,
+                                 kernel, None, ())
+    with precision(*wide):
+        return fn.lower(*inputs).compile().as_text()
