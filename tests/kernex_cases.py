@@ -113,9 +113,15 @@ def case_readme_laplacian_valid(lib, dtype=np.float32):
     @lib.kmap(kernel_size=(3, 3), padding="valid", relative=True)
     def lap(u):
         return (
-            0 * u[1, -1] + 1 * u[1, 0] + 0 * u[1, 1]
-            + 1 * u[0, -1] - 4 * u[0, 0] + 1 * u[0, 1]
-            + 0 * u[-1, -1] + 1 * u[-1, 0] + 0 * u[-1, 1]
+            0 * u[1, -1]
+            + 1 * u[1, 0]
+            + 0 * u[1, 1]
+            + 1 * u[0, -1]
+            - 4 * u[0, 0]
+            + 1 * u[0, 1]
+            + 0 * u[-1, -1]
+            + 1 * u[-1, 0]
+            + 0 * u[-1, 1]
         )
 
     return _np(lap(_rand(21, (10, 10), dtype)))
@@ -187,9 +193,7 @@ def case_readme_gaussian_blur(lib, dtype=np.float32):
     weights = jnp.outer(g, g)
     weights = weights / weights.sum()
 
-    blur = lib.kmap(kernel_size=(size, size), padding="same")(
-        lambda u: jnp.sum(u * weights)
-    )
+    blur = lib.kmap(kernel_size=(size, size), padding="same")(lambda u: jnp.sum(u * weights))
     return _np(blur(_rand(31, (16, 16), dtype)))
 
 
@@ -213,9 +217,7 @@ def case_readme_avgpool(lib):
 def case_readme_maxpool_same(lib):
     """2x2 max pool, stride 2, padding 'same', vmapped over batch and channel."""
     x = jnp.arange(1, 26).reshape(1, 1, 5, 5)
-    pool = lib.kmap(kernel_size=(2, 2), strides=(2, 2), padding="same")(
-        lambda u: jnp.max(u)
-    )
+    pool = lib.kmap(kernel_size=(2, 2), strides=(2, 2), padding="same")(lambda u: jnp.max(u))
     return _np(jax.vmap(jax.vmap(pool))(x))  # [[7, 9, 10], [17, 19, 20], [22, 24, 25]]
 
 
@@ -283,9 +285,7 @@ def case_ktest_scan_of_kmap_mesh3(lib):
 def case_ktest_scan_of_kmap_heat(lib, dtype=np.float32):
     """Explicit heat equation: lax.scan over a 2-D kmap mesh (Dirichlet edges)."""
     mesh = lib.kmap(kernel_size=(3, 3), padding="same", relative=True)
-    mesh[:, :] = lambda u: u[0, 0] + 0.2 * (
-        u[1, 0] + u[-1, 0] + u[0, 1] + u[0, -1] - 4 * u[0, 0]
-    )
+    mesh[:, :] = lambda u: u[0, 0] + 0.2 * (u[1, 0] + u[-1, 0] + u[0, 1] + u[0, -1] - 4 * u[0, 0])
     mesh[0] = mesh[-1] = lambda u: u[0, 0]
     mesh[:, 0] = mesh[:, -1] = lambda u: u[0, 0]
     u0 = jnp.abs(_rand(51, (12, 10), dtype))
@@ -655,9 +655,7 @@ def case_beh_grad_kscan(lib, dtype=np.float32):
 
 def case_beh_jit_vmap_kmap(lib):
     """jit(vmap(kmap)) over a batch of 1-D signals."""
-    f = lib.kmap(kernel_size=(3,), padding="same", relative=True)(
-        lambda x: x[-1] - 2 * x[0] + x[1]
-    )
+    f = lib.kmap(kernel_size=(3,), padding="same", relative=True)(lambda x: x[-1] - 2 * x[0] + x[1])
     return _np(jax.jit(jax.vmap(f))(_rand(83, (3, 9))))
 
 
@@ -785,7 +783,7 @@ def _collect():
     cases, f64 = {}, set()
     for name, fn in list(globals().items()):
         if name.startswith("case_") and callable(fn):
-            key = name[len("case_"):]
+            key = name[len("case_") :]
             cases[key] = fn
             if "dtype" in inspect.signature(fn).parameters:
                 f64.add(key)

@@ -21,20 +21,23 @@ import platform
 import sys
 import warnings
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
-sys.path.insert(0, TESTS)
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-import kernex  # noqa: E402
-import kernex_cases  # noqa: E402
-
 OUT = os.path.join(HERE, "kernex_reference.npz")
 
 
 def build():
+    # Imported here, not at module level: pytest --doctest-modules imports this
+    # file during collection, where kernex is not installed.
+    import jax
+    import kernex
+
+    if TESTS not in sys.path:
+        sys.path.insert(0, TESTS)
+    import kernex_cases
+
     results = {}
     with warnings.catch_warnings():
         # kernex casts float results into int arrays (kscan/smap/sscan on int input);
