@@ -343,7 +343,11 @@ class KernelMesh:
                         f"{call}: kernel {name!r} returned shape {out.shape}; a scan writes "
                         f"each result back into the array, so the kernel must return a scalar"
                     )
-                return out.astype(x.dtype)
+                if scanning or self._kind == "smap":
+                    return out.astype(x.dtype)  # written back into the input's array
+                # kmap keeps the kernel's precision, promoted with the input's so
+                # that mesh regions and uncovered cells (which keep the input) agree
+                return out.astype(jax.numpy.result_type(x.dtype, out))
 
             return kernel_call
 

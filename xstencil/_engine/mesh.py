@@ -79,15 +79,23 @@ def mesh_evaluate(
         rest = branches
     leaves, treedef = jax.tree_util.tree_flatten(out)
     nfield = len(geom)
+    evaluated = []
     for region, call in rest:
         if isinstance(region, Slab):
             if 0 in region.counts():
                 continue
-            vals = jax.tree_util.tree_leaves(
-                evaluate(call, sources, slab_geometry(geom, region), dyn))
+            sub = slab_geometry(geom, region)
+        else:
+            sub = list(geom)
+        evaluated.append((region, jax.tree_util.tree_leaves(evaluate(call, sources, sub, dyn))))
+    # every region writes into one array: promote to a dtype that holds them all
+    for k in range(len(leaves)):
+        dt = jnp.result_type(leaves[k], *[vals[k] for _, vals in evaluated])
+        leaves[k] = leaves[k].astype(dt)
+    for region, vals in evaluated:
+        if isinstance(region, Slab):
             leaves = [write_slab(o, v, region) for o, v in zip(leaves, vals, strict=True)]
         else:
-            vals = jax.tree_util.tree_leaves(evaluate(call, sources, geom, dyn))
             mask = jnp.asarray(region.array, dtype=bool)
             leaves = [jnp.where(_expand(mask, o.ndim, nfield), v.astype(o.dtype), o)
                       for o, v in zip(leaves, vals, strict=True)]
