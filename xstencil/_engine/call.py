@@ -20,7 +20,7 @@ import numpy as np
 
 from xstencil._errors import XStencilError
 
-__all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static"]
+__all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static", "promote"]
 
 
 def _dtype(x: Any) -> Any:
@@ -104,3 +104,10 @@ def merge_static(dyn: list[Any], static: Any) -> Any:
     it = iter(dyn)
     leaves = [next(it) if t is DYNAMIC else t[1] for t in template]
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def promote(*xs: Any) -> Any:
+    """JAX's standard promotion of dtypes/values, whatever the user's
+    ``jax_numpy_dtype_promotion`` setting (library-internal merging only)."""
+    with jax.numpy_dtype_promotion("standard"):
+        return jnp.result_type(*xs)

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from xstencil._engine.call import as_array, merge_static, precision, split_static
+from xstencil._engine.call import as_array, merge_static, precision, promote, split_static
 from xstencil._engine.kscan import kscan_array
 from xstencil._engine.lower import Source
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
@@ -347,7 +347,7 @@ class KernelMesh:
                     return out.astype(x.dtype)  # written back into the input's array
                 # kmap keeps the kernel's precision, promoted with the input's so
                 # that mesh regions and uncovered cells (which keep the input) agree
-                return out.astype(jax.numpy.result_type(x.dtype, out))
+                return out.astype(promote(x.dtype, out))
 
             return kernel_call
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from xstencil._engine.call import promote
 from xstencil._engine.lower import AxisGeom, KernelCall, Source, evaluate
 
 __all__ = ["Slab", "Mask", "mesh_evaluate", "slab_geometry", "write_slab"]
@@ -90,7 +91,7 @@ def mesh_evaluate(
         evaluated.append((region, jax.tree_util.tree_leaves(evaluate(call, sources, sub, dyn))))
     # every region writes into one array: promote to a dtype that holds them all
     for k in range(len(leaves)):
-        dt = jnp.result_type(leaves[k], *[vals[k] for _, vals in evaluated])
+        dt = promote(leaves[k], *[vals[k] for _, vals in evaluated])
         leaves[k] = leaves[k].astype(dt)
     for region, vals in evaluated:
         if isinstance(region, Slab):
