@@ -19,10 +19,12 @@ from xstencil._errors import KernelError as KernelError
 from xstencil._errors import LabelError as LabelError
 from xstencil._errors import WindowIndexError as WindowIndexError
 from xstencil._errors import XStencilError as XStencilError
+from xstencil._labelled import pytree as _pytree
 from xstencil._labelled.map import map as map
 from xstencil._labelled.mesh import Mesh as Mesh
 from xstencil._labelled.mesh import mesh as mesh
 from xstencil._labelled.mesh import nearest as nearest
+from xstencil._labelled.scan import scan as scan
 
 __version__ = "0.1.0"
 
@@ -41,9 +43,11 @@ __all__ = [
     "map",
     "mesh",
     "nearest",
+    "scan",
     "smap",
     "sscan",
     "__version__",
 ]
 
 _register()
+_pytree.register()  # DataArray and Dataset as JAX pytrees (jit/grad/vmap over labelled code)

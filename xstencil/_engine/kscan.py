@@ -9,6 +9,10 @@ must be walked in order; all the others are computed in parallel, as one
 slab per step.  A time-causal kernel on ``(time, x)`` therefore runs as one
 ``fori_loop`` over rows of whole-row array expressions, and only a genuine
 recurrence along ``x`` nests a walk along ``x``.
+
+The slab evaluation under a mesh (:func:`~xstencil._engine.tscan.slab_mesh`)
+and the dependency analysis (:func:`~xstencil._engine.tscan.read_cells`) are
+shared with the labelled time scan in :mod:`xstencil._engine.tscan`.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
-from xstencil._engine.lower import AxisGeom, KernelCall, Source, dependencies, evaluate, trace
-from xstencil._engine.mesh import Mask, Slab, mesh_evaluate, slab_geometry, write_slab
+from xstencil._engine.lower import AxisGeom, KernelCall, Source
+from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
+from xstencil._engine.tscan import read_cells, slab_mesh
 
 __all__ = ["sequential_axes", "read_offsets", "kscan_array"]
 
@@ -65,13 +70,8 @@ def sequential_axes(offsets: Iterable[Sequence[int]], strides: Sequence[int]) ->
 def read_offsets(calls: Sequence[KernelCall], source: Source, geom: Sequence[AxisGeom],
                  dyn: Any, centre: Sequence[int]) -> set[tuple[int, ...]]:
     """Offsets (relative to the centre) that any of the kernels reads."""
-    shape = tuple(geom[a].size for a in source.cell_axes)
-    out: set[tuple[int, ...]] = set()
-    for call in calls:
-        closed, _ = trace(call, [source], geom, dyn)
-        (cells,) = dependencies(closed, 1, [shape], 0)
-        out |= {tuple(i - c for i, c in zip(idx, centre, strict=True)) for idx in cells}
-    return out
+    (cells,), _ = read_cells(calls, [source], geom, dyn)
+    return {tuple(i - c for i, c in zip(idx, centre, strict=True)) for idx in cells}
 
 
 def kscan_array(
@@ -163,7 +163,8 @@ def _step(branches: Sequence[tuple[Slab | Mask, KernelCall]], base: KernelCall,
         sub = [AxisGeom(0, 1, 1, g.size) if a in pos else g for a, g in enumerate(geom)]
         src = Source(blk, axes, axes)
         if dynamic:
-            val = _slab_mesh(branches, base, src, sub, dyn, pos, seq)
+            val = slab_mesh(branches, base, [src], sub, dyn, pos,
+                            {a: (0, n) for a, n in zip(seq, counts, strict=True)})
         else:
             val = mesh_evaluate(branches, base, [src], sub, dyn)
         val = val.astype(w.dtype)
@@ -186,44 +187,3 @@ def _outputs(work: Any, geom: Sequence[AxisGeom], centre: Sequence[int]) -> Any:
     starts = [g.start + c for g, c in zip(geom, centre, strict=True)]
     limits = [s + max(g.step * (g.count - 1) + 1, 0) for s, g in zip(starts, geom, strict=True)]
     return lax.slice(work, starts, limits, [g.step for g in geom])
-
-
-def _slab_mesh(branches: Sequence[tuple[Slab | Mask, KernelCall]], base: KernelCall,
-               src: Source, sub: Sequence[AxisGeom], dyn: Any, pos: dict[int, Any],
-               seq: Sequence[int]) -> Any:
-    """One step's slab under a mesh; membership along walked axes is dynamic."""
-    par_branches: list[tuple[Slab | Mask, KernelCall]] = []
-    conds: list[Any] = []
-    for region, call in branches:
-        if isinstance(region, Mask):
-            m = lax.dynamic_slice(jnp.asarray(region.array, bool),
-                                  [pos.get(a, 0) for a in range(len(sub))],
-                                  [1 if a in pos else sub[a].count for a in range(len(sub))])
-            par_branches.append((Mask(m), call))
-            conds.append(None)
-            continue
-        ranges = list(region.ranges)
-        cond = jnp.asarray(True)
-        for a in seq:
-            lo, hi, step = ranges[a]
-            p = pos[a]
-            cond = cond & (p >= lo) & (p < hi) & ((p - lo) % step == 0)
-            ranges[a] = (0, 1, 1)
-        par_branches.append((Slab(tuple(ranges)), call))
-        conds.append(cond)
-    out = evaluate(base, [src], sub, dyn)
-    for (region, call), cond in zip(par_branches, conds, strict=True):
-        new = _apply(region, call, out, src, sub, dyn)
-        out = new if cond is None else jnp.where(cond, new, out)
-    return out
-
-
-def _apply(region: Slab | Mask, call: KernelCall, out: Any, src: Source,
-           sub: Sequence[AxisGeom], dyn: Any) -> Any:
-    if isinstance(region, Mask):
-        val = evaluate(call, [src], sub, dyn)
-        return jnp.where(region.array, val.astype(out.dtype), out)
-    if 0 in region.counts():
-        return out
-    val = evaluate(call, [src], slab_geometry(sub, region), dyn)
-    return write_slab(out, val, region)

@@ -1,0 +1,349 @@
+"""Benchmark ``xstencil.scan`` (labelled time stepping) against hand-written ``lax.scan``.
+
+Run from the repository root::
+
+    PYTHONPATH=. python benchmarks/scan.py            # full sizes, writes RESULTS.md
+    PYTHONPATH=. python benchmarks/scan.py --quick    # small sizes, prints only
+
+Each case runs the labelled call (``xstencil.scan`` on a DataArray or Dataset
+holding the traced input) and a hand-written ``lax.scan``/``fori_loop`` doing
+the same arithmetic with ``jnp`` slicing, side by side in one process.  Both
+are compiled ahead of time (compile time reported separately) and timed as the
+median of at least 7 runs.  Also measured: XLA's peak memory for 10,000 steps
+of a 512² field saving every 1,000th (``memory_analysis()`` of the compiled
+program, so nothing is run), and the run-time overhead of ``progress=True``.
+
+kernex's kscan on the linear convection problem is measured by
+``benchmarks/engine.py`` (engine section of RESULTS.md).
+
+Importing this module does no work; ``main(argv)`` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+try:  # run as ``python benchmarks/scan.py``: benchmarks/ is sys.path[0]
+    import _harness as H
+except ImportError:  # imported as ``benchmarks.scan`` from the repository root
+    from benchmarks import _harness as H
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "RESULTS.md"
+START, END = "<!-- scan:start -->", "<!-- scan:end -->"
+TARGET = 1.3
+
+
+# -- cases: each returns (name, input, xstencil fn, hand fn) ------------------------------
+
+def convection(nt: int, nx: int) -> tuple[str, Any, Callable[..., Any], Callable[..., Any]]:
+    """The kernex README's 1-D linear convection (upwind), full trajectory,
+    walls by position in a mesh."""
+    import jax.numpy as jnp
+    import numpy as np
+    import xarray as xr
+    from jax import lax
+
+    import xstencil
+
+    r = 0.5 * (0.5 / (nt - 1)) / (2.0 / (nx - 1))
+    lo, hi = (nx - 1) // 4 + 1, (nx - 1) // 2
+    x0 = np.ones((nt, nx), np.float32)
+    x0[0, lo:hi] = 2
+
+    def upwind(u: Any) -> Any:
+        return u(t=-1) - r * (u(t=-1) - u(t=-1, x=-1))
+
+    def wall(u: Any) -> Any:
+        return u(t=-1)
+
+    def xs(x: Any) -> Any:
+        m = xstencil.mesh(xr.DataArray(x, dims=("t", "x")), boundary="extend")
+        m[...] = upwind
+        m[{"x": 0}] = m[{"x": -1}] = wall
+        return m.scan(dim="t").data
+
+    def hand(x: Any) -> Any:
+        row0 = x[0]
+
+        def step(prev: Any, _: Any) -> tuple[Any, Any]:
+            inner = prev[1:-1] - r * (prev[1:-1] - prev[:-2])
+            new = jnp.concatenate([prev[:1], inner, prev[-1:]])
+            return new, new
+
+        _, rows = lax.scan(step, row0, None, length=x.shape[0] - 1)
+        return jnp.concatenate([row0[None], rows])
+
+    return f"1-D linear convection {nt}×{nx} (mesh, full trajectory)", x0, xs, hand
+
+
+def heat(n: int, steps: int, progress: bool = False) -> tuple[str, Any, Any, Any]:
+    """2-D heat equation, explicit Euler, zero Dirichlet halo, final state."""
+    import jax.numpy as jnp
+    import numpy as np
+    import xarray as xr
+    from jax import lax
+
+    import xstencil
+
+    a = 0.2
+    rng = np.random.default_rng(0)
+    x0 = rng.random((n, n)).astype(np.float32)
+
+    def kernel(u: Any) -> Any:
+        c = u(time=-1)
+        return c + a * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
+                        + u(time=-1, y=-1) - 4 * c)
+
+    def xs(x: Any) -> Any:
+        return xstencil.scan(xr.DataArray(x, dims=("y", "x")), kernel, "time", steps=steps,
+                             save_every="last", boundary="fill", fill_value=0.0,
+                             progress=progress).data
+
+    def hand(x: Any) -> Any:
+        def step(_: Any, u: Any) -> Any:
+            p = jnp.pad(u, 1)
+            return u + a * (p[1:-1, 2:] + p[1:-1, :-2] + p[2:, 1:-1] + p[:-2, 1:-1] - 4 * u)
+
+        return lax.fori_loop(0, steps, step, x)
+
+    tag = " progress=True" if progress else ""
+    return f"2-D heat {n}², {steps} steps (last){tag}", x0, xs, hand
+
+
+def wave(n: int, steps: int) -> tuple[str, Any, Any, Any]:
+    """2-D wave equation, leapfrog (window 2 deep in time), periodic, final state."""
+    import jax.numpy as jnp
+    import numpy as np
+    import xarray as xr
+    from jax import lax
+
+    import xstencil
+
+    c2 = 0.2
+    yy, xx = np.meshgrid(np.linspace(-1, 1, n), np.linspace(-1, 1, n), indexing="ij")
+    g = np.exp(-20 * (xx**2 + yy**2)).astype(np.float32)
+    x0 = np.stack([g, g])
+
+    def kernel(u: Any) -> Any:
+        c = u(time=-1)
+        lap = u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1) + u(time=-1, y=-1) - 4 * c
+        return 2 * c - u(time=-2) + c2 * lap
+
+    def xs(x: Any) -> Any:
+        return xstencil.scan(xr.DataArray(x, dims=("time", "y", "x")), kernel, "time",
+                             steps=steps, save_every="last", boundary="periodic").data
+
+    def hand(x: Any) -> Any:
+        def roll(u: Any, s: int, ax: int) -> Any:
+            return jnp.roll(u, s, ax)
+
+        def step(_: Any, c: Any) -> Any:
+            prev, cur = c
+            lap = (roll(cur, 1, 0) + roll(cur, -1, 0) + roll(cur, 1, 1) + roll(cur, -1, 1)
+                   - 4 * cur)
+            return cur, 2 * cur - prev + c2 * lap
+
+        return lax.fori_loop(0, steps, step, (x[0], x[1]))[1]
+
+    return f"2-D wave {n}², {steps} steps, periodic (last)", x0, xs, hand
+
+
+def shallow_water(n: int, steps: int) -> tuple[str, Any, Any, Any]:
+    """Linearised shallow water (u, v, h; a Dataset), forward Euler, periodic."""
+    import jax.numpy as jnp
+    import numpy as np
+    import xarray as xr
+    from jax import lax
+
+    import xstencil
+
+    g, depth, k = 9.81, 10.0, 0.001  # k = dt / (2 dx)
+    yy, xx = np.meshgrid(np.linspace(-1, 1, n), np.linspace(-1, 1, n), indexing="ij")
+    h0 = (0.01 * np.exp(-20 * (xx**2 + yy**2))).astype(np.float32)
+    x0 = np.stack([np.zeros_like(h0), np.zeros_like(h0), h0])
+
+    def kernel(s: Any) -> Any:
+        u, v, h = s["u"], s["v"], s["h"]
+        return {
+            "u": u(time=-1) - g * k * (h(time=-1, x=1) - h(time=-1, x=-1)),
+            "v": v(time=-1) - g * k * (h(time=-1, y=1) - h(time=-1, y=-1)),
+            "h": h(time=-1) - depth * k * (u(time=-1, x=1) - u(time=-1, x=-1)
+                                           + v(time=-1, y=1) - v(time=-1, y=-1)),
+        }
+
+    def xs(x: Any) -> Any:
+        ds = xr.Dataset({n_: (("y", "x"), x[i]) for i, n_ in enumerate("uvh")})
+        out = xstencil.scan(ds, kernel, "time", steps=steps, save_every="last",
+                            boundary="periodic")
+        return jnp.stack([out[n_].data for n_ in "uvh"])
+
+    def hand(x: Any) -> Any:
+        def dx(a: Any) -> Any:
+            return jnp.roll(a, -1, 1) - jnp.roll(a, 1, 1)
+
+        def dy(a: Any) -> Any:
+            return jnp.roll(a, -1, 0) - jnp.roll(a, 1, 0)
+
+        def step(_: Any, c: Any) -> Any:
+            u, v, h = c
+            return (u - g * k * dx(h), v - g * k * dy(h), h - depth * k * (dx(u) + dy(v)))
+
+        return jnp.stack(lax.fori_loop(0, steps, step, (x[0], x[1], x[2])))
+
+    return f"shallow water (u, v, h) {n}², {steps} steps, periodic (last)", x0, xs, hand
+
+
+# -- running ------------------------------------------------------------------------------
+
+def _time_pair(case: tuple[str, Any, Any, Any], runs: int) -> dict[str, Any]:
+    import jax.numpy as jnp
+    import numpy as np
+
+    name, x0, xs, hand = case
+    x = jnp.asarray(x0)
+    sink = io.StringIO()
+    with contextlib.redirect_stderr(sink):  # progress bars
+        cx, sx = H.compile_jax(xs, x)
+        ch, sh = H.compile_jax(hand, x)
+        np.testing.assert_allclose(np.asarray(cx(x)), np.asarray(ch(x)), rtol=2e-4, atol=2e-5)
+        tx = H.time_jax(xs, x, runs=runs, compiled=cx, compile_s=sx)
+        th = H.time_jax(hand, x, runs=runs, compiled=ch, compile_s=sh)
+    return {"name": name, "xstencil": tx, "hand": th, "ratio": tx.median / th.median}
+
+
+def _memory(n: int, steps: int, every: int) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+    import xarray as xr
+
+    import xstencil
+
+    def kernel(u: Any) -> Any:
+        c = u(time=-1)
+        return c + 0.2 * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
+                          + u(time=-1, y=-1) - 4 * c)
+
+    def f(x: Any) -> Any:
+        return xstencil.scan(xr.DataArray(x, dims=("y", "x")), kernel, "time", steps=steps,
+                             save_every=every, boundary="periodic").data
+
+    x = jnp.zeros((n, n), jnp.float32)
+    compiled = jax.jit(f).lower(x).compile()
+    mem = H.memory(compiled)
+    field = n * n * 4
+    return {"steps": steps, "every": every, "n": n, "mem": mem, "field": field,
+            "saved": (steps // every + 1) * field, "trajectory": (steps + 1) * field}
+
+
+def run(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    runs = 7
+    if quick:
+        cases = [convection(151, 51), convection(100, 200), heat(128, 200),
+                 wave(128, 100), shallow_water(64, 200)]
+        prog = (heat(128, 200), heat(128, 200, progress=True))
+        memory = _memory(64, 1000, 100)
+    else:
+        cases = [convection(151, 51), convection(500, 1000), heat(512, 1000),
+                 wave(1024, 500), shallow_water(256, 1000)]
+        prog = (heat(512, 1000), heat(512, 1000, progress=True))
+        memory = _memory(512, 10_000, 1_000)
+    rows = []
+    for c in cases:
+        rows.append(_time_pair(c, runs))
+        _log(_row(rows[-1]))
+    off = _time_pair(prog[0], runs)
+    on = _time_pair(prog[1], runs)
+    overhead = {"off": off["xstencil"], "on": on["xstencil"],
+                "overhead": on["xstencil"].median / off["xstencil"].median - 1}
+    _log(f"progress overhead: {overhead['overhead']:+.1%}")
+    return rows, overhead, memory
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _row(r: dict[str, Any]) -> str:
+    tx, th = r["xstencil"], r["hand"]
+    ok = "yes" if r["ratio"] <= TARGET else "**no**"
+    return (f"| {r['name']} | {H.fmt_time(tx.median)} | {H.fmt_time(th.median)} | "
+            f"{r['ratio']:.2f}× | {ok} | {H.fmt_time(tx.compile_s)} / "
+            f"{H.fmt_time(th.compile_s)} |")
+
+
+def _mb(b: float) -> str:
+    return f"{b / 2**20:,.1f} MiB"
+
+
+def section(rows: list[dict[str, Any]], overhead: dict[str, Any], memory: dict[str, Any],
+            quick: bool) -> str:
+    import jax
+
+    lines = [
+        "## scan: `xstencil.scan` vs hand-written `lax.scan`",
+        "",
+        f"Generated by `benchmarks/scan.py{' --quick' if quick else ''}` on "
+        f"{platform.machine()} ({jax.devices()[0].device_kind}, jax {jax.__version__}). "
+        "Median of ≥7 runs per call after warm-up; compile time measured on its own. "
+        f"Target: ≤ {TARGET}× hand-written.",
+        "",
+        "| case | xstencil | hand `lax.scan` | ratio | ≤ 1.3× | compile (xstencil / hand) |",
+        "|---|---|---|---|---|---|",
+        *[_row(r) for r in rows],
+        "",
+        f"`progress=True` overhead on {rows and 'the 2-D heat case'}: "
+        f"{H.fmt_time(overhead['off'].median)} without, {H.fmt_time(overhead['on'].median)} "
+        f"with a bar ({overhead['overhead']:+.1%}; target < 2%).",
+        "",
+    ]
+    m = memory["mem"]
+    if m is not None:
+        lines += [
+            f"Peak memory, {memory['steps']:,} steps of a {memory['n']}² float32 field saving "
+            f"every {memory['every']:,}th (XLA `memory_analysis`): "
+            f"{_mb(m.peak)} (arguments {_mb(m.argument)}, outputs {_mb(m.output)}, temporaries "
+            f"{_mb(m.temp)}); the saved slabs are {_mb(memory['saved'])} and the full "
+            f"trajectory would be {_mb(memory['trajectory'])}.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def write_results(text: str, path: Path = RESULTS) -> None:
+    """Replace the scan section of RESULTS.md (between the markers), keeping the rest."""
+    block = f"{START}\n{text}\n{END}"
+    old = path.read_text() if path.exists() else ""
+    if START in old and END in old:
+        head, rest = old.split(START, 1)
+        _, tail = rest.split(END, 1)
+        new = head + block + tail
+    else:
+        new = (old.rstrip() + "\n\n" if old.strip() else "") + block + "\n"
+    path.write_text(new)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small sizes; print only")
+    p.add_argument("--write", action="store_true", help="write RESULTS.md even with --quick")
+    p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
+    args = p.parse_args(argv)
+    rows, overhead, memory = run(args.quick)
+    text = section(rows, overhead, memory, args.quick)
+    print(text)
+    if (not args.quick or args.write) and not args.no_write:
+        write_results(text)
+        _log(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

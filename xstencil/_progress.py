@@ -1,0 +1,82 @@
+"""Progress bars fed from inside compiled loops.
+
+A scan with ``progress=True`` opens a :class:`Progress` around the compiled
+call.  The loop calls :func:`report` through ``jax.debug.callback`` every few
+steps, with the bar's integer token as an argument, so the compiled code does
+not depend on which bar is open and is reused between calls.  Bars are
+registered only while their call runs; the bar is closed, and unregistered,
+when the call returns, fails or is interrupted (``KeyboardInterrupt``), after
+``jax.effects_barrier()`` has flushed every pending callback.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from types import TracebackType
+from typing import Any
+
+import jax
+
+__all__ = ["Progress", "report", "every"]
+
+# open bars by token; entries live only inside a ``with Progress(...)`` block
+_OPEN: dict[int, Any] = {}
+_TOKENS = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+def every(steps: int, updates: int = 50) -> int:
+    """Steps between updates: about ``updates`` updates over the run."""
+    return max(1, -(-steps // updates))
+
+
+def report(token: Any, done: Any) -> None:
+    """Move bar ``token`` to ``done`` steps (called from compiled code)."""
+    with _LOCK:
+        bar = _OPEN.get(int(token))
+    if bar is not None:
+        done = int(done)
+        if done > bar.n:
+            bar.update(done - bar.n)
+
+
+class Progress:
+    """A tqdm bar of ``total`` steps, open for the duration of a ``with`` block.
+
+    Examples
+    --------
+    >>> from xstencil._progress import Progress, report
+    >>> with Progress(10, "demo", disable=True) as p:
+    ...     report(p.token, 10)
+    >>> p.closed
+    True
+    """
+
+    def __init__(self, total: int, desc: str, disable: bool = False):
+        self.total = total
+        self.desc = desc
+        self.disable = disable
+        self.token = next(_TOKENS)
+        self.bar: Any = None
+        self.closed = False
+
+    def __enter__(self) -> Progress:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=self.total, desc=self.desc, unit="step", disable=self.disable,
+                        leave=True)
+        with _LOCK:
+            _OPEN[self.token] = self.bar
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if kind is None:
+                jax.effects_barrier()
+        finally:
+            with _LOCK:
+                _OPEN.pop(self.token, None)
+            self.bar.close()
+            self.closed = True
