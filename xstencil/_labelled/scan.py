@@ -636,8 +636,10 @@ def _loop(s: _Setup, o: _Opts) -> Loop:
     every = o.save_every
     if every:
         steps = steps // every * every
-    prog = _progress.every(steps) if o.progress and steps else 0
     plan = s.plan
+    cells = sum(int(np.prod([plan.shape[plan.axis(d)] for d in plan.var_dims[i] if d != o.dim]))
+                for i in s.evolving)
+    prog = _progress.every(steps, cells) if o.progress and steps else 0
     return Loop(k, steps, every, plan.specs[plan.axis(o.dim)].lo,
                 plan.specs[plan.axis(o.dim)].hi, 0 if s.grown else s.total, s.tmode,
                 o.checkpoint, prog, o.check_finite)
@@ -762,7 +764,8 @@ def _run_step(call: str, obj: Any, fn: Any, o: _Opts, args: Any, kwargs: Any) ->
         evolving = [i for i, (x, sd) in enumerate(zip(arrays, shapes, strict=True))
                     if sd is not None]
         loop = Loop(1, o.steps, o.save_every, 1, 0, 0, "fill", o.checkpoint,
-                    _progress.every(o.steps) if o.progress else 0, o.check_finite)
+                    _progress.every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
+                    if o.progress else 0, o.check_finite)
         key = ("step", static, loop, names, tuple(evolving), tuple(
             (tuple(x.shape), str(x.dtype)) for x in arrays))
 
