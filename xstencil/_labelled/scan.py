@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -475,7 +476,7 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
         if t_used:
             _check_monotonic(call, dim, s.tvals)
         if mesh is not None:
-            regions, masks = mesh.regions(plan)
+            regions, masks = _mesh_regions(mesh, plan, dim)
         else:
             regions, masks = [Slab(tuple((0, g.count, 1) for g in geom))], []
         key = ("scan", plan, static, loop, tuple(evolving), tuple(names or ()),
@@ -578,6 +579,19 @@ def _call(fn: Any, runargs: Any, loop: Loop, call: str) -> Any:
         out = fn(*runargs, jnp.asarray(p.token, jnp.int32))
         jax.block_until_ready(out)
     return out
+
+
+def _mesh_regions(mesh: Any, plan: Plan, dim: str) -> Any:
+    """The mesh's regions over the trajectory.  Masks of a mesh over an initial
+    state without ``dim`` get a length-1 ``dim`` axis, which every step reads
+    (the dynamic slice at position ``t`` clamps to it)."""
+    if dim in mesh._fields.dims:
+        return mesh.regions(plan)
+    ax = plan.axis(dim)
+    proxy = types.SimpleNamespace(_regions=[
+        (np.expand_dims(r, ax) if isinstance(r, np.ndarray) else r, k)
+        for r, k in mesh._regions])
+    return type(mesh).regions(proxy, plan)
 
 
 def _labelled_call(plan: Plan, caller: Any, dim: str, order: Sequence[str] | None) -> Any:
