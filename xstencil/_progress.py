@@ -74,7 +74,10 @@ class Progress:
     def __enter__(self) -> Progress:
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=self.total, desc=self.desc, unit="step", disable=self.disable,
+        class _Bar(tqdm):  # type: ignore[misc, valid-type]
+            monitor_interval = 0  # no monitor thread left behind
+
+        self.bar = _Bar(total=self.total, desc=self.desc, unit="step", disable=self.disable,
                         leave=True)
         with _LOCK:
             _OPEN[self.token] = self.bar

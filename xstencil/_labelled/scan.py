@@ -682,7 +682,7 @@ def _finite(call: str, bad: Any, s: _Setup, dim: str) -> None:
         return
     b = int(bad)
     if b >= 0:
-        where = f" ({dim}={s.tvals[b]!r})" if s.tvals is not None else ""
+        where = f" ({dim}={np.asarray(s.tvals)[b]})" if s.tvals is not None else ""
         raise XStencilError(
             f"{call}: check_finite=True: a NaN or Inf first appeared at position {b} along "
             f"{dim!r}{where}; check the time step (stability) and the boundary values")
@@ -806,7 +806,7 @@ def _run_step(call: str, obj: Any, fn: Any, o: _Opts, args: Any, kwargs: Any) ->
         outs, bad = _call(run, (arrays, udyn), loop, call)
     if not isinstance(bad, jax.core.Tracer) and int(bad) >= 0:
         b = int(bad)
-        where = f" ({dim}={tvals[b]!r})" if tvals is not None else ""
+        where = f" ({dim}={np.asarray(tvals)[b]})" if tvals is not None else ""
         raise XStencilError(
             f"{call}: check_finite=True: a NaN or Inf first appeared at position {b} along "
             f"{dim!r}{where}; check the time step (stability) and the boundary values")
