@@ -142,6 +142,65 @@ def check_bad_input():
             r"each device holds 1 points of 'x'")
 
 
+def heat(u):
+    return u(time=-1) + 0.1 * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
+                               + u(time=-1, y=-1) - 4 * u(time=-1))
+
+
+def check_scan_modes_and_halo_depth():
+    from xstencil._labelled.scan import scan
+    from xstencil._shard import scan_sharded
+
+    u0 = field()
+    for mode, mesh, k in (("periodic", {"x": "i"}, 1), ("extend", {"y": "a", "x": "b"}, 4),
+                          ("reflect", {"y": "i"}, 3), ("symmetric", {"y": "a", "x": "b"}, 2),
+                          ("fill", {"x": "i"}, 5)):
+        kw = dict(steps=10, boundary=mode, save_every=5, fill_value=0.0 if mode == "fill"
+                  else None)
+        out = scan_sharded(u0, heat, "time", mesh=mesh, halo_every=k, **kw)
+        same(out, scan(u0, heat, dim="time", **kw), rtol=1e-5)
+        names = tuple(mesh.get(d) for d in ("y", "x"))
+        assert out.data.sharding.spec == P(None, *names), out.data.sharding
+
+
+def check_scan_hlo():
+    from xstencil._shard import scan_sharded
+
+    hlo = scan_sharded(field(), heat, "time", steps=8, save_every="last", boundary="extend",
+                       mesh={"y": "a", "x": "b"}, halo_every=4, hlo=True)
+    assert "collective-permute" in hlo and "all-gather" not in hlo
+
+
+def check_scan_trajectory_last_float64():
+    from xstencil._labelled.scan import scan
+    from xstencil._shard import scan_sharded
+
+    u0 = field(np.float64)
+    traj = xr.concat([u0] + [0.5 * u0] * 5, "time").assign_coords(time=np.arange(6.0))
+
+    def k(u):
+        return u(time=-1) + 0.1 * (u(time=-1, x=1) - u(time=-1)) + 0.01 * u(time=1)
+
+    same(scan_sharded(traj, k, "time", mesh={"x": "i"}, halo_every=2, boundary="periodic"),
+         scan(traj, k, dim="time", boundary="periodic"), rtol=1e-12)
+    kw = dict(steps=9, save_every="last", boundary="extend")
+    out = scan_sharded(u0, heat, "time", mesh={"y": "a", "x": "b"}, halo_every=3, **kw)
+    assert out.dtype == np.float64 and out.data.sharding.spec == P("a", "b")
+    same(out, scan(u0, heat, dim="time", **kw), rtol=1e-12)
+
+
+def check_scan_bad_input():
+    from xstencil._shard import scan_sharded
+
+    u0 = field()
+    _raises(lambda: scan_sharded(u0, heat, "time", steps=4, mesh={"z": "i"}),
+            r"dimension 'z' not found")
+    _raises(lambda: scan_sharded(u0, heat, "time", steps=4, mesh={"x": "i"}, halo_every=13),
+            r"each device holds 12 points of 'x', fewer than a halo of halo_every=13")
+    _raises(lambda: scan_sharded(u0.isel(x=slice(0, 46)), heat, "time", steps=4,
+                                 mesh={"x": "i"}), r"46 points, which does not divide evenly")
+
+
 def _raises(fn, match):
     import re
 

@@ -148,6 +148,83 @@ def test_distributed_local_cluster():
             out = da.chunk({"y": 16, "x": 16}).stencil.map(lap, boundary=m)
             same(out.compute(), ref)
         counts = client.run(xd.compile_count)
+        # 32 steps, 4 per task: 8 layers of 16 tasks, one block geometry
+        kw = dict(dim="time", steps=32, save_every=16, boundary="periodic")
+        out = xd.scan_dask(da.chunk({"y": 16, "x": 16}), heat, halo_every=4, **kw)
+        same(out.compute(), memory_scan(da, heat, **kw), rtol=1e-5)
+        after = client.run(xd.compile_count)
     # 16 tasks per map; 9 block geometries at most for the in-block padded reflect
     # (corner/edge/interior) and 1 for periodic: compiles stay per geometry, not per task.
     assert all(0 < c <= 10 for c in counts.values()), counts
+    assert all(after[w] - counts[w] <= 1 for w in counts), (counts, after)
+
+
+# -- scans ------------------------------------------------------------------------------
+
+
+def heat(u):
+    return u(time=-1) + 0.1 * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
+                               + u(time=-1, y=-1) - 4 * u(time=-1))
+
+
+def memory_scan(obj, kernel, **kw):
+    scan = pytest.importorskip("xstencil._labelled.scan").scan
+    return scan(obj, kernel, **kw)
+
+
+@pytest.mark.parametrize(("mode", "chunks", "k"), [
+    ("periodic", {"x": 11}, None),
+    ("extend", {"y": (8, 12, 10), "x": 15}, 1),
+    ("reflect", {"y": (8, 12, 10), "x": 15}, 5),
+    ("symmetric", {"x": 22}, 2),
+    ("fill", {"y": 15}, 3),
+])
+def test_scan_matches_memory(mode, chunks, k):
+    from xstencil._dask import scan_dask
+
+    u0 = field(shape=(30, 44))
+    kw = dict(dim="time", steps=10, boundary=mode, save_every=5,
+              fill_value=0.0 if mode == "fill" else None)
+    out = scan_dask(u0.chunk(chunks), heat, halo_every=k, **kw)
+    assert isinstance(out.data, dsa.Array)
+    same(out.compute(), memory_scan(u0, heat, **kw), rtol=1e-5)
+
+
+def test_scan_trajectory_reads_input_and_float64():
+    from xstencil._dask import scan_dask
+
+    u0 = field(np.float64, shape=(20, 30))
+    traj = xr.concat([u0] + [0.5 * u0] * 7, "time").assign_coords(time=np.arange(8.0))
+    traj = traj.transpose("y", "time", "x")
+
+    def k(u):
+        return u(time=-1) + 0.1 * (u(time=-1, x=1) - u(time=-1)) + 0.01 * u() + 0.01 * u(time=1)
+
+    ref = memory_scan(traj, k, dim="time", boundary="periodic")
+    out = scan_dask(traj.chunk({"x": 10}), k, "time", halo_every=2, boundary="periodic")
+    assert out.dtype == np.float64 and out.dims == ("y", "time", "x")
+    same(out.compute(), ref, rtol=1e-12)
+    last = scan_dask(u0.chunk({"y": 10}), heat, "time", steps=10, save_every="last",
+                     boundary="reflect", halo_every=3)
+    same(last.compute(), memory_scan(u0, heat, dim="time", steps=10, save_every="last",
+                                     boundary="reflect"), rtol=1e-12)
+
+
+def test_scan_is_lazy_and_rejects_chunked_scan_dim():
+    from xstencil._dask import scan_dask
+
+    def explode(block):
+        raise RuntimeError("computed during construction")
+
+    u0 = field()
+    bomb = u0.copy(data=dsa.from_array(u0.values, chunks=(10, 25)).map_blocks(
+        explode, dtype=np.float32))
+    out = scan_dask(bomb, heat, "time", steps=50, boundary="periodic")
+    with pytest.raises(RuntimeError, match="computed during construction"):
+        out.compute()
+    traj = xr.concat([u0] * 4, "time").chunk({"time": 2})
+    with pytest.raises(XStencilError, match=r"chunked along the scanned dim 'time'.*"
+                                            r"\.chunk\(\{'time': -1\}\)"):
+        scan_dask(traj, heat, "time")
+    with pytest.raises(XStencilError, match=r"halo of 8 that halo_every=8"):
+        scan_dask(u0.chunk({"x": 5}), heat, "time", steps=8, halo_every=8)

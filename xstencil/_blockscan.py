@@ -315,6 +315,8 @@ def rewrap(prep: Prepared, out: Any) -> xr.DataArray:
     pos = saved_positions(spec)
     coords = {str(c): v.variable for c, v in obj.coords.items() if dim not in v.dims}
     tc = prep.coords.get(dim)
+    if tc is None and spec.grown:  # a grown trajectory is labelled by position
+        tc = np.arange(spec.total)
     extra = {str(c): obj[c].isel({dim: pos}).variable for c in obj.coords
              if dim in obj[c].dims and c != dim and not spec.grown}
     if spec.every == 0:

@@ -367,7 +367,8 @@ def _repad(new: Any, axis: int, name: str, p: int, lo: int, hi: int, mode: str,
 
 
 def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args: Any,
-                 mesh: Any = None, halo_every: int = 1, **kwargs: Any) -> Any:
+                 mesh: Any = None, halo_every: int = 1, hlo: bool = False,
+                 **kwargs: Any) -> Any:
     """Scan a kernel along ``dim`` with the other dims sharded over devices.
 
     Every ``halo_every`` steps each device receives a halo ``halo_every``
@@ -391,6 +392,9 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
     halo_every
         Steps between halo exchanges (K).  The halo is K times the window's
         reach, and every device must hold at least that many points.
+    hlo
+        Return the compiled HLO text instead of running (to inspect the
+        communication: ``collective-permute``, and no ``all-gather``).
     **kwargs
         ``window``, ``boundary``, ``fill_value``, ``steps``, ``dt``,
         ``coord``, ``save_every`` and ``period`` as for :func:`xstencil.scan`;
@@ -506,5 +510,8 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
         from xstencil._labelled.core import compiled
 
         fn = compiled(kernel, key, build)
-        out = fn(hist0, inp, [jnp.asarray(c) for c in coords], list(prep.dyn))
+        inputs = (hist0, inp, [jnp.asarray(c) for c in coords], list(prep.dyn))
+        if hlo:
+            return fn.lower(*inputs).compile().as_text()
+        out = fn(*inputs)
     return rewrap(prep, out)
