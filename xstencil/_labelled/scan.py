@@ -212,7 +212,7 @@ def scan(
     ...     k1 = f(s)
     ...     return s + 0.1 * f(s + 0.05 * k1)
     >>> out = xstencil.scan(u0, step=rk2, steps=10, save_every="last")
-    >>> round(float(out.sum()), 6)
+    >>> round(float(out.values.sum()), 6)
     1.0
     """
     call = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.scan(...)"
