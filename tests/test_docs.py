@@ -1,0 +1,91 @@
+"""The documentation: the API page is complete, the pages' examples run, the
+common-errors catalogue raises, and the Sphinx site builds without warnings.
+
+The full build (``test_docs_build``) runs the gallery at its small size and
+takes well under a minute on two cores, so CI runs it. To run it alone:
+``python -m pytest -m docs tests/test_docs.py``; to skip it in a quick loop:
+``python -m pytest -m "not slow"``.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+PAGES = sorted(p for p in DOCS.glob("*.rst") if ">>>" in p.read_text())
+
+
+def _load(name: str, path: Path):  # noqa: ANN202
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def conf():  # noqa: ANN201
+    pytest.importorskip("sphinx_autosummary_accessors")
+    return _load("xstencil_docs_conf", DOCS / "conf.py")
+
+
+def test_api_page_lists_every_public_name(conf) -> None:  # noqa: ANN001
+    assert conf.missing_from_api() == []
+
+
+def test_api_check_catches_a_missing_name(conf, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    import xstencil
+
+    monkeypatch.setattr(xstencil, "__all__", [*xstencil.__all__, "not_documented"])
+    assert conf.missing_from_api() == ["xstencil.not_documented"]
+
+
+def test_benchmark_markdown_becomes_a_table(conf) -> None:  # noqa: ANN001
+    md = "## Maps\n\n| case | ratio |\n|---|---:|\n| `lap` 2048² | 1.02× |\n"
+    rst = conf.markdown_to_rst(md)
+    assert ".. rubric:: Maps" in rst and ".. list-table::" in rst
+    assert "   * - ``lap`` 2048²\n     - 1.02×" in rst
+
+
+def test_error_catalogue_cases_raise() -> None:
+    cat = _load("xstencil_docs_errors", DOCS / "errors_catalogue.py")
+    for case in cat.CASES:
+        e = cat.run(case)
+        assert "xstencil" in str(e) or "stencil" in str(e), (case.title, e)
+
+
+def test_pages_have_runnable_examples() -> None:
+    assert len(PAGES) >= 6
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
+def test_page_examples_run(page: Path) -> None:
+    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    res = doctest.testfile(str(page), module_relative=False, optionflags=flags,
+                           verbose=False, report=True)
+    assert res.failed == 0, f"{res.failed} of {res.attempted} examples failed in {page.name}"
+
+
+@pytest.mark.slow
+@pytest.mark.docs
+def test_docs_build(tmp_path: Path) -> None:
+    pytest.importorskip("sphinx_gallery")
+    pytest.importorskip("pydata_sphinx_theme")
+    env = {**os.environ, "XSTENCIL_GALLERY_SMALL": "1", "MPLBACKEND": "Agg"}
+    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+           "-d", str(tmp_path / "doctrees"), str(DOCS), str(tmp_path / "html")]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900,
+                         check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    html = tmp_path / "html"
+    assert (html / "generated" / "xarray.DataArray.stencil.map.html").is_file()
+    assert (html / "auto_examples" / "plot_heat_dirichlet.html").is_file()
+    assert "Common errors" in (html / "errors.html").read_text()
