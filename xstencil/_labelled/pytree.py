@@ -1,0 +1,210 @@
+"""``xarray.DataArray`` and ``xarray.Dataset`` as JAX pytrees.
+
+``import xstencil`` registers both types, so ``jax.jit``, ``jax.grad`` and
+``jax.vmap`` accept functions that take and return labelled objects:
+
+* the leaves are the data arrays (one per data variable of a Dataset, in
+  ``data_vars`` order);
+* dims, coords (all of them, as a static coordinate set), attrs and name are
+  static auxiliary data, compared with ``identical``/``array_equal`` so that
+  jit caches on them.  Coordinates must therefore be concrete (numpy) values.
+
+When a transform hands back leaves with more dims than the object had (the
+batch axis of ``vmap``), the extra leading dims are named ``"batch"``,
+``"batch_1"``, ... .  Leaves that are not arrays (placeholders JAX uses
+internally) are kept aside and returned unchanged by the next flatten.
+
+If another library registered either type first, xstencil keeps that
+registration and warns with :class:`PytreeRegistrationWarning`: JAX allows one
+registration per type, and the other library's rules then apply.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import xarray as xr
+
+__all__ = ["LabelledStatic", "PytreeRegistrationWarning", "register"]
+
+_LEAF = "__xstencil_pytree_leaf__"  # where a non-array leaf waits for the next flatten
+
+
+class PytreeRegistrationWarning(UserWarning):
+    """xarray types were registered as JAX pytrees by another library first."""
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Equality for attrs values (arrays compare elementwise, NaN-aware)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray | np.generic) or isinstance(b, np.ndarray | np.generic):
+        try:
+            return bool(np.array_equal(a, b, equal_nan=True))
+        except TypeError:
+            return bool(np.array_equal(a, b))
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(
+            _equal(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return bool(a == b)
+    except Exception:  # an object whose == is not a bool
+        return a is b
+
+
+class LabelledStatic:
+    """The static part of a DataArray or Dataset: hashable and comparable, so
+    it can be pytree auxiliary data (and a jit cache key).
+
+    ``__eq__`` compares dims, names and attrs by value and coords with
+    ``identical``; ``__hash__`` uses only dims, names and coord shapes.
+    """
+
+    __slots__ = ("kind", "names", "dims", "attrs", "obj_attrs", "name", "coords", "_hash")
+
+    def __init__(self, kind: str, names: tuple[Hashable, ...], dims: tuple[tuple[Any, ...], ...],
+                 attrs: tuple[dict[Any, Any], ...], obj_attrs: dict[Any, Any], name: Hashable,
+                 coords: xr.Coordinates):
+        self.kind, self.names, self.dims, self.attrs = kind, names, dims, attrs
+        self.obj_attrs, self.name, self.coords = obj_attrs, name, coords
+        shapes = tuple((k, v.shape) for k, v in coords.variables.items())
+        self._hash = hash((kind, names, dims, name, shapes))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LabelledStatic):
+            return NotImplemented
+        if self is other:
+            return True
+        return (self._hash == other._hash and self.kind == other.kind
+                and self.names == other.names and self.dims == other.dims
+                and _equal(self.name, other.name)
+                and _equal(self.obj_attrs, other.obj_attrs)
+                and all(_equal(a, b) for a, b in zip(self.attrs, other.attrs, strict=True))
+                and self.coords.to_dataset().identical(other.coords.to_dataset()))
+
+    def __repr__(self) -> str:
+        return f"LabelledStatic({self.kind}, dims={self.dims!r}, names={self.names!r})"
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, jax.Array | jax.core.Tracer | np.ndarray | np.generic)
+
+
+def _variable(leaf: Any, dims: tuple[Any, ...], attrs: dict[Any, Any]) -> xr.Variable:
+    """A Variable holding ``leaf``.  Extra leading dims (vmap's batch axis on
+    the way out) are named batch, batch_1, ...; missing leading dims (inside
+    vmap, which maps over the leading axis) are dropped."""
+    if _is_array(leaf):
+        extra = np.ndim(leaf) - len(dims)
+        if extra >= 0:
+            names = tuple("batch" if i == 0 else f"batch_{i}" for i in range(extra))
+            return xr.Variable(names + tuple(dims), leaf, attrs)
+        return xr.Variable(tuple(dims)[-extra:], leaf, attrs)
+    # not an array (a JAX placeholder, a ShapeDtypeStruct, ...): a stand-in of
+    # the right shape if known, with the leaf kept for the next flatten
+    shape = tuple(getattr(leaf, "shape", ()))
+    if len(shape) != len(dims):
+        shape = (0,) * len(dims)
+    dtype = getattr(leaf, "dtype", np.float32)
+    try:
+        stub = np.broadcast_to(np.zeros((), dtype), shape)
+    except TypeError:
+        stub = np.broadcast_to(np.zeros((), np.float32), shape)
+    return xr.Variable(dims, stub, {**attrs, _LEAF: leaf})
+
+
+def _coords_for(coords: xr.Coordinates, dims: set[Any]) -> xr.Coordinates:
+    """``coords`` without the coordinates on dims that are gone (inside vmap)."""
+    drop = [k for k, v in coords.variables.items() if not set(v.dims) <= dims]
+    if not drop:
+        return coords
+    return coords.to_dataset().drop_vars(drop).coords
+
+
+def _leaf(var: xr.Variable) -> tuple[Any, dict[Any, Any]]:
+    attrs = dict(var.attrs)
+    if _LEAF in attrs:
+        return attrs.pop(_LEAF), attrs
+    return var.data, attrs
+
+
+def flatten_dataarray(da: xr.DataArray) -> tuple[tuple[Any], LabelledStatic]:
+    leaf, attrs = _leaf(da.variable)
+    static = LabelledStatic("DataArray", (), (tuple(da.dims),), (attrs,), {}, da.name,
+                            da.coords.to_dataset().coords)
+    return (leaf,), static
+
+
+def unflatten_dataarray(static: LabelledStatic, leaves: Any) -> xr.DataArray:
+    (leaf,) = leaves
+    var = _variable(leaf, static.dims[0], static.attrs[0])
+    return xr.DataArray(var.data, dims=var.dims, coords=_coords_for(static.coords, set(var.dims)),
+                        attrs=var.attrs, name=static.name)
+
+
+def flatten_dataset(ds: xr.Dataset) -> tuple[tuple[Any, ...], LabelledStatic]:
+    names = tuple(ds.data_vars)
+    leaves, attrs = [], []
+    for n in names:
+        leaf, a = _leaf(ds[n].variable)
+        leaves.append(leaf)
+        attrs.append(a)
+    dims = tuple(tuple(ds[n].dims) for n in names)
+    static = LabelledStatic("Dataset", names, dims, tuple(attrs), dict(ds.attrs), None,
+                            ds.coords.to_dataset().coords)
+    return tuple(leaves), static
+
+
+def unflatten_dataset(static: LabelledStatic, leaves: Any) -> xr.Dataset:
+    variables = {n: _variable(leaf, d, a) for n, leaf, d, a in
+                 zip(static.names, leaves, static.dims, static.attrs, strict=True)}
+    coords = static.coords
+    gone = {d for v, dims in zip(variables.values(), static.dims, strict=True)
+            for d in dims if d not in v.dims}
+    if gone:  # inside vmap: drop the coordinates along the mapped dims
+        coords = _coords_for(coords, set(coords.dims) - gone)
+    return xr.Dataset(variables, coords=coords, attrs=dict(static.obj_attrs))
+
+
+def _registered_by_us(cls: type) -> bool | None:
+    """True/False when ``cls`` is a pytree node registered by us/someone else;
+    None when it is a plain leaf (not registered)."""
+    probe = cls(np.zeros(1), dims="x") if cls is xr.DataArray else cls({"v": ("x", np.zeros(1))})
+    leaves, treedef = jax.tree_util.tree_flatten(probe)
+    if len(leaves) == 1 and leaves[0] is probe:
+        return None
+    node = treedef.node_data()
+    aux = node[1] if node is not None else None
+    return type(aux).__qualname__ == LabelledStatic.__qualname__ and \
+        type(aux).__module__ == LabelledStatic.__module__
+
+
+def register() -> None:
+    """Register DataArray and Dataset as JAX pytrees, unless another library
+    already did (then warn and keep theirs)."""
+    for cls, flat, unflat in ((xr.DataArray, flatten_dataarray, unflatten_dataarray),
+                              (xr.Dataset, flatten_dataset, unflatten_dataset)):
+        state = _registered_by_us(cls)
+        if state is True:
+            continue
+        if state is None:
+            try:
+                jax.tree_util.register_pytree_node(cls, flat, unflat)
+                continue
+            except ValueError:  # registered between the check and now
+                pass
+        warnings.warn(
+            f"xstencil: xarray.{cls.__name__} is already registered as a JAX pytree by "
+            f"another library, so xstencil keeps that registration; jax.jit/grad/vmap over "
+            f"{cls.__name__}s follow that library's flatten rules, not xstencil's (data as "
+            f"leaves; dims, coords, attrs and name static). To use xstencil's, import xstencil "
+            f"before the other library or disable its registration.",
+            PytreeRegistrationWarning, stacklevel=3,
+        )
