@@ -1,0 +1,161 @@
+"""Memory and robustness.
+
+* A map over a 4096 x 4096 float32 array needs less than 4x the array in
+  extra memory (XLA's own accounting of the compiled call: temporaries plus
+  the output, against the argument), and leaves only its output alive.
+* Thousands of accessor calls with fresh lambdas do not grow memory without
+  bound: the compile cache holds kernels weakly.
+* A KeyboardInterrupt during a long scan with ``progress=True`` leaves no
+  progress bar open and no thread behind.
+"""
+
+from __future__ import annotations
+
+import _thread
+import gc
+import os
+import resource
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import xarray as xr
+
+import xstencil
+
+N = 4096
+
+
+def lap(u: Any) -> Any:
+    return u(x=1) + u(x=-1) + u(y=1) + u(y=-1) - 4 * u()
+
+
+W = np.full((3, 3), 1 / 9, np.float32)
+
+
+def blur(u: Any) -> Any:
+    return (u * W).sum()
+
+
+CASES = {
+    "laplacian-fill": (lap, {"boundary": "fill"}),
+    "laplacian-periodic": (lap, {"boundary": "periodic"}),
+    "laplacian-reflect": (lap, {"boundary": "reflect"}),
+    "blur-3x3-extend": (blur, {"window": {"y": 3, "x": 3}, "boundary": "extend"}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_map_peak_memory_below_4x_array(name: str) -> None:
+    kernel, options = CASES[name]
+    x = jax.ShapeDtypeStruct((N, N), jnp.float32)
+
+    def run(a: Any) -> Any:
+        return xr.DataArray(a, dims=("y", "x")).stencil.map(kernel, **options).data
+
+    stats = jax.jit(run).lower(x).compile().memory_analysis()
+    if stats is None:
+        pytest.skip("this backend reports no memory analysis")
+    size = N * N * 4
+    assert stats.argument_size_in_bytes == size
+    extra = stats.temp_size_in_bytes + stats.output_size_in_bytes
+    print(f"\n{name}: output {stats.output_size_in_bytes / size:.2f}x, temporaries "
+          f"{stats.temp_size_in_bytes / size:.2f}x the {size / 2**20:.0f} MiB array")
+    assert extra < 4 * size, (name, stats)
+
+
+def test_map_leaves_only_its_output_alive() -> None:
+    a = jnp.ones((1024, 1024), jnp.float32)
+    da = xr.DataArray(a, dims=("y", "x"))
+    da.stencil.map(lap, boundary="periodic")  # compile and warm up
+    gc.collect()
+    before = {id(b) for b in jax.live_arrays()}
+    out = da.stencil.map(lap, boundary="periodic")
+    gc.collect()
+    new = [b for b in jax.live_arrays() if id(b) not in before]
+    assert sum(b.nbytes for b in new) == out.data.nbytes
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as fh:
+        pages = int(fh.read().split()[1])
+    return pages * resource.getpagesize() / 2**20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"),
+                    reason="needs /proc to read the resident set size")
+def test_fresh_lambdas_do_not_grow_memory() -> None:
+    """Each call compiles its fresh lambda (~10-50 ms); after a warm-up the
+    resident set stays flat and the cache does not keep dead kernels."""
+    from xstencil._labelled.core import _CACHE
+
+    da = xr.DataArray(np.arange(16.0, dtype=np.float32), dims="x")
+
+    def calls(n: int) -> None:
+        for i in range(n):
+            c = np.float32(i % 7)
+            out = da.stencil.map(lambda u, c=c: u(x=1) - u(x=-1) + c, boundary="periodic")
+            del out
+        gc.collect()
+
+    # every call compiles, so CI runs a few hundred; XSTENCIL_MEMORY_CALLS=3000 for more
+    n = int(os.environ.get("XSTENCIL_MEMORY_CALLS", "250"))
+    start = time.perf_counter()
+    calls(60)  # warm-up: allocator pools, JAX and XLA caches fill
+    warm = _rss_mib()
+    calls(n)
+    grown = _rss_mib() - warm
+    elapsed = time.perf_counter() - start
+    print(f"\n{60 + n} calls with fresh lambdas in {elapsed:.1f} s; RSS grew {grown:.1f} MiB "
+          f"over the last {n}")
+    assert len(_CACHE) < 20  # dead lambdas are dropped with their compiled code
+    # a leak of one compiled executable per call would be >= 100 KiB each
+    assert grown < max(10, n * 0.04), f"RSS grew by {grown:.1f} MiB over {n} calls"
+
+
+def test_keyboard_interrupt_during_scan_leaves_nothing_behind(monkeypatch: Any) -> None:
+    from tqdm.auto import tqdm
+
+    from xstencil import _progress
+
+    monkeypatch.setattr(_progress, "CELLS_PER_UPDATE", 1)  # update often
+    interrupted = threading.Event()
+    real_report = _progress.report
+
+    def report(token: Any, done: Any) -> None:
+        real_report(token, done)
+        if not interrupted.is_set():
+            interrupted.set()
+            _thread.interrupt_main()  # as if the user pressed Ctrl-C now
+
+    monkeypatch.setattr(_progress, "report", report)
+    threads_before = set(threading.enumerate())
+    u0 = xr.DataArray(np.linspace(0.0, 1.0, 32), dims="x")
+
+    def heat(u: Any) -> Any:
+        return u(time=-1) + 0.25 * (u(time=-1, x=1) - 2 * u(time=-1) + u(time=-1, x=-1))
+
+    # On CPU the progress callback runs on the main thread, so the interrupt is
+    # raised inside it and JAX reports it as a JaxRuntimeError naming
+    # KeyboardInterrupt; either way the scan must stop and clean up.
+    with pytest.raises((KeyboardInterrupt, jax.errors.JaxRuntimeError)) as info:
+        out = xstencil.scan(u0, heat, dim="time", steps=200_000, save_every="last",
+                            boundary={"x": "periodic"}, progress=True)
+        jax.block_until_ready(out.data)
+        time.sleep(5)  # if the interrupt is delivered only after the call returns
+    assert interrupted.is_set()
+    assert info.type is KeyboardInterrupt or "KeyboardInterrupt" in str(info.value)
+    jax.effects_barrier()
+    assert _progress._OPEN == {}
+    assert not [b for b in getattr(tqdm, "_instances", ()) if not b.disable]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        extra = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        if not extra:
+            break
+        time.sleep(0.05)
+    assert not extra, extra
