@@ -333,3 +333,27 @@ def rewrap(prep: Prepared, out: Any) -> xr.DataArray:
     return res.transpose(*prep.orig) if dim in prep.orig else res
 
 
+
+
+def scale_out(obj: Any, kernel: Any, dim: str, args: Any, kwargs: Mapping[str, Any], *,
+              mesh: Any = None, halo_every: int | None = None) -> Any:
+    """The dask-backed or sharded scan of ``obj``, or ``None`` when it is in
+    memory on one device and ``mesh`` is not given (the caller scans then).
+
+    ``kwargs`` holds the scan options (``window``, ``boundary``, ...) and the
+    kernel's keyword arguments together, as :func:`xstencil.scan` receives them.
+    """
+    from xstencil._dask import any_dask, scan_dask
+    from xstencil._shard import is_sharded, scan_sharded
+
+    arrays = [v.data for v in obj.data_vars.values()] if isinstance(obj, xr.Dataset) \
+        else [getattr(obj, "data", None)]
+    if any_dask(arrays):
+        if mesh is not None:
+            raise XStencilError("da.stencil.scan(...): mesh= shards JAX arrays; the data is a "
+                                "dask array (drop mesh=, or .compute() the data first)")
+        return scan_dask(obj, kernel, dim, *args, halo_every=halo_every, **kwargs)
+    if mesh is not None or is_sharded(arrays):
+        return scan_sharded(obj, kernel, dim, *args, mesh=mesh, halo_every=halo_every or 1,
+                            **kwargs)
+    return None

@@ -367,7 +367,7 @@ def _repad(new: Any, axis: int, name: str, p: int, lo: int, hi: int, mode: str,
 
 
 def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args: Any,
-                 mesh: Any = None, halo_every: int = 1, hlo: bool = False,
+                 mesh: Any = None, halo_every: int = 1, hlo: bool | str = False,
                  **kwargs: Any) -> Any:
     """Scan a kernel along ``dim`` with the other dims sharded over devices.
 
@@ -393,8 +393,10 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
         Steps between halo exchanges (K).  The halo is K times the window's
         reach, and every device must hold at least that many points.
     hlo
-        Return the compiled HLO text instead of running (to inspect the
-        communication: ``collective-permute``, and no ``all-gather``).
+        ``True``: return the compiled HLO text instead of running (to inspect
+        the communication: ``collective-permute``, and no ``all-gather``);
+        ``"compiled"``: return the compiled executable (for
+        ``memory_analysis()``, per device).
     **kwargs
         ``window``, ``boundary``, ``fill_value``, ``steps``, ``dt``,
         ``coord``, ``save_every`` and ``period`` as for :func:`xstencil.scan`;
@@ -512,6 +514,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
         fn = compiled(kernel, key, build)
         inputs = (hist0, inp, [jnp.asarray(c) for c in coords], list(prep.dyn))
         if hlo:
-            return fn.lower(*inputs).compile().as_text()
+            exe = fn.lower(*inputs).compile()
+            return exe if hlo == "compiled" else exe.as_text()
         out = fn(*inputs)
     return rewrap(prep, out)
