@@ -488,6 +488,19 @@ def scan_dask(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args: An
     DataArray
         Backed by a lazy dask array, one chunk per saved position along
         ``dim`` and the input's chunks along the other dims.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> from xstencil._dask import scan_dask
+    >>> u0 = xr.DataArray(np.eye(8)[0], dims="x").chunk({"x": 4})
+    >>> heat = lambda u: u(time=-1) + 0.25 * (u(time=-1, x=1) - 2 * u(time=-1)
+    ...                                       + u(time=-1, x=-1))
+    >>> out = scan_dask(u0, heat, "time", steps=2, boundary="periodic", halo_every=2)
+    >>> out.chunks
+    ((1, 1, 1), (4, 4))
+    >>> out.isel(time=1).values
+    array([0.5 , 0.25, 0.  , 0.  , 0.  , 0.  , 0.  , 0.25])
     """
     import dask.array as dsa
 

@@ -406,6 +406,19 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
     -------
     DataArray
         The saved trajectory, a JAX array sharded like the input.
+
+    Examples
+    --------
+    On however many devices there are (one CPU here):
+
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> from xstencil._shard import scan_sharded
+    >>> u0 = xr.DataArray(np.eye(8, dtype=np.float32)[0], dims="x")
+    >>> heat = lambda u: u(time=-1) + 0.25 * (u(time=-1, x=1) - 2 * u(time=-1)
+    ...                                       + u(time=-1, x=-1))
+    >>> out = scan_sharded(u0, heat, "time", steps=2, boundary="periodic", mesh={"x": "i"})
+    >>> out.isel(time=1).values
+    array([0.5 , 0.25, 0.  , 0.  , 0.  , 0.  , 0.  , 0.25], dtype=float32)
     """
     from xstencil._blockscan import padded_coords, rewrap, run_steps, setup, time_padded
 
