@@ -89,3 +89,24 @@ def test_docs_build(tmp_path: Path) -> None:
     assert (html / "generated" / "xarray.DataArray.stencil.map.html").is_file()
     assert (html / "auto_examples" / "plot_heat_dirichlet.html").is_file()
     assert "Common errors" in (html / "errors.html").read_text()
+
+
+def _readme_taste() -> str:
+    text = (DOCS.parent / "README.md").read_text()
+    section = text.split("## A taste of the API", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_quick_start_is_unchanged() -> None:
+    text = (DOCS.parent / "README.md").read_text()
+    assert 'pip install -e ".[demo]" && python -m xstencil demo' in text
+
+
+@pytest.mark.slow
+def test_readme_taste_runs(tmp_path: Path) -> None:
+    code = _readme_taste()
+    assert "stencil.map" in code and ".loc[" in code and ".scan(" in code
+    res = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
+                         text=True, timeout=300, check=False, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "'time': 11" in res.stdout and "'x': 120" in res.stdout
