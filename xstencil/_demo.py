@@ -112,7 +112,7 @@ def plot(traj: xr.DataArray, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import PowerNorm
-    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+    from matplotlib.ticker import ScalarFormatter
 
     tt = traj.time.values
     picks = sorted({int(np.abs(tt - f * tt[-1]).argmin()) for f in (0, 0.03, 0.1, 0.3, 1.0)})
@@ -125,7 +125,8 @@ def plot(traj: xr.DataArray, path: Path) -> Path:
                                                add_colorbar=False, rasterized=True)
         ax.set_title(f"t = {tt[k]:.1f} s")
         ax.set_aspect("equal")
-        ax.xaxis.set_major_locator(MaxNLocator(4))
+        ax.set_xticks(np.linspace(float(traj.x[0]), float(traj.x[-1]), 3))
+        ax.set_yticks(np.linspace(float(traj.y[0]), float(traj.y[-1]), 5))
         if i:
             ax.set_ylabel("")
     top.colorbar(im, ax=axs, label="temperature [°C]", shrink=0.85)
