@@ -8,8 +8,10 @@ reported with the kernel's name and the window it received.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
@@ -70,7 +72,14 @@ def shape_bug(u: Any) -> Any:
     return u.array @ jnp.ones(5)
 
 
+def heat(u: Any) -> Any:
+    return u(time=-1) + 0.25 * (u(time=-1, x=1) - 2 * u(time=-1) + u(time=-1, x=-1))
+
+
+U0 = xr.DataArray(np.linspace(0.0, 1.0, 8), dims="x")
+U = xr.DataArray(np.random.default_rng(0).random((5, 8)), dims=("time", "x"))
 M = "da.stencil.map(...)"
+S = "da.stencil.scan(...)"
 MESH = "da.stencil.mesh(...)"
 DSM = "ds.stencil.map(...)"
 E = re.escape
@@ -171,6 +180,11 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("map-kernel-bug", lambda: DA.stencil.map(shape_bug, window={"y": 3, "x": 3}), KernelError,
      E(f"{M}: kernel 'shape_bug' failed on a window {{'y': 3, 'x': 3}} (TypeError: "
        "dot_general requires contracting dimensions")),
+    ("map-misspelled-option", lambda: DA.stencil.map(lap, bondary="periodic"), XStencilError,
+     E(f"{M}: unknown keyword bondary='periodic': extra keywords are passed to the kernel, "
+       "and kernel 'lap' does not take 'bondary'; did you mean boundary=...?")),
+    ("map-kernex-spelling", lambda: DA.stencil.map(lap, strides={"x": 2}), XStencilError,
+     E(f"{M}: unknown keyword strides={{'x': 2}}") + ".*did you mean stride="),
     # -- Dataset ----------------------------------------------------------------
     ("ds-unknown-variable", lambda: DS.stencil.map(lambda s: s["q"](x=1)), XStencilError,
      E(f"{DSM}: kernel '<lambda>': s['q']: the Dataset has no data variable 'q'; "
@@ -217,6 +231,61 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      E("da.stencil.mesh(...).map(): boundary='wrap' is not a boundary mode")),
     ("mesh-bad-stride", lambda: _mesh_run(stride={"x": -2}), XStencilError,
      E("da.stencil.mesh(...).map(): stride={'x': -2}: strides must be ints >= 1")),
+    # -- scan ---------------------------------------------------------------------
+    ("scan-unknown-dim", lambda: U.stencil.scan(heat, dim="t"), XStencilError,
+     E(f"{S}: dimension 't' not found; available dims are ('time', 'x') (to grow a "
+       "trajectory from an initial state without 't', pass steps=N)")),
+    ("scan-no-dim-no-steps", lambda: U0.stencil.scan(heat, dim="time"), XStencilError,
+     E(f"{S}: dimension 'time' not found") + ".*pass steps=N"),
+    ("scan-steps-negative", lambda: U0.stencil.scan(heat, dim="time", steps=-3),
+     XStencilError, E(f"{S}: steps=-3 must be an int >= 1")),
+    ("scan-save-every-zero", lambda: U0.stencil.scan(heat, dim="time", steps=4, save_every=0),
+     XStencilError, E(f"{S}: save_every=0 must be an int >= 1 or 'last'")),
+    ("scan-save-every-not-dividing",
+     lambda: U0.stencil.scan(heat, dim="time", steps=5, save_every=2), XStencilError,
+     E(f"{S}: steps=5 is not a multiple of save_every=2; use steps=4")),
+    ("scan-grow-without-past-read",
+     lambda: U0.stencil.scan(lambda u: u(x=1), dim="time", steps=3), XStencilError,
+     E(f"{S}: the kernel reads no earlier position along 'time' (such as u(time=-1))")),
+    ("scan-valid-boundary", lambda: U.stencil.scan(heat, dim="time", boundary="valid"),
+     XStencilError, E(f"{S}: boundary 'valid' along 'x' would shrink each step's output")),
+    ("scan-no-kernel", lambda: U.stencil.scan(None, dim="time"), XStencilError,
+     E(f"{S}: kernel=None is not callable")),
+    ("scan-kernel-and-step",
+     lambda: U0.stencil.scan(heat, dim="time", step=lambda s: s, steps=2), XStencilError,
+     E(f"{S}: pass a kernel or step=, not both")),
+    ("scan-step-without-steps", lambda: xstencil.scan(U0, step=lambda s: s), XStencilError,
+     E(f"{S}: step= grows a trajectory from an initial state; pass steps=N")),
+    ("scan-dt-and-coord",
+     lambda: U0.stencil.scan(heat, dim="time", steps=2, dt=1.0, coord=[1, 2, 3]),
+     XStencilError, E(f"{S}: pass dt= or coord=, not both")),
+    ("scan-coord-length",
+     lambda: U0.stencil.scan(heat, dim="time", steps=2, coord=[1, 2, 3, 4, 5]),
+     XStencilError, E(f"{S}: coord= has shape (5,); give 3 values")),
+    ("scan-misspelled-option",
+     lambda: U0.stencil.scan(heat, dim="time", steps=2, progres=True), XStencilError,
+     E(f"{S}: unknown keyword progres=True") + ".*did you mean progress="),
+    ("scan-input-longer-than-initial-conditions",
+     lambda: U.stencil.scan(heat, dim="time", steps=3), XStencilError,
+     E(f"{S}: steps=3 grows a trajectory from its initial conditions, which are the first 1 "
+       "position(s) along 'time'")),
+    ("scan-non-monotonic-time",
+     lambda: U.assign_coords(time=[0.0, 2.0, 1.0, 3.0, 4.0]).stencil.scan(
+         lambda u: u(time=-1) * u.coord("time")(), dim="time"),
+     XStencilError, E(f"{S}: the kernel reads u.coord('time'), but coordinate 'time' does "
+                      "not increase strictly")),
+    ("scan-check-finite",
+     lambda: U0.stencil.scan(lambda u: u(time=-1) / 0.0, dim="time", steps=3,
+                             check_finite=True),
+     XStencilError, E(f"{S}: check_finite=True: a NaN or Inf first appeared at position 1 "
+                      "along 'time'")),
+    ("scan-read-outside-window",
+     lambda: U.stencil.scan(lambda u: u(time=-1, x=2), dim="time",
+                            window={"time": (1, 0), "x": 3}),
+     WindowIndexError, E(f"{S}: kernel '<lambda>': u read at offset 2 along 'x' is outside "
+                         "the window")),
+    ("mesh-scan-no-regions", lambda: U.stencil.mesh().scan(dim="time"), XStencilError,
+     E("da.stencil.mesh(...).scan(): the mesh has no regions")),
     # -- the array API ------------------------------------------------------------
     ("kmap-no-kernel-size", lambda: xstencil.kmap(first)(X1), XStencilError,
      E("xstencil.kmap: kernel_size is required, e.g. kernel_size=(3,)")),
@@ -400,13 +469,51 @@ def test_kernel_error_while_inferring_the_window() -> None:
         DA.stencil.map(broken)
 
 
-# -- scan (lands separately) -----------------------------------------------------------
+# -- the docs page lists every case ------------------------------------------------------------
 
-needs_scan = pytest.mark.skipif(not hasattr(xstencil, "scan"),
-                                reason="xstencil.scan has not landed yet")
+DOCS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "errors.rst"
 
 
-@needs_scan
-def test_scan_unknown_dim() -> None:
-    with pytest.raises(XStencilError, match="dim"):
-        DA.stencil.scan(lambda u: u(y=-1), dim="time")
+def _case_sources() -> dict[str, str]:
+    """Each case's code, as written in this file (for the docs table)."""
+    tree = ast.parse(Path(__file__).read_text())
+    text = Path(__file__).read_text()
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Tuple) and len(node.elts) == 4 and isinstance(
+                node.elts[0], ast.Constant) and isinstance(node.elts[1], ast.Lambda):
+            src = ast.get_source_segment(text, node.elts[1].body) or ""
+            out[node.elts[0].value] = " ".join(src.split())
+    return out
+
+
+def render_table() -> str:
+    """The "full catalogue" table of docs/errors.rst (``python tests/test_errors.py``)."""
+    sources = _case_sources()
+    rows = [".. list-table::", "   :header-rows: 1", "   :widths: 18 37 45", "",
+            "   * - Case", "     - Code", "     - Error and message"]
+    for cid, call, exc, _ in CASES:
+        try:
+            call()
+        except exc as e:
+            msg = str(e).split("\n")[0].replace("``", "`")
+        else:  # pragma: no cover - test_misuse fails first
+            raise AssertionError(f"{cid} did not raise")
+        rows += [f"   * - ``{cid}``", f"     - ``{sources[cid]}``",
+                 f"     - ``{exc.__name__}``: ``{msg}``"]
+    return "\n".join(rows) + "\n"
+
+
+def test_docs_page_lists_every_case() -> None:
+    """docs/errors.rst shows each case with a message its pattern still matches;
+    regenerate the table with ``python tests/test_errors.py`` after a change."""
+    page = DOCS_PAGE.read_text()
+    for cid, _, exc, match in CASES:
+        row = re.search(rf"   \* - ``{re.escape(cid)}``\n     - .*\n"
+                        rf"     - ``{exc.__name__}``: ``(.*)``\n", page)
+        assert row, f"docs/errors.rst has no row for {cid}; run python tests/test_errors.py"
+        assert re.search(match, row.group(1)), (cid, row.group(1))
+
+
+if __name__ == "__main__":
+    print(render_table())

@@ -289,6 +289,9 @@ def infer_window(call: str, kernel: Callable[..., Any], plan_dims: tuple[str, ..
         raise with_call(call, kernel, e) from None
     except Exception as e:
         name = getattr(kernel, "__name__", repr(kernel))
+        typo = unknown_keyword(call, kernel, e, kwargs)
+        if typo is not None:
+            raise typo from e
         raise KernelError(
             f"{call}: kernel {name!r} failed while its window was being inferred "
             f"({type(e).__name__}: {e})") from e
@@ -360,6 +363,33 @@ def with_call(call: str, kernel: Any, e: Exception) -> Exception:
         return e
     name = getattr(kernel, "__name__", repr(kernel))
     return type(e)(f"{call}: kernel {name!r}: {msg}")
+
+
+#: Keyword options of the labelled calls, to recognise a misspelled one.
+OPTIONS = ("window", "boundary", "fill_value", "stride", "output_dims", "period", "dim",
+           "steps", "dt", "coord", "save_every", "progress", "checkpoint", "check_finite",
+           "step", "mesh")
+
+
+def unknown_keyword(call: str, kernel: Any, e: Exception,
+                    kwargs: Mapping[str, Any]) -> XStencilError | None:
+    """A misspelled option (``bondary=...``) is passed on to the kernel, which
+    rejects it with a TypeError; say so instead of blaming the kernel."""
+    if not isinstance(e, TypeError) or "unexpected keyword argument" not in str(e):
+        return None
+    bad = [k for k in kwargs if repr(k) in str(e)]
+    if not bad:
+        return None
+    import difflib
+
+    name = getattr(kernel, "__name__", repr(kernel))
+    close = difflib.get_close_matches(bad[0], OPTIONS, n=1)
+    hint = ("" if not close else f"{bad[0]}= is not an option of this call; " if close[0] ==
+            bad[0] else f"did you mean {close[0]}=...? ")
+    return XStencilError(
+        f"{call}: unknown keyword {bad[0]}={kwargs[bad[0]]!r:.40}: extra keywords are passed "
+        f"to the kernel, and kernel {name!r} does not take {bad[0]!r}; {hint}the options are "
+        f"{OPTIONS!r}")
 
 
 def hashable(call: str, value: Any) -> Hashable:
