@@ -126,6 +126,20 @@ def check_coords_stride_mesh_window():
          regions(da.stencil.mesh(boundary="extend")))
 
 
+def check_dataset():
+    da = field()
+    ds = xr.Dataset({"u": da, "h": 2 * da})
+
+    def k(s):
+        return {"u": s["h"](x=1) - s["h"](x=-1), "h": 2 * s["u"](y=1)}
+
+    ref = ds.stencil.map(k, boundary="periodic")
+    out = ds.stencil.map(k, boundary="periodic", mesh={"y": "a", "x": "b"})
+    for n in ("u", "h"):
+        same(out[n], ref[n])
+        assert out[n].data.sharding.spec == P("a", "b")
+
+
 def check_bad_input():
     da = field()
     cases = [

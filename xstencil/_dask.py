@@ -330,10 +330,16 @@ def _leaf_shapes(plan: Plan, kernel: Callable[..., Any], static: Any, dyn: Seque
 def map_dask(plan: Plan, f: Any, kernels: Sequence[Callable[..., Any]], args: Any,
              kwargs: Any, period: Mapping[str, float] | None,
              regions: Sequence[Slab | int] | None = None,
-             masks: Sequence[np.ndarray] = ()) -> Any:
+             masks: Sequence[np.ndarray] = (), mesh: Any = None) -> Any:
     """A lazy map (or mesh map) of dask-backed fields: the engine output as
     dask arrays (a dict of them for a Dataset kernel returning a dict)."""
     import dask.array as dsa
+
+    if mesh is not None:
+        raise XStencilError(
+            f"{plan.call}: mesh={mesh!r} shards JAX arrays over devices, but the data is a "
+            f"dask array; drop mesh= (dask distributes the chunks), or load the data with "
+            f".compute() to shard it")
 
     for vdims, name in zip(f.var_dims, f.names or (None,), strict=True):
         if vdims != f.dims:

@@ -241,7 +241,7 @@ class Mesh:
 
             return rewrap(plan, self._fields, map_dask(
                 plan, self._fields, kernels, args, kwargs, self._options.get("period"),
-                regions, masks))
+                regions, masks, self._options.get("mesh")))
         if self._options.get("mesh") is not None or is_sharded(self._fields.arrays):
             from xstencil._shard import map_sharded
 
