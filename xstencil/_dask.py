@@ -207,7 +207,7 @@ class BlockMap:
         arrays, masks = blocks[:self.nvar], blocks[self.nvar:]
         geom, edges, coords, regions = [], [], [], []
         for k, (ax, c) in enumerate(zip(self.axes, loc, strict=True)):
-            a, n = ax.starts[c], ax.sizes[c]
+            a = ax.starts[c]
             j_lo, j_hi = ax.out[c]
             pad_lo = ax.depth if ax.edge_mode and c == 0 else 0
             pad_hi = ax.depth if ax.edge_mode and c == len(ax.sizes) - 1 else 0
@@ -215,7 +215,6 @@ class BlockMap:
             first = j_lo * ax.stride + ax.offset - a  # the first centre, in the core
             geom.append(AxisGeom(ax.depth + first - ax.lo, ax.stride, j_hi - j_lo,
                                  self.plan.specs[k].size))
-            del n
         for d, c in zip(self.plan.coord_dims, self.coords, strict=True):
             k = self.plan.axis(d)
             ax = self.axes[k]
