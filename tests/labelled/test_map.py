@@ -377,3 +377,61 @@ def test_map_under_jit_and_grad_of_traced_data():
     a = jnp.arange(12.0, dtype=jnp.float32).reshape(3, 4)
     np.testing.assert_allclose(jax.jit(f)(a), (a**2).sum())
     np.testing.assert_allclose(jax.grad(f)(a), 2 * a)
+
+
+# -- the repeat-call fast path (xstencil/_labelled/fastpath.py) ---------------------------
+
+def ddx(u):
+    x = u.coord("x")
+    return (u(x=1) - u(x=-1)) / (x(x=1) - x(x=-1))
+
+
+@pytest.mark.parametrize("options", [
+    {"boundary": "periodic"},
+    {"boundary": "valid", "stride": {"x": 2}},
+    {"boundary": "extend", "window": {"x": 3}, "output_dims": "w"},
+], ids=["simple", "trimmed", "output_dims"])
+def test_repeat_call_skips_planning_and_matches_first_call(monkeypatch, options):
+    from xstencil._labelled import map as map_module
+
+    da = _rich()
+    kernel = patches if "output_dims" in options else ddx
+    first = da.stencil.map(kernel, **options)
+    calls = []
+    real = map_module.prepare
+    monkeypatch.setattr(map_module, "prepare", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = da.stencil.map(kernel, **options)
+    equal_coords = da.copy(deep=True).stencil.map(kernel, **options)  # new objects, same labels
+    assert calls == []
+    xr.testing.assert_identical(again, first)
+    xr.testing.assert_identical(equal_coords, first)
+    # other coordinate values (same shape) take the full path and give other numbers
+    scaled = da.assign_coords(x=da.x * 2).stencil.map(kernel, **options)
+    assert calls == [1]
+    if kernel is ddx:
+        np.testing.assert_allclose(scaled.values, first.values / 2)
+    # the next call, on another dtype, plans again too
+    da.astype(np.float32).stencil.map(kernel, **options)
+    assert calls == [1, 1]
+
+
+def test_fast_path_output_is_independent_of_input():
+    da = _rich()
+    da.stencil.map(lap_xy, boundary="periodic")
+    out = da.stencil.map(lap_xy, boundary="periodic")
+    out.attrs["new"] = 1
+    out.coords["x"].attrs["units"] = "m"
+    out.coords["label"].attrs["note"] = "changed"
+    assert "new" not in da.attrs
+    assert da.coords["x"].attrs == {} and da.coords["label"].attrs == {}
+    assert out.encoding == {}
+
+
+def test_fast_path_inside_and_outside_jit():
+    da = _data(("y", "x"), "float32")
+    step = jax.jit(lambda d: d.stencil.map(ddx, boundary="periodic"))
+    inside = step(da)  # the first call happens under a trace
+    outside = da.stencil.map(ddx, boundary="periodic")
+    again = da.stencil.map(ddx, boundary="periodic")
+    np.testing.assert_allclose(inside.values, outside.values, rtol=1e-6)
+    xr.testing.assert_identical(again, outside)

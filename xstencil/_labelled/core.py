@@ -328,11 +328,15 @@ def compiled(owner: Any, key: Any, build: Callable[[], Callable[..., Any]]) -> C
 
 def call_engine(plan: Plan, f: Fields, owner: Any, key_extra: Any,
                 body: Callable[..., Any], args: Any, kwargs: Any,
-                period: Mapping[str, float] | None, dynamic: Sequence[Any] = ()) -> Any:
-    """Run ``body(plan, static, arrays, coords, dyn, dynamic)`` under jit."""
+                period: Mapping[str, float] | None, dynamic: Sequence[Any] = (),
+                coords_out: list[Any] | None = None) -> Any:
+    """Run ``body(plan, static, arrays, coords, dyn, dynamic)`` under jit
+    (the padded coordinate arrays it made are appended to ``coords_out``)."""
     with precision(f.arrays, args, kwargs):
         arrays = [as_array(plan.call, "the data", x) for x in f.arrays]
         coords = [jnp.asarray(c) for c in coord_arrays(plan, f, period)]
+        if coords_out is not None:
+            coords_out.extend(coords)
         dyn, static = split_static(plan.call, (args, kwargs))
         key = (plan, static, key_extra)
 
@@ -356,15 +360,27 @@ def _weakrefable(x: Any) -> bool:
     return True
 
 
+def replace_data(obj: xr.DataArray, out: Any) -> xr.DataArray:
+    """``obj.copy(deep=False, data=out)`` without the encoding (the on-disk
+    dtype and scale_factor were the input's), in a few microseconds:
+    coordinate variables are copied shallowly, indexes (immutable) shared."""
+    try:
+        var = xr.Variable(obj.dims, out, dict(obj.attrs), fastpath=True)
+        coords = {k: v.copy(deep=False) for k, v in obj._coords.items()}
+        return obj._replace(variable=var, coords=coords, indexes=dict(obj._indexes))
+    except (AttributeError, TypeError):  # xarray internals moved: the public way
+        res = obj.copy(deep=False, data=out)
+        res.encoding = {}
+        return res
+
+
 def rewrap(plan: Plan, f: Fields, out: Any) -> xr.DataArray | xr.Dataset:
     """Put the engine's output back into xarray with dims, coords, attrs, name."""
     index = {d: s for d, s in plan.input_index().items()
              if s != slice(0, f.shape[plan.axis(d)], 1)}
     if isinstance(f.obj, xr.DataArray) and not index and not plan.output_dims \
             and not isinstance(out, Mapping):
-        res = f.obj.copy(deep=False, data=out)
-        res.encoding = {}  # the on-disk encoding (dtype, scale_factor) was the input's
-        return res
+        return replace_data(f.obj, out)
     coords_ds = f.obj.coords.to_dataset()
     if index:  # coords may lack some of the dims (dims without coordinates)
         coords_ds = coords_ds.isel({d: s for d, s in index.items() if d in coords_ds.dims})

@@ -11,6 +11,7 @@ from xstencil._dask import any_dask
 from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
+from xstencil._labelled.fastpath import lookup, remember, run, signature
 from xstencil._shard import is_sharded
 
 __all__ = ["map"]
@@ -96,6 +97,13 @@ def map(  # noqa: A001 - the contract's name
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(x=1) - u(x=-1)")
+    sig = None
+    if mesh is None:  # a repeated call: skip validation and planning (see fastpath.py)
+        sig = signature(obj, (window, boundary, fill_value, stride, output_dims, period),
+                        args, kwargs)
+        entry = None if sig is None else lookup(kernel, sig, obj)
+        if entry is not None:
+            return run(entry, obj, args, kwargs)
     f = unwrap(call, obj)
     plan = prepare(call, f, [kernel], window=window, boundary=boundary, fill_value=fill_value,
                    stride=stride, output_dims=output_dims, args=args, kwargs=kwargs)
@@ -107,7 +115,9 @@ def map(  # noqa: A001 - the contract's name
         from xstencil._shard import map_sharded
 
         return rewrap(plan, f, map_sharded(plan, f, [kernel], args, kwargs, period, mesh, kernel))
-    out = call_engine(plan, f, kernel, None, _body, args, kwargs, period)
+    coords: list[Any] = []
+    out = call_engine(plan, f, kernel, None, _body, args, kwargs, period, coords_out=coords)
+    remember(kernel, sig, obj, plan, f, period, args, kwargs, coords)
     return rewrap(plan, f, out)
 
 

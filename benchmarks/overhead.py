@@ -1,0 +1,102 @@
+"""Per-call overhead of ``da.stencil.map`` on a small array (issue 3, item 7).
+
+On a 64x64 float32 DataArray with coordinates, a 5-point Laplacian is run
+three ways, each already compiled:
+
+* ``jit``: a bare ``jax.jit`` call on the raw array (the hand-written slicing);
+* ``jit+rewrap``: the same call, its result put back into the DataArray with
+  ``da.copy(data=...)`` (the floor for any labelled call);
+* ``stencil.map``: ``da.stencil.map(lap, boundary="periodic")``.
+
+The columns are timed in interleaved rounds (so load on a shared machine hits
+them alike), each call ends in ``block_until_ready``, and the figure is the
+median per-call time.  The target is ``stencil.map <= 2x jit+rewrap``.
+
+Run: ``python benchmarks/overhead.py [--calls 2000] [--profile]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+import xstencil  # noqa: F401
+
+
+def lap(u):
+    return u(x=1) + u(x=-1) + u(y=1) + u(y=-1) - 4 * u()
+
+
+@jax.jit
+def lap_jnp(a):
+    return (jnp.roll(a, 1, 0) + jnp.roll(a, -1, 0) + jnp.roll(a, 1, 1) + jnp.roll(a, -1, 1)
+            - 4 * a)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=64)
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--profile", action="store_true", help="cProfile the stencil.map calls")
+    a = p.parse_args()
+
+    n = a.n
+    da = xr.DataArray(np.random.default_rng(0).random((n, n), dtype=np.float32),
+                      dims=("y", "x"), coords={"y": np.arange(n) * 0.1, "x": np.arange(n) * 0.1},
+                      attrs={"units": "K"}, name="T")
+    raw = jnp.asarray(da.values)
+
+    def bare():
+        return lap_jnp(raw).block_until_ready()
+
+    def rewrap():
+        return da.copy(data=lap_jnp(raw).block_until_ready())
+
+    def stencil():
+        out = da.stencil.map(lap, boundary="periodic")
+        out.data.block_until_ready()
+        return out
+
+    cases = {"jit": bare, "jit+rewrap": rewrap, "stencil.map": stencil}
+    np.testing.assert_allclose(stencil().values, bare(), rtol=1e-5, atol=1e-5)
+    for f in cases.values():  # compile and warm up
+        for _ in range(50):
+            f()
+
+    if a.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(a.calls):
+            stencil()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+        return
+
+    per_round = max(1, a.calls // a.rounds)
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(a.rounds):
+        for name, f in cases.items():
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                f()
+            times[name].append((time.perf_counter() - t0) / per_round)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    floor = med["jit+rewrap"]
+    print(f"per-call time on {n}x{n} float32, median of {a.rounds} rounds x {per_round} calls")
+    for k, v in med.items():
+        print(f"  {k:12s} {v * 1e6:8.1f} us   {v / floor:5.2f}x jit+rewrap")
+    print(f"target: stencil.map <= 2.00x jit+rewrap -> "
+          f"{'met' if med['stencil.map'] <= 2 * floor else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The repeat-call fast path of ``map``: per-call work cached per kernel.
+
+A labelled call validates its options, infers the window, builds a plan,
+pads the coordinates and looks up the compiled function: about a hundred
+microseconds of Python that a time-stepping loop pays on every call.  The
+first call with a given kernel does all of it (the slow path, where every
+error is raised); it then records an :class:`Entry` under a *signature* of
+the call: the data's type, dims, shape and dtype, the options, the static
+kernel arguments and the shapes of the dynamic ones.  A later call with the
+same signature and the same coordinate values skips straight to the compiled
+function with the cached padded coordinates (already on the device) and puts
+the result back into xarray with a cheap rewrap.
+
+Only plain DataArrays take the fast path (numpy or single-device JAX data,
+or tracers); Datasets, dask and sharded data always take the full path.
+Coordinates are recognised by the identity of their index objects first and,
+failing that, by value, so new objects with equal coordinates hit too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import xarray as xr
+
+from xstencil._engine.call import is_wide, precision, split_static
+from xstencil._labelled.core import _CACHE, Fields, coord_arrays, replace_data, rewrap
+from xstencil._labelled.plan import Plan
+
+__all__ = ["Entry", "signature", "lookup", "run", "remember"]
+
+
+class Entry(NamedTuple):
+    plan: Plan
+    fn: Callable[..., Any]
+    coords: list[Any]  # padded coordinate arrays on the device
+    sources: tuple[Any, ...]  # the coordinates' index objects (identity check)
+    values: tuple[np.ndarray, ...]  # the coordinates' values (equality check)
+    wide: bool  # run under x64
+    simple: bool  # output has the input's shape and dims: rewrap by replacing the data
+
+
+def _freeze(x: Any) -> Hashable:
+    if isinstance(x, Mapping):
+        return ("<map>",) + tuple((k, _freeze(v)) for k, v in x.items())
+    if isinstance(x, list | tuple):
+        return (type(x).__name__,) + tuple(_freeze(v) for v in x)
+    if isinstance(x, np.generic):
+        return (type(x), x.item())
+    return (type(x), x)
+
+
+def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Hashable | None:
+    """The call's signature, or None where the fast path does not apply."""
+    if type(obj) is not xr.DataArray:
+        return None
+    data = obj.variable._data
+    if isinstance(data, np.ndarray):
+        pass
+    elif isinstance(data, jax.core.Tracer):
+        pass
+    elif isinstance(data, jax.Array):
+        if len(data.sharding.device_set) > 1:
+            return None
+    else:
+        return None
+    if args or kwargs:
+        dyn, static = split_static("map", (args, kwargs))
+        arg_key: Any = (static, tuple((np.shape(x), str(getattr(x, "dtype", ""))) for x in dyn))
+    else:
+        arg_key = None
+    try:
+        key = (obj.dims, data.shape, data.dtype, _freeze(options), arg_key,
+               bool(jax.config.read("jax_enable_x64")))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _coord_sources(obj: xr.DataArray, plan: Plan) -> tuple[Any, ...]:
+    indexes = getattr(obj, "_indexes", None)
+    if indexes is None:
+        indexes = obj.xindexes
+    return tuple(indexes.get(d) for d in plan.coord_dims)
+
+
+def lookup(kernel: Any, sig: Hashable, obj: xr.DataArray) -> Entry | None:
+    try:
+        table = _CACHE.get(kernel)
+    except TypeError:
+        return None
+    if table is None:
+        return None
+    entry = table.get(("fast", sig))
+    if entry is None:
+        return None
+    if entry.plan.coord_dims:
+        now = _coord_sources(obj, entry.plan)
+        if any(a is not b for a, b in zip(now, entry.sources, strict=True)):
+            variables = obj.coords.variables
+            for d, old in zip(entry.plan.coord_dims, entry.values, strict=True):
+                v = variables.get(d)
+                if v is None or v.dims != (d,) or not np.array_equal(v.values, old):
+                    return None
+            entry = entry._replace(sources=now)
+            table[("fast", sig)] = entry
+    return entry
+
+
+def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any) -> xr.DataArray:
+    data = obj.variable._data
+    dyn = split_static("map", (args, kwargs))[0] if args or kwargs else []
+    if entry.wide and not jax.config.read("jax_enable_x64"):
+        with jax.enable_x64(True):
+            out = entry.fn([data], entry.coords, dyn, [])
+    else:
+        out = entry.fn([data], entry.coords, dyn, [])
+    if entry.simple:
+        return replace_data(obj, out)
+    f = Fields(obj, entry.plan.dims, entry.plan.shape, None, [data], entry.plan.var_dims,
+               entry.plan.var_dtypes)
+    return rewrap(entry.plan, f, out)
+
+
+def remember(kernel: Any, sig: Hashable | None, obj: Any, plan: Plan, f: Fields,
+             period: Any, args: Any, kwargs: Any, coords: list[Any]) -> None:
+    """Record the entry for ``sig`` after a successful full call."""
+    if sig is None:
+        return
+    try:
+        table = _CACHE.get(kernel)
+    except TypeError:
+        return
+    if table is None:
+        return
+    static = split_static(plan.call, (args, kwargs))[1]
+    fn = table.get((plan, static, None))
+    if fn is None:
+        return
+    if any(isinstance(c, jax.core.Tracer) for c in coords):  # made inside a user's trace:
+        with precision(f.arrays, args, kwargs):  # keep host copies, never leak tracers
+            coords = [np.asarray(c) for c in coord_arrays(plan, f, period)]
+    variables = obj.coords.variables
+    values = tuple(np.asarray(variables[d].values) for d in plan.coord_dims)
+    index = plan.input_index()
+    simple = not plan.output_dims and all(
+        s == slice(0, n, 1) for s, n in zip(index.values(), plan.shape, strict=True))
+    table[("fast", sig)] = Entry(plan, fn, coords, _coord_sources(obj, plan), values,
+                                 is_wide(f.arrays, args, kwargs), simple)
