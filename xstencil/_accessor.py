@@ -17,7 +17,21 @@ __all__ = ["StencilAccessor"]
 
 
 class StencilAccessor:
-    """Stencil computations on this object: ``obj.stencil.map(kernel)``."""
+    """Stencil computations on this object: ``obj.stencil.map(kernel)``.
+
+    Registered as ``.stencil`` on DataArray and Dataset by ``import xstencil``.
+    Each method delegates to the function of the same name with the object
+    as its first argument: ``da.stencil.map(k)`` is ``xstencil.map(da, k)``.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> da = xr.DataArray(np.arange(4.0), dims="x")
+    >>> da.stencil.map(lambda u: u(x=1) - u(), boundary="periodic").values
+    array([ 1.,  1.,  1., -3.])
+    >>> xstencil.map(da, lambda u: u(x=1) - u(), boundary="periodic").values
+    array([ 1.,  1.,  1., -3.])
+    """
 
     def __init__(self, obj: xr.DataArray | xr.Dataset):
         self._obj = obj

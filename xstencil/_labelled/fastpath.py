@@ -100,7 +100,7 @@ def lookup(kernel: Any, sig: Hashable, obj: xr.DataArray) -> Entry | None:
         return None
     if entry.plan.coord_dims:
         now = _coord_sources(obj, entry.plan)
-        if any(a is not b for a, b in zip(now, entry.sources, strict=True)):
+        if any(a is not b or a is None for a, b in zip(now, entry.sources, strict=True)):
             variables = obj.coords.variables
             for d, old in zip(entry.plan.coord_dims, entry.values, strict=True):
                 v = variables.get(d)

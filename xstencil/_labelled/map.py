@@ -81,6 +81,16 @@ def map(  # noqa: A001 - the contract's name
         With the input's dims, dim order, coords, attrs and name, holding a
         JAX array of the input's dtype (float64 stays float64).
 
+    Notes
+    -----
+    The kernel is traced and compiled once per kernel object, data layout
+    (dims, shape, dtype) and options.  A repeated call with the same ones
+    reuses the compiled function and also skips validation and planning, so
+    define kernels once (at module level or outside a time loop) rather than
+    as fresh lambdas on every call.  ``map`` works inside ``jax.jit``,
+    ``jax.grad`` and ``jax.vmap``, and DataArrays and Datasets are pytrees, so
+    those transforms also accept functions that take and return them.
+
     Examples
     --------
     >>> import numpy as np, xarray as xr, xstencil

@@ -37,8 +37,22 @@ __all__ = ["mesh", "Mesh", "nearest"]
 
 @dataclass(frozen=True)
 class nearest:  # noqa: N801 - reads as a function at the call site
-    """Select the nearest labels in ``m.loc[...]``:
-    ``m.loc[xstencil.nearest(x=0.31)] = f``."""
+    """Select the nearest labels in ``m.loc[...]`` (``.sel(method="nearest")``).
+
+    Parameters
+    ----------
+    indexers
+        ``{dim: label}``, or the same as keyword arguments.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> da = xr.DataArray(np.zeros(4), dims="x", coords={"x": [0.0, 0.25, 0.5, 0.75]})
+    >>> m = da.stencil.mesh()
+    >>> m.loc[xstencil.nearest(x=0.3)] = lambda u: u() + 1  # snaps to x=0.25
+    >>> m.map().values
+    array([0., 1., 0., 0.])
+    """
 
     indexers: Mapping[str, Any]
 

@@ -188,7 +188,21 @@ def _registered_by_us(cls: type) -> bool | None:
 
 def register() -> None:
     """Register DataArray and Dataset as JAX pytrees, unless another library
-    already did (then warn and keep theirs)."""
+    already did (then warn with :class:`PytreeRegistrationWarning` and keep
+    theirs).  ``import xstencil`` calls it; calling it again does nothing.
+
+    Examples
+    --------
+    >>> import jax, numpy as np, xarray as xr, xstencil
+    >>> da = xr.DataArray(np.arange(3, dtype=np.float32), dims="x",
+    ...                   coords={"x": [0, 1, 2]}, name="u")
+    >>> out = jax.jit(lambda d: d.stencil.map(lambda u: u(x=1), boundary="periodic"))(da)
+    >>> out.name, out.dims, out.values
+    ('u', ('x',), array([1., 2., 0.], dtype=float32))
+    >>> g = jax.grad(lambda d: (d ** 2).sum().data)(da)
+    >>> g.values
+    array([0., 2., 4.], dtype=float32)
+    """
     for cls, flat, unflat in ((xr.DataArray, flatten_dataarray, unflatten_dataarray),
                               (xr.Dataset, flatten_dataset, unflatten_dataset)):
         state = _registered_by_us(cls)
