@@ -26,8 +26,8 @@ def results() -> dict[str, str]:
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
-                          env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-W", "error", str(SCRIPT)], capture_output=True,
+                          text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

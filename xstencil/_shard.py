@@ -304,9 +304,9 @@ def map_sharded(plan: Plan, f: Any, kernels: Sequence[Callable[..., Any]], args:
                 masks: Sequence[np.ndarray] = ()) -> Any:
     """Run a map (or mesh map) under ``shard_map``; the output keeps the
     input's sharding."""
-    fn, inputs, wide = _prepared(plan, f, kernels, args, kwargs, period, mesh, owner, regions,
-                                 masks)
-    with precision(*wide):
+    with precision(f.arrays, args, kwargs):
+        fn, inputs, _ = _prepared(plan, f, kernels, args, kwargs, period, mesh, owner, regions,
+                                  masks)
         return fn(*inputs)
 
 
@@ -328,9 +328,9 @@ def sharded_hlo(obj: Any, kernel: Callable[..., Any], *args: Any, mesh: Any = No
                    boundary=opts.get("boundary", "fill"), fill_value=opts.get("fill_value"),
                    stride=opts.get("stride"), output_dims=opts.get("output_dims"), args=args,
                    kwargs=options)
-    fn, inputs, wide = _prepared(plan, f, [kernel], args, options, opts.get("period"), mesh,
-                                 kernel, None, ())
-    with precision(*wide):
+    with precision(f.arrays, args, options):
+        fn, inputs, _ = _prepared(plan, f, [kernel], args, options, opts.get("period"), mesh,
+                                  kernel, None, ())
         return fn.lower(*inputs).compile().as_text()
 
 
