@@ -52,15 +52,19 @@ def heat(u: Any) -> Any:
                                + u(time=-1, y=-1) - 4 * u(time=-1))
 
 
-def _median(f: Any, runs: int) -> float:
-    f()  # warm-up (compiles)
-    ts = []
+def _medians(fns: list[Any], runs: int) -> list[float]:
+    """Median wall time of each function, timed round-robin (run 1 of each, then
+    run 2 of each, ...) after one warm-up call each, so that drifting load from
+    other jobs hits every column alike and mostly cancels in the ratios."""
+    for f in fns:
+        f()  # warm-up (compiles)
+    ts: list[list[float]] = [[] for _ in fns]
     for _ in range(runs):
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return ts[len(ts) // 2]
+        for f, t in zip(fns, ts, strict=True):
+            t0 = time.perf_counter()
+            f()
+            t.append(time.perf_counter() - t0)
+    return [sorted(t)[len(t) // 2] for t in ts]
 
 
 # -- part 1: dask map -------------------------------------------------------------------
@@ -78,27 +82,29 @@ def dask_map(n: int, chunk: int, runs: int) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     host = rng.random((n, n), dtype=np.float32)
     mem = xr.DataArray(jax.device_put(host), dims=("y", "x"))
-    t_mem = _median(lambda: jax.block_until_ready(
-        mem.stencil.map(lap, boundary="periodic").data), runs)
-    _log(f"  in memory {n}²: {t_mem * 1e3:.1f} ms")
     lazy = xr.DataArray(host, dims=("y", "x")).chunk({"y": chunk, "x": chunk})
-    with dask.config.set(scheduler="threads"):
-        t_thr = _median(lambda: lazy.stencil.map(lap, boundary="periodic").compute(), runs)
-    _log(f"  dask threads: {t_thr * 1e3:.1f} ms")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, \
+                                  dashboard_address=":0") as cluster, \
             distributed.Client(cluster) as client:
-        on_workers = lazy.persist()
+        on_workers = client.persist(lazy)
         distributed.wait(on_workers)
 
-        def run() -> None:
-            out = on_workers.stencil.map(lap, boundary="periodic").persist()
+        def in_memory() -> None:
+            jax.block_until_ready(mem.stencil.map(lap, boundary="periodic").data)
+
+        def threads() -> None:
+            lazy.stencil.map(lap, boundary="periodic").compute(scheduler="threads")
+
+        def on_cluster() -> None:
+            out = client.persist(on_workers.stencil.map(lap, boundary="periodic"))
             distributed.wait(out)
             del out
 
-        t_clu = _median(run, runs)
+        t_mem, t_thr, t_clu = _medians([in_memory, threads, on_cluster], runs)
         compiles = client.run(xd.compile_count)
-    _log(f"  LocalCluster: {t_clu * 1e3:.1f} ms, compiles per worker {compiles}")
+    del dask
+    _log(f"  in memory {t_mem * 1e3:.1f} ms, threads {t_thr * 1e3:.1f} ms, LocalCluster "
+         f"{t_clu * 1e3:.1f} ms; compiles per worker {compiles}")
     return {"n": n, "chunk": chunk, "mem": t_mem, "threads": t_thr, "cluster": t_clu,
             "compiles": sorted(compiles.values()), "tasks": (n // chunk) ** 2}
 
@@ -128,23 +134,32 @@ def _scan_child(n: int, steps: int, runs: int) -> dict[str, Any]:
         return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
                    - m.alias_size_in_bytes)
 
-    rows = [{"name": "1 device, in-memory scan", "devices": 1, "K": None,
-             "t": _median(lambda: jax.block_until_ready(
-                 scan(u0, heat, dim="time", **kw).data), runs),
-             "mem": mem1(), "halo": 0, "exchanges": 0, "err": 0.0}]
-    for mesh, K, label in (({"y": "i"}, 1, "4 devices (4×1), K=1"),
-                           ({"y": "i"}, 4, "4 devices (4×1), K=4"),
-                           ({"y": "a", "x": "b"}, 4, "4 devices (2×2), K=4")):
+    configs = [(None, None, "1 device, in-memory scan"),
+               ({"y": "i"}, 1, "4 devices (4×1), K=1"),
+               ({"y": "i"}, 4, "4 devices (4×1), K=4"),
+               ({"y": "a", "x": "b"}, 4, "4 devices (2×2), K=4")]
+
+    def runner(mesh: Any, K: Any) -> Any:
+        if mesh is None:
+            return lambda: jax.block_until_ready(scan(u0, heat, dim="time", **kw).data)
+        return lambda: jax.block_until_ready(
+            scan_sharded(u0, heat, "time", mesh=mesh, halo_every=K, **kw).data)
+
+    times = _medians([runner(m, K) for m, K, _ in configs], runs)
+    rows = []
+    for (mesh, K, label), t in zip(configs, times, strict=True):
+        if mesh is None:
+            rows.append({"name": label, "devices": 1, "K": None, "t": t, "mem": mem1(),
+                         "halo": 0, "exchanges": 0, "err": 0.0})
+            continue
         out = np.asarray(scan_sharded(u0, heat, "time", mesh=mesh, halo_every=K, **kw).data)
         exe = scan_sharded(u0, heat, "time", mesh=mesh, halo_every=K, hlo="compiled", **kw)
         m = exe.memory_analysis()
         per_dev = int(m.argument_size_in_bytes + m.output_size_in_bytes
                       + m.temp_size_in_bytes - m.alias_size_in_bytes)
-        t = _median(lambda mesh=mesh, K=K: jax.block_until_ready(
-            scan_sharded(u0, heat, "time", mesh=mesh, halo_every=K, **kw).data), runs)
         # halo cells received per device per exchange: K rows (cols) on each side of
         # each sharded dim, along the local extent of the other dim (plus corners)
-        py = 4 if "y" in mesh and len(mesh) == 1 else 2
+        py = 4 if len(mesh) == 1 else 2
         px = 1 if len(mesh) == 1 else 2
         ly, lx = n // py, n // px
         cells = 2 * K * lx + (2 * K * (ly + 2 * K) if px > 1 else 0)

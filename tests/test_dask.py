@@ -147,7 +147,7 @@ def test_distributed_local_cluster():
     da = field(shape=(64, 64))
     refs = {m: da.stencil.map(lap, boundary=m) for m in ("periodic", "reflect")}
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None, worker_dashboard_address=None) \
+                                  dashboard_address=":0", worker_dashboard_address=":0") \
             as cluster, distributed.Client(cluster) as client:
         for m, ref in refs.items():
             out = da.chunk({"y": 16, "x": 16}).stencil.map(lap, boundary=m)
