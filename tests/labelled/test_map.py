@@ -435,3 +435,12 @@ def test_fast_path_inside_and_outside_jit():
     again = da.stencil.map(ddx, boundary="periodic")
     np.testing.assert_allclose(inside.values, outside.values, rtol=1e-6)
     xr.testing.assert_identical(again, outside)
+
+
+@pytest.mark.parametrize("boundary", ["fill", "extend", "periodic", "reflect", "symmetric"])
+def test_window_wider_than_the_dim_when_the_boundary_pads(boundary):
+    da = xr.DataArray(np.arange(4.0), dims="x")
+    out = da.stencil.map(box_sum, window={"x": 9}, boundary=boundary, fill_value=-1.0)
+    ref, _ = ref_map(da.values, ("x",), box_sum, window={"x": 9}, boundary=boundary,
+                     fill_value=-1.0)
+    np.testing.assert_allclose(out.values, ref)
