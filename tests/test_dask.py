@@ -233,3 +233,16 @@ def test_scan_is_lazy_and_rejects_chunked_scan_dim():
         scan_dask(traj, heat, "time")
     with pytest.raises(XStencilError, match=r"halo of 8 that halo_every=8"):
         scan_dask(u0.chunk({"x": 5}), heat, "time", steps=8, halo_every=8)
+
+
+def test_scale_out_dispatch():
+    from xstencil._blockscan import scale_out
+
+    u0 = field(shape=(20, 30))
+    kw = dict(steps=4, boundary="periodic", save_every=2)
+    assert scale_out(u0, heat, "time", (), kw) is None  # in memory: the caller scans
+    out = scale_out(u0.chunk({"x": 10}), heat, "time", (), kw)
+    assert isinstance(out.data, dsa.Array)
+    same(out.compute(), memory_scan(u0, heat, dim="time", **kw), rtol=1e-5)
+    with pytest.raises(XStencilError, match=r"\['progress'\] are not available"):
+        scale_out(u0.chunk({"x": 10}), heat, "time", (), dict(kw, progress=True))
