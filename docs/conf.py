@@ -72,6 +72,9 @@ sphinx_gallery_conf = {
     "filename_pattern": r"/plot_",
     "plot_gallery": os.environ.get("XSTENCIL_DOCS_NO_GALLERY", "") in ("", "0"),
     "abort_on_example_error": True,
+    # always rerun: the cache is keyed on the script, not on XSTENCIL_GALLERY_SMALL,
+    # so a small test build would otherwise leave small figures for the real one
+    "run_stale_examples": True,
     "only_warn_on_example_error": False,
     "remove_config_comments": True,
     "within_subsection_order": "FileNameSortKey",

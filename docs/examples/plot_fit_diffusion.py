@@ -21,11 +21,11 @@ import xarray as xr
 import xstencil  # noqa: F401
 
 SMALL = os.environ.get("XSTENCIL_GALLERY_SMALL", "") not in ("", "0")
-n = 32 if SMALL else 100
+n = 32 if SMALL else 64
 x = np.linspace(0.0, 1.0, n)
 dx = float(x[1] - x[0])
 dt = 0.2 * dx**2  # stable for kappa < 2.5
-steps = int(0.02 / dt)
+steps = int(0.008 / dt)
 
 T0 = xr.DataArray(
     (np.exp(-((x - 0.3) / 0.05) ** 2) + 0.5 * np.exp(-((x - 0.7) / 0.08) ** 2)).astype(
@@ -58,13 +58,13 @@ def loss(kappa):
 
 # %%
 # Gradient descent on ``log(kappa)``, so that kappa stays positive.
-value_and_grad = jax.value_and_grad(lambda logk: loss(jnp.exp(logk)))
+value_and_grad = jax.jit(jax.value_and_grad(lambda logk: loss(jnp.exp(logk))))
 logk = jnp.log(jnp.float32(0.2))
 history = []
-for _ in range(15 if SMALL else 40):
+for _ in range(15 if SMALL else 30):
     value, grad = value_and_grad(logk)
     history.append((float(jnp.exp(logk)), float(value)))
-    logk = logk - 2e2 * grad
+    logk = logk - 40.0 * grad
 kappa_fit = float(jnp.exp(logk))
 print(f"true kappa {true_kappa}, fitted {kappa_fit:.4f}")
 

@@ -13,7 +13,6 @@ generations.
 import os
 
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 import xarray as xr
 
@@ -40,7 +39,7 @@ def life(u):
     return jnp.where(born_or_kept, 1, 0).astype(alive.dtype)
 
 
-steps = 40 if SMALL else 150
+steps = 40 if SMALL else 120
 gens = life0.stencil.scan(life, dim="generation", steps=steps, boundary="fill",
                           fill_value=0, save_every=steps // 4)
 print(gens.dtype, gens.sum(("row", "col")).values)
@@ -50,4 +49,3 @@ print(gens.dtype, gens.sum(("row", "col")).values)
 gens["generation"] = np.round(gens.generation).astype(int)
 g = gens.plot(col="generation", cmap="binary", add_colorbar=False, size=2.6,
               aspect=nx / ny, yincrease=False)
-plt.gcf().suptitle("Gosper glider gun", y=1.1)

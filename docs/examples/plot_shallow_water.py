@@ -97,11 +97,11 @@ snap["time"] = snap.time.round(1)
 fg = snap.plot(col="time", cmap="RdBu_r", vmin=-0.6, vmax=0.6, size=3, aspect=1)
 for ax in fg.axs.flat:
     ax.set_aspect("equal")
-plt.gcf().suptitle("Geostrophic adjustment: surface height h", y=1.1)
 
-mass = traj.h.as_numpy().sum(("x", "y")) * dx**2
-drift = (mass - float(h0.sum()) * dx**2) / (float(h0.sum()) * dx**2)
-drift.attrs["long_name"] = "relative mass drift"
+mass = traj.h.as_numpy().astype("float64").sum(("x", "y")) * dx**2
+drift = mass / mass[0] - 1
+drift.attrs["long_name"] = "relative change of total mass"
 plt.figure(figsize=(6, 3), layout="constrained")
 drift.plot(marker=".")
-plt.title("total mass")
+plt.gca().ticklabel_format(axis="y", useOffset=False, style="sci", scilimits=(0, 0))
+plt.title(f"total mass: max relative change {float(abs(drift).max()):.1e}")

@@ -10,7 +10,6 @@ The second slice comes from a Taylor step computed with ``stencil.map``.
 
 import os
 
-import matplotlib.pyplot as plt
 import numpy as np
 import xarray as xr
 
@@ -63,4 +62,3 @@ snaps["time"] = snaps.time.round(2)
 g = snaps.plot(col="time", cmap="RdBu_r", vmin=-0.3, vmax=0.3, size=3, aspect=1)
 for ax in g.axs.flat:
     ax.set_aspect("equal")
-plt.gcf().suptitle("2-D wave equation, periodic in x and y", y=1.1)
