@@ -462,8 +462,12 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
                  for d, c in zip(spatial.coord_dims, coords, strict=True)]
         lcalls = [_labelled_call(plan, kernel_caller(plan, k, static), dim, names)
                   for k in kernels]
-        reads, t_used = time_reads(lcalls, variables, slab_avals, extra, sub, t_ax,
-                                   tcoord, udyn, loop)
+        shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in udyn)
+        reads, t_used = compiled(owner, ("reads", plan, static, loop, tuple(evolving),
+                                         tuple(names or ()), tcoord is None, shapes,
+                                         tuple(kernels)),
+                                 lambda: time_reads(lcalls, variables, slab_avals, extra, sub,
+                                                    t_ax, tcoord, udyn, loop))
         if s.grown:
             ahead = sorted({(plan.var_names or ("u",))[v] for v, off in reads
                             if off >= 0 and variables[v].state is not None})
