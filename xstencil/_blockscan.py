@@ -247,44 +247,61 @@ def padded_coords(spec: ScanSpec, obj: xr.DataArray, width: Sequence[tuple[int, 
     return out
 
 
-def run_steps(spec: ScanSpec, kernel: Callable[..., Any], static: Any, n: int, hist: Any,
-              inp: Any, coords: Sequence[Any], dyn: Any, modes: Sequence[str],
-              repad: Callable[[Any], Any] | None = None) -> Any:
-    """Advance ``hist`` (the last ``k`` slabs, shape ``(k, *block)``) by ``n``
-    steps.  ``inp`` holds the input slabs ``[t, t + n + ahead)`` (``None`` when
+def run_steps(spec: ScanSpec, kernel: Callable[..., Any], static: Any, n: int,
+              hist: tuple[Any, ...], inp: Any, coords: Sequence[Any], dyn: Any,
+              modes: Sequence[str], repad: Callable[[Any], Any] | None = None
+              ) -> tuple[Any, ...]:
+    """Advance ``hist`` (the last ``k`` slabs, oldest first) by ``n`` steps.
+    ``inp`` holds the input slabs ``[t, t + n + ahead)`` (``None`` when
     growing: reads at offsets >= 0 then see the latest slab).  ``modes`` is
     the virtual padding per spatial axis; ``coords`` the spatial coordinates
     with ``pad_lo``/``pad_hi`` extra cells; ``repad`` rebuilds a new slab's
-    outer halo (sharded edge devices)."""
+    outer halo (sharded edge devices).
+
+    Each time offset is its own spatial :class:`Source`, and the kernel's time
+    window is stacked from their cells (a structural operation the lowering
+    removes), so no slab is copied to build a window.
+    """
     from xstencil._labelled.core import kernel_caller
 
     plan, k, ahead = spec.plan, spec.k, spec.ahead
     call = kernel_caller(plan, kernel, static)
-    block = hist.shape[1:]
-    wset = tuple(plan.axis(d) for d in plan.window_dims)
+    width = k + 1 + ahead
+    block = hist[0].shape
+    space = tuple(range(len(block)))  # the step's field: the spatial axes only
+    wset = tuple(plan.axis(d) - 1 for d in plan.window_dims if d != spec.dim)
     fill = 0 if plan.fill_value is None else plan.fill_value
-    pads = ((0, 0),) + tuple((s.pad_lo, s.pad_hi) for s in plan.specs[1:])
-    vmodes = ("fill",) + tuple(modes)
-    geom = [AxisGeom(0, 1, 1, k + 1 + ahead)] + [
-        AxisGeom(0, 1, nb, s.size) for nb, s in zip(block, plan.specs[1:], strict=True)]
-    csrc = [Source(c, (plan.axis(d),), (plan.axis(d),))
+    pads = tuple((s.pad_lo, s.pad_hi) for s in plan.specs[1:])
+    geom = [AxisGeom(0, 1, nb, s.size) for nb, s in zip(block, plan.specs[1:], strict=True)]
+    csrc = [Source(c, (plan.axis(d) - 1,), (plan.axis(d) - 1,))
             for d, c in zip(plan.coord_dims, coords, strict=True)]
+    nsrc = k if inp is None else width  # growing: the latest slab stands for offsets >= 0
 
-    def step(i: Any, hist: Any) -> Any:
+    def stacked(cells: Sequence[Any], dyn: Any) -> Any:
+        time_cells = list(cells[:nsrc]) + [cells[k - 1]] * (width - nsrc)
+        win = lax.concatenate([lax.expand_dims(c, (0,)) for c in time_cells], 0)
+        return call([win] + list(cells[nsrc:]), dyn)
+
+    def source(x: Any) -> Source:
+        # inside a loop, one explicitly padded slab beats the interior/shell split,
+        # whose dynamic-update-slices force copies of the loop carry
+        if any(lo or hi for lo, hi in pads):
+            x = lax.optimization_barrier(pad(x, pads, modes, fill))
+        return Source(x, space, wset)
+
+    def step(i: Any, hist: tuple[Any, ...]) -> tuple[Any, ...]:
         if inp is None:
-            now = jnp.broadcast_to(hist[-1:], (1 + ahead,) + block)
+            now = []
         else:
-            now = lax.dynamic_slice_in_dim(inp, i, 1 + ahead, axis=0)
-        win = jnp.concatenate([hist, now.astype(hist.dtype)], axis=0)
-        src = Source(win, tuple(range(win.ndim)), wset, pads, vmodes, fill)
-        new = evaluate(call, [src] + csrc, geom, dyn)[0].astype(hist.dtype)
+            now = [lax.dynamic_index_in_dim(inp, i + j, axis=0, keepdims=False)
+                   for j in range(1 + ahead)]
+        srcs = [source(x) for x in list(hist) + now]
+        new = evaluate(stacked, srcs + csrc, geom, dyn).astype(hist[0].dtype)
         if repad is not None:
             new = repad(new)
-        return jnp.concatenate([hist[1:], new[None]], axis=0)
+        return hist[1:] + (new,)
 
-    if n == 1:
-        return step(0, hist)
-    return lax.fori_loop(0, n, step, hist)
+    return step(0, tuple(hist)) if n == 1 else lax.fori_loop(0, n, step, tuple(hist))
 
 
 def time_padded(spec: ScanSpec, data: Any) -> Any:

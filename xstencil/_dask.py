@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from xstencil._engine.boundary import pad
@@ -449,9 +450,10 @@ class BlockScan:
 
         def run(hist: Any, inp: Any, coords: Any, dyn: Any) -> Any:
             _traces[0] += 1
-            new = run_steps(spec, kernel, static, n, hist, inp, coords, dyn, modes)
+            new = run_steps(spec, kernel, static, n, tuple(hist[j] for j in range(spec.k)),
+                            inp, coords, dyn, modes)
             idx = (slice(None),) + tuple(slice(a, a + m) for a, m in cores)
-            return new[idx]
+            return jnp.stack(new)[idx]
 
         return jax.jit(run)
 

@@ -355,14 +355,22 @@ def _repad(new: Any, axis: int, name: str, p: int, lo: int, hi: int, mode: str,
     widths = [(0, 0)] * new.ndim
     modes = ["fill"] * new.ndim
     modes[axis] = mode
+    # the outer w cells depend only on the w + 1 cells next to them, so only those
+    # are padded and only the halo slab is written back
     if lo:
         widths[axis] = (lo, 0)
-        padded = pad(lax.slice_in_dim(new, lo, n, axis=axis), widths, modes, fill)
-        new = jnp.where(idx == 0, padded, new)
+        inner = lax.slice_in_dim(new, lo, min(n, 2 * lo + 1), axis=axis)
+        edge = lax.slice_in_dim(pad(inner, widths, modes, fill), 0, lo, axis=axis)
+        old = lax.slice_in_dim(new, 0, lo, axis=axis)
+        new = lax.dynamic_update_slice_in_dim(new, jnp.where(idx == 0, edge, old), 0, axis)
     if hi:
         widths[axis] = (0, hi)
-        padded = pad(lax.slice_in_dim(new, 0, n - hi, axis=axis), widths, modes, fill)
-        new = jnp.where(idx == p - 1, padded, new)
+        inner = lax.slice_in_dim(new, max(0, n - 2 * hi - 1), n - hi, axis=axis)
+        m = inner.shape[axis]
+        edge = lax.slice_in_dim(pad(inner, widths, modes, fill), m, m + hi, axis=axis)
+        old = lax.slice_in_dim(new, n - hi, n, axis=axis)
+        new = lax.dynamic_update_slice_in_dim(new, jnp.where(idx == p - 1, edge, old), n - hi,
+                                              axis)
     return new
 
 
@@ -476,13 +484,14 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
             return new
 
         def block(hist: Any, inp: Any, t: Any, n: int, coords: Any, dyn: Any) -> Any:
-            ext = [hist]
+            # hist: a tuple of k slabs; inp: (time, *space)
+            ext = list(hist)
             if inp is not None:
                 ext.append(lax.dynamic_slice_in_dim(inp, t, n + ahead, axis=0))
             for a in split:
                 s = plan.specs[a]
-                ext = [exchange(e, a, lay.names[a], lay.size(a), *deep[a], s.mode, fill)
-                       for e in ext]
+                ext = [exchange(e, a - 1 if j < k else a, lay.names[a], lay.size(a), *deep[a],
+                                s.mode, fill) for j, e in enumerate(ext)]
             cs = []
             for d, c in zip(plan.coord_dims, coords, strict=True):
                 a = plan.axis(d)
@@ -491,10 +500,12 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
                     c = lax.dynamic_slice_in_dim(c, lax.axis_index(lay.names[a]) * local[a],
                                                  size)
                 cs.append(c)
-            new = run_steps(spec, kernel, static, n, ext[0], None if inp is None else ext[1],
-                            cs, dyn, modes, repad if split else None)
+            new = run_steps(spec, kernel, static, n, tuple(ext[:k]),
+                            None if inp is None else ext[k], cs, dyn, modes,
+                            repad if split else None)
             for a in split:
-                new = lax.slice_in_dim(new, deep[a][0], deep[a][0] + local[a], axis=a)
+                new = tuple(lax.slice_in_dim(x, deep[a][0], deep[a][0] + local[a], axis=a - 1)
+                            for x in new)
             return new
 
         def body(hist0: Any, inp: Any, coords: Any, dyn: Any) -> Any:
@@ -508,7 +519,8 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
                     hist, t = block(hist, inp, t, r, coords, dyn), t + r
                 return (hist, t), hist[-1]
 
-            _, saved = lax.scan(one_save, (hist0, jnp.asarray(k, jnp.int32)), None,
+            start = tuple(hist0[j] for j in range(k))
+            _, saved = lax.scan(one_save, (start, jnp.asarray(k, jnp.int32)), None,
                                 length=spec.nsave)
             if every == 0:
                 return saved[-1]
