@@ -418,7 +418,8 @@ def run_loop(step: Callable[[Any, Any], tuple[Any, ...]], init: Sequence[Sequenc
     ``loop.every == 0``), and the first position where a non-finite value
     appeared (-1 if none, or if ``check_finite`` is off).  ``progress`` is
     ``(callback, token)``: ``callback(token, done)`` is called from inside the
-    loop every ``loop.progress_every`` steps.
+    loop about every ``loop.progress_every`` steps (after each chunk of that
+    many steps, or after the save group that completes it).
     """
     hist0 = tuple(tuple(h) for h in init)
     bad0 = jnp.asarray(-1, jnp.int32) if loop.check_finite else None
@@ -434,25 +435,31 @@ def run_loop(step: Callable[[Any, Any], tuple[Any, ...]], init: Sequence[Sequenc
                 if jnp.issubdtype(n.dtype, jnp.inexact):
                     ok = ok & jnp.all(jnp.isfinite(n))
             bad = jnp.where((bad < 0) & ~ok, t.astype(jnp.int32), bad)
-        _report(t)
         return _shift(hist, new), bad
 
     def _one(t: Any, hist: Any) -> Any:
-        new = step(t, hist)
-        _report(t)
-        return _shift(hist, new)
+        return _shift(hist, step(t, hist))
 
-    def _report(t: Any) -> None:
-        if progress is not None and loop.progress_every:
-            done = t - loop.start + 1
-            callback, token = progress
-            lax.cond(done % loop.progress_every == 0,
-                     lambda: jax.debug.callback(callback, token, done),
-                     lambda: None)
+    chunk = loop.progress_every if progress is not None else 0
+
+    def report(done: Any) -> None:
+        callback, token = progress
+        jax.debug.callback(callback, token, done)
 
     def advance(carry: Any, t0: Any, n: int) -> Any:
         if n == 0:
             return carry
+        if chunk and n >= chunk and not loop.checkpoint:
+            # chunks of steps, one progress callback after each: no per-step branch
+            nc, rem = divmod(n, chunk)
+
+            def part(j: Any, c: Any) -> Any:
+                c = lax.fori_loop(0, chunk, lambda i, c: one(t0 + j * chunk + i, c), c)
+                report(t0 + (j + 1) * chunk - loop.start)
+                return c
+
+            carry = lax.fori_loop(0, nc, part, carry)
+            return lax.fori_loop(0, rem, lambda i, c: one(t0 + nc * chunk + i, c), carry)
         if not loop.checkpoint or n < 4:
             return lax.fori_loop(0, n, lambda i, c: one(t0 + i, c), carry)
         b = math.isqrt(n)
@@ -471,8 +478,12 @@ def run_loop(step: Callable[[Any, Any], tuple[Any, ...]], init: Sequence[Sequenc
         return tuple(h[-1][None] for h in hist), _bad(bad)
     every = loop.every
 
+    per = max(1, chunk // every) if chunk and every < chunk else 0  # groups per report
+
     def group(carry: Any, j: Any) -> Any:
         carry = advance(carry, loop.start + j * every, every)
+        if per:
+            lax.cond((j + 1) % per == 0, lambda: report((j + 1) * every), lambda: None)
         return carry, tuple(h[-1] for h in carry[0])
 
     if loop.checkpoint and every > 1:
