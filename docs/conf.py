@@ -136,7 +136,9 @@ def markdown_to_rst(md: str) -> str:
             out.append("")
             continue
         m = re.match(r"^(#+)\s+(.*)$", line)
-        if m:
+        if re.fullmatch(r"\s*<!--.*-->\s*", line):
+            pass  # section markers of the benchmark scripts
+        elif m:
             out += ["", f".. rubric:: {_inline(m.group(2))}", ""]
         elif line.startswith("```"):
             out += ["", "::", ""]
