@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import xstencil
 
@@ -350,3 +352,27 @@ def test_scan_inside_jit(x64):
 
     np.testing.assert_allclose(f(da.data), da.stencil.scan(heat, dim="time", steps=4,
                                                            boundary="periodic").values)
+
+
+def _lin(u, a, b, c):
+    return a * u(time=-1, x=-1) + b * u(time=-1) + c * u(time=-1, x=1)
+
+
+@settings(max_examples=15, deadline=None)
+@given(mode=st.sampled_from(sorted(NP_MODES)),
+       coef=st.tuples(*[st.floats(-1, 1, allow_nan=False)] * 3),
+       seed=st.integers(0, 2**16))
+def test_property_linear_scan_matches_numpy(mode, coef, seed):
+    import jax
+
+    with jax.enable_x64(True):
+        u0 = np.random.default_rng(seed).standard_normal(8)
+        a, b, c = (np.float64(v) for v in coef)
+        out = xr.DataArray(u0, dims="x").stencil.scan(_lin, "time", a, b, c, steps=4,
+                                                      boundary=mode, fill_value=0.5)
+        ref = [u0]
+        for _ in range(4):
+            kw = {"constant_values": 0.5} if mode == "fill" else {}
+            q = np.pad(ref[-1], 1, mode=NP_MODES[mode], **kw)
+            ref.append(a * q[:-2] + b * q[1:-1] + c * q[2:])
+        np.testing.assert_allclose(out.values, np.stack(ref), rtol=1e-12, atol=1e-12)

@@ -190,3 +190,10 @@ def test_progress_with_step_function(capsys):
     u0 = xr.DataArray(np.ones(4, np.float32), dims="x")
     xstencil.scan(u0, step=lambda s: s * 0.5, steps=3, progress=True)
     assert "3/3" in capsys.readouterr().err
+
+
+def test_check_finite_in_step_function(x64):
+    u0 = xr.DataArray(np.ones(4), dims="x")
+    with pytest.raises(xstencil.XStencilError, match=r"first appeared at position 2 along "
+                                                     r"'time' \(time=2\)"):
+        xstencil.scan(u0, step=lambda s: s * 1e200, steps=5, check_finite=True)
