@@ -419,6 +419,23 @@ def test_option_errors_do_not_call_the_kernel(options: dict[str, Any]) -> None:
     assert calls == []
 
 
+@pytest.mark.parametrize("options", BAD_OPTIONS[:-1] + [
+    pytest.param({"save_every": 0}, id="save_every"),
+    pytest.param({"steps": -1}, id="steps"),
+    pytest.param({"dt": 1.0, "coord": [0.0, 1.0, 2.0, 3.0, 4.0]}, id="dt-and-coord"),
+])
+def test_scan_option_errors_do_not_call_the_kernel(options: dict[str, Any]) -> None:
+    calls = []
+
+    def kernel(u: Any) -> Any:
+        calls.append(1)
+        return u(time=-1) + 0.1 * u(time=-1, x=1)
+
+    with pytest.raises(XStencilError, match=E(S)):
+        U0.stencil.scan(kernel, **{"dim": "time", "steps": 4, **options})
+    assert calls == []
+
+
 @pytest.mark.parametrize("options", [
     pytest.param({"boundary": "wrap"}, id="boundary"),
     pytest.param({"strides": (0,)}, id="strides"),
