@@ -83,3 +83,13 @@ def test_bench_without_a_checkout_says_so(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert cli.main(["bench"]) == 2
     err = capsys.readouterr().err
     assert "not with the wheel" in err and "clone the repository" in err
+
+
+def test_demo_names_missing_extras(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "h5netcdf" else real(name, *a))
+    with pytest.raises(SystemExit, match=r"needs h5netcdf; install them with pip install"):
+        cli.main(["demo", "--out", str(tmp_path)])

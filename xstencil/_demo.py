@@ -14,6 +14,7 @@ Writes ``heat.nc`` (every saved snapshot, via h5netcdf) and ``heat.png``
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,6 +221,12 @@ def main(args: argparse.Namespace) -> int:
     """Entry point for ``python -m xstencil demo``."""
     if args.steps < 2 or args.size < 8:
         raise SystemExit("xstencil demo: --steps must be >= 2 and --size >= 8")
+    needed = ["h5netcdf", "h5py"] + ([] if args.no_plot else ["matplotlib"])
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(f"xstencil demo: needs {', '.join(missing)}; install them with "
+                         f"pip install \"xstencil[demo]\" (or pip install -e \".[demo]\" in a "
+                         f"clone){'' if args.no_plot else ', or pass --no-plot to skip the PNG'}")
     res = run_demo(args.out, args.steps, args.size, make_plot=not args.no_plot,
                    progress=not args.no_progress)
     print(summary(res, args.steps, args.size))
