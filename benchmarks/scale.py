@@ -86,7 +86,12 @@ def dask_map(n: int, chunk: int, runs: int) -> dict[str, Any]:
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=":0") as cluster, \
             distributed.Client(cluster) as client:
-        on_workers = client.persist(lazy)
+        # generated on the workers (same shape and chunks), not shipped from here
+        import dask.array as dsa
+
+        gen = dsa.random.default_rng(0).random((n, n), dtype=np.float32,
+                                               chunks=(chunk, chunk))
+        on_workers = client.persist(xr.DataArray(gen, dims=("y", "x")))
         distributed.wait(on_workers)
 
         def in_memory() -> None:
