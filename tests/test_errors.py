@@ -183,6 +183,9 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("map-misspelled-option", lambda: DA.stencil.map(lap, bondary="periodic"), XStencilError,
      E(f"{M}: unknown keyword bondary='periodic': extra keywords are passed to the kernel, "
        "and kernel 'lap' does not take 'bondary'; did you mean boundary=...?")),
+    ("map-misspelled-option-explicit-window",
+     lambda: DA.stencil.map(lap, window={"x": 3}, fill_vale=0.0), XStencilError,
+     E(f"{M}: unknown keyword fill_vale=0.0") + ".*did you mean fill_value="),
     ("map-kernex-spelling", lambda: DA.stencil.map(lap, strides={"x": 2}), XStencilError,
      E(f"{M}: unknown keyword strides={{'x': 2}}") + ".*did you mean stride="),
     # -- Dataset ----------------------------------------------------------------

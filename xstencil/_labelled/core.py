@@ -19,7 +19,14 @@ from xstencil._engine.lower import Source
 from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.coords import numeric_coord, pad_coord
-from xstencil._labelled.plan import Plan, check_options, infer_window, make_plan, with_call
+from xstencil._labelled.plan import (
+    Plan,
+    check_options,
+    infer_window,
+    make_plan,
+    unknown_keyword,
+    with_call,
+)
 from xstencil._labelled.plan import _window as parse_window
 
 __all__ = ["Fields", "unwrap", "prepare", "kernel_caller", "identity_caller", "rewrap",
@@ -240,6 +247,9 @@ def kernel_caller(plan: Plan, kernel: Callable[..., Any], static: Any) -> Callab
         except (XStencilError, WindowIndexError) as e:
             raise with_call(plan.call, kernel, e) from None
         except Exception as e:
+            typo = unknown_keyword(plan.call, kernel, e, kw)
+            if typo is not None:
+                raise typo from e
             shape = {d: plan.specs[plan.axis(d)].size for d in plan.window_dims}
             raise KernelError(
                 f"{plan.call}: kernel {name!r} failed on a window {shape} "
