@@ -185,6 +185,23 @@ def check_scan_hlo():
     assert "collective-permute" in hlo and "all-gather" not in hlo
 
 
+def check_scan_coords():
+    from xstencil._labelled.scan import scan
+    from xstencil._shard import scan_sharded
+
+    u0 = field(np.float64).assign_coords(x=np.linspace(0.0, 1.0, 48) ** 2)
+
+    def k(u):
+        x = u.coord("x")
+        return (u(time=-1) + 1e-3 * (u(time=-1, x=1) - u(time=-1, x=-1)) / (x(x=1) - x(x=-1))
+                + 0.01 * u(time=-1, y=1) * u.coord("y")())
+
+    for mode, mesh, steps in (("periodic", {"x": "i"}, 2), ("reflect", {"y": "a", "x": "b"}, 3)):
+        kw = dict(steps=6, boundary=mode, period={"x": 1.5})
+        same(scan_sharded(u0, k, "time", mesh=mesh, halo_every=steps, **kw),
+             scan(u0, k, dim="time", **kw), rtol=1e-12)
+
+
 def check_scan_trajectory_last_float64():
     from xstencil._labelled.scan import scan
     from xstencil._shard import scan_sharded

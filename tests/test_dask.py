@@ -215,6 +215,22 @@ def test_scan_trajectory_reads_input_and_float64():
                                      boundary="reflect"), rtol=1e-12)
 
 
+def test_scan_coords_per_block():
+    from xstencil._dask import scan_dask
+
+    u0 = field(np.float64, shape=(20, 30)).assign_coords(x=np.linspace(0.0, 1.0, 30) ** 2)
+
+    def k(u):
+        x = u.coord("x")
+        return (u(time=-1) + 1e-3 * (u(time=-1, x=1) - u(time=-1, x=-1)) / (x(x=1) - x(x=-1))
+                + 0.01 * u(time=-1, y=1) * u.coord("y")())
+
+    for mode in ("periodic", "reflect"):
+        kw = dict(steps=6, boundary=mode, period={"x": 1.5})
+        out = scan_dask(u0.chunk({"y": 7, "x": 10}), k, "time", halo_every=3, **kw)
+        same(out.compute(), memory_scan(u0, k, dim="time", **kw), rtol=1e-12)
+
+
 def test_scan_is_lazy_and_rejects_chunked_scan_dim():
     from xstencil._dask import scan_dask
 
