@@ -157,6 +157,24 @@ def _named(call: str, named_axis: Any, ndim: int) -> tuple[str | None, ...]:
     return tuple(names)
 
 
+def _index_text(index: Any, bare: bool = False) -> str:
+    """A mesh index as the user wrote it: ``1:``, ``0, ::2``, ``...``."""
+    def one(i: Any) -> str:
+        if isinstance(i, slice):
+            text = ":".join("" if v is None else repr(v) for v in (i.start, i.stop))
+            return text + ("" if i.step is None else f":{i.step!r}")
+        if i is Ellipsis:
+            return "..."
+        if isinstance(i, np.ndarray | jax.Array):
+            return f"<{i.dtype} array of shape {tuple(i.shape)}>"
+        return repr(i)
+
+    if isinstance(index, tuple):
+        inner = ", ".join(one(i) for i in index)
+        return inner if bare else f"({inner},)" if len(index) == 1 else f"({inner})"
+    return one(index)
+
+
 # -- mesh regions ----------------------------------------------------------------
 
 def _region(call: str, index: Any, counts: tuple[int, ...]) -> Slab | Mask:
@@ -170,14 +188,14 @@ def _region(call: str, index: Any, counts: tuple[int, ...]) -> Slab | Mask:
         return Mask(index)
     items = index if isinstance(index, tuple) else (index,)
     if sum(i is Ellipsis for i in items) > 1:
-        raise XStencilError(f"{call}: mesh index {index!r} has more than one '...'")
-    if Ellipsis in items:
-        k = items.index(Ellipsis)
+        raise XStencilError(f"{call}: mesh index {_index_text(index)} has more than one '...'")
+    if any(i is Ellipsis for i in items):  # `in` would compare arrays elementwise
+        k = next(j for j, i in enumerate(items) if i is Ellipsis)
         items = items[:k] + (slice(None),) * (len(counts) - len(items) + 1) + items[k + 1:]
     if len(items) > len(counts):
         raise XStencilError(
-            f"{call}: mesh index {index!r} has {len(items)} entries but the output has "
-            f"{len(counts)} dims"
+            f"{call}: mesh index {_index_text(index)} has {len(items)} entries but the "
+            f"output has {len(counts)} dims"
         )
     items = items + (slice(None),) * (len(counts) - len(items))
     ranges = []
@@ -185,8 +203,8 @@ def _region(call: str, index: Any, counts: tuple[int, ...]) -> Slab | Mask:
         if isinstance(i, numbers.Integral) and not isinstance(i, bool):
             if not -n <= i < n:
                 raise XStencilError(
-                    f"{call}: mesh index {index!r} is out of range along axis {ax}, whose "
-                    f"output length is {n}"
+                    f"{call}: mesh index {_index_text(index)} is out of range along axis "
+                    f"{ax}, whose output length is {n}"
                 )
             j = int(i) % n
             ranges.append((j, j + 1, 1))
@@ -199,8 +217,8 @@ def _region(call: str, index: Any, counts: tuple[int, ...]) -> Slab | Mask:
                           if len(r) else (0, 0, 1))
         else:
             raise XStencilError(
-                f"{call}: mesh index {index!r} holds {i!r}; use ints, slices, '...' or a "
-                f"boolean array"
+                f"{call}: mesh index {_index_text(index)} holds {i!r}; use ints, slices, '...' "
+                f"or a boolean array"
             )
     return Slab(tuple(ranges))
 
@@ -233,8 +251,9 @@ class KernelMesh:
     def __setitem__(self, index: Any, func: Any) -> None:
         if not callable(func):
             raise XStencilError(
-                f"{self._call_name}: F[{index!r}] = {func!r:.60}: a mesh region takes a "
-                f"kernel function, such as F[{index!r}] = lambda x: x[0]"
+                f"{self._call_name}: F[{_index_text(index, bare=True)}] = {func!r:.60}: a mesh "
+                f"region takes a kernel function, such as "
+                f"F[{_index_text(index, bare=True)}] = lambda x: x[0]"
             )
         if self._func is not None:
             raise XStencilError(
