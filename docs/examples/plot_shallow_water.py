@@ -95,12 +95,13 @@ picks = np.linspace(0, traj.sizes["time"] - 1, 4).round().astype(int)
 snap = traj.h.isel(time=picks)
 snap["time"] = snap.time.round(1)
 fg = snap.plot(col="time", cmap="RdBu_r", vmin=-0.6, vmax=0.6, size=3, aspect=1)
-for ax in fg.axs.flat:
+for ax, t in zip(fg.axs.flat, snap.time.values, strict=True):
     ax.set_aspect("equal")
+    ax.set_title(f"t = {t:.1f} h")
 
 mass = traj.h.as_numpy().astype("float64").sum(("x", "y")) * dx**2
 drift = mass / mass[0] - 1
-drift.attrs["long_name"] = "relative change of total mass"
+drift.attrs = {"long_name": "relative change of total mass"}
 plt.figure(figsize=(6, 3), layout="constrained")
 drift.plot(marker=".")
 plt.gca().ticklabel_format(axis="y", useOffset=False, style="sci", scilimits=(0, 0))

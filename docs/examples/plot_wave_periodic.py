@@ -60,5 +60,6 @@ traj["time"].attrs["units"] = "s"
 snaps = traj.drop_isel(time=1)
 snaps["time"] = snaps.time.round(2)
 g = snaps.plot(col="time", cmap="RdBu_r", vmin=-0.3, vmax=0.3, size=3, aspect=1)
-for ax in g.axs.flat:
+for ax, t in zip(g.axs.flat, snaps.time.values, strict=True):
     ax.set_aspect("equal")
+    ax.set_title(f"t = {t:.2f} s")
