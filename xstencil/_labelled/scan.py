@@ -385,33 +385,6 @@ def _setup(call: str, obj: Any, kernels: Sequence[Any], o: _Opts, args: Any,
     return _Setup(plan, f, k, total, o.steps is not None, n0, evolving, tvals, tmode, obj)
 
 
-def _returned(call: str, s: _Setup, callers: Sequence[Any], slabs: Any, extra: Any,
-              geom: Any, tw: Any, udyn: Any) -> list[str] | None:
-    """The variable names a Dataset kernel returns (``None`` for a DataArray)."""
-    plan = s.plan
-    if plan.var_names is None:
-        return None
-    names: list[str] | None = None
-    for c in callers:
-        shapes = jax.eval_shape(lambda cells, d, c=c: c(cells, d), slabs + extra, (udyn, tw))
-        got = list(shapes) if isinstance(shapes, Mapping) else None
-        if got is None:
-            raise XStencilError(
-                f"{call}: a Dataset kernel must return a dict of the variables it advances, "
-                f"e.g. {{{plan.var_names[0]!r}: ...}}")
-        unknown = [n for n in got if n not in plan.var_names]
-        if unknown:
-            raise XStencilError(
-                f"{call}: the kernel returned {unknown!r}, which are not data variables; "
-                f"available are {plan.var_names!r}")
-        if names is not None and set(got) != set(names):
-            raise XStencilError(
-                f"{call}: the mesh kernels return different variables ({sorted(names)!r} and "
-                f"{sorted(got)!r}); every kernel must return the same ones")
-        names = got
-    return names
-
-
 def _engine_vars(s: _Setup, dim: str, evolving: Sequence[int]) -> list[Var]:
     plan = s.plan
     wset = set(plan.window_dims)
