@@ -195,3 +195,18 @@ def test_registration_is_idempotent():
 
     pytree.register()  # already ours: no warning (filterwarnings=error), no error
     assert pytree._registered_by_us(xr.DataArray) is True
+
+
+def test_unflatten_checks_shapes_and_copies_coordinates():
+    da = _da()
+    halved = jax.tree_util.tree_map(lambda a: a[:, :4], da.isel(y=slice(0, 2)).drop_vars("x"))
+    assert halved.shape == (2, 4)
+    with pytest.raises(ValueError, match=r"conflicting sizes|do not match|must have shape"):
+        jax.tree_util.tree_map(lambda a: a[:, :4], da)
+    out = jax.jit(lambda d: d * 2)(da)
+    out.coords["x"].attrs["units"] = "m"
+    out.attrs["new"] = 1
+    assert da.coords["x"].attrs == {} and "new" not in da.attrs
+    ds = _ds()
+    back = jax.jit(lambda d: d)(ds)
+    xr.testing.assert_identical(back, ds)

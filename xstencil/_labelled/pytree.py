@@ -60,18 +60,22 @@ class LabelledStatic:
     """The static part of a DataArray or Dataset: hashable and comparable, so
     it can be pytree auxiliary data (and a jit cache key).
 
-    ``__eq__`` compares dims, names and attrs by value and coords with
-    ``identical``; ``__hash__`` uses only dims, names and coord shapes.
+    ``__eq__`` compares dims, names and attrs by value and the coordinate
+    variables with ``identical`` (identity first, so the common case of the
+    same coordinates is cheap); ``__hash__`` uses only dims, names and coord
+    shapes.
     """
 
-    __slots__ = ("kind", "names", "dims", "attrs", "obj_attrs", "name", "coords", "_hash")
+    __slots__ = ("kind", "names", "dims", "attrs", "obj_attrs", "name", "coords", "indexes",
+                 "_hash")
 
     def __init__(self, kind: str, names: tuple[Hashable, ...], dims: tuple[tuple[Any, ...], ...],
                  attrs: tuple[dict[Any, Any], ...], obj_attrs: dict[Any, Any], name: Hashable,
-                 coords: xr.Coordinates):
+                 coords: dict[Hashable, xr.Variable], indexes: dict[Hashable, Any]):
         self.kind, self.names, self.dims, self.attrs = kind, names, dims, attrs
-        self.obj_attrs, self.name, self.coords = obj_attrs, name, coords
-        shapes = tuple((k, v.shape) for k, v in coords.variables.items())
+        self.obj_attrs, self.name = obj_attrs, name
+        self.coords, self.indexes = coords, indexes
+        shapes = tuple((k, v.dims, v.shape) for k, v in coords.items())
         self._hash = hash((kind, names, dims, name, shapes))
 
     def __hash__(self) -> int:
@@ -87,7 +91,9 @@ class LabelledStatic:
                 and _equal(self.name, other.name)
                 and _equal(self.obj_attrs, other.obj_attrs)
                 and all(_equal(a, b) for a, b in zip(self.attrs, other.attrs, strict=True))
-                and self.coords.to_dataset().identical(other.coords.to_dataset()))
+                and self.coords.keys() == other.coords.keys()
+                and all(v is other.coords[k] or v.identical(other.coords[k])
+                        for k, v in self.coords.items()))
 
     def __repr__(self) -> str:
         return f"LabelledStatic({self.kind}, dims={self.dims!r}, names={self.names!r})"
@@ -105,8 +111,8 @@ def _variable(leaf: Any, dims: tuple[Any, ...], attrs: dict[Any, Any]) -> xr.Var
         extra = np.ndim(leaf) - len(dims)
         if extra >= 0:
             names = tuple("batch" if i == 0 else f"batch_{i}" for i in range(extra))
-            return xr.Variable(names + tuple(dims), leaf, attrs)
-        return xr.Variable(tuple(dims)[-extra:], leaf, attrs)
+            return xr.Variable(names + tuple(dims), leaf, dict(attrs), fastpath=True)
+        return xr.Variable(tuple(dims)[-extra:], leaf, dict(attrs), fastpath=True)
     # not an array (a JAX placeholder, a ShapeDtypeStruct, ...): a stand-in of
     # the right shape if known, with the leaf kept for the next flatten
     shape = tuple(getattr(leaf, "shape", ()))
@@ -120,12 +126,19 @@ def _variable(leaf: Any, dims: tuple[Any, ...], attrs: dict[Any, Any]) -> xr.Var
     return xr.Variable(dims, stub, {**attrs, _LEAF: leaf})
 
 
-def _coords_for(coords: xr.Coordinates, dims: set[Any]) -> xr.Coordinates:
-    """``coords`` without the coordinates on dims that are gone (inside vmap)."""
-    drop = [k for k, v in coords.variables.items() if not set(v.dims) <= dims]
-    if not drop:
-        return coords
-    return coords.to_dataset().drop_vars(drop).coords
+def _coords_for(static: LabelledStatic, sizes: Mapping[Any, int]
+                ) -> tuple[dict[Hashable, xr.Variable], dict[Hashable, Any], bool]:
+    """Shallow copies of the coordinates that fit ``sizes`` (inside vmap, the
+    coordinates along the mapped dims are gone), their indexes, and whether
+    every kept coordinate agrees with ``sizes``."""
+    coords, consistent = {}, True
+    for k, v in static.coords.items():
+        if not set(v.dims) <= sizes.keys():
+            continue
+        consistent = consistent and all(sizes[d] == n for d, n in zip(v.dims, v.shape,
+                                                                      strict=True))
+        coords[k] = v.copy(deep=False)
+    return coords, {k: i for k, i in static.indexes.items() if k in coords}, consistent
 
 
 def _leaf(var: xr.Variable) -> tuple[Any, dict[Any, Any]]:
@@ -135,42 +148,66 @@ def _leaf(var: xr.Variable) -> tuple[Any, dict[Any, Any]]:
     return var.data, attrs
 
 
+def _static_coords(obj: xr.DataArray | xr.Dataset) -> tuple[dict[Hashable, xr.Variable],
+                                                            dict[Hashable, Any]]:
+    return dict(obj.coords.variables), dict(obj.xindexes)
+
+
 def flatten_dataarray(da: xr.DataArray) -> tuple[tuple[Any], LabelledStatic]:
     leaf, attrs = _leaf(da.variable)
     static = LabelledStatic("DataArray", (), (tuple(da.dims),), (attrs,), {}, da.name,
-                            da.coords.to_dataset().coords)
+                            *_static_coords(da))
     return (leaf,), static
 
 
 def unflatten_dataarray(static: LabelledStatic, leaves: Any) -> xr.DataArray:
     (leaf,) = leaves
     var = _variable(leaf, static.dims[0], static.attrs[0])
-    return xr.DataArray(var.data, dims=var.dims, coords=_coords_for(static.coords, set(var.dims)),
+    coords, indexes, consistent = _coords_for(static, dict(zip(var.dims, var.shape,
+                                                               strict=True)))
+    if consistent:
+        try:
+            return xr.DataArray._construct_direct(var, coords, static.name, indexes)
+        except (AttributeError, TypeError):  # xarray internals moved: the public way
+            pass
+    return xr.DataArray(var.data, dims=var.dims, coords=xr.Coordinates(coords, indexes),
                         attrs=var.attrs, name=static.name)
 
 
 def flatten_dataset(ds: xr.Dataset) -> tuple[tuple[Any, ...], LabelledStatic]:
     names = tuple(ds.data_vars)
-    leaves, attrs = [], []
+    leaves, attrs, dims = [], [], []
+    variables = ds.variables
     for n in names:
-        leaf, a = _leaf(ds[n].variable)
+        leaf, a = _leaf(variables[n])
         leaves.append(leaf)
         attrs.append(a)
-    dims = tuple(tuple(ds[n].dims) for n in names)
-    static = LabelledStatic("Dataset", names, dims, tuple(attrs), dict(ds.attrs), None,
-                            ds.coords.to_dataset().coords)
+        dims.append(tuple(variables[n].dims))
+    static = LabelledStatic("Dataset", names, tuple(dims), tuple(attrs), dict(ds.attrs), None,
+                            *_static_coords(ds))
     return tuple(leaves), static
 
 
 def unflatten_dataset(static: LabelledStatic, leaves: Any) -> xr.Dataset:
     variables = {n: _variable(leaf, d, a) for n, leaf, d, a in
                  zip(static.names, leaves, static.dims, static.attrs, strict=True)}
-    coords = static.coords
+    sizes: dict[Any, int] = {}
+    for v in variables.values():
+        sizes.update(zip(v.dims, v.shape, strict=True))
     gone = {d for v, dims in zip(variables.values(), static.dims, strict=True)
             for d in dims if d not in v.dims}
-    if gone:  # inside vmap: drop the coordinates along the mapped dims
-        coords = _coords_for(coords, set(coords.dims) - gone)
-    return xr.Dataset(variables, coords=coords, attrs=dict(static.obj_attrs))
+    for v in static.coords.values():  # dims that only coordinates have
+        if not set(v.dims) & gone:
+            sizes.update((d, n) for d, n in zip(v.dims, v.shape, strict=True) if d not in sizes)
+    coords, indexes, consistent = _coords_for(static, sizes)
+    if consistent:
+        try:
+            return xr.Dataset._construct_direct({**variables, **coords}, set(coords),
+                                                attrs=dict(static.obj_attrs), indexes=indexes)
+        except (AttributeError, TypeError, ValueError):  # the public way (and its errors)
+            pass
+    return xr.Dataset(variables, coords=xr.Coordinates(coords, indexes),
+                      attrs=dict(static.obj_attrs))
 
 
 def _registered_by_us(cls: type) -> bool | None:
