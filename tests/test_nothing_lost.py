@@ -69,6 +69,8 @@ CALLS: dict[str, Callable[[xr.DataArray], Any]] = {
         lambda u: (u(x=1) - u(x=-1)) / (u.coord("x")(x=1) - u.coord("x")(x=-1)),
         boundary="periodic"),
     "mesh": _mesh_map,
+    "scan": lambda da: da.stencil.scan(lambda u: 2 * u(y=-1) - u(y=-1, x=1), dim="y",
+                                       boundary={"x": "periodic"}),
     "dataset": lambda da: xr.Dataset({"u": da}).stencil.map(
         lambda s: {"u": s["u"](x=1)}, boundary="symmetric"),
 }
@@ -164,7 +166,7 @@ def test_dataset_metadata_survives() -> None:
 # -- precision ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128, np.int64, np.int16])
-@pytest.mark.parametrize("name", ["map-periodic", "mesh", "dataset"])
+@pytest.mark.parametrize("name", ["map-periodic", "mesh", "dataset", "scan"])
 def test_dtype_kept_and_x64_flag_not_leaked(name: str, dtype: Any) -> None:
     assert not jax.config.read("jax_enable_x64")  # the suite runs as users do
     da = (_field() * 10).astype(dtype)
