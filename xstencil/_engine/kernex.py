@@ -337,10 +337,8 @@ class KernelMesh:
             def kernel_call(cells: Sequence[Any], d: Any) -> Any:
                 a, kw = merge_static(d, static)
                 cell = cells[0]
-                if relative or any(n is not None for n in names):
-                    win: Any = Window(cell, names, centre, rolled=relative, label="x")
-                else:
-                    win = cell
+                win = Window(cell, names, centre, rolled=relative, absolute=not relative,
+                             label="x")
                 try:
                     out = func(win, *a, **kw)
                 except (XStencilError, WindowIndexError) as e:

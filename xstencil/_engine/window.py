@@ -62,6 +62,10 @@ class Window:
     rolled
         If true, the array view is rolled so that index 0 is the centre
         (kernex's ``relative=True``).
+    absolute
+        If true, integer indices address window cells from the window's first
+        cell (kernex's ``relative=False``); indices outside the window raise
+        instead of being clamped.
     field
         Every dim of the data mapped to the ``(lo, hi)`` reach of the window
         along it; dims of the data that this window lacks may be read at any
@@ -77,6 +81,7 @@ class Window:
         centre: tuple[int, ...],
         *,
         rolled: bool = False,
+        absolute: bool = False,
         field: tuple[tuple[str, tuple[int, int]], ...] = (),
         coords: dict[str, Window] | None = None,
         label: str = "window",
@@ -85,6 +90,7 @@ class Window:
         self._dims = tuple(dims)
         self._centre = tuple(centre)
         self._rolled = rolled
+        self._absolute = absolute
         self._field = tuple(field)
         self._coords = dict(coords or {})
         self._label = label
@@ -92,13 +98,14 @@ class Window:
     # -- pytree -------------------------------------------------------------
     def tree_flatten(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         return (self._data, self._coords), (
-            self._dims, self._centre, self._rolled, self._field, self._label)
+            self._dims, self._centre, self._rolled, self._absolute, self._field, self._label)
 
     @classmethod
     def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> Window:
-        dims, centre, rolled, field, label = aux
+        dims, centre, rolled, absolute, field, label = aux
         data, coords = children
-        return cls(data, dims, centre, rolled=rolled, field=field, coords=coords, label=label)
+        return cls(data, dims, centre, rolled=rolled, absolute=absolute, field=field,
+                   coords=coords, label=label)
 
     # -- array view ---------------------------------------------------------
     @property
@@ -245,11 +252,28 @@ class Window:
         items = key if isinstance(key, tuple) else (key,)
         if any(isinstance(k, str) for k in items):
             return self._cell(self._named_offsets(items))
+        if self._absolute:
+            self._check_absolute(items)
+            return self.array[key]
         if len(items) == self.ndim and all(
             isinstance(k, int) and not isinstance(k, bool) for k in items
         ):
             return self._cell(tuple(items))
         return self.array[key]
+
+    def _check_absolute(self, items: tuple[Any, ...]) -> None:
+        """Integer indices must lie inside the window (no clamping)."""
+        if any(k is None or k is Ellipsis for k in items):
+            return
+        for ax, k in enumerate(items[: self.ndim]):
+            if isinstance(k, int) and not isinstance(k, bool):
+                n = self.shape[ax]
+                if not -n <= k < n:
+                    raise WindowIndexError(
+                        f"{self._label}[{k}] along axis {ax} is outside the window of "
+                        f"{n} cells (indices {-n}..{n - 1}); widen kernel_size or read a "
+                        f"cell inside the window"
+                    )
 
     def _named_offsets(self, items: tuple[Any, ...]) -> tuple[int, ...]:
         if len(items) != self.ndim:
