@@ -26,13 +26,14 @@ _TOKENS = itertools.count(1)
 _LOCK = threading.Lock()
 
 
-#: A callback from compiled code costs about 150 µs on CPU; a chunk of steps
-#: between updates should do at least this many cell updates (~15 ms at
-#: ~1 ns each) so that updates stay well under 1% of the run time.
-CELLS_PER_UPDATE = 15_000_000
+#: A callback from compiled code costs about 150 µs on an idle CPU, and a few
+#: ms on a loaded one (the host thread must be scheduled).  A chunk of steps
+#: between updates does at least this many cell updates (~100 ms of work at
+#: ~1 ns each), so that updates stay under 1% of the run time.
+CELLS_PER_UPDATE = 100_000_000
 
 
-def every(steps: int, cells: int = 1, updates: int = 50) -> int:
+def every(steps: int, cells: int = 1, updates: int = 25) -> int:
     """Steps between updates: at most ``updates`` over the run, and no more
     often than every :data:`CELLS_PER_UPDATE` cell updates (``cells`` per
     step).  The bar is completed when the call returns in any case."""

@@ -163,7 +163,8 @@ def test_progress_bar_is_fed_from_the_loop(x64, capsys, monkeypatch, every):
     out = u0.stencil.scan(heat, "time", 0.1, steps=100, boundary="periodic", progress=True,
                           save_every=every)
     assert out.sizes.get("time", 1) == {10: 11, 1: 101, "last": 1}[every]
-    assert seen == list(range(2, 101, 2))
+    # about 25 updates (steps // 25 between them), in order, from inside the loop
+    assert seen == sorted(set(seen)) and 20 <= len(seen) <= 25 and seen[-1] <= 100
     err = capsys.readouterr().err
     assert "100/100" in err
     assert not _progress._OPEN
