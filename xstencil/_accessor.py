@@ -44,7 +44,7 @@ class StencilAccessor:
         """A function mesh over this object; see :func:`xstencil.mesh`."""
         return _mesh(self._obj, **kwargs)
 
-    def scan(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
+    def scan(self, kernel: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Scan a kernel along a dim (time stepping); see :func:`xstencil.scan`."""
         from xstencil._labelled.scan import scan as _scan
 

@@ -247,7 +247,17 @@ def test_output_keeps_dims_coords_attrs_name():
     assert out.dims == da.dims and out.shape == da.shape
     assert out.name == "h" and out.attrs == da.attrs
     xr.testing.assert_identical(out.coords.to_dataset(), da.coords.to_dataset())
-    assert isinstance(out.data, jax.Array)
+    # float64 with JAX's x64 flag off comes back on the host, so that follow-up
+    # JAX arithmetic cannot truncate it; 32-bit results stay JAX arrays.
+    assert isinstance(out.data, np.ndarray) and out.dtype == np.float64
+    out32 = da.astype(np.float32).stencil.map(lap_xy, boundary="periodic")
+    assert isinstance(out32.data, jax.Array) and out32.dtype == np.float32
+    assert ((out * 2 + 1).dtype, (out32 * 2).dtype) == (np.float64, np.float32)
+
+
+def test_float64_results_are_jax_arrays_under_x64(x64):
+    out = _rich().stencil.map(lap_xy, boundary="periodic")
+    assert isinstance(out.data, jax.Array) and out.dtype == np.float64
 
 
 def test_output_keeps_transposed_dim_order():

@@ -362,6 +362,27 @@ def call_engine(plan: Plan, f: Fields, owner: Any, key_extra: Any,
         return fn(arrays, coords, dyn, list(dynamic))
 
 
+def host64(tree: Any) -> Any:
+    """64-bit results as numpy arrays when JAX's x64 flag is off.
+
+    A float64 JAX array outside an x64 context is truncated to float32 by the
+    next JAX operation on it (with a warning), so labelled results keep their
+    precision through follow-up arithmetic by living on the host instead.
+    Tracers and 32-bit results are returned unchanged.
+    """
+    if jax.config.read("jax_enable_x64"):
+        return tree
+
+    def conv(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) \
+                and x.dtype.itemsize == 8 and x.is_fully_addressable \
+                and len(x.sharding.device_set) == 1:
+            return np.asarray(x)
+        return x
+
+    return jax.tree_util.tree_map(conv, tree)
+
+
 def _weakrefable(x: Any) -> bool:
     try:
         weakref.ref(x)
@@ -386,6 +407,7 @@ def replace_data(obj: xr.DataArray, out: Any) -> xr.DataArray:
 
 def rewrap(plan: Plan, f: Fields, out: Any) -> xr.DataArray | xr.Dataset:
     """Put the engine's output back into xarray with dims, coords, attrs, name."""
+    out = host64(out)
     index = {d: s for d, s in plan.input_index().items()
              if s != slice(0, f.shape[plan.axis(d)], 1)}
     if isinstance(f.obj, xr.DataArray) and not index and not plan.output_dims \

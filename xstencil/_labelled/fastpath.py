@@ -27,7 +27,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import is_wide, precision, split_static
-from xstencil._labelled.core import _CACHE, Fields, coord_arrays, replace_data, rewrap
+from xstencil._labelled.core import _CACHE, Fields, coord_arrays, host64, replace_data, rewrap
 from xstencil._labelled.plan import Plan
 
 __all__ = ["Entry", "signature", "lookup", "run", "remember"]
@@ -117,6 +117,7 @@ def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any) -> xr.DataArray
     if entry.wide and not jax.config.read("jax_enable_x64"):
         with jax.enable_x64(True):
             out = entry.fn([data], entry.coords, dyn, [])
+        out = host64(out)
     else:
         out = entry.fn([data], entry.coords, dyn, [])
     if entry.simple:

@@ -46,6 +46,7 @@ from xstencil._labelled.core import (
     Fields,
     compiled,
     coord_arrays,
+    host64,
     identity_caller,
     kernel_caller,
     prepare,
@@ -125,6 +126,8 @@ def scan(
     check_finite: bool = False,
     period: Mapping[str, float] | None = None,
     step: Callable[..., Any] | None = None,
+    mesh: Mapping[str, str] | None = None,
+    halo_every: int | None = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Scan a stencil kernel along a dim: explicit time stepping.
@@ -179,6 +182,10 @@ def scan(
         :func:`xstencil.map` (``state.stencil.map(...)``) any number of times,
         so multi-stage schemes (Runge-Kutta) are written as in numpy.  Needs
         ``steps=N``.
+    mesh, halo_every
+        Scale-out: ``mesh={dim: axis}`` shards the data over JAX devices (see
+        :doc:`/scaling`); for dask-backed or sharded data, ``halo_every=K``
+        runs K steps per halo exchange (a halo K times as deep).
 
     Returns
     -------
@@ -225,6 +232,15 @@ def scan(
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(time=-1) + ..., or step=fn")
+    from xstencil._blockscan import scale_out
+
+    out = scale_out(obj, kernel, dim, args, dict(
+        window=window, boundary=boundary, fill_value=fill_value, steps=steps, dt=dt,
+        coord=coord, save_every=save_every, period=period, progress=progress,
+        checkpoint=checkpoint, check_finite=check_finite, **kwargs),
+        mesh=mesh, halo_every=halo_every)
+    if out is not None:  # dask-backed or sharded data: K steps per halo exchange
+        return out
     return _run(call, obj, [kernel], kernel, None, o, args, kwargs)
 
 
@@ -673,6 +689,7 @@ def _positions(s: _Setup, loop: Loop) -> np.ndarray:
 
 
 def _rewrap(s: _Setup, o: _Opts, outs: Sequence[Any], evolving: Sequence[int]) -> Any:
+    outs = host64(outs)
     dim = o.dim
     plan = s.plan
     pos = _positions(s, _loop(s, o))
@@ -781,6 +798,7 @@ def _run_step(call: str, obj: Any, fn: Any, o: _Opts, args: Any, kwargs: Any) ->
 
         run = compiled(fn, key, build)
         outs, bad = _call(run, (arrays, udyn), loop, call)
+    outs = host64(outs)
     if not isinstance(bad, jax.core.Tracer) and int(bad) >= 0:
         b = int(bad)
         where = f" ({dim}={np.asarray(tvals)[b]})" if tvals is not None else ""
