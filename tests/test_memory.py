@@ -107,13 +107,14 @@ def test_fresh_lambdas_do_not_grow_memory() -> None:
     n = int(os.environ.get("XSTENCIL_MEMORY_CALLS", "150"))
     start = time.perf_counter()
     calls(40)  # warm-up: allocator pools, JAX and XLA caches fill
-    warm = _rss_mib()
+    warm, cached = _rss_mib(), len(_CACHE)
     calls(n)
     grown = _rss_mib() - warm
     elapsed = time.perf_counter() - start
     print(f"\n{40 + n} calls with fresh lambdas in {elapsed:.1f} s; RSS grew {grown:.1f} MiB "
           f"over the last {n}")
-    assert len(_CACHE) < 20  # dead lambdas are dropped with their compiled code
+    # dead lambdas are dropped with their compiled code (other tests' kernels may stay)
+    assert len(_CACHE) <= cached + 2, (cached, len(_CACHE))
     # a leak of one compiled executable per call would be >= 100 KiB each
     assert grown < max(10, n * 0.04), f"RSS grew by {grown:.1f} MiB over {n} calls"
 
