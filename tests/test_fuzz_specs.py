@@ -13,7 +13,6 @@ from deep inside, and never a hang (each example has a deadline).
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -140,9 +139,8 @@ def test_mesh_options(options: dict[str, Any]) -> None:
     attempt(run)
 
 
-# Mesh selectors are parsed in xstencil/_labelled/mesh.py, which still lets
-# these through from numpy/xarray (reported to its owner); each case flips to
-# XPASS, and so fails, once the selector raises a library error.
+# Mesh selectors that once leaked numpy/xarray errors from mesh.py; each must
+# now raise a library error.
 MESH_SELECTOR_LEAKS = [
     pytest.param(False, {"x": slice("a", None)}, id="position-slice-of-str"),
     pytest.param(False, {"x": slice(0.2, 0.6)}, id="position-slice-of-float"),
@@ -157,8 +155,6 @@ MESH_SELECTOR_LEAKS = [
 MESH_LEAK_TYPES = (TypeError, ValueError, IndexError, np.exceptions.ComplexWarning)
 
 
-@pytest.mark.xfail(strict=True, raises=MESH_LEAK_TYPES,
-                   reason="mesh selector parsing leaks numpy/xarray errors (mesh.py)")
 @pytest.mark.parametrize(("by_label", "key"), MESH_SELECTOR_LEAKS)
 def test_mesh_selector_known_leaks(by_label: bool, key: Any) -> None:
     m = DA.stencil.mesh(boundary="extend")
@@ -171,13 +167,6 @@ def test_mesh_selector_known_leaks(by_label: bool, key: Any) -> None:
     except LIBRARY_ERRORS:
         return
     raise AssertionError("accepted")  # also not the documented behaviour
-
-
-def _known_mesh_leak(e: BaseException) -> bool:
-    """Raised from the selector parsing of mesh.py (see the xfails above)."""
-    frames = [f.filename for f in traceback.extract_tb(e.__traceback__)]
-    ours = [f for f in frames if "xstencil" in f and "tests" not in f]
-    return bool(ours) and ours[-1].endswith("mesh.py")
 
 
 @fuzz_light
@@ -193,9 +182,6 @@ def test_mesh_selectors(key: Any, by_label: bool) -> None:
                     m[k] = lap
             except LIBRARY_ERRORS:
                 continue
-            except MESH_LEAK_TYPES as e:
-                if not _known_mesh_leak(e):
-                    raise
         if m._regions:
             m.map()
 

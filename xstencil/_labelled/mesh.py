@@ -9,6 +9,7 @@ assigned kernels.  Rectangular regions are computed over their own slab only.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -124,13 +125,23 @@ class Mesh:
         for d, sel in key.items():
             n = self._fields.shape[self._fields.dims.index(d)]
             try:
-                out[d] = np.arange(n)[sel]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    got = np.atleast_1d(np.arange(n)[sel])
             except IndexError:
                 raise XStencilError(
                     f"{self._call}: m[{{{d!r}: {sel!r}}}]: position {sel!r} is out of range for "
                     f"dim {d!r} of length {n}"
                 ) from None
-            out[d] = np.atleast_1d(out[d])
+            except (TypeError, ValueError, OverflowError, Warning):
+                got = None
+            if got is None or got.dtype.kind not in "iu" or got.ndim != 1:
+                raise XStencilError(
+                    f"{self._call}: m[{{{d!r}: {sel!r:.60}}}]: select positions with an int, a "
+                    f"slice of ints or a list of ints (.isel semantics); use m.loc[...] for "
+                    f"coordinate labels"
+                )
+            out[d] = got
         return out
 
     def _by_label(self, key: Any) -> dict[str, np.ndarray]:
@@ -154,17 +165,35 @@ class Mesh:
             index = self._obj.indexes[d]
             pos = xr.DataArray(np.arange(len(index)), dims=d, coords={d: index})
             try:
-                got = pos.sel({d: sel}, method=method) if method else pos.sel({d: sel})
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    got = pos.sel({d: sel}, method=method) if method else pos.sel({d: sel})
+                    values = np.atleast_1d(np.asarray(got.values))
+            except (TypeError, ValueError, IndexError, OverflowError, Warning,
+                    NotImplementedError):
+                raise XStencilError(
+                    f"{self._call}: m.loc[{{{d!r}: {sel!r:.60}}}]: cannot select labels of "
+                    f"coordinate {d!r} (dtype {np.asarray(index).dtype}) with {sel!r:.60}; use "
+                    f"a label, a list of labels or a slice of labels (.sel semantics)"
+                ) from None
             except KeyError:
                 vals = np.asarray(index)
-                near = vals[np.argsort(np.abs(vals - sel))[:3]] if np.asarray(
-                    sel).dtype.kind in "iuf" and vals.dtype.kind in "iuf" else vals[:3]
+                probe = np.asarray(sel)
+                if probe.ndim == 0 and probe.dtype.kind in "iuf" and vals.dtype.kind in "iuf":
+                    near = vals[np.argsort(np.abs(vals - probe.astype(float)))[:3]]
+                else:
+                    near = vals[:3]
                 raise LabelError(
                     f"{self._call}: m.loc[{{{d!r}: {sel!r}}}]: label {sel!r} not found in "
                     f"coordinate {d!r}; nearest available are {near.tolist()!r} (use "
                     f"xstencil.nearest({d}={sel!r}) to snap to the nearest)"
                 ) from None
-            out[d] = np.atleast_1d(got.values)
+            if values.dtype.kind not in "iu" or values.ndim != 1:
+                raise XStencilError(
+                    f"{self._call}: m.loc[{{{d!r}: {sel!r:.60}}}]: the selection is not a set of "
+                    f"positions along {d!r}; use a label, a list of labels or a slice"
+                )
+            out[d] = values
         return out
 
     def _by_mask(self, mask: xr.DataArray) -> np.ndarray:
@@ -330,6 +359,7 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
     allowed = {"window", "boundary", "fill_value", "stride", "output_dims", "period", "mesh"}
     bad = set(options) - allowed
     if bad:
-        raise XStencilError(f"obj.stencil.mesh(...): unknown option(s) {sorted(bad)!r}; "
+        call = "da.stencil.mesh(...)" if isinstance(obj, xr.DataArray) else "ds.stencil.mesh(...)"
+        raise XStencilError(f"{call}: unknown option(s) {sorted(bad)!r}; "
                             f"accepted are {sorted(allowed)!r}")
     return Mesh(obj, **options)
