@@ -569,8 +569,14 @@ def _call(fn: Any, runargs: Any, loop: Loop, call: str) -> Any:
     if not loop.progress_every:
         return fn(*runargs, jnp.asarray(0, jnp.int32))
     with _progress.Progress(loop.steps, call.split("(")[0]) as p:
-        out = fn(*runargs, jnp.asarray(p.token, jnp.int32))
-        jax.block_until_ready(out)
+        try:
+            out = fn(*runargs, jnp.asarray(p.token, jnp.int32))
+            jax.block_until_ready(out)
+        except jax.errors.JaxRuntimeError as e:
+            # Ctrl-C inside the progress callback surfaces wrapped by the runtime
+            if "KeyboardInterrupt" in str(e):
+                raise KeyboardInterrupt from e
+            raise
     return out
 
 
