@@ -25,6 +25,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 __all__ = ["MIN_RUN_S", "Timing", "Memory", "Runner", "interleave", "block", "compile_jax",
@@ -207,3 +208,25 @@ def fmt_time(t: float | None) -> str:
     if t >= 1e-3:
         return f"{t * 1e3:.3g} ms"
     return f"{t * 1e6:.3g} µs"
+
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def write_section(name: str, text: str, path: Path = RESULTS) -> None:
+    """Replace one script's section of RESULTS.md (between its
+    ``<!-- NAME:start -->``/``<!-- NAME:end -->`` markers), keeping the rest."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n{text.rstrip()}\n{end}"
+    if path.exists():
+        old = path.read_text()
+        if start in old and end in old:
+            head, rest = old.split(start, 1)
+            _, tail = rest.split(end, 1)
+            new = head + block + tail
+        else:
+            new = old.rstrip() + "\n\n" + block + "\n"
+    else:
+        new = ("# Benchmark results\n\nWritten by the scripts in `benchmarks/`; see README.md.\n\n"
+               + block + "\n")
+    path.write_text(new)

@@ -43,7 +43,6 @@ except ImportError:  # imported as ``benchmarks.engine`` from the repository roo
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
-START, END = "<!-- engine:start -->", "<!-- engine:end -->"
 
 COLUMNS = ("xstencil", "hand", "kernex", "lax.conv", "scipy")
 #: The hand baseline timed again, interleaved with kernex (see _kernex_ratio).
@@ -719,25 +718,6 @@ def _machine(load_before: tuple[float, ...], load_after: tuple[float, ...],
     )
 
 
-def write_results(section: str, path: Path = RESULTS) -> None:
-    block = f"{START}\n{section.rstrip()}\n{END}"
-    if path.exists():
-        text = path.read_text()
-        if START in text and END in text:
-            head, rest = text.split(START, 1)
-            _, tail = rest.split(END, 1)
-            text = head + block + tail
-        else:
-            text = text.rstrip() + "\n\n" + block + "\n"
-    else:
-        text = "# Benchmark results\n\nWritten by the scripts in `benchmarks/`; see README.md.\n\n"
-        text += block + "\n"
-    path.write_text(text)
-
-
-# -- entry point ---------------------------------------------------------------------
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/engine.py", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
@@ -852,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
             "cells": {case.name: {c: cell.to_json() for c, cell in cells.items()}
                       for case, cells in results}}))
     if (not args.quick or args.write) and not args.no_write and not args.case:
-        write_results(section)
+        H.write_section("engine", section)
         log(f"wrote {RESULTS}")
     return 0
 

@@ -34,9 +34,13 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
-START, END = "<!-- scale:start -->", "<!-- scale:end -->"
 
 sys.path.insert(0, str(HERE))
+
+try:  # run as ``python benchmarks/scale.py``: benchmarks/ is sys.path[0]
+    import _harness as H
+except ImportError:  # imported as ``benchmarks.scale`` from the repository root
+    from benchmarks import _harness as H
 
 
 def _log(msg: str) -> None:
@@ -243,19 +247,6 @@ def section(d: dict[str, Any], s: dict[str, Any], quick: bool) -> str:
     return "\n".join(lines)
 
 
-def write_results(text: str, path: Path = RESULTS) -> None:
-    """Replace the scale section of RESULTS.md (between the markers), keeping the rest."""
-    block = f"{START}\n{text}\n{END}"
-    old = path.read_text() if path.exists() else ""
-    if START in old and END in old:
-        head, rest = old.split(START, 1)
-        _, tail = rest.split(END, 1)
-        new = head + block + tail
-    else:
-        new = (old.rstrip() + "\n\n" if old.strip() else "") + block + "\n"
-    path.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--child":
@@ -278,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(d, s, a.quick)
     print(text)
     if (not a.quick or a.write) and not a.no_write:
-        write_results(text)
+        H.write_section("scale", text)
         _log(f"wrote {RESULTS}")
     return 0
 

@@ -44,7 +44,6 @@ except ImportError:  # imported as ``benchmarks.scan`` from the repository root
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
-START, END = "<!-- scan:start -->", "<!-- scan:end -->"
 TARGET = 1.3
 
 
@@ -437,19 +436,6 @@ def section(rows: list[dict[str, Any]], overhead: dict[str, Any], memory: dict[s
     return "\n".join(lines)
 
 
-def write_results(text: str, path: Path = RESULTS) -> None:
-    """Replace the scan section of RESULTS.md (between the markers), keeping the rest."""
-    block = f"{START}\n{text}\n{END}"
-    old = path.read_text() if path.exists() else ""
-    if START in old and END in old:
-        head, rest = old.split(START, 1)
-        _, tail = rest.split(END, 1)
-        new = head + block + tail
-    else:
-        new = (old.rstrip() + "\n\n" if old.strip() else "") + block + "\n"
-    path.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes; print only")
@@ -463,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(rows, overhead, memory, args.quick)
     print(text)
     if (not args.quick or args.write) and not args.no_write:
-        write_results(text)
+        H.write_section("scan", text)
         _log(f"wrote {RESULTS}")
     return 0
 
