@@ -705,7 +705,9 @@ def _rewrap(s: _Setup, o: _Opts, outs: Sequence[Any], evolving: Sequence[int]) -
     datas = {}
     for i, x in zip(evolving, outs, strict=True):
         ax = list(plan.var_dims[i]).index(dim)
-        datas[i] = jnp.moveaxis(x, 0, ax) if ax else x
+        # numpy for host results (float64 with x64 off): a jnp op would truncate them
+        move = np.moveaxis if isinstance(x, np.ndarray) else jnp.moveaxis
+        datas[i] = move(x, 0, ax) if ax else x
     obj = s.obj
     if plan.var_names is None:
         out: Any = xr.DataArray(datas[0], dims=plan.var_dims[0], coords=coords.coords,
