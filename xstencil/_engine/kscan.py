@@ -157,16 +157,24 @@ def _step(branches: Sequence[tuple[Slab | Mask, KernelCall]], base: KernelCall,
             last = k == len(seq) - 1
             pos[a] = rem if last else rem % n
             rem = rem // n
-        starts = [pos[a] * geom[a].step if a in pos else 0 for a in axes]
-        sizes = [geom[a].size if a in pos else w.shape[a] for a in axes]
-        blk = lax.dynamic_slice(w, starts, sizes)
         sub = [AxisGeom(0, 1, 1, g.size) if a in pos else g for a, g in enumerate(geom)]
-        src = Source(blk, axes, axes)
-        if dynamic:
-            val = slab_mesh(branches, base, [src], sub, dyn, pos,
-                            {a: (0, n) for a, n in zip(seq, counts, strict=True)})
+        if tuple(seq) == (0,) and not dynamic:
+            # one source per window row: only the rows the kernel reads are sliced
+            # out of the carry, each fused into the step's arithmetic
+            rest = axes[1:]
+            rows = [Source(lax.dynamic_index_in_dim(w, pos[0] * geom[0].step + r, 0, False),
+                           rest, rest) for r in range(geom[0].size)]
+            val = mesh_evaluate([(reg, _stack_rows(c)) for reg, c in branches],
+                                _stack_rows(base), rows, sub, dyn)
         else:
-            val = mesh_evaluate(branches, base, [src], sub, dyn)
+            starts = [pos[a] * geom[a].step if a in pos else 0 for a in axes]
+            sizes = [geom[a].size if a in pos else w.shape[a] for a in axes]
+            src = Source(lax.dynamic_slice(w, starts, sizes), axes, axes)
+            if dynamic:
+                val = slab_mesh(branches, base, [src], sub, dyn, pos,
+                                {a: (0, n) for a, n in zip(seq, counts, strict=True)})
+            else:
+                val = mesh_evaluate(branches, base, [src], sub, dyn)
         val = val.astype(w.dtype)
         if all(geom[a].step == 1 for a in par):
             wstart = [pos[a] * geom[a].step + centre[a] if a in pos
@@ -181,6 +189,15 @@ def _step(branches: Sequence[tuple[Slab | Mask, KernelCall]], base: KernelCall,
         return w.at[idx].set(jnp.squeeze(val, axis=tuple(seq)))
 
     return body
+
+
+def _stack_rows(call: KernelCall) -> KernelCall:
+    """``call`` on per-row cells: the window is rebuilt by stacking the rows
+    (structural operations, which the lifter turns into nothing)."""
+    def run(cells: Sequence[Any], d: Any) -> Any:
+        return call([lax.concatenate([lax.expand_dims(c, (0,)) for c in cells], 0)], d)
+
+    return run
 
 
 def _outputs(work: Any, geom: Sequence[AxisGeom], centre: Sequence[int]) -> Any:
