@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,10 +69,6 @@ class Plan:
             out[d] = slice(first, first + s.stride * (g.count - 1) + 1 if g.count else first,
                            s.stride)
         return out
-
-
-def _fmt(call: str) -> str:
-    return call
 
 
 def _dims_mapping(call: str, arg: str, value: Any, dims: tuple[str, ...],
@@ -390,11 +386,3 @@ def unknown_keyword(call: str, kernel: Any, e: Exception,
         f"{call}: unknown keyword {bad[0]}={kwargs[bad[0]]!r:.40}: extra keywords are passed "
         f"to the kernel, and kernel {name!r} does not take {bad[0]!r}; {hint}the options are "
         f"{OPTIONS!r}")
-
-
-def hashable(call: str, value: Any) -> Hashable:
-    try:
-        hash(value)
-    except TypeError:
-        raise XStencilError(f"{call}: {value!r} must be hashable") from None
-    return value
