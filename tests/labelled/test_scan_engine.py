@@ -1,5 +1,6 @@
-"""The time-scan engine (``xstencil._engine.tscan``): its fused halo, its
-purity (no xarray), and the loop's saving and checkpointing on raw arrays."""
+"""The time-scan engine (``xstencil._engine.tscan``): its fused halo (built by
+``xstencil._engine.boundary.pad``), its purity (no xarray), and the loop's
+saving and checkpointing on raw arrays."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xstencil._engine.tscan import Loop, _pad_nested, run_loop
+from xstencil._engine.boundary import pad
+from xstencil._engine.tscan import Loop, run_loop
 
 NP_MODES = {"fill": "constant", "extend": "edge", "periodic": "wrap", "reflect": "reflect",
             "symmetric": "symmetric"}
@@ -20,7 +22,7 @@ PADS = [((1, 1), (1, 1)), ((2, 0), (0, 3)), ((0, 0), (1, 2)), ((3, 3), (2, 2))]
 def test_nested_halo_equals_numpy_pad():
     x = np.arange(20.0).reshape(4, 5)
     cases = [(m, p) for m in NP_MODES for p in PADS]
-    got = jax.jit(lambda a: [_pad_nested(a, p, [m, m], -7.0) for m, p in cases])(x)
+    got = jax.jit(lambda a: [pad(a, p, [m, m], -7.0) for m, p in cases])(x)
     for (m, p), g in zip(cases, got, strict=True):
         kw = {"constant_values": -7.0} if m == "fill" else {}
         np.testing.assert_array_equal(np.asarray(g), np.pad(x, p, mode=NP_MODES[m], **kw),

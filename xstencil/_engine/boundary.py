@@ -30,12 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["MODES", "PAD_MODES", "source_index", "block", "pad"]
+__all__ = ["MODES", "source_index", "index_runs", "block", "pad"]
 
 MODES = ("fill", "extend", "periodic", "reflect", "symmetric", "valid")
-PAD_MODES = ("fill", "extend", "periodic", "reflect", "symmetric")
-
-_FILL = -1
 
 
 def source_index(p: np.ndarray, n: int, mode: str) -> np.ndarray:
@@ -44,7 +41,7 @@ def source_index(p: np.ndarray, n: int, mode: str) -> np.ndarray:
     p = np.asarray(p, dtype=np.int64)
     inside = (p >= 0) & (p < n)
     if mode in ("fill", "valid"):
-        return np.where(inside, p, _FILL)
+        return np.where(inside, p, -1)
     if mode == "extend":
         return np.clip(p, 0, n - 1)
     if mode == "periodic":
@@ -62,33 +59,29 @@ def source_index(p: np.ndarray, n: int, mode: str) -> np.ndarray:
     raise ValueError(f"unknown boundary mode {mode!r}")
 
 
-def _take_axis(x: Any, axis: int, idx: np.ndarray, fill_value: Any) -> Any:
-    """``x`` indexed by static ``idx`` along ``axis``, built from runs."""
-    n = x.shape[axis]
-    if idx.size == n and np.array_equal(idx, np.arange(n)):
-        return x
-    parts = []
+def index_runs(idx: np.ndarray) -> list[tuple[int, int, int]]:
+    """Split static source indices (from :func:`source_index`) into
+    ``(first, last, step)`` runs: step +1/-1, or 0 for a single cell;
+    ``first == -1`` marks a run of ``last`` fill cells."""
+    out = []
     k = 0
     while k < len(idx):
-        i = idx[k]
+        i = int(idx[k])
         j = k + 1
-        if i == _FILL:
-            while j < len(idx) and idx[j] == _FILL:
+        if i < 0:
+            while j < len(idx) and idx[j] < 0:
                 j += 1
-            shape = list(x.shape)
-            shape[axis] = j - k
-            parts.append(jnp.full(shape, fill_value, dtype=x.dtype))
+            out.append((-1, j - k, 0))
         else:
-            step = 0
-            if j < len(idx) and idx[j] != _FILL and abs(int(idx[j]) - int(i)) == 1:
-                step = int(idx[j]) - int(i)
-                while j < len(idx) and idx[j] != _FILL and int(idx[j]) - int(idx[j - 1]) == step:
+            step = int(idx[j]) - i if j < len(idx) and idx[j] >= 0 else 0
+            if abs(step) != 1:
+                step = 0
+            else:
+                while j < len(idx) and idx[j] >= 0 and int(idx[j]) - int(idx[j - 1]) == step:
                     j += 1
-            lo, hi = (int(i), int(idx[j - 1])) if step >= 0 else (int(idx[j - 1]), int(i))
-            piece = lax.slice_in_dim(x, lo, hi + 1, axis=axis)
-            parts.append(lax.rev(piece, (axis,)) if step < 0 else piece)
+            out.append((i, int(idx[j - 1]), step))
         k = j
-    return parts[0] if len(parts) == 1 else lax.concatenate(parts, axis)
+    return out
 
 
 def block(
@@ -99,14 +92,43 @@ def block(
     fill_value: Any = 0,
 ) -> Any:
     """The part ``[a, b)`` per axis of ``x`` padded by ``pads`` (in padded
-    indices), without materializing the whole padded array."""
-    fill = jnp.asarray(fill_value, dtype=x.dtype) if any(
-        m in ("fill", "valid") for m in modes) else None
-    for axis, ((a, b), (lo, _), mode) in enumerate(zip(ranges, pads, modes, strict=True)):
-        n = x.shape[axis]
-        idx = source_index(np.arange(a, b) - lo, n, mode)
-        x = _take_axis(x, axis, idx, fill)
-    return x
+    indices), without materializing the whole padded array.
+
+    It is one nested concatenation whose leaves are slices of ``x`` itself
+    (or fill values), so XLA builds it in a single fused pass; padding axis
+    by axis would materialize each stage.
+    """
+    runs = [index_runs(source_index(np.arange(a, b) - lo, n, mode))
+            for (a, b), (lo, _), n, mode in zip(ranges, pads, x.shape, modes, strict=True)]
+
+    def build(axis: int, starts: list[int], stops: list[int], rev: list[int],
+              fill_shape: list[int] | None) -> Any:
+        if axis == x.ndim:
+            if fill_shape is not None:
+                return jnp.full(fill_shape, fill_value, x.dtype)
+            piece = x
+            if starts != [0] * x.ndim or stops != list(x.shape):
+                piece = lax.slice(x, starts, stops)
+            return lax.rev(piece, tuple(rev)) if rev else piece
+        parts = []
+        for first, last, step in runs[axis]:
+            if first < 0:
+                shape = list(fill_shape) if fill_shape is not None else [
+                    b - a for a, b in zip(starts, stops, strict=True)]
+                shape[axis] = last
+                parts.append(build(axis + 1, starts, stops, rev, shape))
+                continue
+            lo, hi = (first, last) if step >= 0 else (last, first)
+            st, sp = list(starts), list(stops)
+            st[axis], sp[axis] = lo, hi + 1
+            shape = None
+            if fill_shape is not None:
+                shape = list(fill_shape)
+                shape[axis] = hi + 1 - lo
+            parts.append(build(axis + 1, st, sp, rev + [axis] if step < 0 else rev, shape))
+        return parts[0] if len(parts) == 1 else lax.concatenate(parts, axis)
+
+    return build(0, [0] * x.ndim, list(x.shape), [], None)
 
 
 def pad(

@@ -16,7 +16,7 @@ from xstencil._engine.boundary import MODES
 from xstencil._engine.lower import AxisGeom
 from xstencil._errors import XStencilError
 
-__all__ = ["AxisSpec", "geometry", "out_length", "check_mode", "as_int"]
+__all__ = ["AxisSpec", "geometry", "out_length", "check_mode"]
 
 
 @dataclass(frozen=True)
@@ -55,15 +55,3 @@ def check_mode(call: str, arg: str, mode: Any) -> str:
             f"{call}: {arg}={mode!r} is not a boundary mode; use one of {MODES!r}"
         )
     return mode
-
-
-def as_int(call: str, arg: str, value: Any, *, minimum: int | None = None) -> int:
-    """A Python int (numpy ints accepted), with a clear error otherwise."""
-    import numbers
-
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise XStencilError(f"{call}: {arg}={value!r} must be an int")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise XStencilError(f"{call}: {arg}={value!r} must be >= {minimum}")
-    return value

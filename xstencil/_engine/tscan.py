@@ -42,10 +42,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from xstencil._engine.boundary import source_index
+from xstencil._engine.boundary import pad
 from xstencil._engine.lower import AxisGeom, KernelCall, Source, dependencies, evaluate, trace
 from xstencil._engine.mesh import Mask, Slab, slab_geometry, write_slab
 
@@ -275,68 +274,8 @@ def _padded(slab: Any, v: Var) -> Source:
     """
     if not v.pads or not any(lo or hi for lo, hi in v.pads):
         return Source(slab, v.axes, v.cell_axes)
-    padded = lax.optimization_barrier(_pad_nested(slab, v.pads, v.modes, v.fill_value))
+    padded = lax.optimization_barrier(pad(slab, v.pads, v.modes, v.fill_value))
     return Source(padded, v.axes, v.cell_axes)
-
-
-def _runs(idx: np.ndarray) -> list[tuple[int, int, int]]:
-    """Split static source indices into ``(first, last, step)`` runs (step
-    +1/-1, or 0 for a single cell); ``first == -1`` marks fill runs."""
-    out = []
-    k = 0
-    while k < len(idx):
-        i = int(idx[k])
-        j = k + 1
-        if i < 0:
-            while j < len(idx) and idx[j] < 0:
-                j += 1
-            out.append((-1, j - k, 0))
-        else:
-            step = int(idx[j]) - i if j < len(idx) and idx[j] >= 0 else 0
-            if abs(step) != 1:
-                step = 0
-            else:
-                while j < len(idx) and idx[j] >= 0 and int(idx[j]) - int(idx[j - 1]) == step:
-                    j += 1
-            out.append((i, int(idx[j - 1]), step))
-        k = j
-    return out
-
-
-def _pad_nested(x: Any, pads: Sequence[tuple[int, int]], modes: Sequence[str],
-                fill_value: Any) -> Any:
-    """``x`` with its halo, as one nested concatenation whose leaves are
-    slices of ``x`` itself (so XLA builds it in a single fused pass, where
-    padding axis by axis materializes each stage)."""
-    runs = [_runs(source_index(np.arange(-lo, n + hi), n, m))
-            for (lo, hi), n, m in zip(pads, x.shape, modes, strict=True)]
-
-    def build(axis: int, starts: list[int], stops: list[int], rev: list[int],
-              fill_shape: list[int] | None) -> Any:
-        if axis == x.ndim:
-            if fill_shape is not None:
-                return jnp.full(fill_shape, fill_value, x.dtype)
-            piece = lax.slice(x, starts, stops)
-            return lax.rev(piece, tuple(rev)) if rev else piece
-        parts = []
-        for first, last, step in runs[axis]:
-            if first < 0:
-                shape = list(fill_shape) if fill_shape is not None else [
-                    b - a for a, b in zip(starts, stops, strict=True)]
-                shape[axis] = last
-                parts.append(build(axis + 1, starts, stops, rev, shape))
-                continue
-            lo, hi = (first, last) if step >= 0 else (last, first)
-            st, sp = list(starts), list(stops)
-            st[axis], sp[axis] = lo, hi + 1
-            shape = None
-            if fill_shape is not None:
-                shape = list(fill_shape)
-                shape[axis] = hi + 1 - lo
-            parts.append(build(axis + 1, st, sp, rev + [axis] if step < 0 else rev, shape))
-        return parts[0] if len(parts) == 1 else lax.concatenate(parts, axis)
-
-    return build(0, [0] * x.ndim, list(x.shape), [], None)
 
 
 def _drop_axis(src: Source, axis: int) -> Source:
