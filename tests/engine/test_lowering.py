@@ -3,31 +3,19 @@ stack of windows (the per-position vmap that kernex compiles to)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.extend import core as jcore
 
 import xstencil
 from tests import reference as ref
+from tests.jaxprs import eqns
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32))
 W9 = jnp.asarray(np.random.default_rng(1).standard_normal((9, 9)).astype(np.float32))
-
-
-def _eqns(jaxpr: Any) -> Iterator[Any]:
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                if isinstance(sub, jcore.ClosedJaxpr):
-                    yield from _eqns(sub.jaxpr)
-                elif isinstance(sub, jcore.Jaxpr):
-                    yield from _eqns(sub)
 
 
 def hlo(F: Any, x: Any) -> str:
@@ -36,7 +24,7 @@ def hlo(F: Any, x: Any) -> str:
 
 def max_rank(F: Any, x: Any) -> int:
     closed = jax.make_jaxpr(F)(x)
-    return max(len(v.aval.shape) for e in _eqns(closed.jaxpr) for v in e.outvars)
+    return max(len(v.aval.shape) for e in eqns(closed.jaxpr) for v in e.outvars)
 
 
 def fast(text: str, *, scatter: bool = False) -> None:
@@ -116,7 +104,7 @@ def test_padding_is_virtual(boundary):
     """No padded copy of the field is ever built (jnp.pad-style): the interior
     reads the array itself and only the thin boundary shell reads halo blocks."""
     closed = jax.make_jaxpr(laplacian(boundary))(X)
-    built = [tuple(v.aval.shape) for e in _eqns(closed.jaxpr)
+    built = [tuple(v.aval.shape) for e in eqns(closed.jaxpr)
              if e.primitive.name in ("concatenate", "pad") for v in e.outvars]
     assert built, "the shell needs some halo blocks"
     assert all(min(shape) <= 3 for shape in built), built

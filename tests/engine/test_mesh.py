@@ -4,17 +4,16 @@ and positions that no region covers keep their input value."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.extend import core as jcore
 
 import xstencil
 from tests import reference as ref
+from tests.jaxprs import eqns
 
 A6 = np.arange(1.0, 7.0, dtype=np.float32)
 
@@ -172,20 +171,9 @@ def test_jax_boolean_mask_region():
 
 # -- cost: a strip region is computed only on its slab --------------------------------
 
-def _eqns(jaxpr: Any) -> Iterator[Any]:
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                if isinstance(sub, jcore.ClosedJaxpr):
-                    yield from _eqns(sub.jaxpr)
-                elif isinstance(sub, jcore.Jaxpr):
-                    yield from _eqns(sub)
-
-
 def _shapes_of(fn: Any, x: Any, primitive: str) -> list[tuple[int, ...]]:
     closed = jax.make_jaxpr(fn)(x)
-    return [tuple(v.aval.shape) for e in _eqns(closed.jaxpr) if e.primitive.name == primitive
+    return [tuple(v.aval.shape) for e in eqns(closed.jaxpr) if e.primitive.name == primitive
             for v in e.outvars]
 
 
