@@ -230,3 +230,20 @@ def write_section(name: str, text: str, path: Path = RESULTS) -> None:
         new = ("# Benchmark results\n\nWritten by the scripts in `benchmarks/`; see README.md.\n\n"
                + block + "\n")
     path.write_text(new)
+
+
+def add_output_flags(p: Any, quick_help: str = "small sizes; print only") -> None:
+    """The flags every benchmark script shares: ``--quick``, ``--write``, ``--no-write``."""
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--write", action="store_true", help="write RESULTS.md even with --quick")
+    p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
+
+
+def publish(name: str, text: str, args: Any, log: Callable[[str], None] = print,
+            partial: bool = False) -> None:
+    """Print a script's section and, for a full run, write it to RESULTS.md
+    (``--write`` forces it, ``--no-write`` or a ``partial`` run prevents it)."""
+    print(text)
+    if (not args.quick or args.write) and not args.no_write and not partial:
+        write_section(name, text)
+        log(f"wrote {RESULTS}")

@@ -42,7 +42,6 @@ except ImportError:  # imported as ``benchmarks.engine`` from the repository roo
     from benchmarks import _harness as H
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "RESULTS.md"
 
 COLUMNS = ("xstencil", "hand", "kernex", "lax.conv", "scipy")
 #: The hand baseline timed again, interleaved with kernex (see _kernex_ratio).
@@ -720,8 +719,7 @@ def _machine(load_before: tuple[float, ...], load_after: tuple[float, ...],
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/engine.py", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="small sizes and fewer runs; prints only (unless --write)")
+    H.add_output_flags(p, "small sizes and fewer runs; prints only (unless --write)")
     p.add_argument("--no-kernex", action="store_true", help="skip the kernex column")
     p.add_argument("--kernex-python", default=os.environ.get("XSTENCIL_KERNEX_PYTHON"),
                    help="interpreter with kernex installed, used when kernex does not "
@@ -730,8 +728,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="write the raw results as JSON here")
     p.add_argument("--runs", type=int, default=None,
                    help="timed runs per figure (default 15; 5 with --quick)")
-    p.add_argument("--write", action="store_true", help="write RESULTS.md even with --quick")
-    p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
     p.add_argument("--case", action="append", default=[],
                    help="run only cases whose name contains this text (repeatable)")
     return p
@@ -826,14 +822,11 @@ def main(argv: list[str] | None = None) -> int:
         f"✓/✗: target met/missed.\n\n"
         f"{table(results, kernex_status, runs)}\n### Details\n\n{details(results)}\n"
     )
-    print(section)
     if args.json:
         args.json.write_text(json.dumps({
             "cells": {case.name: {c: cell.to_json() for c, cell in cells.items()}
                       for case, cells in results}}))
-    if (not args.quick or args.write) and not args.no_write and not args.case:
-        H.write_section("engine", section)
-        log(f"wrote {RESULTS}")
+    H.publish("engine", section, args, log, partial=bool(args.case))
     return 0
 
 

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "RESULTS.md"
 
 sys.path.insert(0, str(HERE))
 
@@ -254,9 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_scan_child(n, steps, runs)))
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small sizes; print only")
-    p.add_argument("--write", action="store_true", help="write RESULTS.md even with --quick")
-    p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
+    H.add_output_flags(p)
     p.add_argument("--runs", type=int, default=None, help="timed runs per figure")
     a = p.parse_args(argv)
     runs = a.runs or (3 if a.quick else 5)
@@ -266,11 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     d = dask_map(n, chunk, runs)
     _log(f"sharded scan {sn}², {steps} steps")
     s = sharded_scan(sn, steps, runs)
-    text = section(d, s, a.quick)
-    print(text)
-    if (not a.quick or a.write) and not a.no_write:
-        H.write_section("scale", text)
-        _log(f"wrote {RESULTS}")
+    H.publish("scale", section(d, s, a.quick), a, _log)
     return 0
 
 

@@ -43,7 +43,6 @@ except ImportError:  # imported as ``benchmarks.scan`` from the repository root
     from benchmarks import _harness as H
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "RESULTS.md"
 TARGET = 1.3
 
 
@@ -438,19 +437,13 @@ def section(rows: list[dict[str, Any]], overhead: dict[str, Any], memory: dict[s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small sizes; print only")
-    p.add_argument("--write", action="store_true", help="write RESULTS.md even with --quick")
-    p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
+    H.add_output_flags(p)
     p.add_argument("--kernex-python", default=os.environ.get("XSTENCIL_KERNEX_PYTHON"),
                    help="an interpreter with kernex, to time its kscan on the convection "
                         "cases (default: $XSTENCIL_KERNEX_PYTHON; skipped when unset)")
     args = p.parse_args(argv)
     rows, overhead, memory = run(args.quick, args.kernex_python)
-    text = section(rows, overhead, memory, args.quick)
-    print(text)
-    if (not args.quick or args.write) and not args.no_write:
-        H.write_section("scan", text)
-        _log(f"wrote {RESULTS}")
+    H.publish("scan", section(rows, overhead, memory, args.quick), args, _log)
     return 0
 
 
