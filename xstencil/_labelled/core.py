@@ -339,14 +339,15 @@ def compiled(owner: Any, key: Any, build: Callable[[], Callable[..., Any]]) -> C
 def call_engine(plan: Plan, f: Fields, owner: Any, key_extra: Any,
                 body: Callable[..., Any], args: Any, kwargs: Any,
                 period: Mapping[str, float] | None, dynamic: Sequence[Any] = (),
-                coords_out: list[Any] | None = None) -> Any:
-    """Run ``body(plan, static, arrays, coords, dyn, dynamic)`` under jit
-    (the padded coordinate arrays it made are appended to ``coords_out``)."""
+                used: dict[str, Any] | None = None) -> Any:
+    """Run ``body(plan, static, arrays, coords, dyn, dynamic)`` under jit.
+
+    ``used``, if given, receives the compiled function (``"fn"``) and the
+    padded coordinate arrays (``"coords"``), for the repeat-call fast path.
+    """
     with precision(f.arrays, args, kwargs):
         arrays = [as_array(plan.call, "the data", x) for x in f.arrays]
         coords = [jnp.asarray(c) for c in coord_arrays(plan, f, period)]
-        if coords_out is not None:
-            coords_out.extend(coords)
         dyn, static = split_static(plan.call, (args, kwargs))
         key = (plan, static, key_extra)
 
@@ -359,6 +360,8 @@ def call_engine(plan: Plan, f: Fields, owner: Any, key_extra: Any,
             return jax.jit(run)
 
         fn = compiled(owner, key, build)
+        if used is not None:
+            used.update(fn=fn, coords=coords)
         return fn(arrays, coords, dyn, list(dynamic))
 
 

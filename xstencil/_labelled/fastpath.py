@@ -128,20 +128,18 @@ def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any) -> xr.DataArray
 
 
 def remember(kernel: Any, sig: Hashable | None, obj: Any, plan: Plan, f: Fields,
-             period: Any, args: Any, kwargs: Any, coords: list[Any]) -> None:
-    """Record the entry for ``sig`` after a successful full call."""
-    if sig is None:
+             period: Any, args: Any, kwargs: Any, used: dict[str, Any]) -> None:
+    """Record the entry for ``sig`` after a successful full call (``used``:
+    what :func:`~xstencil._labelled.core.call_engine` compiled and padded)."""
+    if sig is None or "fn" not in used:
         return
     try:
         table = _CACHE.get(kernel)
     except TypeError:
         return
-    if table is None:
+    if table is None:  # the kernel cannot be cached (not weak-referenceable)
         return
-    static = split_static(plan.call, (args, kwargs))[1]
-    fn = table.get((plan, static, None))
-    if fn is None:
-        return
+    fn, coords = used["fn"], used["coords"]
     if any(isinstance(c, jax.core.Tracer) for c in coords):  # made inside a user's trace:
         with precision(f.arrays, args, kwargs):  # keep host copies, never leak tracers
             coords = [np.asarray(c) for c in coord_arrays(plan, f, period)]

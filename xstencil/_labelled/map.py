@@ -125,9 +125,9 @@ def map(  # noqa: A001 - the contract's name
         from xstencil._shard import map_sharded
 
         return rewrap(plan, f, map_sharded(plan, f, [kernel], args, kwargs, period, mesh, kernel))
-    coords: list[Any] = []
-    out = call_engine(plan, f, kernel, None, _body, args, kwargs, period, coords_out=coords)
-    remember(kernel, sig, obj, plan, f, period, args, kwargs, coords)
+    used: dict[str, Any] = {}
+    out = call_engine(plan, f, kernel, None, _body, args, kwargs, period, used=used)
+    remember(kernel, sig, obj, plan, f, period, args, kwargs, used)
     return rewrap(plan, f, out)
 
 
