@@ -287,11 +287,11 @@ def _ids_of(x: Any, table: Table) -> np.ndarray:
     if isinstance(x, Lifted):
         return x.ids
     if isinstance(x, _Abstract):
-        return _Abstract_ids(x, table)
+        return _abstract_ids(x, table)
     return table.constant_ids(x)
 
 
-def _Abstract_ids(x: _Abstract, table: Table) -> np.ndarray:
+def _abstract_ids(x: _Abstract, table: Table) -> np.ndarray:
     ids = np.empty(x.shape, dtype=np.int64)
     for idx in np.ndindex(*x.shape):
         ids[idx] = table.add(frozenset())
@@ -300,7 +300,6 @@ def _Abstract_ids(x: _Abstract, table: Table) -> np.ndarray:
 
 def _lifted_eqn(eqn: Any, invals: list[Any], table: Table) -> list[Any]:
     name = eqn.primitive.name
-    out_avals = [v.aval for v in eqn.outvars]
     if name in _ELEMENTWISE:
         return [_elementwise(eqn, invals, table)]
     if name in _STRUCTURAL:
@@ -319,7 +318,6 @@ def _lifted_eqn(eqn: Any, invals: list[Any], table: Table) -> list[Any]:
         sub, consts = _sub_jaxpr(eqn)
         n_extra = len(invals) - len(sub.invars)
         return interpret(sub, consts, invals[n_extra:], table)
-    del out_avals
     raise Unliftable(f"primitive {name!r} applied to window values")
 
 

@@ -266,8 +266,8 @@ def _vmapped(kernel_call: KernelCall, sources: Sequence[Source], arrays: Sequenc
     return [leaf.reshape(field_shape + leaf.shape[1:]) for leaf in jax.tree_util.tree_leaves(out)]
 
 
-def dependencies(closed: Any, n_sources: int, shapes: Sequence[tuple[int, ...]],
-                 n_dyn: int) -> list[set[tuple[int, ...]]]:
+def dependencies(closed: Any, n_sources: int,
+                 shapes: Sequence[tuple[int, ...]]) -> list[set[tuple[int, ...]]]:
     """Which window cells each source's kernel output depends on."""
     table = Table(DepsAlgebra())
     cells = []
@@ -280,7 +280,6 @@ def dependencies(closed: Any, n_sources: int, shapes: Sequence[tuple[int, ...]],
             grid[idx] = table.add(frozenset({key}))
         cells.append(Lifted(grid, None))
     args = cells + [_Abstract(v.aval) for v in closed.jaxpr.invars[n_sources:]]
-    del n_dyn
     result: list[set[tuple[int, ...]]] = [set() for _ in shapes]
     try:
         outs = interpret(closed.jaxpr, closed.consts, args, table)

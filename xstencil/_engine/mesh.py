@@ -23,7 +23,8 @@ from jax import lax
 from xstencil._engine.call import promote
 from xstencil._engine.lower import AxisGeom, KernelCall, Source, evaluate
 
-__all__ = ["Slab", "Mask", "mesh_evaluate", "slab_geometry", "write_slab"]
+__all__ = ["Slab", "Mask", "mesh_evaluate", "slab_geometry", "region_values", "write_region",
+           "write_slab"]
 
 
 @dataclass(frozen=True)
@@ -79,28 +80,39 @@ def mesh_evaluate(
         out = evaluate(base, sources, geom, dyn)
         rest = branches
     leaves, treedef = jax.tree_util.tree_flatten(out)
-    nfield = len(geom)
-    evaluated = []
-    for region, call in rest:
-        if isinstance(region, Slab):
-            if 0 in region.counts():
-                continue
-            sub = slab_geometry(geom, region)
-        else:
-            sub = list(geom)
-        evaluated.append((region, jax.tree_util.tree_leaves(evaluate(call, sources, sub, dyn))))
+    evaluated = [(region, vals) for region, call in rest
+                 if (vals := region_values(region, call, sources, geom, dyn)) is not None]
     # every region writes into one array: promote to a dtype that holds them all
     for k in range(len(leaves)):
         dt = promote(leaves[k], *[vals[k] for _, vals in evaluated])
         leaves[k] = leaves[k].astype(dt)
     for region, vals in evaluated:
-        if isinstance(region, Slab):
-            leaves = [write_slab(o, v, region) for o, v in zip(leaves, vals, strict=True)]
-        else:
-            mask = jnp.asarray(region.array, dtype=bool)
-            leaves = [jnp.where(_expand(mask, o.ndim, nfield), v.astype(o.dtype), o)
-                      for o, v in zip(leaves, vals, strict=True)]
+        leaves = write_region(leaves, region, vals)
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def region_values(region: Slab | Mask, call: KernelCall, sources: Sequence[Source],
+                  geom: Sequence[AxisGeom], dyn: Any) -> list[Any] | None:
+    """The output leaves of ``call`` over ``region`` (its slab only, for a
+    slab; everywhere, for a mask), or ``None`` for an empty slab."""
+    if isinstance(region, Slab):
+        if 0 in region.counts():
+            return None
+        geom = slab_geometry(geom, region)
+    return jax.tree_util.tree_leaves(evaluate(call, sources, geom, dyn))
+
+
+def write_region(leaves: Sequence[Any], region: Slab | Mask, vals: Sequence[Any]) -> list[Any]:
+    """``leaves`` with ``vals`` written into ``region`` (cast to the leaves' dtypes)."""
+    if isinstance(region, Slab):
+        return [write_slab(o, v, region) for o, v in zip(leaves, vals, strict=True)]
+    out = []
+    for o, v in zip(leaves, vals, strict=True):
+        m = jnp.asarray(region.array, dtype=bool)
+        if o.ndim > m.ndim:  # per-point outputs with trailing dims
+            m = lax.expand_dims(m, tuple(range(m.ndim, o.ndim)))
+        out.append(jnp.where(m, v.astype(o.dtype), o))
+    return out
 
 
 def _tiles(branches: Sequence[tuple[Slab | Mask, KernelCall]],
@@ -115,10 +127,6 @@ def _tiles(branches: Sequence[tuple[Slab | Mask, KernelCall]],
     for r, _ in branches:
         hit[tuple(slice(*rr) for rr in r.ranges)] = True  # type: ignore[union-attr]
     return bool(hit.all())
-
-
-def _expand(mask: Any, ndim: int, nfield: int) -> Any:
-    return lax.expand_dims(mask, tuple(range(nfield, ndim))) if ndim > nfield else mask
 
 
 def write_slab(out: Any, vals: Any, slab: Slab) -> Any:

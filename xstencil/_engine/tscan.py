@@ -46,7 +46,7 @@ from jax import lax
 
 from xstencil._engine.boundary import pad
 from xstencil._engine.lower import AxisGeom, KernelCall, Source, dependencies, evaluate, trace
-from xstencil._engine.mesh import Mask, Slab, slab_geometry, write_slab
+from xstencil._engine.mesh import Mask, Slab, region_values, write_region
 
 __all__ = ["Var", "Loop", "slab_mesh", "read_cells", "time_reads", "stacking", "run_loop",
            "stencil_step"]
@@ -63,7 +63,7 @@ def read_cells(calls: Sequence[KernelCall], sources: Sequence[Source], geom: Seq
     used: set[int] = set()
     for call in calls:
         closed, _ = trace(call, sources, geom, dyn)
-        for k, cells in enumerate(dependencies(closed, len(sources), shapes, 0)):
+        for k, cells in enumerate(dependencies(closed, len(sources), shapes)):
             out[k] |= cells
         used |= _used_inputs(closed.jaxpr, len(sources))
     return out, used
@@ -125,27 +125,13 @@ def slab_mesh(branches: Sequence[tuple[Slab | Mask, KernelCall]], base: KernelCa
         out = evaluate(base, sources, sub, dyn)
     leaves, treedef = jax.tree_util.tree_flatten(out)
     for region, call, cond in par[first:]:
-        new = _apply(region, call, leaves, sources, sub, dyn)
+        vals = region_values(region, call, sources, sub, dyn)
+        if vals is None:
+            continue
+        new = write_region(leaves, region, vals)
         leaves = new if cond is None else [jnp.where(cond, n, o)
                                            for n, o in zip(new, leaves, strict=True)]
     return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
-def _apply(region: Slab | Mask, call: KernelCall, leaves: list[Any], sources: Sequence[Source],
-           sub: Sequence[AxisGeom], dyn: Any) -> list[Any]:
-    if isinstance(region, Mask):
-        vals = jax.tree_util.tree_leaves(evaluate(call, sources, sub, dyn))
-        out = []
-        for v, o in zip(vals, leaves, strict=True):
-            m = region.array
-            if o.ndim > m.ndim:
-                m = lax.expand_dims(m, tuple(range(m.ndim, o.ndim)))
-            out.append(jnp.where(m, v.astype(o.dtype), o))
-        return out
-    if 0 in region.counts():
-        return leaves
-    vals = jax.tree_util.tree_leaves(evaluate(call, sources, slab_geometry(sub, region), dyn))
-    return [write_slab(o, v, region) for o, v in zip(leaves, vals, strict=True)]
 
 
 # -- time scans -------------------------------------------------------------------------
