@@ -111,13 +111,19 @@ def test_dataset_and_output_dims():
         lambda u: u.array, **kw))
 
 
-def test_lazy_until_computed():
-    def explode(block):
-        raise RuntimeError("computed during construction")
+def _explode(block):
+    raise RuntimeError("computed during construction")
 
+
+def bomb_of(da, chunks):
+    """``da`` backed by a dask array whose every block raises when computed."""
+    return da.copy(data=dsa.from_array(da.values, chunks=chunks).map_blocks(
+        _explode, dtype=da.dtype))
+
+
+def test_lazy_until_computed():
     da = field()
-    bomb = da.copy(data=dsa.from_array(da.values, chunks=(10, 16)).map_blocks(
-        explode, dtype=np.float32))
+    bomb = bomb_of(da, (10, 16))
     out = bomb.stencil.map(lap, boundary="periodic")
     m = bomb.stencil.mesh(boundary="reflect")
     m[...] = lap
@@ -234,12 +240,8 @@ def test_scan_coords_per_block():
 def test_scan_is_lazy_and_rejects_chunked_scan_dim():
     from xstencil._dask import scan_dask
 
-    def explode(block):
-        raise RuntimeError("computed during construction")
-
     u0 = field()
-    bomb = u0.copy(data=dsa.from_array(u0.values, chunks=(10, 25)).map_blocks(
-        explode, dtype=np.float32))
+    bomb = bomb_of(u0, (10, 25))
     out = scan_dask(bomb, heat, "time", steps=50, boundary="periodic")
     with pytest.raises(RuntimeError, match="computed during construction"):
         out.compute()
