@@ -380,10 +380,8 @@ class KernelMesh:
             branches = [(_intersect(r, keep), f) for r, f in branches]
         fill = o["fill_value"]
         if scanning:
-            from xstencil._engine.boundary import pad
-
-            work = pad(x, [(sp.pad_lo, sp.pad_hi) for sp in specs], modes, fill)
-            return kscan_array(branches, ident, work, geom, dyn, centre)
+            return kscan_array(branches, ident, x, [(sp.pad_lo, sp.pad_hi) for sp in specs],
+                               modes, fill, geom, dyn, centre)
         src = Source(x, tuple(range(x.ndim)), tuple(range(x.ndim)),
                      tuple((sp.pad_lo, sp.pad_hi) for sp in specs), modes, fill)
         return mesh_evaluate(branches, ident, [src], geom, dyn)

@@ -24,6 +24,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
+from xstencil._engine.boundary import block, pad
 from xstencil._engine.lower import AxisGeom, KernelCall, Source
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._engine.tscan import read_cells, slab_mesh
@@ -77,30 +78,40 @@ def read_offsets(calls: Sequence[KernelCall], source: Source, geom: Sequence[Axi
 def kscan_array(
     branches: Sequence[tuple[Slab | Mask, KernelCall]],
     base: KernelCall,
-    work: Any,
+    x: Any,
+    pads: Sequence[tuple[int, int]],
+    modes: Sequence[str],
+    fill_value: Any,
     geom: Sequence[AxisGeom],
     dyn: Any,
     centre: Sequence[int],
 ) -> Any:
-    """Scan over the padded working array ``work``; returns the outputs.
+    """Scan over ``x`` padded by ``pads`` (filled by ``modes``); returns the
+    outputs.
 
     ``branches`` are the mesh regions (over output positions) and their
-    kernels; ``base`` computes positions no region covers.
+    kernels; ``base`` computes positions no region covers.  Geometry indices
+    are in padded coordinates.  The halo holds the input's padding for the
+    whole scan: writes land only on window centres.
     """
-    rank = work.ndim
+    rank = x.ndim
     axes = tuple(range(rank))
-    src = Source(work, axes, axes)
+    virtual = Source(x, axes, axes, tuple(pads), tuple(modes), fill_value)
     strides = [g.step for g in geom]
-    offsets = read_offsets([c for _, c in branches] + [base], src, geom, dyn, centre)
+    offsets = read_offsets([c for _, c in branches] + [base], virtual, geom, dyn, centre)
     seq = sequential_axes(offsets, strides)
-    if not seq:
-        return mesh_evaluate(branches, base, [src], geom, dyn)
+    if not seq:  # nothing reads a result: one parallel map over the padded input
+        return mesh_evaluate(branches, base, [virtual], geom, dyn)
     par = [a for a in axes if a not in seq]
     counts = [geom[a].count for a in seq]
     if 0 in counts or any(geom[a].count == 0 for a in par):
-        return _outputs(work, geom, centre)
+        return _outputs(pad(x, pads, modes, fill_value), geom, centre)
 
     segments = _segments(branches, seq, counts)
+    if tuple(seq) == (0,) and segments is not None and _core_rows(x, pads, modes, geom, centre):
+        rows = {centre[0] + o[0] for o in offsets}
+        return _scan_core(segments, base, x, pads, modes, fill_value, geom, dyn, centre, rows)
+    work = pad(x, pads, modes, fill_value)
     if segments is None:  # regions that change along walked axes in other ways
         segments = [(0, math.prod(counts), None)]
     for lo, hi, active in segments:
@@ -110,6 +121,95 @@ def kscan_array(
                      counts, par, dynamic=active is None)
         work = lax.fori_loop(lo, hi, body, work)
     return _outputs(work, geom, centre)
+
+
+def _core_rows(x: Any, pads: Sequence[tuple[int, int]], modes: Sequence[str],
+               geom: Sequence[AxisGeom], centre: Sequence[int]) -> bool:
+    """Whether a walk along axis 0 can carry ``x`` itself, unpadded.
+
+    Every write must land inside ``x``, and the halo of a row along the
+    other axes must not depend on the row's values (a periodic halo of a
+    row holds the row's *input* values while the scan overwrites them).
+    """
+    for a, (g, c, (lo, hi), n) in enumerate(zip(geom, centre, pads, x.shape, strict=True)):
+        first = g.start + c
+        if first < lo or first + g.step * (g.count - 1) >= lo + n:
+            return False
+        if a and (lo or hi) and modes[a] not in ("fill", "valid"):
+            return False
+    return True
+
+
+def _scan_core(segments: list[tuple[int, int, Any]], base: KernelCall, x: Any,
+               pads: Sequence[tuple[int, int]], modes: Sequence[str], fill_value: Any,
+               geom: Sequence[AxisGeom], dyn: Any, centre: Sequence[int],
+               read: set[int]) -> Any:
+    """Walk axis 0 carrying the unpadded array; ``read`` are the window rows
+    the kernels read.
+
+    Each step reads the window's rows one by one: rows inside the array
+    from the carry (their halo along the other axes is virtual), rows in
+    the halo along axis 0 from two small blocks built once before the loop.
+    Hand-written scans carry no halo either; a padded carry costs two extra
+    passes over the array (pad, then slice the outputs back out).
+    """
+    g0, lo0, n0 = geom[0], pads[0][0], x.shape[0]
+    rest = tuple(range(1, x.ndim))
+    full = [(0, lo + n + hi) for (lo, hi), n in zip(pads[1:], x.shape[1:], strict=True)]
+    top = block(x, [(0, lo0)] + full, pads, modes, fill_value) if lo0 else None
+    bottom = (block(x, [(lo0 + n0, lo0 + n0 + pads[0][1])] + full, pads, modes, fill_value)
+              if pads[0][1] else None)
+    # split the walk where a window row crosses into or out of the array
+    cuts = set()
+    for r in read:
+        for edge in (lo0, lo0 + n0):
+            cuts.add(max(-(-(edge - r) // g0.step), 0))
+    sub = [AxisGeom(0, 1, 1, g0.size)] + list(geom[1:])
+    wstart = [c - lo for c, (lo, _) in zip(centre[1:], pads[1:], strict=True)]
+    par_steps = [g.step for g in geom[1:]]
+    out = x
+    for lo, hi, active in segments:
+        if not active:
+            continue
+        bounds = sorted({lo, hi} | {c for c in cuts if lo < c < hi})
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            # an unread row is taken from the carry (clamped): the kernel never uses it
+            where = ["core" if r not in read or lo0 <= a * g0.step + r < lo0 + n0 else
+                     "top" if a * g0.step + r < lo0 else "bottom" for r in range(g0.size)]
+            calls = [(reg, _stack_rows(c)) for reg, c in active]
+
+            def body(i: Any, w: Any, where: list[str] = where, calls: Any = calls) -> Any:
+                rows = []
+                for r, kind in enumerate(where):
+                    k = i * g0.step + r
+                    if kind == "core":
+                        rows.append(Source(lax.dynamic_index_in_dim(w, k - lo0, 0, False), rest,
+                                           rest, tuple(pads[1:]), tuple(modes[1:]), fill_value))
+                    else:
+                        blk, k0 = (top, 0) if kind == "top" else (bottom, lo0 + n0)
+                        rows.append(Source(lax.dynamic_index_in_dim(blk, k - k0, 0, False),
+                                           rest, rest))
+                val = mesh_evaluate(calls, _stack_rows(base), rows, sub, dyn).astype(w.dtype)
+                row = i * g0.step + centre[0] - lo0
+                if all(s == 1 for s in par_steps):
+                    return lax.dynamic_update_slice(w, val, [row, *wstart])
+                idx = (row,) + tuple(slice(s, s + st * (g.count - 1) + 1, st)
+                                     for s, st, g in zip(wstart, par_steps, geom[1:], strict=True))
+                return w.at[idx].set(jnp.squeeze(val, axis=0))
+
+            out = body(a, out) if b - a == 1 else lax.fori_loop(a, b, body, out)
+    if _outputs_are_input(x, pads, geom, centre):
+        return out
+    starts = [c - lo for c, (lo, _) in zip(centre, pads, strict=True)]
+    limits = [s + max(g.step * (g.count - 1) + 1, 0) for s, g in zip(starts, geom, strict=True)]
+    return lax.slice(out, starts, limits, [g.step for g in geom])
+
+
+def _outputs_are_input(x: Any, pads: Sequence[tuple[int, int]], geom: Sequence[AxisGeom],
+                       centre: Sequence[int]) -> bool:
+    """Whether the outputs sit exactly on the cells of ``x``."""
+    return all(g.start + c == lo and g.step == 1 and g.count == n
+               for g, c, (lo, _), n in zip(geom, centre, pads, x.shape, strict=True))
 
 
 def _segments(branches: Sequence[tuple[Slab | Mask, KernelCall]], seq: Sequence[int],
