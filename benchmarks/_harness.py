@@ -247,3 +247,20 @@ def publish(name: str, text: str, args: Any, log: Callable[[str], None] = print,
     if (not args.quick or args.write) and not args.no_write and not partial:
         write_section(name, text)
         log(f"wrote {RESULTS}")
+
+
+def convection_rows(x: Any, r: float) -> Any:
+    """The hand-written baseline for the kernex README's linear convection,
+    shared by ``engine.py`` and ``scan.py``: a ``lax.scan`` over time rows
+    carrying only the previous row, starting from ``x[0]``, walls held at
+    their initial values."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    def step(prev: Any, _: Any) -> tuple[Any, Any]:
+        inner = prev[1:-1] - r * (prev[1:-1] - prev[:-2])
+        new = jnp.concatenate([prev[:1], inner, prev[-1:]])
+        return new, new
+
+    _, rows = lax.scan(step, x[0], None, length=x.shape[0] - 1)
+    return jnp.concatenate([x[:1], rows])

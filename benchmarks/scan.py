@@ -51,10 +51,8 @@ TARGET = 1.3
 def convection(nt: int, nx: int) -> tuple[str, Any, Callable[..., Any], Callable[..., Any]]:
     """The kernex README's 1-D linear convection (upwind), full trajectory,
     walls by position in a mesh."""
-    import jax.numpy as jnp
     import numpy as np
     import xarray as xr
-    from jax import lax
 
     import xstencil
 
@@ -76,15 +74,7 @@ def convection(nt: int, nx: int) -> tuple[str, Any, Callable[..., Any], Callable
         return m.scan(dim="t").data
 
     def hand(x: Any) -> Any:
-        row0 = x[0]
-
-        def step(prev: Any, _: Any) -> tuple[Any, Any]:
-            inner = prev[1:-1] - r * (prev[1:-1] - prev[:-2])
-            new = jnp.concatenate([prev[:1], inner, prev[-1:]])
-            return new, new
-
-        _, rows = lax.scan(step, row0, None, length=x.shape[0] - 1)
-        return jnp.concatenate([row0[None], rows])
+        return H.convection_rows(x, r)
 
     return f"1-D linear convection {nt}×{nx} (mesh, full trajectory)", x0, xs, hand
 

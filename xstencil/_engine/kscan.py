@@ -178,31 +178,41 @@ def _scan_core(segments: list[tuple[int, int, Any]], base: KernelCall, x: Any,
                      "top" if a * g0.step + r < lo0 else "bottom" for r in range(g0.size)]
             calls = [(reg, _stack_rows(c)) for reg, c in active]
 
-            def body(i: Any, w: Any, where: list[str] = where, calls: Any = calls) -> Any:
+            def body(j: Any, w: Any, a: int = a, where: list[str] = where,
+                     calls: Any = calls) -> Any:
+                # step a + j: indices are j * step plus a static offset, which
+                # XLA compiles to faster loops than (a + j) * step + r - lo
                 rows = []
                 for r, kind in enumerate(where):
-                    k = i * g0.step + r
                     if kind == "core":
-                        rows.append(Source(lax.dynamic_index_in_dim(w, k - lo0, 0, False), rest,
+                        k = _affine(j, g0.step, a * g0.step + r - lo0)
+                        rows.append(Source(lax.dynamic_index_in_dim(w, k, 0, False), rest,
                                            rest, tuple(pads[1:]), tuple(modes[1:]), fill_value))
                     else:
                         blk, k0 = (top, 0) if kind == "top" else (bottom, lo0 + n0)
-                        rows.append(Source(lax.dynamic_index_in_dim(blk, k - k0, 0, False),
+                        k = _affine(j, g0.step, a * g0.step + r - k0)
+                        rows.append(Source(lax.dynamic_index_in_dim(blk, k, 0, False),
                                            rest, rest))
                 val = mesh_evaluate(calls, _stack_rows(base), rows, sub, dyn).astype(w.dtype)
-                row = i * g0.step + centre[0] - lo0
+                row = _affine(j, g0.step, a * g0.step + centre[0] - lo0)
                 if all(s == 1 for s in par_steps):
                     return lax.dynamic_update_slice(w, val, [row, *wstart])
                 idx = (row,) + tuple(slice(s, s + st * (g.count - 1) + 1, st)
                                      for s, st, g in zip(wstart, par_steps, geom[1:], strict=True))
                 return w.at[idx].set(jnp.squeeze(val, axis=0))
 
-            out = body(a, out) if b - a == 1 else lax.fori_loop(a, b, body, out)
+            out = body(0, out) if b - a == 1 else lax.fori_loop(0, b - a, body, out)
     if _outputs_are_input(x, pads, geom, centre):
         return out
     starts = [c - lo for c, (lo, _) in zip(centre, pads, strict=True)]
     limits = [s + max(g.step * (g.count - 1) + 1, 0) for s, g in zip(starts, geom, strict=True)]
     return lax.slice(out, starts, limits, [g.step for g in geom])
+
+
+def _affine(j: Any, step: int, offset: int) -> Any:
+    """``j * step + offset`` without the operations that are no-ops."""
+    v = j if step == 1 else j * step
+    return v if offset == 0 else v + offset
 
 
 def _outputs_are_input(x: Any, pads: Sequence[tuple[int, int]], geom: Sequence[AxisGeom],
