@@ -10,6 +10,11 @@ slab per step.  A time-causal kernel on ``(time, x)`` therefore runs as one
 ``fori_loop`` over rows of whole-row array expressions, and only a genuine
 recurrence along ``x`` nests a walk along ``x``.
 
+A walk along axis 0 alone reads the window row by row and, whenever every
+write lands inside the input, carries the input itself rather than a padded
+copy (the halo rows come from small blocks built before the loop), as a
+hand-written ``lax.scan`` over rows would.
+
 The slab evaluation under a mesh (:func:`~xstencil._engine.tscan.slab_mesh`)
 and the dependency analysis (:func:`~xstencil._engine.tscan.read_cells`) are
 shared with the labelled time scan in :mod:`xstencil._engine.tscan`.
@@ -108,9 +113,13 @@ def kscan_array(
         return _outputs(pad(x, pads, modes, fill_value), geom, centre)
 
     segments = _segments(branches, seq, counts)
-    if tuple(seq) == (0,) and segments is not None and _core_rows(x, pads, modes, geom, centre):
+    if tuple(seq) == (0,) and segments is not None:
         rows = {centre[0] + o[0] for o in offsets}
-        return _scan_core(segments, base, x, pads, modes, fill_value, geom, dyn, centre, rows)
+        if _core_rows(x, pads, modes, geom, centre):
+            return _walk_rows(segments, base, x, pads, modes, fill_value, geom, dyn, centre, rows)
+        work = pad(x, pads, modes, fill_value)
+        return _walk_rows(segments, base, work, [(0, 0)] * rank, modes, fill_value, geom, dyn,
+                          centre, rows)
     work = pad(x, pads, modes, fill_value)
     if segments is None:  # regions that change along walked axes in other ways
         segments = [(0, math.prod(counts), None)]
@@ -118,8 +127,8 @@ def kscan_array(
         if active is not None and not active:
             continue  # no kernel applies here: every position keeps its value
         body = _step(branches if active is None else active, base, geom, dyn, centre, seq,
-                     counts, par, dynamic=active is None)
-        work = lax.fori_loop(lo, hi, body, work)
+                     counts, par, lo, dynamic=active is None)
+        work = lax.fori_loop(0, hi - lo, body, work)
     return _outputs(work, geom, centre)
 
 
@@ -140,12 +149,14 @@ def _core_rows(x: Any, pads: Sequence[tuple[int, int]], modes: Sequence[str],
     return True
 
 
-def _scan_core(segments: list[tuple[int, int, Any]], base: KernelCall, x: Any,
+def _walk_rows(segments: list[tuple[int, int, Any]], base: KernelCall, x: Any,
                pads: Sequence[tuple[int, int]], modes: Sequence[str], fill_value: Any,
                geom: Sequence[AxisGeom], dyn: Any, centre: Sequence[int],
                read: set[int]) -> Any:
-    """Walk axis 0 carrying the unpadded array; ``read`` are the window rows
-    the kernels read.
+    """Walk axis 0 carrying ``x``, padded by ``pads`` along axis 0 and
+    virtually along the others; ``read`` are the window rows the kernels
+    read.  Where :func:`_core_rows` holds, ``x`` is the unpadded input; the
+    fallback passes the padded array with zero ``pads``.
 
     Each step reads the window's rows one by one: rows inside the array
     from the carry (their halo along the other axes is virtual), rows in
@@ -165,6 +176,7 @@ def _scan_core(segments: list[tuple[int, int, Any]], base: KernelCall, x: Any,
         for edge in (lo0, lo0 + n0):
             cuts.add(max(-(-(edge - r) // g0.step), 0))
     sub = [AxisGeom(0, 1, 1, g0.size)] + list(geom[1:])
+    halo = (tuple(pads[1:]), tuple(modes[1:]), fill_value) if any(map(any, pads[1:])) else ()
     wstart = [c - lo for c, (lo, _) in zip(centre[1:], pads[1:], strict=True)]
     par_steps = [g.step for g in geom[1:]]
     out = x
@@ -187,7 +199,7 @@ def _scan_core(segments: list[tuple[int, int, Any]], base: KernelCall, x: Any,
                     if kind == "core":
                         k = _affine(j, g0.step, a * g0.step + r - lo0)
                         rows.append(Source(lax.dynamic_index_in_dim(w, k, 0, False), rest,
-                                           rest, tuple(pads[1:]), tuple(modes[1:]), fill_value))
+                                           rest, *halo))
                     else:
                         blk, k0 = (top, 0) if kind == "top" else (bottom, lo0 + n0)
                         k = _affine(j, g0.step, a * g0.step + r - k0)
@@ -256,42 +268,36 @@ def _segments(branches: Sequence[tuple[Slab | Mask, KernelCall]], seq: Sequence[
 
 def _step(branches: Sequence[tuple[Slab | Mask, KernelCall]], base: KernelCall,
           geom: Sequence[AxisGeom], dyn: Any, centre: Sequence[int], seq: Sequence[int],
-          counts: Sequence[int], par: Sequence[int], *, dynamic: bool) -> Any:
-    """The loop body: compute one slab of outputs and write it back."""
+          counts: Sequence[int], par: Sequence[int], first: int, *, dynamic: bool) -> Any:
+    """The loop body for step ``first + j``: compute one slab of outputs and
+    write it back.  ``first`` is nonzero only when walking one axis."""
     axes = tuple(range(len(geom)))
 
-    def body(i: Any, w: Any) -> Any:
-        pos = {}
-        rem = i
+    def body(j: Any, w: Any) -> Any:
+        pos, at = {}, {}
+        rem = j
         for k, (a, n) in enumerate(zip(reversed(seq), reversed(counts), strict=True)):
             last = k == len(seq) - 1
             pos[a] = rem if last else rem % n
             rem = rem // n
+        for a in seq:  # padded index of the slab's first cell (see _affine)
+            at[a] = _affine(pos[a], geom[a].step, first * geom[a].step)
+            pos[a] = _affine(pos[a], 1, first)
         sub = [AxisGeom(0, 1, 1, g.size) if a in pos else g for a, g in enumerate(geom)]
-        if tuple(seq) == (0,) and not dynamic:
-            # one source per window row: only the rows the kernel reads are sliced
-            # out of the carry, each fused into the step's arithmetic
-            rest = axes[1:]
-            rows = [Source(lax.dynamic_index_in_dim(w, pos[0] * geom[0].step + r, 0, False),
-                           rest, rest) for r in range(geom[0].size)]
-            val = mesh_evaluate([(reg, _stack_rows(c)) for reg, c in branches],
-                                _stack_rows(base), rows, sub, dyn)
+        starts = [at.get(a, 0) for a in axes]
+        sizes = [geom[a].size if a in pos else w.shape[a] for a in axes]
+        src = Source(lax.dynamic_slice(w, starts, sizes), axes, axes)
+        if dynamic:
+            val = slab_mesh(branches, base, [src], sub, dyn, pos,
+                            {a: (0, n) for a, n in zip(seq, counts, strict=True)})
         else:
-            starts = [pos[a] * geom[a].step if a in pos else 0 for a in axes]
-            sizes = [geom[a].size if a in pos else w.shape[a] for a in axes]
-            src = Source(lax.dynamic_slice(w, starts, sizes), axes, axes)
-            if dynamic:
-                val = slab_mesh(branches, base, [src], sub, dyn, pos,
-                                {a: (0, n) for a, n in zip(seq, counts, strict=True)})
-            else:
-                val = mesh_evaluate(branches, base, [src], sub, dyn)
+            val = mesh_evaluate(branches, base, [src], sub, dyn)
         val = val.astype(w.dtype)
         if all(geom[a].step == 1 for a in par):
-            wstart = [pos[a] * geom[a].step + centre[a] if a in pos
-                      else geom[a].start + centre[a] for a in axes]
+            wstart = [at[a] + centre[a] if a in at else geom[a].start + centre[a] for a in axes]
             return lax.dynamic_update_slice(w, val, wstart)
         idx = tuple(
-            pos[a] * geom[a].step + centre[a] if a in pos
+            at[a] + centre[a] if a in at
             else slice(geom[a].start + centre[a],
                        geom[a].start + centre[a] + geom[a].step * (geom[a].count - 1) + 1,
                        geom[a].step)
