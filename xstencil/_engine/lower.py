@@ -22,12 +22,12 @@ from jax import lax
 
 from xstencil._engine.boundary import block
 from xstencil._engine.lift import (
+    Abstract,
     ArrayAlgebra,
     DepsAlgebra,
     Lifted,
     Table,
     Unliftable,
-    _Abstract,
     cell_grid,
     interpret,
 )
@@ -279,7 +279,7 @@ def dependencies(closed: Any, n_sources: int,
             index[key] = (k, idx)
             grid[idx] = table.add(frozenset({key}))
         cells.append(Lifted(grid, None))
-    args = cells + [_Abstract(v.aval) for v in closed.jaxpr.invars[n_sources:]]
+    args = cells + [Abstract(v.aval) for v in closed.jaxpr.invars[n_sources:]]
     result: list[set[tuple[int, ...]]] = [set() for _ in shapes]
     try:
         outs = interpret(closed.jaxpr, closed.consts, args, table)

@@ -1,0 +1,173 @@
+"""The element table behind :mod:`xstencil._engine.lift`.
+
+A lifted window value is a grid of element ids (:class:`Lifted`); the
+:class:`Table` maps ids to elements.  What an element is depends on the
+algebra: a whole-field JAX array (:class:`ArrayAlgebra`, for lowering) or the
+set of window cells it depends on (:class:`DepsAlgebra`, for the dependency
+analysis of scans).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+
+__all__ = ["MAX_ELEMENT_OPS", "Unliftable", "Lifted", "Table", "ArrayAlgebra", "DepsAlgebra",
+           "Algebra", "Abstract", "elem", "ids_of"]
+
+# Upper bound on unrolled element operations before we give up and fall back.
+MAX_ELEMENT_OPS = 60_000
+
+
+class Unliftable(Exception):
+    """The kernel cannot be lowered to shifted slices; use the fallback."""
+
+
+class Lifted:
+    """A per-cell value whose entries are element ids in a :class:`Table`."""
+
+    __slots__ = ("ids", "dtype")
+
+    def __init__(self, ids: np.ndarray, dtype: Any):
+        self.ids = ids
+        self.dtype = dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.ids.shape
+
+
+class Table:
+    """Elements by id.  Window cells are materialized lazily, on first use."""
+
+    def __init__(self, algebra: Algebra):
+        self.algebra = algebra
+        self._values: list[Any] = []
+        self._thunks: list[Callable[[], Any] | None] = []
+        self.ops = 0
+
+    def add_lazy(self, thunk: Callable[[], Any]) -> int:
+        self._values.append(None)
+        self._thunks.append(thunk)
+        return len(self._values) - 1
+
+    def add(self, value: Any) -> int:
+        self._values.append(value)
+        self._thunks.append(None)
+        return len(self._values) - 1
+
+    def get(self, i: int) -> Any:
+        thunk = self._thunks[i]
+        if thunk is not None:
+            self._values[i] = thunk()
+            self._thunks[i] = None
+        return self._values[i]
+
+    def count_op(self, n: int = 1) -> None:
+        self.ops += n
+        if self.ops > MAX_ELEMENT_OPS:
+            raise Unliftable(
+                f"the lowered kernel exceeds {MAX_ELEMENT_OPS} element operations"
+            )
+
+    def constant_ids(self, value: Any) -> np.ndarray:
+        """Register every entry of a non-lifted value as a (lazy) element."""
+        shape = np.shape(value)
+        ids = np.empty(shape, dtype=np.int64)
+        for idx in np.ndindex(*shape):
+            ids[idx] = self.add_lazy(lambda idx=idx: self.algebra.constant(value, idx))
+        return ids
+
+
+class ArrayAlgebra:
+    """Elements are JAX arrays (or scalars) over the output field."""
+
+    @staticmethod
+    def constant(value: Any, idx: tuple[int, ...]) -> Any:
+        if isinstance(value, jax.core.Tracer):
+            return value[idx] if idx else value
+        return np.asarray(value)[idx]
+
+    @staticmethod
+    def apply(
+        prim: Any, elems: Sequence[Any], params: dict[str, Any], dtypes: Sequence[Any]
+    ) -> Any:
+        arrays = []
+        for e, dt in zip(elems, dtypes, strict=True):
+            if isinstance(e, jax.Array | jax.core.Tracer):
+                arrays.append(e if e.dtype == dt else lax.convert_element_type(e, dt))
+            else:
+                arrays.append(np.asarray(e, dtype=dt))
+        shapes = [np.shape(a) for a in arrays]
+        if len(set(shapes)) > 1:
+            target = np.broadcast_shapes(*shapes)
+            arrays = [lax.broadcast_in_dim(a, target, _bdims(np.ndim(a), len(target)))
+                      if np.shape(a) != target else a for a in arrays]
+        out = prim.bind(*arrays, **params)
+        return out
+
+
+def _bdims(ndim: int, target_ndim: int) -> tuple[int, ...]:
+    return tuple(range(target_ndim - ndim, target_ndim))
+
+
+class DepsAlgebra:
+    """Elements are frozensets of the window cells they depend on."""
+
+    @staticmethod
+    def constant(value: Any, idx: tuple[int, ...]) -> Any:
+        return frozenset()
+
+    @staticmethod
+    def apply(
+        prim: Any, elems: Sequence[Any], params: dict[str, Any], dtypes: Sequence[Any]
+    ) -> Any:
+        out: frozenset = frozenset()
+        for e in elems:
+            if isinstance(e, frozenset):
+                out = out | e
+        return out
+
+
+Algebra = ArrayAlgebra | DepsAlgebra
+
+
+class Abstract:
+    """A non-window value whose content is irrelevant (dependency analysis)."""
+
+    def __init__(self, aval: Any):
+        self.aval = aval
+        self.shape = aval.shape
+        self.dtype = aval.dtype
+
+    def __getitem__(self, idx: Any) -> Abstract:
+        return self
+
+
+def elem(x: Any, idx: tuple[int, ...], table: Table) -> Any:
+    if isinstance(x, Lifted):
+        return table.get(int(x.ids[idx]))
+    if isinstance(x, Abstract):
+        return frozenset()
+    if np.ndim(x) == 0:
+        return table.algebra.constant(x, ())
+    return table.algebra.constant(x, idx)
+
+
+def ids_of(x: Any, table: Table) -> np.ndarray:
+    if isinstance(x, Lifted):
+        return x.ids
+    if isinstance(x, Abstract):
+        return abstract_ids(x, table)
+    return table.constant_ids(x)
+
+
+def abstract_ids(x: Abstract, table: Table) -> np.ndarray:
+    ids = np.empty(x.shape, dtype=np.int64)
+    for idx in np.ndindex(*x.shape):
+        ids[idx] = table.add(frozenset())
+    return ids
