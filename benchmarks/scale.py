@@ -126,7 +126,7 @@ def _scan_child(n: int, steps: int, runs: int) -> dict[str, Any]:
 
     import xstencil  # noqa: F401
     from xstencil._labelled.scan import scan
-    from xstencil._shard import scan_sharded
+    from xstencil._shard_scan import scan_sharded
 
     assert jax.device_count() == 4, jax.devices()
     rng = np.random.default_rng(0)

@@ -163,7 +163,7 @@ def heat(u):
 
 def check_scan_modes_and_halo_depth():
     from xstencil._labelled.scan import scan
-    from xstencil._shard import scan_sharded
+    from xstencil._shard_scan import scan_sharded
 
     u0 = field()
     for mode, mesh, k in (("periodic", {"x": "i"}, 1), ("extend", {"y": "a", "x": "b"}, 4),
@@ -178,7 +178,7 @@ def check_scan_modes_and_halo_depth():
 
 
 def check_scan_hlo():
-    from xstencil._shard import scan_sharded
+    from xstencil._shard_scan import scan_sharded
 
     hlo = scan_sharded(field(), heat, "time", steps=8, save_every="last", boundary="extend",
                        mesh={"y": "a", "x": "b"}, halo_every=4, hlo=True)
@@ -187,7 +187,7 @@ def check_scan_hlo():
 
 def check_scan_coords():
     from xstencil._labelled.scan import scan
-    from xstencil._shard import scan_sharded
+    from xstencil._shard_scan import scan_sharded
 
     u0 = field(np.float64).assign_coords(x=np.linspace(0.0, 1.0, 48) ** 2)
 
@@ -204,7 +204,7 @@ def check_scan_coords():
 
 def check_scan_trajectory_last_float64():
     from xstencil._labelled.scan import scan
-    from xstencil._shard import scan_sharded
+    from xstencil._shard_scan import scan_sharded
 
     u0 = field(np.float64)
     traj = xr.concat([u0] + [0.5 * u0] * 5, "time").assign_coords(time=np.arange(6.0))
@@ -221,7 +221,7 @@ def check_scan_trajectory_last_float64():
 
 
 def check_scan_bad_input():
-    from xstencil._shard import scan_sharded
+    from xstencil._shard_scan import scan_sharded
 
     u0 = field()
     _raises(lambda: scan_sharded(u0, heat, "time", steps=4, mesh={"z": "i"}),

@@ -1,4 +1,5 @@
-"""dask-backed DataArrays: lazy maps identical to in-memory ones (xstencil._dask)."""
+"""dask-backed DataArrays: lazy maps and scans identical to in-memory ones
+(xstencil._dask, xstencil._dask_scan)."""
 
 from __future__ import annotations
 
@@ -149,6 +150,7 @@ def test_chunks_smaller_than_halo():
 def test_distributed_local_cluster():
     distributed = pytest.importorskip("distributed")
     import xstencil._dask as xd
+    from xstencil._dask_scan import scan_dask
 
     da = field(shape=(64, 64))
     refs = {m: da.stencil.map(lap, boundary=m) for m in ("periodic", "reflect")}
@@ -161,7 +163,7 @@ def test_distributed_local_cluster():
         counts = client.run(xd.compile_count)
         # 32 steps, 4 per task: 8 layers of 16 tasks, one block geometry
         kw = dict(dim="time", steps=32, save_every=16, boundary="periodic")
-        out = xd.scan_dask(da.chunk({"y": 16, "x": 16}), heat, halo_every=4, **kw)
+        out = scan_dask(da.chunk({"y": 16, "x": 16}), heat, halo_every=4, **kw)
         same(out.compute(), memory_scan(da, heat, **kw), rtol=1e-5)
         after = client.run(xd.compile_count)
     # 16 tasks per map; 9 block geometries at most for the in-block padded reflect
@@ -191,7 +193,7 @@ def memory_scan(obj, kernel, **kw):
     ("fill", {"y": 15}, 3),
 ])
 def test_scan_matches_memory(mode, chunks, k):
-    from xstencil._dask import scan_dask
+    from xstencil._dask_scan import scan_dask
 
     u0 = field(shape=(30, 44))
     kw = dict(dim="time", steps=10, boundary=mode, save_every=5,
@@ -202,7 +204,7 @@ def test_scan_matches_memory(mode, chunks, k):
 
 
 def test_scan_trajectory_reads_input_and_float64():
-    from xstencil._dask import scan_dask
+    from xstencil._dask_scan import scan_dask
 
     u0 = field(np.float64, shape=(20, 30))
     traj = xr.concat([u0] + [0.5 * u0] * 7, "time").assign_coords(time=np.arange(8.0))
@@ -222,7 +224,7 @@ def test_scan_trajectory_reads_input_and_float64():
 
 
 def test_scan_coords_per_block():
-    from xstencil._dask import scan_dask
+    from xstencil._dask_scan import scan_dask
 
     u0 = field(np.float64, shape=(20, 30)).assign_coords(x=np.linspace(0.0, 1.0, 30) ** 2)
 
@@ -238,7 +240,7 @@ def test_scan_coords_per_block():
 
 
 def test_scan_is_lazy_and_rejects_chunked_scan_dim():
-    from xstencil._dask import scan_dask
+    from xstencil._dask_scan import scan_dask
 
     u0 = field()
     bomb = bomb_of(u0, (10, 25))

@@ -1,7 +1,7 @@
 """Scans on blocks with a deep halo: K steps per halo exchange.
 
-Shared by the dask scan (:mod:`xstencil._dask`, one task runs K steps of one
-chunk) and the sharded scan (:mod:`xstencil._shard`, one ``ppermute``
+Shared by the dask scan (:mod:`xstencil._dask_scan`, one task runs K steps of
+one chunk) and the sharded scan (:mod:`xstencil._shard_scan`, one ``ppermute``
 exchange every K steps).  A block extended by ``K * lo`` / ``K * hi`` cells of
 neighbouring data along each split dim can advance K steps on its own: every
 step, the cells within one window reach of the extended block's edge read a
@@ -360,8 +360,10 @@ def scale_out(obj: Any, kernel: Any, dim: str, args: Any, kwargs: Mapping[str, A
     ``kwargs`` holds the scan options (``window``, ``boundary``, ...) and the
     kernel's keyword arguments together, as :func:`xstencil.scan` receives them.
     """
-    from xstencil._dask import any_dask, scan_dask
-    from xstencil._shard import is_sharded, scan_sharded
+    from xstencil._dask import any_dask
+    from xstencil._dask_scan import scan_dask
+    from xstencil._shard import is_sharded
+    from xstencil._shard_scan import scan_sharded
 
     arrays = [v.data for v in obj.data_vars.values()] if isinstance(obj, xr.Dataset) \
         else [getattr(obj, "data", None)]

@@ -1,0 +1,224 @@
+"""JAX arrays sharded across devices: scans under :func:`jax.shard_map`.
+
+:func:`scan_sharded` exchanges a halo ``halo_every`` (K) windows deep with
+:func:`~xstencil._shard.exchange` every K steps, then advances K steps with
+the shared block scan of :mod:`xstencil._blockscan`; the devices at the global
+edge rebuild their outer halo after every step (``_repad``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from xstencil._engine.boundary import pad
+from xstencil._engine.call import as_array, precision
+from xstencil._errors import XStencilError
+from xstencil._shard import Layout, exchange, layout, split_options
+
+__all__ = ["scan_sharded"]
+
+
+def _repad(new: Any, axis: int, name: str, p: int, lo: int, hi: int, mode: str,
+           fill: Any) -> Any:
+    """On the edge devices, rebuild the outer ``lo``/``hi`` cells of ``new``
+    along ``axis`` from the cells inside, in boundary ``mode``."""
+    n = new.shape[axis]
+    idx = lax.axis_index(name)
+    widths = [(0, 0)] * new.ndim
+    modes = ["fill"] * new.ndim
+    modes[axis] = mode
+    # the outer w cells depend only on the w + 1 cells next to them, so only those
+    # are padded and only the halo slab is written back
+    if lo:
+        widths[axis] = (lo, 0)
+        inner = lax.slice_in_dim(new, lo, min(n, 2 * lo + 1), axis=axis)
+        edge = lax.slice_in_dim(pad(inner, widths, modes, fill), 0, lo, axis=axis)
+        old = lax.slice_in_dim(new, 0, lo, axis=axis)
+        new = lax.dynamic_update_slice_in_dim(new, jnp.where(idx == 0, edge, old), 0, axis)
+    if hi:
+        widths[axis] = (0, hi)
+        inner = lax.slice_in_dim(new, max(0, n - 2 * hi - 1), n - hi, axis=axis)
+        m = inner.shape[axis]
+        edge = lax.slice_in_dim(pad(inner, widths, modes, fill), m, m + hi, axis=axis)
+        old = lax.slice_in_dim(new, n - hi, n, axis=axis)
+        new = lax.dynamic_update_slice_in_dim(new, jnp.where(idx == p - 1, edge, old), n - hi,
+                                              axis)
+    return new
+
+
+def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args: Any,
+                 mesh: Any = None, halo_every: int = 1, hlo: bool | str = False,
+                 **kwargs: Any) -> Any:
+    """Scan a kernel along ``dim`` with the other dims sharded over devices.
+
+    Every ``halo_every`` steps each device receives a halo ``halo_every``
+    windows deep from its neighbours (one ``ppermute`` per side and sharded
+    dim), then advances ``halo_every`` steps without communication.  Deeper
+    halos mean fewer, larger messages and some redundant work at the block
+    edges.  The result equals the in-memory :func:`xstencil.scan` and stays
+    sharded.
+
+    Parameters
+    ----------
+    obj
+        A DataArray: the initial state (with ``steps=N``) or the trajectory,
+        as for :func:`xstencil.scan`; a sharded JAX array, or any array with
+        ``mesh=``.  ``dim`` itself must not be sharded.
+    kernel, dim, *args
+        As for :func:`xstencil.scan`.
+    mesh
+        ``{dim: mesh_axis}`` or a :class:`jax.sharding.Mesh` with axes named
+        after dims; defaults to the data's sharding.
+    halo_every
+        Steps between halo exchanges (K).  The halo is K times the window's
+        reach, and every device must hold at least that many points.
+    hlo
+        ``True``: return the compiled HLO text instead of running (to inspect
+        the communication: ``collective-permute``, and no ``all-gather``);
+        ``"compiled"``: return the compiled executable (for
+        ``memory_analysis()``, per device).
+    **kwargs
+        ``window``, ``boundary``, ``fill_value``, ``steps``, ``dt``,
+        ``coord``, ``save_every`` and ``period`` as for :func:`xstencil.scan`;
+        other keywords go to the kernel.
+
+    Returns
+    -------
+    DataArray
+        The saved trajectory, a JAX array sharded like the input.
+
+    Examples
+    --------
+    On however many devices there are (one CPU here):
+
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> from xstencil._shard_scan import scan_sharded
+    >>> u0 = xr.DataArray(np.eye(8, dtype=np.float32)[0], dims="x")
+    >>> heat = lambda u: u(time=-1) + 0.25 * (u(time=-1, x=1) - 2 * u(time=-1)
+    ...                                       + u(time=-1, x=-1))
+    >>> out = scan_sharded(u0, heat, "time", steps=2, boundary="periodic", mesh={"x": "i"})
+    >>> out.isel(time=1).values
+    array([0.5 , 0.25, 0.  , 0.  , 0.  , 0.  , 0.  , 0.25], dtype=float32)
+    """
+    from xstencil._blockscan import padded_coords, rewrap, run_steps, setup, time_padded
+
+    call = "da.stencil.scan(...)"
+    opts, kw = split_options(kwargs)
+    K = int(halo_every)
+    if K < 1:
+        raise XStencilError(f"{call}: halo_every={halo_every!r} must be an int >= 1")
+    prep = setup(call, obj, kernel, dim, args, kw, **opts)
+    spec = prep.spec
+    plan = spec.plan
+    with precision(prep.data, args, kw):
+        data = as_array(call, "the data", prep.data)
+        lay = layout(call, plan.dims, [data], mesh)
+        if lay.names[0] is not None and lay.size(0) > 1:
+            raise XStencilError(
+                f"{call}: the scanned dim {dim!r} is sharded over mesh axis {lay.names[0]!r}; "
+                f"positions along it are computed in order, so shard the other dims")
+        lay = Layout(lay.mesh, (None,) + lay.names[1:])
+        split = [a for a in range(1, len(plan.dims)) if lay.names[a] and lay.size(a) > 1]
+        for a in split:
+            s, n, p = plan.specs[a], plan.shape[a], lay.size(a)
+            d = plan.dims[a]
+            if n % p:
+                raise XStencilError(
+                    f"{call}: dim {d!r} has {n} points, which does not divide evenly over the "
+                    f"{p} devices of mesh axis {lay.names[a]!r}; pad the data to "
+                    f"{-(-n // p) * p} points or use a mesh axis whose size divides {n}")
+            need = K * max(s.lo, s.hi) + (1 if s.mode == "reflect" else 0)
+            if n // p < need:
+                raise XStencilError(
+                    f"{call}: each device holds {n // p} points of {d!r}, fewer than a halo of "
+                    f"halo_every={K} steps needs ({need}); use a smaller halo_every or fewer "
+                    f"devices along {lay.names[a]!r}")
+        local = {a: plan.shape[a] // lay.size(a) for a in split}
+        deep = {a: (K * plan.specs[a].pad_lo, K * plan.specs[a].pad_hi) for a in split}
+        width = [(s.pad_lo + deep.get(a, (0, 0))[0], s.pad_hi + deep.get(a, (0, 0))[1])
+                 for a, s in enumerate(plan.specs)]
+        coords = padded_coords(spec, prep.obj, width, opts.get("period"))
+        modes = tuple("extend" if a in split else s.mode
+                      for a, s in enumerate(plan.specs) if a > 0)
+        fill = 0 if plan.fill_value is None else plan.fill_value
+        sharding = NamedSharding(lay.mesh, lay.spec())
+        hist0 = jax.device_put(data[:spec.k], sharding)
+        inp = None if spec.grown else jax.device_put(time_padded(spec, data), sharding)
+        k, every, ahead = spec.k, spec.every, spec.ahead
+        q, r = divmod(spec.steps_per_save, K)
+        static = prep.static
+
+        def repad(new: Any) -> Any:
+            for a in split:
+                s = plan.specs[a]
+                if s.mode != "periodic":
+                    new = _repad(new, a - 1, lay.names[a], lay.size(a), *deep[a], s.mode, fill)
+            return new
+
+        def block(hist: Any, inp: Any, t: Any, n: int, coords: Any, dyn: Any) -> Any:
+            # hist: a tuple of k slabs; inp: (time, *space)
+            ext = list(hist)
+            if inp is not None:
+                ext.append(lax.dynamic_slice_in_dim(inp, t, n + ahead, axis=0))
+            for a in split:
+                s = plan.specs[a]
+                ext = [exchange(e, a - 1 if j < k else a, lay.names[a], lay.size(a), *deep[a],
+                                s.mode, fill) for j, e in enumerate(ext)]
+            cs = []
+            for d, c in zip(plan.coord_dims, coords, strict=True):
+                a = plan.axis(d)
+                if a in split:
+                    size = local[a] + sum(width[a])
+                    c = lax.dynamic_slice_in_dim(c, lax.axis_index(lay.names[a]) * local[a],
+                                                 size)
+                cs.append(c)
+            new = run_steps(spec, kernel, static, n, tuple(ext[:k]),
+                            None if inp is None else ext[k], cs, dyn, modes,
+                            repad if split else None)
+            for a in split:
+                new = tuple(lax.slice_in_dim(x, deep[a][0], deep[a][0] + local[a], axis=a - 1)
+                            for x in new)
+            return new
+
+        def body(hist0: Any, inp: Any, coords: Any, dyn: Any) -> Any:
+            def one_save(carry: Any, _: Any) -> Any:
+                hist, t = carry
+                if q:
+                    hist, t = lax.fori_loop(
+                        0, q, lambda i, c: (block(c[0], inp, c[1], K, coords, dyn), c[1] + K),
+                        (hist, t))
+                if r:
+                    hist, t = block(hist, inp, t, r, coords, dyn), t + r
+                return (hist, t), hist[-1]
+
+            start = tuple(hist0[j] for j in range(k))
+            _, saved = lax.scan(one_save, (start, jnp.asarray(k, jnp.int32)), None,
+                                length=spec.nsave)
+            if every == 0:
+                return saved[-1]
+            return jnp.concatenate([hist0, saved], axis=0)
+
+        out_spec = lay.spec() if every else P(*lay.names[1:])
+        key = ("shard-scan", spec, static, lay, K)
+
+        def build() -> Callable[..., Any]:
+            return jax.jit(jax.shard_map(body, mesh=lay.mesh,
+                                         in_specs=(lay.spec(), lay.spec(), P(), P()),
+                                         out_specs=out_spec, check_vma=False))
+
+        from xstencil._labelled.core import compiled
+
+        fn = compiled(kernel, key, build)
+        inputs = (hist0, inp, [jnp.asarray(c) for c in coords], list(prep.dyn))
+        if hlo:
+            exe = fn.lower(*inputs).compile()
+            return exe if hlo == "compiled" else exe.as_text()
+        out = fn(*inputs)
+    return rewrap(prep, out)
