@@ -1,0 +1,92 @@
+"""The end of a scan (:mod:`xstencil._labelled.scan`): calling the compiled loop
+(with its progress bar), the ``check_finite`` error, and rewrapping the saved
+positions as a DataArray or Dataset."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+from xstencil import _progress
+from xstencil._engine.tscan import Loop
+from xstencil._errors import XStencilError
+from xstencil._labelled.core import host64
+from xstencil._labelled.scan_setup import Opts, Setup, make_loop
+
+__all__ = ["call_with_progress", "finite", "rewrap"]
+
+
+def call_with_progress(fn: Any, runargs: Any, loop: Loop, call: str) -> Any:
+    if not loop.progress_every:
+        return fn(*runargs, jnp.asarray(0, jnp.int32))
+    with _progress.Progress(loop.steps, call.split("(")[0]) as p:
+        try:
+            out = fn(*runargs, jnp.asarray(p.token, jnp.int32))
+            jax.block_until_ready(out)
+        except jax.errors.JaxRuntimeError as e:
+            # Ctrl-C inside the progress callback surfaces wrapped by the runtime
+            if "KeyboardInterrupt" in str(e):
+                raise KeyboardInterrupt from e
+            raise
+    return out
+
+
+def finite(call: str, bad: Any, tvals: Any, dim: str) -> None:
+    """Raise for ``check_finite=True`` when the loop reported the first
+    position ``bad`` (>= 0) holding a NaN or Inf; ``tvals`` labels it."""
+    if isinstance(bad, jax.core.Tracer):
+        return
+    b = int(bad)
+    if b >= 0:
+        where = f" ({dim}={np.asarray(tvals)[b]})" if tvals is not None else ""
+        raise XStencilError(
+            f"{call}: check_finite=True: a NaN or Inf first appeared at position {b} along "
+            f"{dim!r}{where}; check the time step (stability) and the boundary values")
+
+
+def _positions(s: Setup, loop: Loop) -> np.ndarray:
+    if loop.every == 0:
+        return np.array([s.k + loop.steps - 1 if loop.steps else s.total - 1])
+    return np.concatenate([np.arange(s.k), s.k - 1 + loop.every * np.arange(
+        1, loop.saves + 1)]).astype(int)
+
+
+def rewrap(s: Setup, o: Opts, outs: Sequence[Any], evolving: Sequence[int]) -> Any:
+    outs = host64(outs)
+    dim = o.dim
+    plan = s.plan
+    pos = _positions(s, make_loop(s, o))
+    coords = s.f.obj.coords.to_dataset()
+    if dim in coords.dims:
+        coords = coords.isel({dim: pos})
+    datas = {}
+    for i, x in zip(evolving, outs, strict=True):
+        ax = list(plan.var_dims[i]).index(dim)
+        # numpy for host results (float64 with x64 off): a jnp op would truncate them
+        move = np.moveaxis if isinstance(x, np.ndarray) else jnp.moveaxis
+        datas[i] = move(x, 0, ax) if ax else x
+    obj = s.obj
+    if plan.var_names is None:
+        out: Any = xr.DataArray(datas[0], dims=plan.var_dims[0], coords=coords.coords,
+                                name=obj.name, attrs=dict(obj.attrs))
+    else:
+        names = [plan.var_names[i] for i in evolving]
+        rest = obj.drop_vars(names)
+        if s.grown:
+            rest = rest.drop_vars([n for n, v in rest.variables.items() if dim in v.dims])
+            rest = rest.assign_coords(coords.coords)
+        else:
+            rest = rest.isel({dim: pos})
+        for i, n in zip(evolving, names, strict=True):
+            da = xr.DataArray(datas[i], dims=plan.var_dims[i], attrs=dict(obj[n].attrs))
+            own = tuple(obj[n].dims)
+            order = [d for d in (own if dim in own else (dim,) + own) if d in da.dims]
+            order += [d for d in da.dims if d not in order]
+            rest[n] = da.transpose(*order)
+        out = rest[[str(n) for n in obj.data_vars]]
+    return out.isel({dim: 0}) if make_loop(s, o).every == 0 else out

@@ -1,0 +1,297 @@
+"""Setting up a scan (:mod:`xstencil._labelled.scan`): the validated options, the
+plan and fields of the whole trajectory, its ``dim`` coordinate, the variables the
+kernel advances, and the engine's :class:`~xstencil._engine.tscan.Var` and
+:class:`~xstencil._engine.tscan.Loop` descriptions."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+from xstencil import _progress
+from xstencil._engine.tscan import Loop, Var
+from xstencil._errors import XStencilError
+from xstencil._labelled.coords import numeric_coord, pad_coord
+from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
+from xstencil._labelled.plan import Plan
+
+__all__ = ["Opts", "Setup", "grown_coord", "setup", "engine_vars", "returned",
+           "evolving_indices", "time_coord", "check_monotonic", "make_loop"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Opts:
+    dim: str
+    window: Any
+    boundary: Any
+    fill_value: Any
+    steps: int | None
+    dt: Any
+    coord: Any
+    save_every: int  # 0: last
+    progress: bool
+    checkpoint: bool
+    check_finite: bool
+    period: Any
+
+
+def _time_boundary(boundary: Any, dim: str) -> tuple[Any, str]:
+    """(boundary with a placeholder mode for ``dim``, the mode asked for ``dim``)."""
+    if isinstance(boundary, Mapping):
+        asked = boundary.get(dim, "fill")
+        b = dict(boundary)
+        b[dim] = "extend"
+        return b, asked
+    return boundary, boundary if isinstance(boundary, str) else "fill"
+
+
+def grown_coord(call: str, obj: Any, o: Opts, n0: int, total: int) -> np.ndarray | None:
+    dim = o.dim
+    have = obj[dim].values if n0 and dim in obj.coords else None
+    if o.coord is not None:
+        c = np.asarray(o.coord)
+        if c.ndim != 1 or len(c) not in (total, total - n0) or (len(c) == total - n0
+                                                                and n0 and have is None):
+            raise XStencilError(
+                f"{call}: coord= has shape {c.shape}; give {total} values (the initial "
+                f"position(s) and steps={o.steps}) or {total - n0} values for the new ones")
+        return c if len(c) == total else np.concatenate([have, c]) if n0 else c
+    if o.dt is not None:
+        if have is not None:
+            start = have[-1]
+            return np.concatenate([have, start + o.dt * np.arange(1, total - n0 + 1)])
+        base = np.zeros((), dtype=np.asarray(o.dt).dtype) if isinstance(
+            o.dt, np.timedelta64) else 0
+        return base + o.dt * np.arange(total)
+    if have is not None:
+        if n0 < 2:
+            raise XStencilError(
+                f"{call}: the input has a {dim!r} coordinate; pass dt= (a spacing) or coord= "
+                f"(values) to continue it for steps={o.steps}")
+        d = have[-1] - have[-2]
+        return np.concatenate([have, have[-1] + d * np.arange(1, total - n0 + 1)])
+    return np.arange(total)  # step numbers
+
+
+@dataclasses.dataclass
+class Setup:
+    plan: Plan
+    f: Fields
+    k: int
+    total: int
+    grown: bool
+    n0: int
+    evolving: tuple[int, ...]  # variable indices advanced by the scan
+    tvals: np.ndarray | None  # the dim coordinate of the whole trajectory
+    tmode: str
+    obj: Any
+
+
+def _fields(call: str, obj: Any, o: Opts, evolve: Sequence[str] | None,
+            total: int) -> tuple[Fields, int, np.ndarray | None]:
+    """The Fields of the whole trajectory (arrays: the input), ``n0`` (input
+    length along dim) and the trajectory's dim coordinate."""
+    dim = o.dim
+    f = unwrap(call, obj)
+    if o.steps is None:
+        if dim not in f.dims:
+            raise XStencilError(
+                f"{call}: dimension {dim!r} not found; available dims are {f.dims!r} (to grow "
+                f"a trajectory from an initial state without {dim!r}, pass steps=N)")
+        tv = obj[dim].values if dim in obj.coords else None
+        return f, f.shape[f.dims.index(dim)], tv
+    n0 = f.shape[f.dims.index(dim)] if dim in f.dims else 0
+    tvals = grown_coord(call, obj, o, n0, total)
+    coords = {str(n): v.variable for n, v in obj.coords.items() if dim not in v.dims}
+    if tvals is not None:
+        coords[dim] = xr.Variable(dim, tvals)
+    template = xr.Dataset(coords=coords)
+    if dim in f.dims:
+        shape = tuple(total if d == dim else n for d, n in zip(f.dims, f.shape, strict=True))
+        return Fields(template, f.dims, shape, f.names, f.arrays, f.var_dims, f.dtypes), n0, tvals
+    names = f.names or ("",)
+    var_dims = tuple((dim,) + vd if (evolve is None or n in evolve) else vd
+                     for n, vd in zip(names, f.var_dims, strict=True))
+    return Fields(template, (dim,) + f.dims, (total,) + f.shape, f.names, f.arrays, var_dims,
+                  f.dtypes), n0, tvals
+
+
+def setup(call: str, obj: Any, kernels: Sequence[Any], o: Opts, args: Any,
+          kwargs: Any, evolve: Sequence[str] | None = None) -> Setup:
+    dim = o.dim
+    total_guess = None if o.steps is None else 1 + o.steps
+    f, n0, tvals = _fields(call, obj, o, evolve, total_guess or 0)
+    boundary, tmode = _time_boundary(o.boundary, dim)
+    plan = prepare(call, f, kernels, window=o.window, boundary=boundary,
+                   fill_value=o.fill_value, stride=None, output_dims=None, args=args,
+                   kwargs=kwargs)
+    spec = plan.specs[plan.axis(dim)]
+    k = spec.lo
+    if o.steps is not None:
+        if k == 0:
+            raise XStencilError(
+                f"{call}: the kernel reads no earlier position along {dim!r} (such as "
+                f"u({dim}=-1)), so there is nothing to grow with steps={o.steps}")
+        if n0 not in (0, k) or (n0 == 0 and k != 1):
+            what = f"{n0} position(s)" if n0 else f"no {dim!r}"
+            raise XStencilError(
+                f"{call}: steps={o.steps} grows a trajectory from its initial conditions, "
+                f"which are the first {k} position(s) along {dim!r} (the window reaches {k} "
+                f"back); the input has {what}. Pass "
+                + (f"obj.isel({dim}=slice(0, {k}))" if n0 > k else
+                   f"{k} initial position(s) along {dim!r}")
+                + (" or scan the input's own trajectory without steps=" if n0 > k else ""))
+        if k + o.steps != total_guess:
+            f, n0, tvals = _fields(call, obj, o, evolve, k + o.steps)
+            plan = prepare(call, f, kernels, window=o.window, boundary=boundary,
+                           fill_value=o.fill_value, stride=None, output_dims=None,
+                           args=args, kwargs=kwargs)
+    total = f.shape[f.dims.index(dim)]
+    if o.steps is None and total < k:
+        raise XStencilError(
+            f"{call}: the window reaches {k} positions back along {dim!r}, which has only "
+            f"{total}; the first {k} positions are the initial conditions")
+    if tmode not in ("fill", "extend") or spec.hi and tmode == "fill":
+        b = dict(o.boundary) if isinstance(o.boundary, Mapping) else dict.fromkeys(
+            f.dims, o.boundary)
+        b[dim] = tmode
+        plan = prepare(call, f, kernels, window=o.window, boundary=b, fill_value=o.fill_value,
+                       stride=None, output_dims=None, args=args, kwargs=kwargs)
+    for d, s in zip(plan.dims, plan.specs, strict=True):
+        if s.mode == "valid" and d != dim and (s.lo or s.hi):
+            raise XStencilError(
+                f"{call}: boundary 'valid' along {d!r} would shrink each step's output; a scan "
+                f"needs a padding boundary mode for {d!r} (e.g. 'periodic' or 'extend')")
+    if plan.var_names is None:
+        evolving: tuple[int, ...] = (0,)
+    else:
+        evolving = tuple(i for i, vd in enumerate(plan.var_dims) if dim in vd)
+    return Setup(plan, f, k, total, o.steps is not None, n0, evolving, tvals, tmode, obj)
+
+
+def engine_vars(s: Setup, dim: str, evolving: Sequence[int]) -> list[Var]:
+    plan = s.plan
+    wset = set(plan.window_dims)
+    out = []
+    for i, vdims in enumerate(plan.var_dims):
+        axes = tuple(plan.axis(d) for d in vdims if d != dim)
+        specs = [plan.specs[a] for a in axes]
+        wd = [d for d in vdims if d in wset]
+        out.append(Var(
+            axes, tuple(a for a in axes if plan.dims[a] in wset),
+            tuple((sp.pad_lo, sp.pad_hi) for sp in specs),
+            tuple(sp.mode if sp.mode != "valid" else "fill" for sp in specs),
+            0 if plan.fill_value is None else plan.fill_value,
+            wd.index(dim) if dim in wd else None,
+            evolving.index(i) if i in evolving else None,
+            dim in vdims and not (s.grown and i in evolving)))
+    return out
+
+
+def returned(call: str, s: Setup, kernels: Sequence[Any], static: Any, udyn: Any,
+             o: Opts) -> list[str] | None:
+    """The variable names a Dataset kernel returns (``None`` for a DataArray)."""
+    plan = s.plan
+    if plan.var_names is None:
+        return None
+    cells = [jax.ShapeDtypeStruct(
+        tuple(plan.specs[plan.axis(d)].size for d in vd if d in plan.window_dims), np.dtype(dt))
+        for vd, dt in zip(plan.var_dims, plan.var_dtypes, strict=True)]
+    cells += [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), _cdt(plan))
+              for d in plan.coord_dims]
+    names: list[str] | None = None
+    for kn in kernels:
+        c = kernel_caller(plan, kn, static)
+        shapes = jax.eval_shape(lambda cs, d, c=c: c(cs, d), cells, udyn)
+        if not isinstance(shapes, Mapping):
+            raise XStencilError(
+                f"{call}: a Dataset kernel must return a dict of the variables it advances, "
+                f"e.g. {{{plan.var_names[0]!r}: ...}}")
+        got = list(shapes)
+        unknown = [n for n in got if n not in plan.var_names]
+        if unknown:
+            raise XStencilError(
+                f"{call}: the kernel returned {unknown!r}, which are not data variables; "
+                f"available are {plan.var_names!r}")
+        if names is not None and set(got) != set(names):
+            raise XStencilError(
+                f"{call}: the mesh kernels return different variables ({sorted(names)!r} and "
+                f"{sorted(got)!r}); every kernel must return the same ones")
+        names = got
+    return names
+
+
+def evolving_indices(call: str, s: Setup, names: Sequence[str] | None,
+                     dim: str) -> tuple[int, ...]:
+    plan = s.plan
+    if names is None:
+        return (0,)
+    assert plan.var_names is not None
+    consts = [n for n in names if dim not in plan.var_dims[plan.var_names.index(n)]]
+    if consts:
+        raise XStencilError(
+            f"{call}: the kernel returned {consts!r}, which have no dim {dim!r}; variables "
+            f"without {dim!r} are constants of the scan (give them the dim to advance them)")
+    evolving = tuple(plan.var_names.index(n) for n in names)
+    if s.grown:
+        missing = [n for i, n in enumerate(plan.var_names)
+                   if dim in plan.var_dims[i] and i not in evolving]
+        if missing:
+            raise XStencilError(
+                f"{call}: variables {missing!r} have dim {dim!r} but the kernel does not "
+                f"return them; when growing a trajectory every variable along {dim!r} must be "
+                f"advanced (return them, or drop their {dim!r})")
+    return evolving
+
+
+def time_coord(call: str, s: Setup, o: Opts) -> Any:
+    plan = s.plan
+    if o.dim not in plan.coord_dims or s.tvals is None:
+        return None
+    c = numeric_coord(call, o.dim, np.asarray(s.tvals))
+    spec = plan.specs[plan.axis(o.dim)]
+    mode = s.tmode if s.tmode in ("fill", "extend") else "extend"
+    p = pad_coord(call, o.dim, c, spec.lo, spec.hi, mode)
+    return jnp.asarray(np.asarray(p, dtype=_cdt(plan)))
+
+
+def _cdt(plan: Plan) -> Any:
+    """The float dtype coordinates are read in (as in :func:`coord_arrays`)."""
+    cdt = np.result_type(*[dt if np.dtype(dt).kind in "fc" else np.float32
+                           for dt in plan.var_dtypes])
+    if np.dtype(cdt).kind == "c":
+        cdt = np.float64 if np.dtype(cdt).itemsize == 16 else np.float32
+    return np.dtype(cdt)
+
+
+def check_monotonic(call: str, dim: str, tvals: Any) -> None:
+    if tvals is None:
+        return
+    c = numeric_coord(call, dim, np.asarray(tvals))
+    if c is not None and len(c) > 1 and not np.all(np.diff(c) > 0):
+        bad = int(np.argmin(np.diff(c) > 0))
+        raise XStencilError(
+            f"{call}: the kernel reads u.coord({dim!r}), but coordinate {dim!r} does not "
+            f"increase strictly (position {bad + 1}: {tvals[bad]!r} -> {tvals[bad + 1]!r}); "
+            f"sort the data along {dim!r} (obj.sortby({dim!r})) or pass increasing coord=")
+
+
+def make_loop(s: Setup, o: Opts) -> Loop:
+    k = s.k
+    steps = s.total - k
+    every = o.save_every
+    if every:
+        steps = steps // every * every
+    plan = s.plan
+    cells = sum(int(np.prod([plan.shape[plan.axis(d)] for d in plan.var_dims[i] if d != o.dim]))
+                for i in s.evolving)
+    prog = _progress.every(steps, cells) if o.progress and steps else 0
+    return Loop(k, steps, every, plan.specs[plan.axis(o.dim)].lo,
+                plan.specs[plan.axis(o.dim)].hi, 0 if s.grown else s.total, s.tmode,
+                o.checkpoint, prog, o.check_finite)

@@ -1,0 +1,148 @@
+"""``scan(obj, step=fn, steps=N)`` (:mod:`xstencil._labelled.scan`): a step
+function called on the previous state, as a DataArray or Dataset of traced
+arrays, inside the compiled loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+from xstencil import _progress
+from xstencil._engine.call import as_array, merge_static, precision, split_static
+from xstencil._engine.tscan import Loop, run_loop
+from xstencil._errors import XStencilError
+from xstencil._labelled.core import compiled, host64
+from xstencil._labelled.scan_result import call_with_progress, finite
+from xstencil._labelled.scan_setup import Opts, grown_coord
+
+__all__ = ["run_step"]
+
+
+def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any) -> Any:
+    """``scan(obj, step=fn, steps=N)``: ``fn`` maps the previous state to the next."""
+    dim = o.dim
+    if o.steps is None:
+        raise XStencilError(f"{call}: step= grows a trajectory from an initial state; pass "
+                            f"steps=N (and dt= or coord= for the {dim!r} coordinate)")
+    if not callable(fn):
+        raise XStencilError(f"{call}: step={fn!r:.60} is not callable")
+    if dim in obj.dims:
+        if obj.sizes[dim] != 1:
+            raise XStencilError(
+                f"{call}: step= advances one state to the next, so the input needs no "
+                f"{dim!r} or exactly 1 position along it; it has {obj.sizes[dim]} (pass "
+                f"obj.isel({dim}=[-1]))")
+        state0 = obj.isel({dim: 0})
+        n0 = 1
+    else:
+        state0, n0 = obj, 0
+    state0 = state0.drop_vars([n for n, v in state0.coords.items() if dim in v.dims or n == dim])
+    tvals = grown_coord(call, obj, o, n0, 1 + o.steps)
+    if isinstance(state0, xr.DataArray):
+        names: tuple[str, ...] | None = None
+        arrays = [state0.data]
+    else:
+        names = tuple(str(n) for n in state0.data_vars)
+        arrays = [state0[n].data for n in names]
+    with precision(arrays, args, kwargs):
+        arrays = [as_array(call, "the data", x) for x in arrays]
+        udyn, static = split_static(call, (args, kwargs))
+        template = state0.copy(deep=False)
+
+        def wrap(datas: Sequence[Any]) -> Any:
+            if names is None:
+                return xr.DataArray(datas[0], dims=template.dims, coords=template.coords,
+                                    name=template.name, attrs=template.attrs)
+            return xr.Dataset({n: (template[n].dims, d, template[n].attrs)
+                               for n, d in zip(names, datas, strict=True)},
+                              coords=template.coords, attrs=template.attrs)
+
+        def apply(datas: Sequence[Any], udyn: Any) -> list[Any]:
+            a, kw = merge_static(udyn, static)
+            new = fn(wrap(datas), *a, **kw)
+            return _step_result(call, new, names, template, datas)
+
+        shapes = jax.eval_shape(apply, arrays, udyn)
+        evolving = [i for i, (x, sd) in enumerate(zip(arrays, shapes, strict=True))
+                    if sd is not None]
+        loop = Loop(1, o.steps, o.save_every, 1, 0, 0, "fill", o.checkpoint,
+                    _progress.every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
+                    if o.progress else 0, o.check_finite)
+        key = ("step", static, loop, names, tuple(evolving), tuple(
+            (tuple(x.shape), str(x.dtype)) for x in arrays))
+
+        def build() -> Callable[..., Any]:
+            def run(arrays: Any, udyn: Any, token: Any) -> Any:
+                def stepf(t: Any, hist: Any) -> tuple[Any, ...]:
+                    datas = list(arrays)
+                    for j, i in enumerate(evolving):
+                        datas[i] = hist[j][-1]
+                    new = apply(datas, udyn)
+                    return tuple(new[i].astype(arrays[i].dtype) for i in evolving)
+
+                init = [[arrays[i]] for i in evolving]
+                prog = (_progress.report, token) if loop.progress_every else None
+                saved, bad = run_loop(stepf, init, loop, prog)
+                if loop.every:
+                    saved = tuple(jnp.concatenate([arrays[i][None], x])
+                                  for i, x in zip(evolving, saved, strict=True))
+                return saved, bad
+
+            return jax.jit(run)
+
+        run = compiled(fn, key, build)
+        outs, bad = call_with_progress(run, (arrays, udyn), loop, call)
+    outs = host64(outs)
+    finite(call, bad, tvals, dim)
+    pos = (np.array([o.steps]) if o.save_every == 0 else
+           np.concatenate([[0], o.save_every * np.arange(1, o.steps // o.save_every + 1)]))
+    tc = {} if tvals is None else {dim: (dim, np.asarray(tvals)[pos])}
+    if names is None:
+        out: Any = xr.DataArray(outs[0], dims=(dim,) + tuple(template.dims),
+                                coords={**template.coords, **tc}, name=template.name,
+                                attrs=template.attrs)
+    else:
+        out = template.assign_coords(tc)
+        for j, i in enumerate(evolving):
+            n = names[i]
+            out[n] = ((dim,) + tuple(template[n].dims), outs[j], template[n].attrs)
+    return out.isel({dim: 0}) if o.save_every == 0 else out
+
+
+def _step_result(call: str, new: Any, names: tuple[str, ...] | None, template: Any,
+                 datas: Sequence[Any]) -> list[Any]:
+    """The step function's result as arrays in the state's dim order (``None``
+    for Dataset variables it does not return: they are constants)."""
+    if names is None:
+        if not isinstance(new, xr.DataArray):
+            raise XStencilError(f"{call}: step= returned {type(new).__name__}; return a "
+                                f"DataArray like the state")
+        return [_dims_like(call, new, template.dims, "the state")]
+    if isinstance(new, Mapping) and not isinstance(new, xr.Dataset):
+        new = dict(new)
+    elif isinstance(new, xr.Dataset):
+        new = {str(n): new[n] for n in new.data_vars}
+    else:
+        raise XStencilError(f"{call}: step= returned {type(new).__name__}; return a Dataset "
+                            f"or a dict of DataArrays")
+    unknown = [n for n in new if n not in names]
+    if unknown:
+        raise XStencilError(f"{call}: step= returned {unknown!r}, which are not data "
+                            f"variables; available are {names!r}")
+    return [None if n not in new else _dims_like(call, new[n], template[n].dims, repr(n))
+            for n in names]
+
+
+def _dims_like(call: str, new: Any, dims: Sequence[Any], what: str) -> Any:
+    data = new.data if isinstance(new, xr.DataArray) else new
+    if isinstance(new, xr.DataArray):
+        if set(new.dims) != set(dims):
+            raise XStencilError(f"{call}: step= returned dims {tuple(new.dims)!r} for {what}, "
+                                f"which has dims {tuple(dims)!r}")
+        data = new.transpose(*dims).data
+    return jnp.asarray(data)
