@@ -220,6 +220,37 @@ def check_scan_trajectory_last_float64():
     same(out, scan(u0, heat, dim="time", **kw), rtol=1e-12)
 
 
+def _scan_mesh(obj, devices, boundary):
+    """A function mesh with a position slab, a label slab, a strided line, a
+    mask and (over a trajectory) a time window."""
+    m = xstencil.mesh(obj, boundary=boundary, mesh=devices)
+    m[...] = heat
+    m[{"x": slice(0, 5)}] = lambda u: 0.5 * u(time=-1)
+    m.loc[{"y": slice(0.3, 0.5)}] = lambda u: u(time=-1) + 1.0
+    m[{"x": 20, "y": slice(None, None, 3)}] = lambda u: 0.0 * u(time=-1)
+    mask = (obj.x > 1.5) & (obj.y < 0.2)
+    if "time" in obj.dims:
+        mask = mask & (obj.time > 2)
+        m[{"time": slice(4, 6)}] = lambda u: 2.0 + 0.0 * u(time=-1)
+    m[mask] = lambda u: -1.0 + 0.0 * u(time=-1)
+    return m
+
+
+def check_scan_function_mesh():
+    u0 = field()
+    traj = xr.concat([u0] * 7, "time").assign_coords(time=np.arange(7.0))
+    for obj, kw in ((u0, dict(steps=9)), (traj, {})):
+        for mode, devices, k in (("periodic", {"x": "i"}, 2), ("extend", {"y": "a", "x": "b"}, 3),
+                                 ("fill", {"y": "i"}, 1)):
+            kw2 = dict(kw, fill_value=0.0) if mode == "fill" else kw
+            ref = _scan_mesh(obj, None, mode).scan("time", **kw2)
+            out = _scan_mesh(obj, devices, mode).scan("time", halo_every=k, **kw2)
+            assert len(out.data.sharding.device_set) == 4, out.data.sharding
+            same(out, ref, rtol=1e-5)
+            plain = obj.stencil.scan(heat, "time", boundary=mode, **kw2)
+            assert not np.allclose(np.asarray(plain.data), np.asarray(ref.data))
+
+
 def check_scan_bad_input():
     from xstencil._shard_scan import scan_sharded
 

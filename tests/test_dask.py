@@ -166,6 +166,12 @@ def test_distributed_local_cluster():
         out = scan_dask(da.chunk({"y": 16, "x": 16}), heat, halo_every=4, **kw)
         same(out.compute(), memory_scan(da, heat, **kw), rtol=1e-5)
         after = client.run(xd.compile_count)
+        mesh_ref = _heat_mesh(da, "periodic").scan(**kw)
+        out = _heat_mesh(da.chunk({"y": 16, "x": 16}), "periodic").scan(halo_every=4, **kw)
+        same(out.compute(), mesh_ref, rtol=1e-5)
+        with_mesh = client.run(xd.compile_count)
+    # a function mesh: one more compile per worker (positions are run-time arguments)
+    assert all(with_mesh[w] - after[w] <= 1 for w in after), (after, with_mesh)
     # 16 tasks per map; 9 block geometries at most for the in-block padded reflect
     # (corner/edge/interior) and 1 for periodic: compiles stay per geometry, not per task.
     assert all(0 < c <= 10 for c in counts.values()), counts
@@ -237,6 +243,51 @@ def test_scan_coords_per_block():
         kw = dict(steps=6, boundary=mode, period={"x": 1.5})
         out = scan_dask(u0.chunk({"y": 7, "x": 10}), k, "time", halo_every=3, **kw)
         same(out.compute(), memory_scan(u0, k, dim="time", **kw), rtol=1e-12)
+
+
+def _heat_mesh(obj, boundary):
+    """Heat with a cold strip by position, a source by label, a strided line,
+    a mask and (over a trajectory) a time window."""
+    m = obj.stencil.mesh(boundary=boundary)
+    m[...] = heat
+    m[{"x": slice(0, 4)}] = lambda u: 0.5 * u(time=-1)
+    m.loc[{"y": slice(0.2, 0.4)}] = lambda u: u(time=-1) + 1.0
+    m[{"x": 17, "y": slice(None, None, 3)}] = lambda u: 0.0
+    mask = (obj.x > 1.2) & (obj.y < 0.3)
+    if "time" in obj.dims:
+        mask = mask & (obj.time > 2)
+        m[{"time": slice(4, 6)}] = lambda u: 2.0
+    m[mask] = lambda u: -1.0
+    return m
+
+
+@pytest.mark.parametrize(("mode", "chunks", "k"), [
+    ("periodic", {"y": 10, "x": 12}, None),
+    ({"y": "extend", "x": "periodic", "time": "extend"}, {"x": 9}, 2),
+    ("fill", {"y": 8}, 1),
+])
+def test_scan_function_mesh_matches_memory(mode, chunks, k):
+    """Regions by position, label, stride and mask, and a time window, on
+    chunks with deep halos: the halo cells need the right kernels too, so
+    membership follows each cell's global position."""
+    u0 = field(shape=(24, 30))
+    traj = xr.concat([u0] * 7, "time").assign_coords(time=np.arange(7.0))
+    fill = {"fill_value": 0.0} if mode == "fill" else {}
+    for obj, kw in ((u0, dict(steps=9, save_every=3)), (traj, {})):
+        ref = _heat_mesh(obj, mode).scan("time", **kw, **fill)
+        out = _heat_mesh(obj.chunk(chunks), mode).scan("time", halo_every=k, **kw, **fill)
+        assert isinstance(out.data, dsa.Array)
+        same(out.compute(), ref, rtol=1e-5)
+        plain = memory_scan(obj, heat, dim="time", boundary=mode, **kw, **fill)
+        assert not np.allclose(plain.values, ref.values)  # the mesh matters
+
+
+def test_scan_function_mesh_is_lazy():
+    u0 = field()
+    out = _heat_mesh(bomb_of(u0, (10, 25)), "periodic").scan("time", steps=20)
+    assert isinstance(out.data, dsa.Array)
+    with pytest.raises(RuntimeError, match="computed during construction"):
+        out.compute()
 
 
 def test_scan_is_lazy_and_rejects_chunked_scan_dim():

@@ -19,8 +19,9 @@ Boundary modes along split dims are applied exactly:
   devices rebuild their outer halo from their own cells in that mode after
   every step (a ``where`` on ``axis_index``).
 
-Scope: a DataArray and one kernel (no function meshes); the kernel does not
-read ``u.coord(dim)`` along the scanned dim.  The scanned dim must not be
+Scope: a DataArray and one kernel or a function mesh (regions by position,
+label or mask; see :mod:`xstencil._blockmesh`); the kernel does not read
+``u.coord(dim)`` along the scanned dim.  The scanned dim must not be
 split.  Saving follows :func:`xstencil.scan`: the ``k`` initial positions,
 then every ``save_every``-th computed one, or the last only.
 """
@@ -38,6 +39,7 @@ import numpy as np
 import xarray as xr
 from jax import lax
 
+from xstencil._blockmesh import BlockMesh, mesh_step
 from xstencil._engine.boundary import pad
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._errors import XStencilError
@@ -89,7 +91,7 @@ class Prepared:
     dyn: list[Any]
 
 
-def setup(call: str, obj: Any, kernel: Callable[..., Any], dim: str, args: Any,
+def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, args: Any,
           kwargs: Any, *, window: Any = None, boundary: Any = "fill", fill_value: Any = None,
           steps: Any = None, dt: Any = None, coord: Any = None, save_every: Any = 1,
           period: Any = None, **unsupported: Any) -> Prepared:
@@ -106,8 +108,9 @@ def setup(call: str, obj: Any, kernel: Callable[..., Any], dim: str, args: Any,
         raise XStencilError(
             f"{call}: dask-backed and sharded scans take a DataArray; scan each variable, or "
             f"load the Dataset into memory")
-    if not callable(kernel):
-        raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable")
+    for kernel in kernels:
+        if not callable(kernel):
+            raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable")
     if not isinstance(dim, str):
         raise XStencilError(f"{call}: dim={dim!r} must be a dim name (str)")
     if save_every == "last":
@@ -139,7 +142,7 @@ def setup(call: str, obj: Any, kernel: Callable[..., Any], dim: str, args: Any,
         if steps is not None else obj
     f = Fields(template, dims, (guess,) + tuple(obj.sizes[d] for d in space), None, [data],
                (dims,), (obj.dtype,))
-    plan = prepare(call, f, [kernel], window=window, boundary=b, fill_value=fill_value,
+    plan = prepare(call, f, list(kernels), window=window, boundary=b, fill_value=fill_value,
                    stride=None, output_dims=None, args=args, kwargs=kwargs)
     ts = plan.specs[0]
     k, ahead = ts.lo, ts.hi
@@ -247,10 +250,11 @@ def padded_coords(spec: ScanSpec, obj: xr.DataArray, width: Sequence[tuple[int, 
     return out
 
 
-def run_steps(spec: ScanSpec, kernel: Callable[..., Any], static: Any, n: int,
+def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any, n: int,
               hist: tuple[Any, ...], inp: Any, coords: Sequence[Any], dyn: Any,
-              modes: Sequence[str], repad: Callable[[Any], Any] | None = None
-              ) -> tuple[Any, ...]:
+              modes: Sequence[str], repad: Callable[[Any], Any] | None = None,
+              mesh: BlockMesh | None = None, where: tuple[Any, Sequence[Any]] | None = None,
+              masks: Sequence[Any] = ()) -> tuple[Any, ...]:
     """Advance ``hist`` (the last ``k`` slabs, oldest first) by ``n`` steps.
     ``inp`` holds the input slabs ``[t, t + n + ahead)`` (``None`` when
     growing: reads at offsets >= 0 then see the latest slab).  ``modes`` is
@@ -258,14 +262,20 @@ def run_steps(spec: ScanSpec, kernel: Callable[..., Any], static: Any, n: int,
     with ``pad_lo``/``pad_hi`` extra cells; ``repad`` rebuilds a new slab's
     outer halo (sharded edge devices).
 
+    With a function ``mesh`` (see :mod:`xstencil._blockmesh`), ``kernels``
+    go with its regions, ``where`` is ``(t, origin)``: the position of the
+    first step along dim and the global index of the block's first cell per
+    spatial axis, and ``masks`` are the mask regions over the block,
+    ``(n or 1, *block)``.  Without one, ``kernels`` holds one kernel.
+
     Each time offset is its own spatial :class:`Source`, and the kernel's time
     window is stacked from their cells (a structural operation the lowering
     removes), so no slab is copied to build a window.
     """
-    from xstencil._labelled.core import kernel_caller
+    from xstencil._labelled.core import identity_caller, kernel_caller
 
     plan, k, ahead = spec.plan, spec.k, spec.ahead
-    call = kernel_caller(plan, kernel, static)
+    calls = [kernel_caller(plan, kn, static) for kn in kernels]
     width = k + 1 + ahead
     block = hist[0].shape
     space = tuple(range(len(block)))  # the step's field: the spatial axes only
@@ -277,10 +287,13 @@ def run_steps(spec: ScanSpec, kernel: Callable[..., Any], static: Any, n: int,
             for d, c in zip(plan.coord_dims, coords, strict=True)]
     nsrc = k if inp is None else width  # growing: the latest slab stands for offsets >= 0
 
-    def stacked(cells: Sequence[Any], dyn: Any) -> Any:
-        time_cells = list(cells[:nsrc]) + [cells[k - 1]] * (width - nsrc)
-        win = lax.concatenate([lax.expand_dims(c, (0,)) for c in time_cells], 0)
-        return call([win] + list(cells[nsrc:]), dyn)
+    def stacked(call: Callable[..., Any]) -> Callable[..., Any]:
+        def run(cells: Sequence[Any], dyn: Any) -> Any:
+            time_cells = list(cells[:nsrc]) + [cells[k - 1]] * (width - nsrc)
+            win = lax.concatenate([lax.expand_dims(c, (0,)) for c in time_cells], 0)
+            return call([win] + list(cells[nsrc:]), dyn)
+
+        return run
 
     def source(x: Any) -> Source:
         # inside a loop, one explicitly padded slab beats the interior/shell split,
@@ -295,8 +308,17 @@ def run_steps(spec: ScanSpec, kernel: Callable[..., Any], static: Any, n: int,
         else:
             now = [lax.dynamic_index_in_dim(inp, i + j, axis=0, keepdims=False)
                    for j in range(1 + ahead)]
-        srcs = [source(x) for x in list(hist) + now]
-        new = evaluate(stacked, srcs + csrc, geom, dyn).astype(hist[0].dtype)
+        srcs = [source(x) for x in list(hist) + now] + csrc
+        dtype = hist[0].dtype
+        if mesh is None:
+            new = evaluate(stacked(calls[0]), srcs, geom, dyn).astype(dtype)
+        else:
+            t0, origin = where  # type: ignore[misc]
+            now_masks = [lax.dynamic_index_in_dim(m, i, 0, False) if timed else m[0]
+                         for m, timed in zip(masks, mesh.timed, strict=True)]
+            base = stacked(identity_caller(plan, calls[-1]))
+            new = mesh_step(mesh, [stacked(c) for c in calls], base, srcs, geom, dyn, t0 + i,
+                            origin, now_masks, dtype)
         if repad is not None:
             new = repad(new)
         return hist[1:] + (new,)
@@ -353,12 +375,14 @@ def rewrap(prep: Prepared, out: Any) -> xr.DataArray:
 
 
 def scale_out(obj: Any, kernel: Any, dim: str, args: Any, kwargs: Mapping[str, Any], *,
-              mesh: Any = None, halo_every: int | None = None) -> Any:
+              mesh: Any = None, halo_every: int | None = None,
+              function_mesh: Any = None) -> Any:
     """The dask-backed or sharded scan of ``obj``, or ``None`` when it is in
     memory on one device and ``mesh`` is not given (the caller scans then).
 
     ``kwargs`` holds the scan options (``window``, ``boundary``, ...) and the
     kernel's keyword arguments together, as :func:`xstencil.scan` receives them.
+    ``function_mesh`` is a :class:`~xstencil.Mesh` to scan instead of ``kernel``.
     """
     from xstencil._dask import any_dask
     from xstencil._dask_scan import scan_dask
@@ -371,8 +395,9 @@ def scale_out(obj: Any, kernel: Any, dim: str, args: Any, kwargs: Mapping[str, A
         if mesh is not None:
             raise XStencilError("da.stencil.scan(...): mesh= shards JAX arrays; the data is a "
                                 "dask array (drop mesh=, or .compute() the data first)")
-        return scan_dask(obj, kernel, dim, *args, halo_every=halo_every, **kwargs)
+        return scan_dask(obj, kernel, dim, *args, halo_every=halo_every,
+                         function_mesh=function_mesh, **kwargs)
     if mesh is not None or is_sharded(arrays):
         return scan_sharded(obj, kernel, dim, *args, mesh=mesh, halo_every=halo_every or 1,
-                            **kwargs)
+                            function_mesh=function_mesh, **kwargs)
     return None

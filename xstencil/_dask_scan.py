@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xstencil._blockmesh import block_mesh
 from xstencil._dask import _cached, _merged, _token, _traces, is_dask
 from xstencil._engine.call import precision
 from xstencil._errors import XStencilError
@@ -29,7 +30,8 @@ class BlockScan:
 
     token: str
     spec: Any  # xstencil._blockscan.ScanSpec
-    kernel: Callable[..., Any]
+    kernels: tuple[Callable[..., Any], ...]  # one, or one per region of ``mesh``
+    mesh: Any  # xstencil._blockmesh.BlockMesh, or None
     static: Any
     dyn: tuple[Any, ...]
     coords: tuple[np.ndarray, ...]  # padded by width[axis]
@@ -37,9 +39,13 @@ class BlockScan:
     depth: tuple[int, ...]  # per axis, 0 where the axis is not split
     periodic: tuple[bool, ...]
     starts: tuple[tuple[int, ...], ...]
+    t: int  # the first position computed
     n: int
+    has_input: bool
 
-    def __call__(self, hist: Any, inp: Any = None, block_info: Any = None) -> np.ndarray:
+    def __call__(self, hist: Any, *others: Any, block_info: Any = None) -> np.ndarray:
+        inp = others[0] if self.has_input else None
+        masks = list(others[1:] if self.has_input else others)
         loc = block_info[0]["chunk-location"]
         spec = self.spec
         cores = []
@@ -54,24 +60,29 @@ class BlockScan:
             s = spec.plan.specs[a]
             first = self.starts[a][loc[a]] - cores[a - 1][0] - s.pad_lo + self.width[a][0]
             coords.append(cc[first:first + hist.shape[a] + s.pad_lo + s.pad_hi])
+        # the global index of the block's first cell, halo included, per spatial axis
+        origin = np.array([self.starts[a][loc[a]] - cores[a - 1][0]
+                           for a in range(1, hist.ndim)], np.int32)
         key = (self.token, self.n, hist.shape, None if inp is None else inp.shape,
-               str(hist.dtype), tuple(cores))
+               str(hist.dtype), tuple(cores), tuple(m.shape for m in masks))
         fn = _cached(key, lambda: self._build(tuple(cores), inp is None))
         with precision([hist], self.dyn):
-            out = fn(hist, inp, coords, list(self.dyn))
+            out = fn(hist, inp, coords, list(self.dyn), np.int32(self.t), origin, masks)
         return np.asarray(out)
 
     def _build(self, cores: tuple[tuple[int, int], ...], grown: bool) -> Callable[..., Any]:
         from xstencil._blockscan import run_steps
 
-        spec, kernel, static, n = self.spec, self.kernel, self.static, self.n
+        spec, static, n = self.spec, self.static, self.n
         modes = tuple("extend" if self.depth[a] and self.periodic[a] else s.mode
                       for a, s in enumerate(spec.plan.specs) if a > 0)
 
-        def run(hist: Any, inp: Any, coords: Any, dyn: Any) -> Any:
+        def run(hist: Any, inp: Any, coords: Any, dyn: Any, t: Any, origin: Any,
+                masks: Any) -> Any:
             _traces[0] += 1
-            new = run_steps(spec, kernel, static, n, tuple(hist[j] for j in range(spec.k)),
-                            inp, coords, dyn, modes)
+            new = run_steps(spec, self.kernels, static, n,
+                            tuple(hist[j] for j in range(spec.k)), inp, coords, dyn, modes,
+                            mesh=self.mesh, where=(t, list(origin)), masks=masks)
             idx = (slice(None),) + tuple(slice(a, a + m) for a, m in cores)
             return jnp.stack(new)[idx]
 
@@ -86,8 +97,8 @@ def default_halo_every(reach: int, chunks: Sequence[int], steps: int) -> int:
     return max(1, min(32, steps, min(chunks) // (8 * reach)))
 
 
-def scan_dask(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args: Any,
-              halo_every: int | None = None, **kwargs: Any) -> Any:
+def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *args: Any,
+              halo_every: int | None = None, function_mesh: Any = None, **kwargs: Any) -> Any:
     """Scan a kernel along ``dim`` over a dask-backed DataArray, lazily.
 
     ``dim`` must be a single chunk; the other dims may be chunked.  Each task
@@ -105,6 +116,10 @@ def scan_dask(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args: An
     halo_every
         Steps per task (K).  Defaults to the largest K (at most 32) whose
         halo is at most an eighth of the smallest split chunk.
+    function_mesh
+        A :class:`~xstencil.Mesh` over ``obj`` (``kernel`` is then
+        ``None``): its kernels on its regions, as ``mesh.scan(dim)`` does
+        in memory.
     **kwargs
         ``window``, ``boundary``, ``fill_value``, ``steps``, ``dt``,
         ``coord``, ``save_every`` and ``period`` as for :func:`xstencil.scan`;
@@ -144,9 +159,12 @@ def scan_dask(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args: An
             f"({len(obj.chunks[obj.get_axis_num(dim)])} chunks); positions along it are "
             f"computed in order, so it must be one chunk: rechunk with "
             f".chunk({{{dim!r}: -1}}) and chunk the other dims instead")
-    prep = setup(call, obj, kernel, dim, args, kw, **opts)
+    kernels = (kernel,) if function_mesh is None else tuple(k for _, k in function_mesh._regions)
+    prep = setup(call, obj, kernels, dim, args, kw, **opts)
     spec = prep.spec
     plan = spec.plan
+    bmesh, masks = (None, []) if function_mesh is None else block_mesh(
+        function_mesh, plan, dim, spec.total)
     data = prep.data if is_dask(prep.data) else dsa.from_array(np.asarray(prep.data))
     chunks = data.chunks
     split = [a for a in range(1, data.ndim) if len(chunks[a]) > 1
@@ -170,17 +188,21 @@ def scan_dask(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args: An
     coords = tuple(padded_coords(spec, prep.obj, width, opts.get("period")))
     starts = tuple(tuple(int(v) for v in np.cumsum((0,) + tuple(c))[:-1]) for c in chunks)
     dyn = tuple(np.asarray(x) for x in prep.dyn)
-    token = _token("xstencil-scan", kernel, spec, prep.static, dyn, coords, depth, data.name)
+    token = _token("xstencil-scan", kernels, bmesh, masks, spec, prep.static, dyn, coords,
+                   depth, data.name)
     boundary = {a: "periodic" if periodic[a] and depth[a] else "none"
                 for a in range(data.ndim)}
     dd = {a: depth[a] for a in range(data.ndim)}
     state = data[:spec.k].rechunk({0: -1})
     inp = None if spec.grown else time_padded(spec, data).rechunk({0: -1})
+    dmasks = [dsa.from_array(m, chunks=((m.shape[0],),) + tuple(chunks[1:])) for m in masks]
     saved = []
     for t, n, save in segments(spec, K):
-        fn = BlockScan(token, spec, kernel, prep.static, dyn, coords, width, depth, periodic,
-                       starts, n)
+        fn = BlockScan(token, spec, kernels, bmesh, prep.static, dyn, coords, width, depth,
+                       periodic, starts, t, n, inp is not None)
         margs = [state] if inp is None else [state, inp[t:t + n + spec.ahead]]
+        margs += [m[t:t + n] if timed else m
+                  for m, timed in zip(dmasks, bmesh.timed if bmesh else (), strict=True)]
         state = dsa.map_overlap(
             fn, *margs, depth=[dd] * len(margs), boundary=[boundary] * len(margs),
             trim=False, align_arrays=False, allow_rechunk=False, chunks=state.chunks,

@@ -17,6 +17,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from xstencil._blockmesh import block_mesh
 from xstencil._engine.boundary import pad
 from xstencil._engine.call import as_array, precision
 from xstencil._errors import XStencilError
@@ -53,9 +54,9 @@ def _repad(new: Any, axis: int, name: str, p: int, lo: int, hi: int, mode: str,
     return new
 
 
-def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args: Any,
+def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *args: Any,
                  mesh: Any = None, halo_every: int = 1, hlo: bool | str = False,
-                 **kwargs: Any) -> Any:
+                 function_mesh: Any = None, **kwargs: Any) -> Any:
     """Scan a kernel along ``dim`` with the other dims sharded over devices.
 
     Every ``halo_every`` steps each device receives a halo ``halo_every``
@@ -84,6 +85,11 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
         the communication: ``collective-permute``, and no ``all-gather``);
         ``"compiled"``: return the compiled executable (for
         ``memory_analysis()``, per device).
+    function_mesh
+        A :class:`~xstencil.Mesh` over ``obj`` (``kernel`` is then
+        ``None``): its kernels on its regions, as ``m.scan(dim)`` does in
+        memory.  Mask regions are sharded like the data and exchange halos
+        with it.
     **kwargs
         ``window``, ``boundary``, ``fill_value``, ``steps``, ``dt``,
         ``coord``, ``save_every`` and ``period`` as for :func:`xstencil.scan`;
@@ -114,9 +120,13 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
     K = int(halo_every)
     if K < 1:
         raise XStencilError(f"{call}: halo_every={halo_every!r} must be an int >= 1")
-    prep = setup(call, obj, kernel, dim, args, kw, **opts)
+    kernels = (kernel,) if function_mesh is None else tuple(k for _, k in function_mesh._regions)
+    prep = setup(call, obj, kernels, dim, args, kw, **opts)
     spec = prep.spec
     plan = spec.plan
+    bmesh, masks = (None, []) if function_mesh is None else block_mesh(
+        function_mesh, plan, dim, spec.total)
+    timed = bmesh.timed if bmesh else ()
     with precision(prep.data, args, kw):
         data = as_array(call, "the data", prep.data)
         lay = layout(call, plan.dims, [data], mesh)
@@ -162,15 +172,21 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
                     new = _repad(new, a - 1, lay.names[a], lay.size(a), *deep[a], s.mode, fill)
             return new
 
-        def block(hist: Any, inp: Any, t: Any, n: int, coords: Any, dyn: Any) -> Any:
-            # hist: a tuple of k slabs; inp: (time, *space)
+        def block(hist: Any, inp: Any, t: Any, n: int, coords: Any, dyn: Any,
+                  masks: Any) -> Any:
+            # hist: a tuple of k slabs; inp and masks: (time, *space)
             ext = list(hist)
             if inp is not None:
                 ext.append(lax.dynamic_slice_in_dim(inp, t, n + ahead, axis=0))
+            ext += [lax.dynamic_slice_in_dim(m, t, n, axis=0) if tm else m
+                    for m, tm in zip(masks, timed, strict=True)]
             for a in split:
                 s = plan.specs[a]
                 ext = [exchange(e, a - 1 if j < k else a, lay.names[a], lay.size(a), *deep[a],
                                 s.mode, fill) for j, e in enumerate(ext)]
+            nin = k + (inp is not None)
+            origin = [lax.axis_index(lay.names[a]) * local[a] - deep[a][0] if a in split
+                      else 0 for a in range(1, len(plan.dims))]
             cs = []
             for d, c in zip(plan.coord_dims, coords, strict=True):
                 a = plan.axis(d)
@@ -179,23 +195,25 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
                     c = lax.dynamic_slice_in_dim(c, lax.axis_index(lay.names[a]) * local[a],
                                                  size)
                 cs.append(c)
-            new = run_steps(spec, kernel, static, n, tuple(ext[:k]),
+            new = run_steps(spec, kernels, static, n, tuple(ext[:k]),
                             None if inp is None else ext[k], cs, dyn, modes,
-                            repad if split else None)
+                            repad if split else None, mesh=bmesh, where=(t, origin),
+                            masks=ext[nin:])
             for a in split:
                 new = tuple(lax.slice_in_dim(x, deep[a][0], deep[a][0] + local[a], axis=a - 1)
                             for x in new)
             return new
 
-        def body(hist0: Any, inp: Any, coords: Any, dyn: Any) -> Any:
+        def body(hist0: Any, inp: Any, coords: Any, dyn: Any, masks: Any) -> Any:
             def one_save(carry: Any, _: Any) -> Any:
                 hist, t = carry
                 if q:
                     hist, t = lax.fori_loop(
-                        0, q, lambda i, c: (block(c[0], inp, c[1], K, coords, dyn), c[1] + K),
+                        0, q, lambda i, c: (block(c[0], inp, c[1], K, coords, dyn, masks),
+                                            c[1] + K),
                         (hist, t))
                 if r:
-                    hist, t = block(hist, inp, t, r, coords, dyn), t + r
+                    hist, t = block(hist, inp, t, r, coords, dyn, masks), t + r
                 return (hist, t), hist[-1]
 
             start = tuple(hist0[j] for j in range(k))
@@ -206,17 +224,20 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any], dim: str = "time", *args:
             return jnp.concatenate([hist0, saved], axis=0)
 
         out_spec = lay.spec() if every else P(*lay.names[1:])
-        key = ("shard-scan", spec, static, lay, K)
+        key = ("shard-scan", spec, static, lay, K, bmesh, kernels,
+               tuple(m.shape for m in masks))
 
         def build() -> Callable[..., Any]:
             return jax.jit(jax.shard_map(body, mesh=lay.mesh,
-                                         in_specs=(lay.spec(), lay.spec(), P(), P()),
+                                         in_specs=(lay.spec(), lay.spec(), P(), P(),
+                                                   [lay.spec()] * len(masks)),
                                          out_specs=out_spec, check_vma=False))
 
         from xstencil._labelled.core import compiled
 
-        fn = compiled(kernel, key, build)
-        inputs = (hist0, inp, [jnp.asarray(c) for c in coords], list(prep.dyn))
+        fn = compiled(function_mesh if function_mesh is not None else kernel, key, build)
+        inputs = (hist0, inp, [jnp.asarray(c) for c in coords], list(prep.dyn),
+                  [jax.device_put(m, sharding) for m in masks])
         if hlo:
             exe = fn.lower(*inputs).compile()
             return exe if hlo == "compiled" else exe.as_text()

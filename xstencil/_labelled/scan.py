@@ -239,6 +239,7 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                                                            "period")}
     known = {"window", "boundary", "fill_value", "steps", "dt", "coord", "save_every",
              "progress", "checkpoint", "check_finite", "period"}
+    halo_every = options.pop("halo_every", None)
     kwargs = {k: v for k, v in options.items() if k not in known}
     opts.update({k: v for k, v in options.items() if k in known})
     o = _options(call, dim, opts.get("window"), opts.get("boundary", "fill"),
@@ -248,6 +249,12 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                  opts.get("period"))
     if not m._regions:
         raise XStencilError(f"{call}: the mesh has no regions; assign kernels with m[...] = f")
+    from xstencil._blockscan import scale_out
+
+    out = scale_out(m._obj, None, dim, args, {**opts, **kwargs}, mesh=m._options.get("mesh"),
+                    halo_every=halo_every, function_mesh=m)
+    if out is not None:  # dask-backed or sharded data: K steps per halo exchange
+        return out
     kernels = [k for _, k in m._regions]
     return _run(call, m._obj, kernels, m, m, o, args, kwargs)
 

@@ -1,0 +1,117 @@
+"""Function meshes in block scans (dask chunks, sharded devices).
+
+A block is a piece of the domain extended by a deep halo, and the same
+compiled step serves every block, so a cell's global position is known only
+at run time: ``origin`` is the global index of the block's first cell along
+each spatial axis, ``t`` the position along the scanned dim being computed.
+Region membership is computed from them with ``iota`` comparisons, and each
+region's kernel runs over the whole block, selected with ``where``.  The
+halo cells need the right kernels too: after K steps their values have
+reached the block's own cells.
+
+Mask regions travel as arrays aligned with the block, halo included (dask
+overlaps them like the data; the sharded scan exchanges them), with one slab
+per step when the mask varies along the scanned dim.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from xstencil._engine.lower import AxisGeom, Source, evaluate
+from xstencil._engine.mesh import Slab
+
+__all__ = ["BlockMesh", "block_mesh", "mesh_step"]
+
+
+@dataclass(frozen=True)
+class BlockMesh:
+    """A mesh over global positions ``(dim, *space)``: ``regions[j]`` is a
+    :class:`Slab` or the index of a mask; later regions win, and cells no
+    region covers keep their input (the centre of the window)."""
+
+    regions: tuple[Slab | int, ...]
+    timed: tuple[bool, ...]  # per mask: one slab per position along dim
+    sizes: tuple[int, ...]  # global (total, *space)
+    periodic: tuple[bool, ...]  # per spatial axis
+    k: int  # the first computed position along dim
+
+
+def block_mesh(mesh: Any, plan: Any, dim: str, total: int) -> tuple[BlockMesh, list[np.ndarray]]:
+    """The regions of a :class:`~xstencil.Mesh` over the block scan's plan
+    (dims ``(dim, *space)``) and its masks, shaped ``(total or 1, *space)``."""
+    fdims = tuple(str(d) for d in mesh._fields.dims)
+    order = [fdims.index(d) for d in plan.dims if d in fdims]
+    regions = []
+    for r, kern in mesh._regions:
+        if isinstance(r, np.ndarray):
+            r = np.transpose(r, order)
+            if dim not in fdims:  # an initial state: the mask holds for every position
+                r = r[None]
+        regions.append((r, kern))
+    proxy = types.SimpleNamespace(_regions=regions)
+    out, masks = type(mesh).regions(proxy, plan)
+    masks = [np.ascontiguousarray(m, dtype=bool) for m in masks]
+    periodic = tuple(s.mode == "periodic" for s in plan.specs[1:])
+    bm = BlockMesh(tuple(out), tuple(m.shape[0] > 1 for m in masks),
+                   (total,) + tuple(plan.shape[1:]), periodic, plan.specs[0].lo)
+    return bm, masks
+
+
+def _covers(bm: BlockMesh, region: Slab) -> bool:
+    """Whether ``region`` holds every computed cell (no ``where`` needed)."""
+    (lo, hi, st), *space = region.ranges
+    if not (lo <= bm.k and hi >= bm.sizes[0] and st == 1):
+        return False
+    return all(r == (0, n, 1) for r, n in zip(space, bm.sizes[1:], strict=True))
+
+
+def _inside(p: Any, r: tuple[int, int, int]) -> Any:
+    lo, hi, st = r
+    c = (p >= lo) & (p < hi)
+    return c if st == 1 else c & ((p - lo) % st == 0)
+
+
+def _member(bm: BlockMesh, region: Slab, t: Any, origin: Sequence[Any],
+            block: Sequence[int]) -> Any:
+    """Where ``region`` holds at position ``t``, over the block's cells."""
+    (tr, *space) = region.ranges
+    cond = _inside(t, tr) if tr != (0, bm.sizes[0], 1) else None
+    for a, (r, n, nb) in enumerate(zip(space, bm.sizes[1:], block, strict=True)):
+        if r == (0, n, 1):
+            continue
+        p = origin[a] + lax.iota(np.int32, nb)
+        if bm.periodic[a]:
+            p = p % n
+        shape = [1] * len(block)
+        shape[a] = nb
+        c = _inside(p, r).reshape(shape)
+        cond = c if cond is None else cond & c
+    return jnp.ones((), bool) if cond is None else cond
+
+
+def mesh_step(bm: BlockMesh, calls: Sequence[Callable[..., Any]], base: Callable[..., Any],
+              sources: Sequence[Source], geom: Sequence[AxisGeom], dyn: Any, t: Any,
+              origin: Sequence[Any], masks: Sequence[Any], dtype: Any) -> Any:
+    """One step of the block under the mesh: ``calls[j]`` on ``regions[j]``,
+    ``base`` elsewhere; ``masks`` are this step's mask slabs."""
+    block = [g.count for g in geom]
+    start = 0
+    for j, r in enumerate(bm.regions):
+        if isinstance(r, Slab) and _covers(bm, r):
+            start = j + 1
+    first = calls[start - 1] if start else base
+    out = evaluate(first, sources, geom, dyn).astype(dtype)
+    for r, c in zip(bm.regions[start:], calls[start:], strict=True):
+        if isinstance(r, Slab) and any(lo >= hi for lo, hi, _ in r.ranges):
+            continue  # an empty region
+        cond = masks[r] if isinstance(r, int) else _member(bm, r, t, origin, block)
+        out = jnp.where(cond, evaluate(c, sources, geom, dyn).astype(dtype), out)
+    return out
