@@ -251,6 +251,38 @@ def check_scan_function_mesh():
             assert not np.allclose(np.asarray(plain.data), np.asarray(ref.data))
 
 
+def check_scan_dataset():
+    """Two advanced fields (in different dim orders) and a constant one."""
+    rng = np.random.default_rng(3)
+    ds = xr.Dataset(
+        {"h": (("y", "x"), 1 + 0.1 * rng.random((32, 48)), {"units": "m"}),
+         "u": (("x", "y"), 0.1 * rng.random((48, 32))),
+         "b": (("y", "x"), 0.05 * rng.random((32, 48)))},
+        coords={"y": np.linspace(0.0, 1.0, 32), "x": np.linspace(0.0, 2.0, 48)},
+        attrs={"title": "shallow water"})
+
+    def sw(s):
+        h, u, b = s["h"], s["u"], s["b"]
+        return {"h": h(time=-1) - 0.025 * (u(time=-1, x=1) * h(time=-1, x=1)
+                                           - u(time=-1, x=-1) * h(time=-1, x=-1))
+                + 0.01 * (h(time=-1, y=1) - 2 * h(time=-1) + h(time=-1, y=-1)),
+                "u": u(time=-1) - 0.245 * (h(time=-1, x=1) + b(x=1) - h(time=-1, x=-1)
+                                           - b(x=-1))}
+
+    traj = xr.concat([ds[["h", "u"]]] * 5, "time").assign_coords(time=np.arange(5.0))
+    traj["b"] = ds["b"]
+    for obj, kw in ((ds, dict(steps=8, save_every=4)), (ds, dict(steps=5, save_every="last")),
+                    (traj, {})):
+        for devices, mode, k in (({"x": "i"}, "periodic", 2),
+                                 ({"y": "a", "x": "b"}, {"x": "periodic", "y": "reflect"}, 3)):
+            ref = obj.stencil.scan(sw, "time", boundary=mode, **kw)
+            out = obj.stencil.scan(sw, "time", boundary=mode, mesh=devices, halo_every=k, **kw)
+            assert list(out.data_vars) == list(ref.data_vars) and out.attrs == ref.attrs
+            for n in ref.data_vars:
+                same(out[n], ref[n], rtol=1e-12)
+            assert len(out["h"].data.sharding.device_set) == 4
+
+
 def check_scan_bad_input():
     from xstencil._shard_scan import scan_sharded
 

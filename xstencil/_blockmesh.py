@@ -101,17 +101,19 @@ def mesh_step(bm: BlockMesh, calls: Sequence[Callable[..., Any]], base: Callable
               sources: Sequence[Source], geom: Sequence[AxisGeom], dyn: Any, t: Any,
               origin: Sequence[Any], masks: Sequence[Any], dtype: Any) -> Any:
     """One step of the block under the mesh: ``calls[j]`` on ``regions[j]``,
-    ``base`` elsewhere; ``masks`` are this step's mask slabs."""
+    ``base`` elsewhere; ``masks`` are this step's mask slabs.  The calls
+    return a tuple (one field per advanced variable), and so does this."""
     block = [g.count for g in geom]
     start = 0
     for j, r in enumerate(bm.regions):
         if isinstance(r, Slab) and _covers(bm, r):
             start = j + 1
     first = calls[start - 1] if start else base
-    out = evaluate(first, sources, geom, dyn).astype(dtype)
+    out = [x.astype(dtype) for x in evaluate(first, sources, geom, dyn)]
     for r, c in zip(bm.regions[start:], calls[start:], strict=True):
         if isinstance(r, Slab) and any(lo >= hi for lo, hi, _ in r.ranges):
             continue  # an empty region
         cond = masks[r] if isinstance(r, int) else _member(bm, r, t, origin, block)
-        out = jnp.where(cond, evaluate(c, sources, geom, dyn).astype(dtype), out)
-    return out
+        vals = evaluate(c, sources, geom, dyn)
+        out = [jnp.where(cond, v.astype(dtype), o) for v, o in zip(vals, out, strict=True)]
+    return tuple(out)

@@ -1,4 +1,4 @@
-"""dask-backed DataArrays: lazy scans, K steps of one chunk per task.
+"""dask-backed DataArrays and Datasets: lazy scans, K steps of one chunk per task.
 
 :func:`scan_dask` builds one layer of :func:`dask.array.map_overlap` tasks
 per ``halo_every`` (K) steps; each task advances its chunk K steps with the
@@ -8,7 +8,7 @@ use the per-process compile cache of :mod:`xstencil._dask`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,10 +42,13 @@ class BlockScan:
     t: int  # the first position computed
     n: int
     has_input: bool
+    nmask: int
+    evolving: tuple[str, ...]  # the advanced variables: rows j * V + v of the state
 
     def __call__(self, hist: Any, *others: Any, block_info: Any = None) -> np.ndarray:
         inp = others[0] if self.has_input else None
-        masks = list(others[1:] if self.has_input else others)
+        rest = list(others[1:] if self.has_input else others)
+        masks, consts = rest[:self.nmask], [c[0] for c in rest[self.nmask:]]
         loc = block_info[0]["chunk-location"]
         spec = self.spec
         cores = []
@@ -67,7 +70,8 @@ class BlockScan:
                str(hist.dtype), tuple(cores), tuple(m.shape for m in masks))
         fn = _cached(key, lambda: self._build(tuple(cores), inp is None))
         with precision([hist], self.dyn):
-            out = fn(hist, inp, coords, list(self.dyn), np.int32(self.t), origin, masks)
+            out = fn(hist, inp, coords, list(self.dyn), np.int32(self.t), origin, masks,
+                     consts)
         return np.asarray(out)
 
     def _build(self, cores: tuple[tuple[int, int], ...], grown: bool) -> Callable[..., Any]:
@@ -77,14 +81,21 @@ class BlockScan:
         modes = tuple("extend" if self.depth[a] and self.periodic[a] else s.mode
                       for a, s in enumerate(spec.plan.specs) if a > 0)
 
+        V = len(self.evolving)
+
         def run(hist: Any, inp: Any, coords: Any, dyn: Any, t: Any, origin: Any,
-                masks: Any) -> Any:
+                masks: Any, consts: Any) -> Any:
             _traces[0] += 1
+            hist = hist.reshape((spec.k, V) + hist.shape[1:])
+            if inp is not None:
+                inp = inp.reshape((-1, V) + inp.shape[1:])
             new = run_steps(spec, self.kernels, static, n,
                             tuple(hist[j] for j in range(spec.k)), inp, coords, dyn, modes,
-                            mesh=self.mesh, where=(t, list(origin)), masks=masks)
+                            mesh=self.mesh, where=(t, list(origin)), masks=masks,
+                            consts=consts, evolving=self.evolving)
+            new = jnp.concatenate(new)  # (k * V, *block)
             idx = (slice(None),) + tuple(slice(a, a + m) for a, m in cores)
-            return jnp.stack(new)[idx]
+            return new[idx]
 
         return jax.jit(run)
 
@@ -99,7 +110,7 @@ def default_halo_every(reach: int, chunks: Sequence[int], steps: int) -> int:
 
 def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *args: Any,
               halo_every: int | None = None, function_mesh: Any = None, **kwargs: Any) -> Any:
-    """Scan a kernel along ``dim`` over a dask-backed DataArray, lazily.
+    """Scan a kernel along ``dim`` over a dask-backed DataArray or Dataset, lazily.
 
     ``dim`` must be a single chunk; the other dims may be chunked.  Each task
     advances one chunk by ``halo_every`` (K) steps, reading a halo K times the
@@ -109,8 +120,9 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
     Parameters
     ----------
     obj
-        A dask-backed DataArray: the initial state (with ``steps=N``) or the
-        trajectory, as for :func:`xstencil.scan`.
+        A dask-backed DataArray or Dataset: the initial state (with
+        ``steps=N``) or the trajectory, as for :func:`xstencil.scan` (see
+        :mod:`xstencil._blockprep` for what a Dataset may hold).
     kernel, dim, *args
         As for :func:`xstencil.scan`.
     halo_every
@@ -127,8 +139,8 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
 
     Returns
     -------
-    DataArray
-        Backed by a lazy dask array, one chunk per saved position along
+    DataArray or Dataset
+        Backed by lazy dask arrays, one chunk per saved position along
         ``dim`` and the input's chunks along the other dims.
 
     Examples
@@ -145,28 +157,38 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
     array([0.5 , 0.25, 0.  , 0.  , 0.  , 0.  , 0.  , 0.25])
     """
     import dask.array as dsa
+    import xarray as xr
 
-    from xstencil._blockscan import padded_coords, rewrap, segments, setup, time_padded
+    from xstencil._blockprep import rewrap, setup
+    from xstencil._blockscan import padded_coords, segments, time_padded
     from xstencil._shard import split_options
 
-    call = "da.stencil.scan(...)"
+    call = f"{'ds' if isinstance(obj, xr.Dataset) else 'da'}.stencil.scan(...)"
     opts, kw = split_options(kwargs)
-    if isinstance(obj, Mapping) or not hasattr(obj, "dims"):
-        raise XStencilError(f"{call}: expected a DataArray, got {type(obj).__name__}")
-    if dim in obj.dims and is_dask(obj.data) and len(obj.chunks[obj.get_axis_num(dim)]) > 1:
-        raise XStencilError(
-            f"{call}: the data is chunked along the scanned dim {dim!r} "
-            f"({len(obj.chunks[obj.get_axis_num(dim)])} chunks); positions along it are "
-            f"computed in order, so it must be one chunk: rechunk with "
-            f".chunk({{{dim!r}: -1}}) and chunk the other dims instead")
+    if not isinstance(obj, xr.DataArray | xr.Dataset):
+        raise XStencilError(f"{call}: expected a DataArray or Dataset, got "
+                            f"{type(obj).__name__}")
+    for v in [obj] if isinstance(obj, xr.DataArray) else obj.data_vars.values():
+        if dim in v.dims and is_dask(v.data) and len(v.chunks[v.get_axis_num(dim)]) > 1:
+            raise XStencilError(
+                f"{call}: the data is chunked along the scanned dim {dim!r} "
+                f"({len(v.chunks[v.get_axis_num(dim)])} chunks); positions along it are "
+                f"computed in order, so it must be one chunk: rechunk with "
+                f".chunk({{{dim!r}: -1}}) and chunk the other dims instead")
     kernels = (kernel,) if function_mesh is None else tuple(k for _, k in function_mesh._regions)
     prep = setup(call, obj, kernels, dim, args, kw, **opts)
     spec = prep.spec
     plan = spec.plan
     bmesh, masks = (None, []) if function_mesh is None else block_mesh(
         function_mesh, plan, dim, spec.total)
-    data = prep.data if is_dask(prep.data) else dsa.from_array(np.asarray(prep.data))
-    chunks = data.chunks
+    # the advanced variables interleaved along dim: row j * V + v is position j of variable v
+    V = len(prep.evolving)
+    fields = [d if is_dask(d) else dsa.from_array(np.asarray(d)) for d in prep.datas]
+    fields = [fields[0]] + [f.rechunk(fields[0].chunks) for f in fields[1:]]
+    data = fields[0] if V == 1 else dsa.stack(
+        [f.rechunk({0: -1}) for f in fields], axis=1).reshape(
+        (-1,) + fields[0].shape[1:], merge_chunks=True)
+    chunks = fields[0].chunks
     split = [a for a in range(1, data.ndim) if len(chunks[a]) > 1
              and max(plan.specs[a].lo, plan.specs[a].hi)]
     reach = max([max(plan.specs[a].lo, plan.specs[a].hi) for a in split], default=0)
@@ -189,27 +211,37 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
     starts = tuple(tuple(int(v) for v in np.cumsum((0,) + tuple(c))[:-1]) for c in chunks)
     dyn = tuple(np.asarray(x) for x in prep.dyn)
     token = _token("xstencil-scan", kernels, bmesh, masks, spec, prep.static, dyn, coords,
-                   depth, data.name)
+                   depth, data.name, prep.evolving)
     boundary = {a: "periodic" if periodic[a] and depth[a] else "none"
                 for a in range(data.ndim)}
     dd = {a: depth[a] for a in range(data.ndim)}
-    state = data[:spec.k].rechunk({0: -1})
-    inp = None if spec.grown else time_padded(spec, data).rechunk({0: -1})
+    state = data[:spec.k * V].rechunk({0: -1})
+    inp = None
+    if not spec.grown:
+        padded = [time_padded(spec, f) for f in fields]
+        inp = padded[0] if V == 1 else dsa.stack(
+            [f.rechunk({0: -1}) for f in padded], axis=1).reshape(
+            (-1,) + fields[0].shape[1:], merge_chunks=True)
+        inp = inp.rechunk({0: -1})
     dmasks = [dsa.from_array(m, chunks=((m.shape[0],),) + tuple(chunks[1:])) for m in masks]
+    dconsts = [(c if is_dask(c) else dsa.from_array(np.asarray(c))).rechunk(chunks[1:])[None]
+               for c in prep.consts]
     saved = []
     for t, n, save in segments(spec, K):
         fn = BlockScan(token, spec, kernels, bmesh, prep.static, dyn, coords, width, depth,
-                       periodic, starts, t, n, inp is not None)
-        margs = [state] if inp is None else [state, inp[t:t + n + spec.ahead]]
+                       periodic, starts, t, n, inp is not None, len(dmasks), prep.evolving)
+        margs = [state] if inp is None else [state, inp[t * V:(t + n + spec.ahead) * V]]
         margs += [m[t:t + n] if timed else m
                   for m, timed in zip(dmasks, bmesh.timed if bmesh else (), strict=True)]
+        margs += dconsts
         state = dsa.map_overlap(
             fn, *margs, depth=[dd] * len(margs), boundary=[boundary] * len(margs),
             trim=False, align_arrays=False, allow_rechunk=False, chunks=state.chunks,
             dtype=data.dtype, meta=np.empty((0,) * data.ndim, dtype=data.dtype),
             name=f"xstencil-scan-{t}-{token}")
         if save:
-            saved.append(state[-1:])
+            saved.append(state[-V:])
     if spec.every == 0:
-        return rewrap(prep, state[-1])
-    return rewrap(prep, dsa.concatenate([data[:spec.k]] + saved, axis=0))
+        return rewrap(prep, [state[-V + v] for v in range(V)])
+    traj = dsa.concatenate([data[:spec.k * V]] + saved, axis=0)
+    return rewrap(prep, [traj[v::V] for v in range(V)])

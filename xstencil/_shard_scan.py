@@ -69,7 +69,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
     Parameters
     ----------
     obj
-        A DataArray: the initial state (with ``steps=N``) or the trajectory,
+        A DataArray or Dataset: the initial state (with ``steps=N``) or the trajectory,
         as for :func:`xstencil.scan`; a sharded JAX array, or any array with
         ``mesh=``.  ``dim`` itself must not be sharded.
     kernel, dim, *args
@@ -97,8 +97,8 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
 
     Returns
     -------
-    DataArray
-        The saved trajectory, a JAX array sharded like the input.
+    DataArray or Dataset
+        The saved trajectory, JAX arrays sharded like the input.
 
     Examples
     --------
@@ -113,9 +113,12 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
     >>> out.isel(time=1).values
     array([0.5 , 0.25, 0.  , 0.  , 0.  , 0.  , 0.  , 0.25], dtype=float32)
     """
-    from xstencil._blockscan import padded_coords, rewrap, run_steps, setup, time_padded
+    import xarray as xr
 
-    call = "da.stencil.scan(...)"
+    from xstencil._blockprep import rewrap, setup
+    from xstencil._blockscan import padded_coords, run_steps, time_padded
+
+    call = f"{'ds' if isinstance(obj, xr.Dataset) else 'da'}.stencil.scan(...)"
     opts, kw = split_options(kwargs)
     K = int(halo_every)
     if K < 1:
@@ -127,9 +130,10 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
     bmesh, masks = (None, []) if function_mesh is None else block_mesh(
         function_mesh, plan, dim, spec.total)
     timed = bmesh.timed if bmesh else ()
-    with precision(prep.data, args, kw):
-        data = as_array(call, "the data", prep.data)
-        lay = layout(call, plan.dims, [data], mesh)
+    with precision(prep.datas + prep.consts, args, kw):
+        datas = [as_array(call, "the data", d) for d in prep.datas]
+        consts = [as_array(call, "the data", c)[None] for c in prep.consts]
+        lay = layout(call, plan.dims, datas + consts, mesh)
         if lay.names[0] is not None and lay.size(0) > 1:
             raise XStencilError(
                 f"{call}: the scanned dim {dim!r} is sharded over mesh axis {lay.names[0]!r}; "
@@ -159,8 +163,16 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
                       for a, s in enumerate(plan.specs) if a > 0)
         fill = 0 if plan.fill_value is None else plan.fill_value
         sharding = NamedSharding(lay.mesh, lay.spec())
-        hist0 = jax.device_put(data[:spec.k], sharding)
-        inp = None if spec.grown else jax.device_put(time_padded(spec, data), sharding)
+        V = len(prep.evolving)
+
+        def packed(fields: Any) -> Any:
+            """Row j * V + v holds position j of advanced variable v."""
+            x = jnp.stack(fields, axis=1)
+            return x.reshape((-1,) + x.shape[2:])
+
+        hist0 = jax.device_put(packed([d[:spec.k] for d in datas]), sharding)
+        inp = None if spec.grown else jax.device_put(
+            packed([time_padded(spec, d) for d in datas]), sharding)
         k, every, ahead = spec.k, spec.every, spec.ahead
         q, r = divmod(spec.steps_per_save, K)
         static = prep.static
@@ -173,18 +185,21 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
             return new
 
         def block(hist: Any, inp: Any, t: Any, n: int, coords: Any, dyn: Any,
-                  masks: Any) -> Any:
-            # hist: a tuple of k slabs; inp and masks: (time, *space)
+                  masks: Any, consts: Any) -> Any:
+            # hist: a tuple of k slabs (V, *space); inp: (time * V, *space); masks:
+            # (time, *space); consts: (1, *space): the spatial axis a is axis a of each
             ext = list(hist)
             if inp is not None:
-                ext.append(lax.dynamic_slice_in_dim(inp, t, n + ahead, axis=0))
+                ext.append(lax.dynamic_slice_in_dim(inp, t * V, (n + ahead) * V, axis=0))
             ext += [lax.dynamic_slice_in_dim(m, t, n, axis=0) if tm else m
                     for m, tm in zip(masks, timed, strict=True)]
+            ext += list(consts)
             for a in split:
                 s = plan.specs[a]
-                ext = [exchange(e, a - 1 if j < k else a, lay.names[a], lay.size(a), *deep[a],
-                                s.mode, fill) for j, e in enumerate(ext)]
+                ext = [exchange(e, a, lay.names[a], lay.size(a), *deep[a], s.mode, fill)
+                       for e in ext]
             nin = k + (inp is not None)
+            nm = len(masks)
             origin = [lax.axis_index(lay.names[a]) * local[a] - deep[a][0] if a in split
                       else 0 for a in range(1, len(plan.dims))]
             cs = []
@@ -195,51 +210,56 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
                     c = lax.dynamic_slice_in_dim(c, lax.axis_index(lay.names[a]) * local[a],
                                                  size)
                 cs.append(c)
-            new = run_steps(spec, kernels, static, n, tuple(ext[:k]),
-                            None if inp is None else ext[k], cs, dyn, modes,
+            now = None if inp is None else ext[k].reshape((-1, V) + ext[k].shape[1:])
+            new = run_steps(spec, kernels, static, n, tuple(ext[:k]), now, cs, dyn, modes,
                             repad if split else None, mesh=bmesh, where=(t, origin),
-                            masks=ext[nin:])
+                            masks=ext[nin:nin + nm], consts=[c[0] for c in ext[nin + nm:]],
+                            evolving=prep.evolving)
             for a in split:
-                new = tuple(lax.slice_in_dim(x, deep[a][0], deep[a][0] + local[a], axis=a - 1)
+                new = tuple(lax.slice_in_dim(x, deep[a][0], deep[a][0] + local[a], axis=a)
                             for x in new)
             return new
 
-        def body(hist0: Any, inp: Any, coords: Any, dyn: Any, masks: Any) -> Any:
+        def body(hist0: Any, inp: Any, coords: Any, dyn: Any, masks: Any,
+                 consts: Any) -> Any:
             def one_save(carry: Any, _: Any) -> Any:
                 hist, t = carry
                 if q:
                     hist, t = lax.fori_loop(
-                        0, q, lambda i, c: (block(c[0], inp, c[1], K, coords, dyn, masks),
-                                            c[1] + K),
+                        0, q, lambda i, c: (block(c[0], inp, c[1], K, coords, dyn, masks,
+                                                  consts), c[1] + K),
                         (hist, t))
                 if r:
-                    hist, t = block(hist, inp, t, r, coords, dyn, masks), t + r
+                    hist, t = block(hist, inp, t, r, coords, dyn, masks, consts), t + r
                 return (hist, t), hist[-1]
 
-            start = tuple(hist0[j] for j in range(k))
+            start = tuple(hist0[j * V:(j + 1) * V] for j in range(k))
             _, saved = lax.scan(one_save, (start, jnp.asarray(k, jnp.int32)), None,
                                 length=spec.nsave)
             if every == 0:
-                return saved[-1]
-            return jnp.concatenate([hist0, saved], axis=0)
+                return tuple(saved[-1][v] for v in range(V))
+            traj = jnp.concatenate([jnp.stack(start), saved], axis=0)  # (time, V, *space)
+            return tuple(traj[:, v] for v in range(V))  # one array per variable
 
-        out_spec = lay.spec() if every else P(*lay.names[1:])
+        out_spec = (lay.spec() if every else P(*lay.names[1:]),) * V
         key = ("shard-scan", spec, static, lay, K, bmesh, kernels,
-               tuple(m.shape for m in masks))
+               tuple(m.shape for m in masks), prep.evolving, len(consts))
 
         def build() -> Callable[..., Any]:
             return jax.jit(jax.shard_map(body, mesh=lay.mesh,
                                          in_specs=(lay.spec(), lay.spec(), P(), P(),
-                                                   [lay.spec()] * len(masks)),
+                                                   [lay.spec()] * len(masks),
+                                                   [lay.spec()] * len(consts)),
                                          out_specs=out_spec, check_vma=False))
 
         from xstencil._labelled.core import compiled
 
         fn = compiled(function_mesh if function_mesh is not None else kernel, key, build)
         inputs = (hist0, inp, [jnp.asarray(c) for c in coords], list(prep.dyn),
-                  [jax.device_put(m, sharding) for m in masks])
+                  [jax.device_put(m, sharding) for m in masks],
+                  [jax.device_put(c, sharding) for c in consts])
         if hlo:
             exe = fn.lower(*inputs).compile()
             return exe if hlo == "compiled" else exe.as_text()
         out = fn(*inputs)
-    return rewrap(prep, out)
+    return rewrap(prep, list(out))

@@ -267,7 +267,7 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
     s = setup(call, obj, kernels, o, args, kwargs)
     with precision(s.f.arrays, args, kwargs):
         udyn, static = split_static(call, (args, kwargs))
-        names = returned(call, s, kernels, static, udyn, o)
+        names = returned(call, s.plan, kernels, static, udyn)
         if names is not None and s.grown and dim not in obj.dims:
             s = setup(call, obj, kernels, o, args, kwargs, evolve=names)
         plan = s.plan

@@ -194,10 +194,9 @@ def engine_vars(s: Setup, dim: str, evolving: Sequence[int]) -> list[Var]:
     return out
 
 
-def returned(call: str, s: Setup, kernels: Sequence[Any], static: Any, udyn: Any,
-             o: Opts) -> list[str] | None:
+def returned(call: str, plan: Plan, kernels: Sequence[Any], static: Any,
+             udyn: Any) -> list[str] | None:
     """The variable names a Dataset kernel returns (``None`` for a DataArray)."""
-    plan = s.plan
     if plan.var_names is None:
         return None
     cells = [jax.ShapeDtypeStruct(

@@ -1,0 +1,278 @@
+"""Setting up a block scan (dask chunks, sharded devices) and labelling its result.
+
+:func:`setup` checks a scale-out scan and reduces it to a
+:class:`~xstencil._blockscan.ScanSpec` plus the arrays that travel: per
+variable that the kernels advance, its input with the scanned dim first; per
+other variable of a Dataset, a constant field.  :func:`rewrap` turns the
+saved slabs back into a DataArray or Dataset like the in-memory scan's.
+
+Scope for Datasets: every variable spans the same spatial dims, the advanced
+variables share one dtype (the block scans stack them into one array), and
+the variables the kernels do not return carry no scanned dim (they are
+constant fields, such as a bathymetry).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from xstencil._blockscan import ScanSpec
+from xstencil._errors import XStencilError
+
+__all__ = ["Prepared", "setup", "saved_positions", "rewrap"]
+
+
+@dataclass
+class Prepared:
+    spec: ScanSpec
+    obj: xr.DataArray | xr.Dataset  # the input
+    names: tuple[str, ...] | None  # the data variables (None: a DataArray)
+    evolving: tuple[str, ...]  # the variables the kernels advance ("" for a DataArray)
+    datas: list[Any]  # per evolving variable: (n_input or 1, *space)
+    consts: list[Any]  # per other variable: (*space)
+    space: tuple[str, ...]
+    coords: dict[str, Any]  # the trajectory's coordinate for dim, if any
+    static: Any
+    dyn: list[Any]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.datas[0].dtype)
+
+
+def _save_every(call: str, save_every: Any) -> int:
+    if save_every == "last":
+        return 0
+    if isinstance(save_every, numbers.Integral) and not isinstance(save_every, bool) \
+            and save_every >= 1:
+        return int(save_every)
+    raise XStencilError(f"{call}: save_every={save_every!r} must be an int >= 1 or 'last'")
+
+
+def _variables(call: str, obj: Any, dim: str) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    """The data variables (``None`` for a DataArray) and the spatial dims."""
+    if isinstance(obj, xr.DataArray):
+        return None, tuple(str(d) for d in obj.dims if d != dim)
+    if not isinstance(obj, xr.Dataset):
+        raise XStencilError(f"{call}: expected a DataArray or Dataset, got "
+                            f"{type(obj).__name__}")
+    names = tuple(str(n) for n in obj.data_vars)
+    if not names:
+        raise XStencilError(f"{call}: the Dataset has no data variables")
+    space = tuple(str(d) for d in obj[names[0]].dims if d != dim)
+    for n in names:
+        own = {str(d) for d in obj[n].dims if d != dim}
+        if own != set(space):
+            raise XStencilError(
+                f"{call}: dask-backed and sharded scans of a Dataset need every variable over "
+                f"the same dims; {names[0]!r} spans {space!r} but {n!r} spans "
+                f"{tuple(d for d in obj[n].dims if d != dim)!r} (broadcast it with "
+                f"xr.broadcast, or scan in memory)")
+    return names, space
+
+
+def _field(obj: Any, name: str | None, dim: str, space: Sequence[str]) -> Any:
+    """A variable's data, ``(n, *space)`` with ``dim`` first, or ``space``."""
+    v = obj if name is None else obj[name]
+    if dim in v.dims:
+        return v.transpose(dim, *space).data
+    return v.transpose(*space).data
+
+
+def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, args: Any,
+          kwargs: Any, *, window: Any = None, boundary: Any = "fill", fill_value: Any = None,
+          steps: Any = None, dt: Any = None, coord: Any = None, save_every: Any = 1,
+          period: Any = None, **unsupported: Any) -> Prepared:
+    """Validate a scale-out scan and reduce it to a :class:`ScanSpec`."""
+    from xstencil._engine.call import precision, split_static
+    from xstencil._labelled.core import Fields, prepare
+    from xstencil._labelled.scan_setup import returned
+
+    bad = {k: v for k, v in unsupported.items() if v not in (None, False)}
+    if bad:
+        raise XStencilError(
+            f"{call}: {sorted(bad)!r} are not available for dask-backed or sharded scans; "
+            f"run in memory (.compute() the data, or drop mesh=) to use them")
+    for kernel in kernels:
+        if not callable(kernel):
+            raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable")
+    if not isinstance(dim, str):
+        raise XStencilError(f"{call}: dim={dim!r} must be a dim name (str)")
+    every = _save_every(call, save_every)
+    names, space = _variables(call, obj, dim)
+    has_dim = dim in obj.dims
+    n0 = obj.sizes[dim] if has_dim else 0
+    if steps is not None:
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+            raise XStencilError(f"{call}: steps={steps!r} must be an int >= 1")
+        steps = int(steps)
+    dims = (dim,) + space
+    b = dict(boundary) if isinstance(boundary, Mapping) else dict.fromkeys(dims, boundary)
+    tmode = b.get(dim, "fill")
+    b[dim] = "extend"
+    guess = (n0 or 1) + (steps or 0)
+    template = obj.drop_vars([c for c in obj.coords if dim in obj[c].dims]) \
+        if steps is not None else obj
+    keys = names or (None,)
+    sizes = tuple(obj.sizes[d] for d in space)
+
+    def plan_for(evolve: Sequence[Any]) -> Any:
+        fields = [_field(obj, n, dim, space) for n in keys]
+        # growing: the advanced variables gain dim; scanning a trajectory: as they are
+        var_dims = tuple(dims if (n in evolve if steps is not None else
+                                  dim in (obj if n is None else obj[n]).dims)
+                         else space for n in keys)
+        arrays = [f if len(vd) == f.ndim else f[None] for f, vd in zip(fields, var_dims,
+                                                                        strict=True)]
+        f = Fields(template, dims, (guess,) + sizes, names, arrays, var_dims,
+                   tuple(np.dtype(a.dtype) for a in arrays))
+        return prepare(call, f, list(kernels), window=window, boundary=b, fill_value=fill_value,
+                       stride=None, output_dims=None, args=args, kwargs=kwargs)
+
+    plan = plan_for(keys)
+    dyn, static = split_static(call, (args, kwargs))
+    evolving: tuple[Any, ...] = (None,)
+    if names is not None:
+        with precision([obj[n].data for n in names], args, kwargs):
+            got = returned(call, plan, kernels, static, dyn)
+        evolving = tuple(got or ())
+        fixed = [n for n in names if n not in evolving]
+        timed = [n for n in fixed if dim in obj[n].dims]
+        if timed:
+            raise XStencilError(
+                f"{call}: {timed[0]!r} has dim {dim!r} but the kernel does not return it; "
+                f"dask-backed and sharded scans read only constant fields besides the "
+                f"variables they advance (drop {dim!r} from it, or scan in memory)")
+        lacking = [n for n in evolving if has_dim and dim not in obj[n].dims]
+        if lacking:
+            raise XStencilError(
+                f"{call}: the kernel advances {lacking[0]!r}, which has no {dim!r}; give it "
+                f"{dim!r} like the other advanced variables")
+        dtypes = {str(np.dtype(obj[n].dtype)) for n in evolving}
+        if len(dtypes) > 1:
+            raise XStencilError(
+                f"{call}: the advanced variables have dtypes {sorted(dtypes)!r}; dask-backed "
+                f"and sharded scans stack them, so give them one dtype (.astype(...))")
+        if steps is not None and len(evolving) < len(names):
+            plan = plan_for(evolving)
+    ts = plan.specs[0]
+    k, ahead = ts.lo, ts.hi
+    if k == 0:
+        raise XStencilError(
+            f"{call}: the kernel reads no earlier position along {dim!r} (such as "
+            f"u({dim}=-1)); there is nothing to scan")
+    if steps is not None:
+        if n0 not in (0, k) or (n0 == 0 and k != 1):
+            raise XStencilError(
+                f"{call}: steps={steps} grows a trajectory from its first {k} position(s) "
+                f"along {dim!r}; the input has {n0 or 'no'} position(s) there")
+        total = k + steps
+    else:
+        if n0 == 0:
+            raise XStencilError(
+                f"{call}: dimension {dim!r} not found; available dims are {space!r} (to grow "
+                f"a trajectory from an initial state, pass steps=N)")
+        total = n0
+        if total <= k:
+            raise XStencilError(f"{call}: {dim!r} has {total} positions, no more than the "
+                                f"{k} initial ones")
+    for d, s in zip(plan.dims[1:], plan.specs[1:], strict=True):
+        if s.mode == "valid" and (s.lo or s.hi):
+            raise XStencilError(f"{call}: boundary 'valid' along {d!r} would shrink each step; "
+                                f"use a padding boundary mode")
+    n_comp = total - k
+    if every and every > n_comp:
+        raise XStencilError(f"{call}: save_every={every} is larger than the {n_comp} "
+                            f"positions to compute; use save_every='last'")
+    if every and steps is not None and steps % every:
+        raise XStencilError(f"{call}: steps={steps} is not a multiple of "
+                            f"save_every={every}")
+    nsave = 1 if every == 0 else n_comp // every
+    plan = dataclasses.replace(plan, shape=(total,) + plan.shape[1:],
+                               coord_dims=tuple(d for d in plan.coord_dims if d != dim))
+    spec = ScanSpec(plan, dim, k, ahead, total, steps is not None, every, nsave, tmode)
+    coords = _time_coord(call, obj, dim, spec, n0, dt, coord)
+    datas = [_field(obj, n, dim, space) for n in evolving]
+    datas = [d if has_dim else d[None] for d in datas]
+    consts = [_field(obj, n, dim, space) for n in (names or ()) if n not in evolving]
+    return Prepared(spec, obj, names, tuple(evolving) if names else ("",), datas, consts,
+                    space, coords, static, dyn)
+
+
+def _time_coord(call: str, obj: Any, dim: str, spec: ScanSpec, n0: int, dt: Any,
+                coord: Any) -> dict[str, Any]:
+    have = obj[dim].values if n0 and dim in obj.coords else None
+    if not spec.grown:
+        return {} if have is None else {dim: have}
+    total = spec.total
+    if coord is not None:
+        c = np.asarray(coord)
+        if len(c) == total:
+            return {dim: c}
+        if len(c) == total - n0 and (have is not None or not n0):
+            return {dim: c if not n0 else np.concatenate([have, c])}
+        raise XStencilError(f"{call}: coord= has {len(c)} values; give {total}")
+    if dt is not None:
+        if have is not None:
+            return {dim: np.concatenate([have, have[-1] + dt * np.arange(1, total - n0 + 1)])}
+        base = np.zeros((), dtype=np.asarray(dt).dtype) if isinstance(dt, np.timedelta64) else 0
+        return {dim: base + dt * np.arange(total)}
+    if have is not None:
+        if n0 < 2:
+            raise XStencilError(f"{call}: the input has a {dim!r} coordinate; pass dt= or "
+                                f"coord= to continue it")
+        d = have[-1] - have[-2]
+        return {dim: np.concatenate([have, have[-1] + d * np.arange(1, total - n0 + 1)])}
+    return {}
+
+
+def saved_positions(spec: ScanSpec) -> np.ndarray:
+    if spec.every == 0:
+        return np.array([spec.last])
+    return np.concatenate([np.arange(spec.k),
+                           spec.k - 1 + spec.every * np.arange(1, spec.nsave + 1)])
+
+
+def rewrap(prep: Prepared, outs: Sequence[Any]) -> xr.DataArray | xr.Dataset:
+    """The saved trajectories, one per evolving variable (``(nsaved, *space)``,
+    or ``space`` for the last only), labelled like the in-memory scan's."""
+    spec, obj = prep.spec, prep.obj
+    dim = spec.dim
+    pos = saved_positions(spec)
+    tc = prep.coords.get(dim)
+    if tc is None and spec.grown:  # a grown trajectory is labelled by position
+        tc = np.arange(spec.total)
+    base = obj.drop_vars([c for c in obj.coords if dim in obj[c].dims]
+                         + ([] if prep.names is None else list(prep.evolving)))
+    if spec.every == 0:
+        coords = {} if tc is None else {dim: tc[spec.last]}
+    else:
+        coords = {} if tc is None else {dim: xr.Variable(dim, np.asarray(tc)[pos])}
+        if not spec.grown:  # the input's other coords along dim, at the saved positions
+            coords.update({str(c): obj[c].isel({dim: pos}).variable for c in obj.coords
+                           if dim in obj[c].dims and c != dim})
+    lead = () if spec.every == 0 else (dim,)
+    out: Any = base if prep.names is not None else None
+    for name, x in zip(prep.evolving, outs, strict=True):
+        own = obj if prep.names is None else obj[name]
+        da = xr.DataArray(x, dims=lead + prep.space, attrs=dict(own.attrs))
+        order = [d for d in (own.dims if dim in own.dims else (dim,) + own.dims)
+                 if d in da.dims]
+        da = da.transpose(*order)
+        if prep.names is None:
+            out = da.assign_coords({str(c): v.variable for c, v in base.coords.items()})
+            out.name = obj.name
+        else:
+            out[name] = da
+    out = out.assign_coords(coords)
+    if prep.names is not None:
+        out = out[list(prep.names)]  # the input's variable order
+        out.attrs = dict(obj.attrs)
+    return out
