@@ -253,22 +253,10 @@ def check_scan_function_mesh():
 
 def check_scan_dataset():
     """Two advanced fields (in different dim orders) and a constant one."""
-    rng = np.random.default_rng(3)
-    ds = xr.Dataset(
-        {"h": (("y", "x"), 1 + 0.1 * rng.random((32, 48)), {"units": "m"}),
-         "u": (("x", "y"), 0.1 * rng.random((48, 32))),
-         "b": (("y", "x"), 0.05 * rng.random((32, 48)))},
-        coords={"y": np.linspace(0.0, 1.0, 32), "x": np.linspace(0.0, 2.0, 48)},
-        attrs={"title": "shallow water"})
+    from tests.shallow import dataset
+    from tests.shallow import kernel as sw
 
-    def sw(s):
-        h, u, b = s["h"], s["u"], s["b"]
-        return {"h": h(time=-1) - 0.025 * (u(time=-1, x=1) * h(time=-1, x=1)
-                                           - u(time=-1, x=-1) * h(time=-1, x=-1))
-                + 0.01 * (h(time=-1, y=1) - 2 * h(time=-1) + h(time=-1, y=-1)),
-                "u": u(time=-1) - 0.245 * (h(time=-1, x=1) + b(x=1) - h(time=-1, x=-1)
-                                           - b(x=-1))}
-
+    ds = dataset(32, 48)
     traj = xr.concat([ds[["h", "u"]]] * 5, "time").assign_coords(time=np.arange(5.0))
     traj["b"] = ds["b"]
     for obj, kw in ((ds, dict(steps=8, save_every=4)), (ds, dict(steps=5, save_every="last")),

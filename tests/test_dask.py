@@ -8,6 +8,8 @@ import pytest
 import xarray as xr
 
 import xstencil  # noqa: F401 - registers .stencil
+from tests.shallow import dataset as shallow_dataset
+from tests.shallow import kernel as shallow_kernel
 from xstencil import XStencilError
 
 dask = pytest.importorskip("dask")
@@ -290,26 +292,6 @@ def test_scan_function_mesh_is_lazy():
         out.compute()
 
 
-def _shallow() -> xr.Dataset:
-    """Two advanced fields in different dim orders and a constant bathymetry."""
-    rng = np.random.default_rng(3)
-    ny, nx = 20, 24
-    return xr.Dataset(
-        {"h": (("y", "x"), 1 + 0.1 * rng.random((ny, nx)), {"units": "m"}),
-         "u": (("x", "y"), 0.1 * rng.random((nx, ny))),
-         "b": (("y", "x"), 0.05 * rng.random((ny, nx)))},
-        coords={"y": np.linspace(0.0, 1.0, ny), "x": np.linspace(0.0, 2.0, nx)},
-        attrs={"title": "1-D shallow water"})
-
-
-def shallow(s):
-    h, u, b = s["h"], s["u"], s["b"]
-    return {"h": h(time=-1) - 0.025 * (u(time=-1, x=1) * h(time=-1, x=1)
-                                       - u(time=-1, x=-1) * h(time=-1, x=-1))
-            + 0.01 * (h(time=-1, y=1) - 2 * h(time=-1) + h(time=-1, y=-1)),
-            "u": u(time=-1) - 0.245 * (h(time=-1, x=1) + b(x=1) - h(time=-1, x=-1) - b(x=-1))}
-
-
 def same_dataset(out, ref):
     assert list(out.data_vars) == list(ref.data_vars) and out.attrs == ref.attrs
     for n in ref.data_vars:
@@ -324,28 +306,28 @@ def same_dataset(out, ref):
 def test_scan_dataset_matches_memory(boundary, chunks, k):
     """The advanced variables travel stacked; the one the kernel does not
     return (the bathymetry) is a constant field with the same halo."""
-    ds = _shallow()
+    ds = shallow_dataset()
     fill = {"fill_value": 0.0} if "fill" in str(boundary) else {}
     for kw in (dict(steps=10, save_every=2), dict(steps=7, save_every="last")):
-        ref = ds.stencil.scan(shallow, "time", boundary=boundary, **kw, **fill)
-        out = ds.chunk(chunks).stencil.scan(shallow, "time", boundary=boundary, halo_every=k,
+        ref = ds.stencil.scan(shallow_kernel, "time", boundary=boundary, **kw, **fill)
+        out = ds.chunk(chunks).stencil.scan(shallow_kernel, "time", boundary=boundary, halo_every=k,
                                              **kw, **fill)
         assert all(isinstance(v.data, dsa.Array) for v in out.data_vars.values())
         same_dataset(out.compute(), ref)
     traj = xr.concat([ds[["h", "u"]]] * 6, "time").assign_coords(time=np.arange(6.0))
     traj["b"] = ds["b"]
-    ref = traj.stencil.scan(shallow, "time", boundary=boundary, **fill)
-    out = traj.chunk(chunks).stencil.scan(shallow, "time", boundary=boundary, halo_every=k,
+    ref = traj.stencil.scan(shallow_kernel, "time", boundary=boundary, **fill)
+    out = traj.chunk(chunks).stencil.scan(shallow_kernel, "time", boundary=boundary, halo_every=k,
                                            **fill)
     same_dataset(out.compute(), ref)
 
 
 def test_scan_dataset_function_mesh():
-    ds = _shallow()
+    ds = shallow_dataset()
 
     def mesh(obj):
         m = obj.stencil.mesh(boundary="periodic")
-        m[...] = shallow
+        m[...] = shallow_kernel
         m[{"x": slice(0, 3)}] = lambda s: {"h": s["h"](time=-1), "u": 0.0 * s["u"](time=-1)}
         m[obj.b > 0.04] = lambda s: {"h": s["h"](time=-1) + 0.01, "u": s["u"](time=-1)}
         return m
@@ -356,13 +338,13 @@ def test_scan_dataset_function_mesh():
 
 
 def test_scan_dataset_bad_input():
-    ds = _shallow().chunk({"x": 12})
+    ds = shallow_dataset().chunk({"x": 12})
     with pytest.raises(XStencilError, match=r"'b' has dim 'time' but the kernel does not return "
                                             r"it"):
         traj = xr.concat([ds] * 3, "time").chunk({"time": -1})
-        traj.stencil.scan(shallow, "time")
+        traj.stencil.scan(shallow_kernel, "time")
     with pytest.raises(XStencilError, match=r"need every variable over the same dims"):
-        ds.assign(p=ds.h.isel(x=0)).stencil.scan(shallow, "time", steps=2)
+        ds.assign(p=ds.h.isel(x=0)).stencil.scan(shallow_kernel, "time", steps=2)
     with pytest.raises(XStencilError, match=r"give them one dtype"):
         ds.assign(u=ds.u.astype(np.float32)).stencil.scan(
             lambda s: {"h": s["h"](time=-1), "u": s["u"](time=-1)}, "time", steps=2)
