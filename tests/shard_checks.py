@@ -271,6 +271,30 @@ def check_scan_dataset():
             assert len(out["h"].data.sharding.device_set) == 4
 
 
+def check_scan_check_finite():
+    from xstencil._labelled.scan import scan
+    from xstencil._shard_scan import scan_sharded
+
+    def unstable(u):
+        return u(time=-1) + 0.9 * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
+                                   + u(time=-1, y=-1) - 4 * u(time=-1))
+
+    u0 = field(np.float64)
+    kw = dict(steps=450, boundary="periodic", check_finite=True, save_every="last")
+    try:
+        scan(u0, unstable, dim="time", **kw)
+        raise AssertionError("the in-memory scan did not raise")
+    except XStencilError as e:
+        want = str(e).split("position ")[1].split(" ")[0]
+    for devices, k in (({"x": "i"}, 1), ({"y": "a", "x": "b"}, 4)):
+        _raises(lambda devices=devices, k=k: scan_sharded(u0, unstable, "time", mesh=devices,
+                                                          halo_every=k, **kw),
+                rf"first appeared at position {want} along 'time'")
+    out = scan_sharded(u0, heat, "time", steps=6, boundary="extend", check_finite=True,
+                       mesh={"x": "i"}, halo_every=3)
+    assert np.isfinite(np.asarray(out.data)).all()
+
+
 def check_scan_bad_input():
     from xstencil._shard_scan import scan_sharded
 

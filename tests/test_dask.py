@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -348,6 +350,33 @@ def test_scan_dataset_bad_input():
     with pytest.raises(XStencilError, match=r"give them one dtype"):
         ds.assign(u=ds.u.astype(np.float32)).stencil.scan(
             lambda s: {"h": s["h"](time=-1), "u": s["u"](time=-1)}, "time", steps=2)
+
+
+def unstable(u):
+    return u(time=-1) + 0.9 * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
+                               + u(time=-1, y=-1) - 4 * u(time=-1))
+
+
+@pytest.mark.parametrize("save_every", [1, "last"])
+def test_scan_check_finite(save_every):
+    """The first non-finite position within a chunk's own cells raises when the
+    graph runs (the halo's outer cells may hold garbage and are not checked);
+    it is the position the in-memory scan names."""
+    u0 = field(np.float64, shape=(24, 30))
+    kw = dict(steps=400, boundary="periodic", check_finite=True, save_every=save_every)
+    with pytest.raises(XStencilError, match=r"first appeared at position (\d+)") as mem:
+        memory_scan(u0, unstable, dim="time", **kw)
+    first = re.search(r"position (\d+)", str(mem.value)).group(1)
+    out = u0.chunk({"x": 10}).stencil.scan(unstable, "time", halo_every=4, **kw)
+    assert isinstance(out.data, dsa.Array)  # nothing runs before compute()
+    with pytest.raises(XStencilError, match=rf"position {first} along 'time' \(time={first}\) "
+                                            rf"in the chunk at x\[\d+:\]; check the time step"):
+        out.compute()
+    # fill with NaN (the default fill_value) only ever reaches the halo's outer cells
+    ok = u0.chunk({"x": 10}).stencil.scan(heat, "time", steps=20, check_finite=True,
+                                          boundary={"x": "fill", "y": "periodic"},
+                                          fill_value=0.0, halo_every=5)
+    assert np.isfinite(ok.values).all()
 
 
 def test_scan_is_lazy_and_rejects_chunked_scan_dim():

@@ -26,7 +26,7 @@ import xarray as xr
 from xstencil._blockscan import ScanSpec
 from xstencil._errors import XStencilError
 
-__all__ = ["Prepared", "setup", "saved_positions", "rewrap"]
+__all__ = ["Prepared", "setup", "saved_positions", "rewrap", "not_finite"]
 
 
 @dataclass
@@ -41,10 +41,17 @@ class Prepared:
     coords: dict[str, Any]  # the trajectory's coordinate for dim, if any
     static: Any
     dyn: list[Any]
+    check_finite: bool
 
     @property
     def dtype(self) -> np.dtype:
         return np.dtype(self.datas[0].dtype)
+
+    @property
+    def labels(self) -> Any:
+        """The trajectory's coordinate along dim (positions when grown), or None."""
+        tc = self.coords.get(self.spec.dim)
+        return np.arange(self.spec.total) if tc is None and self.spec.grown else tc
 
 
 def _save_every(call: str, save_every: Any) -> int:
@@ -89,7 +96,7 @@ def _field(obj: Any, name: str | None, dim: str, space: Sequence[str]) -> Any:
 def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, args: Any,
           kwargs: Any, *, window: Any = None, boundary: Any = "fill", fill_value: Any = None,
           steps: Any = None, dt: Any = None, coord: Any = None, save_every: Any = 1,
-          period: Any = None, **unsupported: Any) -> Prepared:
+          period: Any = None, check_finite: bool = False, **unsupported: Any) -> Prepared:
     """Validate a scale-out scan and reduce it to a :class:`ScanSpec`."""
     from xstencil._engine.call import precision, split_static
     from xstencil._labelled.core import Fields, prepare
@@ -203,7 +210,7 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
     datas = [d if has_dim else d[None] for d in datas]
     consts = [_field(obj, n, dim, space) for n in (names or ()) if n not in evolving]
     return Prepared(spec, obj, names, tuple(evolving) if names else ("",), datas, consts,
-                    space, coords, static, dyn)
+                    space, coords, static, dyn, bool(check_finite))
 
 
 def _time_coord(call: str, obj: Any, dim: str, spec: ScanSpec, n0: int, dt: Any,
@@ -246,9 +253,7 @@ def rewrap(prep: Prepared, outs: Sequence[Any]) -> xr.DataArray | xr.Dataset:
     spec, obj = prep.spec, prep.obj
     dim = spec.dim
     pos = saved_positions(spec)
-    tc = prep.coords.get(dim)
-    if tc is None and spec.grown:  # a grown trajectory is labelled by position
-        tc = np.arange(spec.total)
+    tc = prep.labels  # a grown trajectory is labelled by position
     base = obj.drop_vars([c for c in obj.coords if dim in obj[c].dims]
                          + ([] if prep.names is None else list(prep.evolving)))
     if spec.every == 0:
@@ -276,3 +281,12 @@ def rewrap(prep: Prepared, outs: Sequence[Any]) -> xr.DataArray | xr.Dataset:
         out = out[list(prep.names)]  # the input's variable order
         out.attrs = dict(obj.attrs)
     return out
+
+
+def not_finite(call: str, dim: str, tc: Any, position: int, where: str = "") -> XStencilError:
+    """The ``check_finite=True`` error for the first bad ``position`` along
+    ``dim``, whose coordinate values are ``tc`` (or ``None``)."""
+    label = f" ({dim}={np.asarray(tc)[position]})" if tc is not None else ""
+    return XStencilError(
+        f"{call}: check_finite=True: a NaN or Inf first appeared at position {position} along "
+        f"{dim!r}{label}{where}; check the time step (stability) and the boundary values")

@@ -114,7 +114,8 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
               modes: Sequence[str], repad: Callable[[Any], Any] | None = None,
               mesh: BlockMesh | None = None, where: tuple[Any, Sequence[Any]] | None = None,
               masks: Sequence[Any] = (), consts: Sequence[Any] = (),
-              evolving: Sequence[str] | None = None) -> tuple[Any, ...]:
+              evolving: Sequence[str] | None = None,
+              check: tuple[slice, ...] | None = None) -> tuple[tuple[Any, ...], Any]:
     """Advance ``hist`` (the last ``k`` slabs, oldest first, each ``(V,
     *block)``: one row per advanced variable) by ``n`` steps.  ``inp`` holds
     the input slabs ``[t, t + n + ahead)``, ``(n + ahead, V, *block)``
@@ -132,6 +133,11 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
     first step along dim and the global index of the block's first cell per
     spatial axis, and ``masks`` are the mask regions over the block,
     ``(n or 1, *block)``.  Without one, ``kernels`` holds one kernel.
+
+    With ``check`` (the block's own cells: slices per spatial axis; the
+    halo's outer cells may read garbage), the first position whose new slab
+    holds a NaN or Inf there is returned as well (-1 if none): the result is
+    ``(hist, bad)``.
 
     Each time offset is its own spatial :class:`Source`, and the kernel's time
     window is stacked from their cells (a structural operation the lowering
@@ -187,7 +193,8 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
 
     const_srcs = [source(c) for c in consts]
 
-    def step(i: Any, hist: tuple[Any, ...]) -> tuple[Any, ...]:
+    def step(i: Any, carry: tuple[Any, Any]) -> tuple[Any, Any]:
+        hist, bad = carry
         if inp is None:
             now = []
         else:
@@ -208,10 +215,16 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
                             origin, now_masks, dtype)
         if repad is not None:
             new = tuple(repad(x) for x in new)
-        return hist[1:] + (jnp.stack(new),)
+        new = jnp.stack(new)
+        if check is not None and jnp.issubdtype(new.dtype, jnp.inexact):
+            ok = jnp.all(jnp.isfinite(new[(slice(None),) + check]))
+            at = jnp.asarray(where[0] + i, jnp.int32)  # type: ignore[index]
+            bad = jnp.where((bad < 0) & ~ok, at, bad)
+        return hist[1:] + (new,), bad
 
     calls = [kernel_caller(plan, kn, static) for kn in kernels]
-    return step(0, tuple(hist)) if n == 1 else lax.fori_loop(0, n, step, tuple(hist))
+    carry = (tuple(hist), jnp.asarray(-1, jnp.int32))
+    return step(0, carry) if n == 1 else lax.fori_loop(0, n, step, carry)
 
 
 def time_padded(spec: ScanSpec, data: Any) -> Any:

@@ -44,6 +44,7 @@ class BlockScan:
     has_input: bool
     nmask: int
     evolving: tuple[str, ...]  # the advanced variables: rows j * V + v of the state
+    finite: tuple[str, str, Any] | None  # check_finite: (call, dim, dim's coordinate)
 
     def __call__(self, hist: Any, *others: Any, block_info: Any = None) -> np.ndarray:
         inp = others[0] if self.has_input else None
@@ -70,8 +71,15 @@ class BlockScan:
                str(hist.dtype), tuple(cores), tuple(m.shape for m in masks))
         fn = _cached(key, lambda: self._build(tuple(cores), inp is None))
         with precision([hist], self.dyn):
-            out = fn(hist, inp, coords, list(self.dyn), np.int32(self.t), origin, masks,
-                     consts)
+            out, bad = fn(hist, inp, coords, list(self.dyn), np.int32(self.t), origin, masks,
+                          consts)
+        if self.finite is not None and int(bad) >= 0:
+            from xstencil._blockprep import not_finite
+
+            first = ", ".join(f"{d}[{self.starts[a][loc[a]]}:]" for a, d in
+                              enumerate(spec.plan.dims) if a and len(self.starts[a]) > 1)
+            raise not_finite(*self.finite, int(bad), f" in the chunk at {first}" if first
+                             else "")
         return np.asarray(out)
 
     def _build(self, cores: tuple[tuple[int, int], ...], grown: bool) -> Callable[..., Any]:
@@ -89,13 +97,14 @@ class BlockScan:
             hist = hist.reshape((spec.k, V) + hist.shape[1:])
             if inp is not None:
                 inp = inp.reshape((-1, V) + inp.shape[1:])
-            new = run_steps(spec, self.kernels, static, n,
-                            tuple(hist[j] for j in range(spec.k)), inp, coords, dyn, modes,
-                            mesh=self.mesh, where=(t, list(origin)), masks=masks,
-                            consts=consts, evolving=self.evolving)
+            own = tuple(slice(a, a + m) for a, m in cores)
+            new, bad = run_steps(spec, self.kernels, static, n,
+                                 tuple(hist[j] for j in range(spec.k)), inp, coords, dyn,
+                                 modes, mesh=self.mesh, where=(t, list(origin)), masks=masks,
+                                 consts=consts, evolving=self.evolving,
+                                 check=own if self.finite is not None else None)
             new = jnp.concatenate(new)  # (k * V, *block)
-            idx = (slice(None),) + tuple(slice(a, a + m) for a, m in cores)
-            return new[idx]
+            return new[(slice(None),) + own], bad
 
         return jax.jit(run)
 
@@ -211,7 +220,7 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
     starts = tuple(tuple(int(v) for v in np.cumsum((0,) + tuple(c))[:-1]) for c in chunks)
     dyn = tuple(np.asarray(x) for x in prep.dyn)
     token = _token("xstencil-scan", kernels, bmesh, masks, spec, prep.static, dyn, coords,
-                   depth, data.name, prep.evolving)
+                   depth, data.name, prep.evolving, prep.check_finite)
     boundary = {a: "periodic" if periodic[a] and depth[a] else "none"
                 for a in range(data.ndim)}
     dd = {a: depth[a] for a in range(data.ndim)}
@@ -229,7 +238,8 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
     saved = []
     for t, n, save in segments(spec, K):
         fn = BlockScan(token, spec, kernels, bmesh, prep.static, dyn, coords, width, depth,
-                       periodic, starts, t, n, inp is not None, len(dmasks), prep.evolving)
+                       periodic, starts, t, n, inp is not None, len(dmasks), prep.evolving,
+                       (call, dim, prep.labels) if prep.check_finite else None)
         margs = [state] if inp is None else [state, inp[t * V:(t + n + spec.ahead) * V]]
         margs += [m[t:t + n] if timed else m
                   for m, timed in zip(dmasks, bmesh.timed if bmesh else (), strict=True)]

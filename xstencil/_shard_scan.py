@@ -211,39 +211,51 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
                                                  size)
                 cs.append(c)
             now = None if inp is None else ext[k].reshape((-1, V) + ext[k].shape[1:])
-            new = run_steps(spec, kernels, static, n, tuple(ext[:k]), now, cs, dyn, modes,
-                            repad if split else None, mesh=bmesh, where=(t, origin),
-                            masks=ext[nin:nin + nm], consts=[c[0] for c in ext[nin + nm:]],
-                            evolving=prep.evolving)
+            own = tuple(slice(deep[a][0], deep[a][0] + local[a]) if a in split else slice(None)
+                        for a in range(1, len(plan.dims)))
+            new, bad = run_steps(spec, kernels, static, n, tuple(ext[:k]), now, cs, dyn, modes,
+                                 repad if split else None, mesh=bmesh, where=(t, origin),
+                                 masks=ext[nin:nin + nm], consts=[c[0] for c in ext[nin + nm:]],
+                                 evolving=prep.evolving,
+                                 check=own if prep.check_finite else None)
             for a in split:
                 new = tuple(lax.slice_in_dim(x, deep[a][0], deep[a][0] + local[a], axis=a)
                             for x in new)
-            return new
+            return new, bad
 
         def body(hist0: Any, inp: Any, coords: Any, dyn: Any, masks: Any,
                  consts: Any) -> Any:
+            def advance(hist: Any, t: Any, bad: Any, n: int) -> Any:
+                hist, b = block(hist, inp, t, n, coords, dyn, masks, consts)
+                return hist, t + n, jnp.where(bad < 0, b, bad)
+
             def one_save(carry: Any, _: Any) -> Any:
-                hist, t = carry
+                hist, t, bad = carry
                 if q:
-                    hist, t = lax.fori_loop(
-                        0, q, lambda i, c: (block(c[0], inp, c[1], K, coords, dyn, masks,
-                                                  consts), c[1] + K),
-                        (hist, t))
+                    hist, t, bad = lax.fori_loop(0, q, lambda i, c: advance(*c, K),
+                                                 (hist, t, bad))
                 if r:
-                    hist, t = block(hist, inp, t, r, coords, dyn, masks, consts), t + r
-                return (hist, t), hist[-1]
+                    hist, t, bad = advance(hist, t, bad, r)
+                return (hist, t, bad), hist[-1]
 
             start = tuple(hist0[j * V:(j + 1) * V] for j in range(k))
-            _, saved = lax.scan(one_save, (start, jnp.asarray(k, jnp.int32)), None,
-                                length=spec.nsave)
+            none = jnp.asarray(-1, jnp.int32)
+            (_, _, bad), saved = lax.scan(one_save, (start, jnp.asarray(k, jnp.int32), none),
+                                          None, length=spec.nsave)
+            # the first bad position over all devices (-1: none)
+            axes = tuple(n for n in lay.names if n)
+            if axes:
+                big = jnp.iinfo(jnp.int32).max
+                first = lax.pmin(jnp.where(bad < 0, big, bad), axes)
+                bad = jnp.where(first == big, -1, first)
             if every == 0:
-                return tuple(saved[-1][v] for v in range(V))
+                return tuple(saved[-1][v] for v in range(V)), bad
             traj = jnp.concatenate([jnp.stack(start), saved], axis=0)  # (time, V, *space)
-            return tuple(traj[:, v] for v in range(V))  # one array per variable
+            return tuple(traj[:, v] for v in range(V)), bad  # one array per variable
 
-        out_spec = (lay.spec() if every else P(*lay.names[1:]),) * V
+        out_spec = ((lay.spec() if every else P(*lay.names[1:]),) * V, P())
         key = ("shard-scan", spec, static, lay, K, bmesh, kernels,
-               tuple(m.shape for m in masks), prep.evolving, len(consts))
+               tuple(m.shape for m in masks), prep.evolving, len(consts), prep.check_finite)
 
         def build() -> Callable[..., Any]:
             return jax.jit(jax.shard_map(body, mesh=lay.mesh,
@@ -261,5 +273,9 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
         if hlo:
             exe = fn.lower(*inputs).compile()
             return exe if hlo == "compiled" else exe.as_text()
-        out = fn(*inputs)
+        out, bad = fn(*inputs)
+    if prep.check_finite and int(bad) >= 0:
+        from xstencil._blockprep import not_finite
+
+        raise not_finite(call, dim, prep.labels, int(bad))
     return rewrap(prep, list(out))

@@ -37,6 +37,7 @@ RECURRENCES = {
     "strided-2-back": ((5,), ((2, 1),), 2, True, lambda x: x[-2] * 0.5 + x[0] + x[1]),
     "wide-padding": ((3,), 2, 1, True, lambda x: 0.5 * (x[-1] + x[0] + x[1])),
     "pad-right": ((3,), ((0, 2),), 1, True, lambda x: 0.5 * (x[-1] + x[0] + x[1])),
+    "trimmed": ((3,), -1, 1, True, lambda x: 0.5 * x[-1] + x[0] - 0.25 * x[1]),
     "even-window": ((4,), "same", 1, False, lambda x: 0.25 * x.sum()),
     "forward-only": ((2,), 0, 1, False, lambda x: x[0] + x[1]),
 }

@@ -167,9 +167,9 @@ def _walk_rows(segments: list[tuple[int, int, Any]], base: KernelCall, x: Any,
     g0, lo0, n0 = geom[0], pads[0][0], x.shape[0]
     rest = tuple(range(1, x.ndim))
     full = [(0, lo + n + hi) for (lo, hi), n in zip(pads[1:], x.shape[1:], strict=True)]
-    top = block(x, [(0, lo0)] + full, pads, modes, fill_value) if lo0 else None
+    top = block(x, [(0, lo0)] + full, pads, modes, fill_value) if lo0 > 0 else None
     bottom = (block(x, [(lo0 + n0, lo0 + n0 + pads[0][1])] + full, pads, modes, fill_value)
-              if pads[0][1] else None)
+              if pads[0][1] > 0 else None)
     # split the walk where a window row crosses into or out of the array
     cuts = set()
     for r in read:
