@@ -379,6 +379,18 @@ def test_scan_check_finite(save_every):
     assert np.isfinite(ok.values).all()
 
 
+def test_scan_options_that_need_memory():
+    u0 = field().chunk({"x": 25})
+    with pytest.raises(XStencilError, match=r"\['progress'\] are not available for dask-backed "
+                                            r"or sharded scans.*dask\.diagnostics\.ProgressBar"):
+        u0.stencil.scan(heat, "time", steps=3, progress=True)
+    with pytest.raises(XStencilError, match=r"\['checkpoint'\] are not available"):
+        u0.stencil.scan(heat, "time", steps=3, checkpoint=True)
+    with pytest.raises(XStencilError, match=r"step= runs in memory, but the data is "
+                                            r"dask-backed; \.compute\(\) it first"):
+        xstencil.scan(u0, step=lambda s: s, steps=3)
+
+
 def test_scan_is_lazy_and_rejects_chunked_scan_dim():
     from xstencil._dask_scan import scan_dask
 

@@ -104,9 +104,12 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
 
     bad = {k: v for k, v in unsupported.items() if v not in (None, False)}
     if bad:
+        hint = (" (for a progress bar over a dask graph, compute it inside "
+                "`with dask.diagnostics.ProgressBar():`, or use the distributed dashboard)"
+                if "progress" in bad else "")
         raise XStencilError(
             f"{call}: {sorted(bad)!r} are not available for dask-backed or sharded scans; "
-            f"run in memory (.compute() the data, or drop mesh=) to use them")
+            f"run in memory (.compute() the data, or drop mesh=) to use them{hint}")
     for kernel in kernels:
         if not callable(kernel):
             raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable")

@@ -13,6 +13,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil import _progress
+from xstencil._dask import any_dask
 from xstencil._engine.call import as_array, merge_static, precision, split_static
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
@@ -49,6 +50,11 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any) -> A
     else:
         names = tuple(str(n) for n in state0.data_vars)
         arrays = [state0[n].data for n in names]
+    if any_dask(arrays):
+        raise XStencilError(
+            f"{call}: step= runs in memory, but the data is dask-backed; .compute() it "
+            f"first, or write the step as one kernel (scan(obj, kernel, ...) advances "
+            f"dask-backed data lazily, K steps per task)")
     with precision(arrays, args, kwargs):
         arrays = [as_array(call, "the data", x) for x in arrays]
         udyn, static = split_static(call, (args, kwargs))
