@@ -295,6 +295,27 @@ def check_scan_check_finite():
     assert np.isfinite(np.asarray(out.data)).all()
 
 
+def check_scan_time_coord():
+    """u.coord('time') per step, and absolute coordinates across a periodic
+    seam with a deep halo."""
+    import jax.numpy as jnp
+
+    from xstencil._labelled.scan import scan
+    from xstencil._shard_scan import scan_sharded
+
+    def forced(u):
+        t, x = u.coord("time"), u.coord("x")
+        return (u(time=-1) + 0.1 * (u(time=-1, x=1) - 2 * u(time=-1) + u(time=-1, x=-1))
+                + 0.01 * jnp.sin(t()) * x() + 0.001 * (t() - t(time=-1)))
+
+    u0 = field(np.float64)
+    for kw in (dict(steps=9, dt=0.3), dict(steps=8, save_every="last")):
+        for devices, k in (({"x": "i"}, 3), ({"y": "a", "x": "b"}, 2)):
+            kw2 = dict(kw, boundary="periodic")
+            same(scan_sharded(u0, forced, "time", mesh=devices, halo_every=k, **kw2),
+                 scan(u0, forced, dim="time", **kw2), rtol=1e-12)
+
+
 def check_scan_bad_input():
     from xstencil._shard_scan import scan_sharded
 

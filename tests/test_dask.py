@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
@@ -389,6 +390,34 @@ def test_scan_options_that_need_memory():
     with pytest.raises(XStencilError, match=r"step= runs in memory, but the data is "
                                             r"dask-backed; \.compute\(\) it first"):
         xstencil.scan(u0, step=lambda s: s, steps=3)
+
+
+def forced(u):
+    """Reads the time coordinate (a forcing and the step length) and the
+    absolute x coordinate."""
+    t, x = u.coord("time"), u.coord("x")
+    return (u(time=-1) + 0.1 * (u(time=-1, x=1) - 2 * u(time=-1) + u(time=-1, x=-1))
+            + 0.01 * jnp.sin(t()) * x() + 0.001 * (t() - t(time=-1)))
+
+
+@pytest.mark.parametrize("kw", [dict(steps=9, dt=0.3), dict(steps=9, save_every="last"),
+                                dict(steps=9, coord=np.arange(10.0) ** 2, save_every=3)],
+                         ids=["dt", "positions", "coord"])
+@pytest.mark.parametrize("boundary", ["periodic", "reflect"])
+def test_scan_reads_time_and_absolute_coords(kw, boundary):
+    """u.coord('time') is read per step; a cell of the deep halo from across
+    a periodic seam reads x as that cell does in memory (the continued
+    coordinate shifted back by the period)."""
+    u0 = field(np.float64, shape=(16, 30))
+    ref = memory_scan(u0, forced, dim="time", boundary=boundary, **kw)
+    for k in (1, 3):
+        out = u0.chunk({"x": 10}).stencil.scan(forced, "time", boundary=boundary,
+                                                halo_every=k, **kw)
+        same(out.compute(), ref, rtol=1e-12)
+    traj = xr.concat([u0] * 6, "time").assign_coords(time=np.arange(6.0) ** 2)
+    same(traj.chunk({"x": 10}).stencil.scan(forced, "time", boundary=boundary,
+                                             halo_every=2).compute(),
+         memory_scan(traj, forced, dim="time", boundary=boundary), rtol=1e-12)
 
 
 def test_scan_is_lazy_and_rejects_chunked_scan_dim():

@@ -42,6 +42,7 @@ class Prepared:
     static: Any
     dyn: list[Any]
     check_finite: bool
+    tcoord: Any  # the coordinate along dim padded by (k, ahead), if the kernel reads it
 
     @property
     def dtype(self) -> np.dtype:
@@ -128,8 +129,12 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
     tmode = b.get(dim, "fill")
     b[dim] = "extend"
     guess = (n0 or 1) + (steps or 0)
-    template = obj.drop_vars([c for c in obj.coords if dim in obj[c].dims]) \
-        if steps is not None else obj
+    template = obj
+    if steps is not None:  # the grown trajectory's coords (dim's values come later;
+        # without dt= or coord= they are positions, as in memory)
+        coords = {str(n): v.variable for n, v in obj.coords.items() if dim not in v.dims}
+        coords[dim] = xr.Variable(dim, np.arange(guess, dtype=float))
+        template = xr.Dataset(coords=coords)
     keys = names or (None,)
     sizes = tuple(obj.sizes[d] for d in space)
 
@@ -205,15 +210,34 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
         raise XStencilError(f"{call}: steps={steps} is not a multiple of "
                             f"save_every={every}")
     nsave = 1 if every == 0 else n_comp // every
-    plan = dataclasses.replace(plan, shape=(total,) + plan.shape[1:],
-                               coord_dims=tuple(d for d in plan.coord_dims if d != dim))
+    plan = dataclasses.replace(plan, shape=(total,) + plan.shape[1:])
     spec = ScanSpec(plan, dim, k, ahead, total, steps is not None, every, nsave, tmode)
     coords = _time_coord(call, obj, dim, spec, n0, dt, coord)
+    labels = coords.get(dim, np.arange(total) if spec.grown else None)
+    tcoord = _time_window(call, spec, labels) if spec.reads_time else None
     datas = [_field(obj, n, dim, space) for n in evolving]
     datas = [d if has_dim else d[None] for d in datas]
     consts = [_field(obj, n, dim, space) for n in (names or ()) if n not in evolving]
     return Prepared(spec, obj, names, tuple(evolving) if names else ("",), datas, consts,
-                    space, coords, static, dyn, bool(check_finite))
+                    space, coords, static, dyn, bool(check_finite), tcoord)
+
+
+def _time_window(call: str, spec: ScanSpec, values: Any) -> np.ndarray:
+    """The coordinate along dim as the kernel reads it (``u.coord(dim)``):
+    numeric, in the variables' float dtype, padded by ``(k, ahead)``."""
+    from xstencil._labelled.coords import numeric_coord, pad_coord
+    from xstencil._labelled.scan_setup import check_monotonic, coord_dtype
+
+    dim = spec.dim
+    if values is None:
+        raise XStencilError(
+            f"{call}: the kernel reads u.coord({dim!r}) but the trajectory has no {dim!r} "
+            f"coordinate; give the input one, or pass dt= or coord= with steps=")
+    check_monotonic(call, dim, values)
+    c = numeric_coord(call, dim, np.asarray(values))
+    mode = spec.tmode if spec.tmode in ("fill", "extend") else "extend"
+    padded = pad_coord(call, dim, c, spec.k, spec.ahead, mode)
+    return np.asarray(padded, dtype=coord_dtype(spec.plan))
 
 
 def _time_coord(call: str, obj: Any, dim: str, spec: ScanSpec, n0: int, dt: Any,

@@ -21,10 +21,10 @@ Boundary modes along split dims are applied exactly:
 
 Scope: a DataArray or Dataset (see :mod:`xstencil._blockprep`) and one
 kernel or a function mesh (regions by position, label or mask; see
-:mod:`xstencil._blockmesh`); the kernel does not read ``u.coord(dim)`` along
-the scanned dim.  The scanned dim must not be
-split.  Saving follows :func:`xstencil.scan`: the ``k`` initial positions,
-then every ``save_every``-th computed one, or the last only.
+:mod:`xstencil._blockmesh`).  The kernel may read coordinates, the scanned
+dim's included.  The scanned dim must not be split.  Saving follows
+:func:`xstencil.scan`: the ``k`` initial positions, then every
+``save_every``-th computed one, or the last only.
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ __all__ = ["ScanSpec", "run_steps", "segments", "padded_coords", "time_padded", 
 
 @dataclass(frozen=True)
 class ScanSpec:
-    """A scan, reduced to what a block needs: the plan over ``(dim,) + space``
-    (without the time coordinate), the reach back ``k`` and ahead ``ahead``
-    along ``dim``, and the saved positions."""
+    """A scan, reduced to what a block needs: the plan over ``(dim,) + space``,
+    the reach back ``k`` and ahead ``ahead`` along ``dim``, and the saved
+    positions."""
 
     plan: Plan
     dim: str
@@ -77,6 +77,16 @@ class ScanSpec:
         s = self.plan.specs[axis]
         return s.pad_lo, s.pad_hi
 
+    @property
+    def space_coords(self) -> tuple[str, ...]:
+        """The spatial dims whose coordinates the kernel reads."""
+        return tuple(d for d in self.plan.coord_dims if d != self.dim)
+
+    @property
+    def reads_time(self) -> bool:
+        """Whether the kernel reads the coordinate along dim (``u.coord(dim)``)."""
+        return self.dim in self.plan.coord_dims
+
 
 def segments(spec: ScanSpec, K: int) -> list[tuple[int, int, bool]]:
     """``(first position, steps, saved after)`` per block of at most ``K`` steps."""
@@ -92,21 +102,34 @@ def segments(spec: ScanSpec, K: int) -> list[tuple[int, int, bool]]:
     return out
 
 
-def padded_coords(spec: ScanSpec, obj: xr.DataArray, width: Sequence[tuple[int, int]],
-                  period: Mapping[str, float] | None) -> list[np.ndarray]:
+def padded_coords(spec: ScanSpec, obj: Any, width: Sequence[tuple[int, int]],
+                  period: Mapping[str, float] | None
+                  ) -> tuple[list[np.ndarray], tuple[float | None, ...]]:
     """The spatial coordinates read by the kernel, padded by ``width[axis]``
-    ``(lo, hi)`` cells in the axis's boundary mode."""
+    ``(lo, hi)`` cells in the axis's boundary mode, and per coordinate its
+    period where the axis is periodic (else ``None``).
+
+    A periodic coordinate continues across the seam (``x[0] + period`` after
+    ``x[-1]``), as the in-memory scan pads it.  A deep halo holds cells from
+    across the seam, whose own windows must read the coordinate as those
+    cells do in memory: :func:`run_steps` subtracts ``period`` times the
+    cell's wrap count (see ``periods`` there).
+    """
+    from xstencil._labelled.coords import coord_period
+    from xstencil._labelled.scan_setup import coord_dtype
+
     plan = spec.plan
-    cdt = np.dtype(plan.var_dtypes[0])
-    cdt = cdt if cdt.kind == "f" else np.dtype(np.float32)
-    out = []
-    for d in plan.coord_dims:
+    cdt = coord_dtype(plan)
+    out, periods = [], []
+    for d in spec.space_coords:
         a = plan.axis(d)
         c = numeric_coord(plan.call, d, np.asarray(obj[d].values))
         mode = plan.specs[a].mode
-        out.append(np.asarray(pad_coord(plan.call, d, c, width[a][0], width[a][1], mode,
-                                        None if period is None else period.get(d)), dtype=cdt))
-    return out
+        per = None if period is None else period.get(d)
+        out.append(np.asarray(pad_coord(plan.call, d, c, width[a][0], width[a][1], mode, per),
+                              dtype=cdt))
+        periods.append(coord_period(plan.call, d, c, per) if mode == "periodic" else None)
+    return out, tuple(periods)
 
 
 def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any, n: int,
@@ -115,7 +138,9 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
               mesh: BlockMesh | None = None, where: tuple[Any, Sequence[Any]] | None = None,
               masks: Sequence[Any] = (), consts: Sequence[Any] = (),
               evolving: Sequence[str] | None = None,
-              check: tuple[slice, ...] | None = None) -> tuple[tuple[Any, ...], Any]:
+              check: tuple[slice, ...] | None = None,
+              tcoord: Any = None,
+              periods: Sequence[float | None] = ()) -> tuple[tuple[Any, ...], Any]:
     """Advance ``hist`` (the last ``k`` slabs, oldest first, each ``(V,
     *block)``: one row per advanced variable) by ``n`` steps.  ``inp`` holds
     the input slabs ``[t, t + n + ahead)``, ``(n + ahead, V, *block)``
@@ -133,6 +158,14 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
     first step along dim and the global index of the block's first cell per
     spatial axis, and ``masks`` are the mask regions over the block,
     ``(n or 1, *block)``.  Without one, ``kernels`` holds one kernel.
+
+    ``periods`` (from :func:`padded_coords`, with ``where``): a block cell
+    from across a periodic seam reads the coordinate shifted back by the
+    period times its wrap count, as that cell reads it in memory.
+
+    ``tcoord`` is the coordinate along dim padded by ``(k, ahead)``, when
+    the kernel reads it: the step at position ``t`` reads its window
+    ``tcoord[t:t + k + 1 + ahead]``.
 
     With ``check`` (the block's own cells: slices per spatial axis; the
     halo's outer cells may read garbage), the first position whose new slab
@@ -161,7 +194,17 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
     pads = tuple((s.pad_lo, s.pad_hi) for s in plan.specs[1:])
     geom = [AxisGeom(0, 1, nb, s.size) for nb, s in zip(block, plan.specs[1:], strict=True)]
     csrc = [Source(c, (plan.axis(d) - 1,), (plan.axis(d) - 1,))
-            for d, c in zip(plan.coord_dims, coords, strict=True)]
+            for d, c in zip(spec.space_coords, coords, strict=True)]
+    # per periodic coordinate: the cells' wrap count times the period, one value per cell
+    wraps = {}
+    for d, per in zip(spec.space_coords, periods, strict=False):
+        if per is not None:
+            a = plan.axis(d) - 1
+            p = where[1][a] + lax.iota(np.int32, block[a])  # type: ignore[index]
+            cdt = coords[0].dtype
+            shift = jnp.floor_divide(p, plan.shape[a + 1]).astype(cdt) * jnp.asarray(per, cdt)
+            wraps[d] = Source(shift, (a,), ())
+    csrc += list(wraps.values())
     nsrc = k if inp is None else width  # growing: the latest slab stands for offsets >= 0
 
     def stacked(call: Callable[..., Any]) -> Callable[..., Any]:
@@ -178,8 +221,13 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
                 time_cells = list(own) + [own[k - 1]] * (width - nsrc)
                 windows.append(lax.concatenate([lax.expand_dims(c, (0,)) for c in time_cells],
                                                0))
-            rest = cells[nvar * nsrc + len(consts):]
-            out = call(windows + list(rest), dyn)
+            udyn, tw = dyn
+            rest = iter(cells[nvar * nsrc + len(consts):])
+            spatial = {d: next(rest) for d in spec.space_coords}
+            for d in wraps:
+                spatial[d] = spatial[d] - next(rest)
+            cs = [tw if d == spec.dim else spatial[d] for d in plan.coord_dims]
+            out = call(windows + cs, udyn)
             return (out,) if names is None else tuple(out[nm] for nm in evolving)
 
         return run
@@ -200,19 +248,21 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
         else:
             now = [lax.dynamic_index_in_dim(inp, i + j, axis=0, keepdims=False)
                    for j in range(1 + ahead)]
+        tw = None if tcoord is None else lax.dynamic_slice_in_dim(
+            tcoord, where[0] + i, width)  # type: ignore[index]
         srcs = [source(x[v]) for v in range(nvar) for x in list(hist) + now]
         srcs += const_srcs + csrc
         dtype = hist[0].dtype
         if mesh is None:
-            new = evaluate(stacked(calls[0]), srcs, geom, dyn)
+            new = evaluate(stacked(calls[0]), srcs, geom, (dyn, tw))
             new = tuple(x.astype(dtype) for x in new)
         else:
             t0, origin = where  # type: ignore[misc]
             now_masks = [lax.dynamic_index_in_dim(m, i, 0, False) if timed else m[0]
                          for m, timed in zip(masks, mesh.timed, strict=True)]
             base = stacked(identity_caller(plan, calls[-1]))
-            new = mesh_step(mesh, [stacked(c) for c in calls], base, srcs, geom, dyn, t0 + i,
-                            origin, now_masks, dtype)
+            new = mesh_step(mesh, [stacked(c) for c in calls], base, srcs, geom, (dyn, tw),
+                            t0 + i, origin, now_masks, dtype)
         if repad is not None:
             new = tuple(repad(x) for x in new)
         new = jnp.stack(new)

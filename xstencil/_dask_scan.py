@@ -35,6 +35,7 @@ class BlockScan:
     static: Any
     dyn: tuple[Any, ...]
     coords: tuple[np.ndarray, ...]  # padded by width[axis]
+    periods: tuple[float | None, ...]  # per coordinate, where its axis is periodic
     width: tuple[tuple[int, int], ...]
     depth: tuple[int, ...]  # per axis, 0 where the axis is not split
     periodic: tuple[bool, ...]
@@ -45,6 +46,7 @@ class BlockScan:
     nmask: int
     evolving: tuple[str, ...]  # the advanced variables: rows j * V + v of the state
     finite: tuple[str, str, Any] | None  # check_finite: (call, dim, dim's coordinate)
+    tcoord: np.ndarray | None  # dim's coordinate padded by (k, ahead), if the kernel reads it
 
     def __call__(self, hist: Any, *others: Any, block_info: Any = None) -> np.ndarray:
         inp = others[0] if self.has_input else None
@@ -59,7 +61,7 @@ class BlockScan:
             right = dep if dep and (self.periodic[a] or c < nch - 1) else 0
             cores.append((left, hist.shape[a] - left - right))
         coords = []
-        for d, cc in zip(spec.plan.coord_dims, self.coords, strict=True):
+        for d, cc in zip(spec.space_coords, self.coords, strict=True):
             a = spec.plan.axis(d)
             s = spec.plan.specs[a]
             first = self.starts[a][loc[a]] - cores[a - 1][0] - s.pad_lo + self.width[a][0]
@@ -72,7 +74,7 @@ class BlockScan:
         fn = _cached(key, lambda: self._build(tuple(cores), inp is None))
         with precision([hist], self.dyn):
             out, bad = fn(hist, inp, coords, list(self.dyn), np.int32(self.t), origin, masks,
-                          consts)
+                          consts, self.tcoord)
         if self.finite is not None and int(bad) >= 0:
             from xstencil._blockprep import not_finite
 
@@ -92,7 +94,7 @@ class BlockScan:
         V = len(self.evolving)
 
         def run(hist: Any, inp: Any, coords: Any, dyn: Any, t: Any, origin: Any,
-                masks: Any, consts: Any) -> Any:
+                masks: Any, consts: Any, tcoord: Any) -> Any:
             _traces[0] += 1
             hist = hist.reshape((spec.k, V) + hist.shape[1:])
             if inp is not None:
@@ -102,7 +104,8 @@ class BlockScan:
                                  tuple(hist[j] for j in range(spec.k)), inp, coords, dyn,
                                  modes, mesh=self.mesh, where=(t, list(origin)), masks=masks,
                                  consts=consts, evolving=self.evolving,
-                                 check=own if self.finite is not None else None)
+                                 check=own if self.finite is not None else None,
+                                 tcoord=tcoord, periods=self.periods)
             new = jnp.concatenate(new)  # (k * V, *block)
             return new[(slice(None),) + own], bad
 
@@ -216,7 +219,8 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
                 f"{_merged(tuple(chunks[a]), depth[a])!r}}})")
     periodic = tuple(s.mode == "periodic" for s in plan.specs)
     width = tuple((depth[a] + s.pad_lo, depth[a] + s.pad_hi) for a, s in enumerate(plan.specs))
-    coords = tuple(padded_coords(spec, prep.obj, width, opts.get("period")))
+    coords, periods = padded_coords(spec, prep.obj, width, opts.get("period"))
+    coords = tuple(coords)
     starts = tuple(tuple(int(v) for v in np.cumsum((0,) + tuple(c))[:-1]) for c in chunks)
     dyn = tuple(np.asarray(x) for x in prep.dyn)
     token = _token("xstencil-scan", kernels, bmesh, masks, spec, prep.static, dyn, coords,
@@ -237,9 +241,10 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
                for c in prep.consts]
     saved = []
     for t, n, save in segments(spec, K):
-        fn = BlockScan(token, spec, kernels, bmesh, prep.static, dyn, coords, width, depth,
-                       periodic, starts, t, n, inp is not None, len(dmasks), prep.evolving,
-                       (call, dim, prep.labels) if prep.check_finite else None)
+        fn = BlockScan(token, spec, kernels, bmesh, prep.static, dyn, coords, periods, width,
+                       depth, periodic, starts, t, n, inp is not None, len(dmasks),
+                       prep.evolving,
+                       (call, dim, prep.labels) if prep.check_finite else None, prep.tcoord)
         margs = [state] if inp is None else [state, inp[t * V:(t + n + spec.ahead) * V]]
         margs += [m[t:t + n] if timed else m
                   for m, timed in zip(dmasks, bmesh.timed if bmesh else (), strict=True)]

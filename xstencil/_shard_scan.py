@@ -158,7 +158,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
         deep = {a: (K * plan.specs[a].pad_lo, K * plan.specs[a].pad_hi) for a in split}
         width = [(s.pad_lo + deep.get(a, (0, 0))[0], s.pad_hi + deep.get(a, (0, 0))[1])
                  for a, s in enumerate(plan.specs)]
-        coords = padded_coords(spec, prep.obj, width, opts.get("period"))
+        coords, periods = padded_coords(spec, prep.obj, width, opts.get("period"))
         modes = tuple("extend" if a in split else s.mode
                       for a, s in enumerate(plan.specs) if a > 0)
         fill = 0 if plan.fill_value is None else plan.fill_value
@@ -185,7 +185,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
             return new
 
         def block(hist: Any, inp: Any, t: Any, n: int, coords: Any, dyn: Any,
-                  masks: Any, consts: Any) -> Any:
+                  masks: Any, consts: Any, tcoord: Any) -> Any:
             # hist: a tuple of k slabs (V, *space); inp: (time * V, *space); masks:
             # (time, *space); consts: (1, *space): the spatial axis a is axis a of each
             ext = list(hist)
@@ -203,7 +203,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
             origin = [lax.axis_index(lay.names[a]) * local[a] - deep[a][0] if a in split
                       else 0 for a in range(1, len(plan.dims))]
             cs = []
-            for d, c in zip(plan.coord_dims, coords, strict=True):
+            for d, c in zip(spec.space_coords, coords, strict=True):
                 a = plan.axis(d)
                 if a in split:
                     size = local[a] + sum(width[a])
@@ -217,16 +217,17 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
                                  repad if split else None, mesh=bmesh, where=(t, origin),
                                  masks=ext[nin:nin + nm], consts=[c[0] for c in ext[nin + nm:]],
                                  evolving=prep.evolving,
-                                 check=own if prep.check_finite else None)
+                                 check=own if prep.check_finite else None, tcoord=tcoord,
+                                 periods=periods)
             for a in split:
                 new = tuple(lax.slice_in_dim(x, deep[a][0], deep[a][0] + local[a], axis=a)
                             for x in new)
             return new, bad
 
         def body(hist0: Any, inp: Any, coords: Any, dyn: Any, masks: Any,
-                 consts: Any) -> Any:
+                 consts: Any, tcoord: Any) -> Any:
             def advance(hist: Any, t: Any, bad: Any, n: int) -> Any:
-                hist, b = block(hist, inp, t, n, coords, dyn, masks, consts)
+                hist, b = block(hist, inp, t, n, coords, dyn, masks, consts, tcoord)
                 return hist, t + n, jnp.where(bad < 0, b, bad)
 
             def one_save(carry: Any, _: Any) -> Any:
@@ -261,7 +262,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
             return jax.jit(jax.shard_map(body, mesh=lay.mesh,
                                          in_specs=(lay.spec(), lay.spec(), P(), P(),
                                                    [lay.spec()] * len(masks),
-                                                   [lay.spec()] * len(consts)),
+                                                   [lay.spec()] * len(consts), P()),
                                          out_specs=out_spec, check_vma=False))
 
         from xstencil._labelled.core import compiled
@@ -269,7 +270,8 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
         fn = compiled(function_mesh if function_mesh is not None else kernel, key, build)
         inputs = (hist0, inp, [jnp.asarray(c) for c in coords], list(prep.dyn),
                   [jax.device_put(m, sharding) for m in masks],
-                  [jax.device_put(c, sharding) for c in consts])
+                  [jax.device_put(c, sharding) for c in consts],
+                  None if prep.tcoord is None else jnp.asarray(prep.tcoord))
         if hlo:
             exe = fn.lower(*inputs).compile()
             return exe if hlo == "compiled" else exe.as_text()

@@ -21,7 +21,7 @@ import numpy as np
 from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
-__all__ = ["numeric_coord", "pad_coord"]
+__all__ = ["numeric_coord", "coord_period", "pad_coord"]
 
 
 def numeric_coord(call: str, dim: str, values: np.ndarray) -> np.ndarray | None:
@@ -34,6 +34,20 @@ def numeric_coord(call: str, dim: str, values: np.ndarray) -> np.ndarray | None:
     if values.dtype.kind in "iuf":
         return values.astype(np.float64)
     return None
+
+
+def coord_period(call: str, dim: str, c: np.ndarray, period: float | None) -> float:
+    """The period of coordinate ``c`` across a periodic boundary: ``period``,
+    or the length of a uniformly spaced ``c`` (its spacing times its size)."""
+    if period is not None:
+        return period
+    d = np.diff(c)
+    if len(d) and not np.allclose(d, d[0], rtol=1e-6, atol=0):
+        raise XStencilError(
+            f"{call}: coordinate {dim!r} is not uniformly spaced, so its period across "
+            f"the periodic boundary cannot be inferred; pass period={{{dim!r}: ...}}"
+        )
+    return float(len(c) * d[0]) if len(d) else 1.0
 
 
 def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,
@@ -50,15 +64,7 @@ def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,
                         np.where(p >= n, c[-1] + (p - n + 1) * d_hi, c[np.clip(p, 0, n - 1)]))
     idx = source_index(p, n, mode)
     if mode == "periodic":
-        if period is None:
-            d = np.diff(c)
-            if not np.allclose(d, d[0], rtol=1e-6, atol=0):
-                raise XStencilError(
-                    f"{call}: coordinate {dim!r} is not uniformly spaced, so its period across "
-                    f"the periodic boundary cannot be inferred; pass period={{{dim!r}: ...}}"
-                )
-            period = float(n * d[0])
-        return c[idx] + np.floor_divide(p, n) * period
+        return c[idx] + np.floor_divide(p, n) * coord_period(call, dim, c, period)
     if mode == "reflect":
         # mirror about the edge point
         left, right = 2 * c[0] - c[idx], 2 * c[-1] - c[idx]

@@ -22,7 +22,7 @@ from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
 from xstencil._labelled.plan import Plan
 
 __all__ = ["Opts", "Setup", "grown_coord", "setup", "engine_vars", "returned",
-           "evolving_indices", "time_coord", "check_monotonic", "make_loop"]
+           "evolving_indices", "time_coord", "coord_dtype", "check_monotonic", "make_loop"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +202,7 @@ def returned(call: str, plan: Plan, kernels: Sequence[Any], static: Any,
     cells = [jax.ShapeDtypeStruct(
         tuple(plan.specs[plan.axis(d)].size for d in vd if d in plan.window_dims), np.dtype(dt))
         for vd, dt in zip(plan.var_dims, plan.var_dtypes, strict=True)]
-    cells += [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), _cdt(plan))
+    cells += [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), coord_dtype(plan))
               for d in plan.coord_dims]
     names: list[str] | None = None
     for kn in kernels:
@@ -257,10 +257,10 @@ def time_coord(call: str, s: Setup, o: Opts) -> Any:
     spec = plan.specs[plan.axis(o.dim)]
     mode = s.tmode if s.tmode in ("fill", "extend") else "extend"
     p = pad_coord(call, o.dim, c, spec.lo, spec.hi, mode)
-    return jnp.asarray(np.asarray(p, dtype=_cdt(plan)))
+    return jnp.asarray(np.asarray(p, dtype=coord_dtype(plan)))
 
 
-def _cdt(plan: Plan) -> Any:
+def coord_dtype(plan: Plan) -> Any:
     """The float dtype coordinates are read in (as in :func:`coord_arrays`)."""
     cdt = np.result_type(*[dt if np.dtype(dt).kind in "fc" else np.float32
                            for dt in plan.var_dtypes])
