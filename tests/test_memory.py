@@ -89,15 +89,16 @@ def _rss_mib() -> float:
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"),
                     reason="needs /proc to read the resident set size")
 def test_fresh_lambdas_do_not_grow_memory() -> None:
-    """Each call compiles its fresh lambda (~10-50 ms); after a warm-up the
+    """A fresh lambda closing over an array cannot share a cache entry (see
+    kcache.py), so each call compiles it (~10-50 ms); after a warm-up the
     resident set stays flat and the cache does not keep dead kernels."""
-    from xstencil._labelled.core import _CACHE
+    from xstencil._labelled.kcache import _CACHE
 
     da = xr.DataArray(np.arange(16.0, dtype=np.float32), dims="x")
 
     def calls(n: int) -> None:
         for i in range(n):
-            c = np.float32(i % 7)
+            c = np.full((), i % 7, np.float32)  # a 0-d array: keyed by identity only
             out = da.stencil.map(lambda u, c=c: u(x=1) - u(x=-1) + c, boundary="periodic")
             del out
         gc.collect()
@@ -117,6 +118,53 @@ def test_fresh_lambdas_do_not_grow_memory() -> None:
     assert len(_CACHE) <= cached + 2, (cached, len(_CACHE))
     # a leak of one compiled executable per call would be >= 100 KiB each
     assert grown < max(10, n * 0.04), f"RSS grew by {grown:.1f} MiB over {n} calls"
+
+
+_TRACES = [0]
+
+
+def _traced() -> int:
+    """Counts how often a kernel body runs (it runs only while being traced)."""
+    _TRACES[0] += 1
+    return 0
+
+
+def test_fresh_lambdas_with_equal_code_and_values_share_one_compile() -> None:
+    """The same inline kernel written in a loop compiles once; one that closes
+    over different values, or reads a global whose value changed, does not
+    share; the shared kernels kept alive are bounded."""
+    from xstencil._labelled import kcache
+
+    da = xr.DataArray(np.arange(16.0, dtype=np.float32), dims="x")
+    before = _TRACES[0]
+    outs = [da.stencil.map(lambda u: _traced() + u(x=1) - u(x=-1), boundary="periodic")
+            for _ in range(50)]
+    first = _TRACES[0] - before
+    assert first >= 1
+    assert all(np.array_equal(o.values, outs[0].values) for o in outs)
+    assert _TRACES[0] - before == first  # the 49 later lambdas reused the first's code
+    for k in (1, 2):  # different closure values: their own traces and results
+        out = da.stencil.map(_times(k), boundary="fill", fill_value=0.0)
+        np.testing.assert_array_equal(out.values, k * da.values)
+    global _SCALE
+    for scale in (2.0, 3.0):  # the same code, reading a global that changed in between
+        _SCALE = scale
+        out = da.stencil.map(_scaled(), boundary="fill", fill_value=0.0)
+        np.testing.assert_array_equal(out.values, scale * da.values)
+    for k in range(3 * kcache.SHARED):
+        da.stencil.map(lambda u, k=k: u() + k)
+    assert len(kcache._SHAPES) <= kcache.SHARED
+
+
+_SCALE = 1.0
+
+
+def _times(k: Any) -> Any:
+    return lambda u: _traced() + k * u()
+
+
+def _scaled() -> Any:
+    return lambda u: _SCALE * u()
 
 
 def test_keyboard_interrupt_during_scan_leaves_nothing_behind(monkeypatch: Any) -> None:

@@ -269,7 +269,8 @@ def _prepared(plan: Plan, f: Any, kernels: Sequence[Callable[..., Any]], args: A
               kwargs: Any, period: Mapping[str, float] | None, mesh: Any, owner: Any,
               regions: Sequence[Slab | int] | None, masks: Sequence[np.ndarray]
               ) -> tuple[Callable[..., Any], tuple[Any, ...], Any]:
-    from xstencil._labelled.core import compiled, coord_arrays
+    from xstencil._labelled.core import coord_arrays
+    from xstencil._labelled.kcache import compiled
 
     for vdims, name in zip(f.var_dims, f.names or (None,), strict=True):
         if vdims != f.dims:

@@ -265,7 +265,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
                                                    [lay.spec()] * len(consts), P()),
                                          out_specs=out_spec, check_vma=False))
 
-        from xstencil._labelled.core import compiled
+        from xstencil._labelled.kcache import compiled
 
         fn = compiled(function_mesh if function_mesh is not None else kernel, key, build)
         inputs = (hist0, inp, [jnp.asarray(c) for c in coords], list(prep.dyn),

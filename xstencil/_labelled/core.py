@@ -19,6 +19,7 @@ from xstencil._engine.lower import Source
 from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.coords import numeric_coord, pad_coord
+from xstencil._labelled.kcache import canonical, compiled
 from xstencil._labelled.plan import (
     Plan,
     check_options,
@@ -315,26 +316,7 @@ def identity_caller(plan: Plan, like: Callable[..., Any]) -> Callable[..., Any]:
     return keep
 
 
-# -- compile cache ---------------------------------------------------------------------
-
-_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
-
-
-def compiled(owner: Any, key: Any, build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
-    """A jitted function cached per ``owner`` (a kernel or a mesh) and ``key``.
-
-    The cache holds its owners weakly, so kernels created afresh on every call
-    (lambdas) are dropped with their compiled code once unused.
-    """
-    try:
-        table = _CACHE.setdefault(owner, {})
-    except TypeError:  # not weak-referenceable: compile per call
-        return build()
-    fn = table.get(key)
-    if fn is None:
-        fn = table[key] = build()
-    return fn
-
+# -- compile cache: see kcache.py ------------------------------------------------------
 
 def call_engine(plan: Plan, f: Fields, owner: Any, key_extra: Any,
                 body: Callable[..., Any], args: Any, kwargs: Any,
@@ -352,7 +334,8 @@ def call_engine(plan: Plan, f: Fields, owner: Any, key_extra: Any,
         key = (plan, static, key_extra)
 
         def build() -> Callable[..., Any]:
-            ref = weakref.ref(owner) if _weakrefable(owner) else (lambda: owner)
+            shared = canonical(owner)  # the owner of the cache entry (kcache.py)
+            ref = weakref.ref(shared) if _weakrefable(shared) else (lambda: shared)
 
             def run(arrays: Any, coords: Any, dyn: Any, dynamic: Any) -> Any:
                 return body(ref(), plan, static, arrays, coords, dyn, dynamic)

@@ -27,7 +27,8 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import is_wide, precision, split_static
-from xstencil._labelled.core import _CACHE, Fields, coord_arrays, host64, replace_data, rewrap
+from xstencil._labelled.core import Fields, coord_arrays, host64, replace_data, rewrap
+from xstencil._labelled.kcache import table_of
 from xstencil._labelled.plan import Plan
 
 __all__ = ["Entry", "signature", "lookup", "run", "remember"]
@@ -89,10 +90,7 @@ def _coord_sources(obj: xr.DataArray, plan: Plan) -> tuple[Any, ...]:
 
 
 def lookup(kernel: Any, sig: Hashable, obj: xr.DataArray) -> Entry | None:
-    try:
-        table = _CACHE.get(kernel)
-    except TypeError:
-        return None
+    table = table_of(kernel)
     if table is None:
         return None
     entry = table.get(("fast", sig))
@@ -133,10 +131,7 @@ def remember(kernel: Any, sig: Hashable | None, obj: Any, plan: Plan, f: Fields,
     what :func:`~xstencil._labelled.core.call_engine` compiled and padded)."""
     if sig is None or "fn" not in used:
         return
-    try:
-        table = _CACHE.get(kernel)
-    except TypeError:
-        return
+    table = table_of(kernel)
     if table is None:  # the kernel cannot be cached (not weak-referenceable)
         return
     fn, coords = used["fn"], used["coords"]

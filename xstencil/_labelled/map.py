@@ -83,11 +83,13 @@ def map(  # noqa: A001 - the contract's name
 
     Notes
     -----
-    The kernel is traced and compiled once per kernel object, data layout
-    (dims, shape, dtype) and options.  A repeated call with the same ones
-    reuses the compiled function and also skips validation and planning, so
-    define kernels once (at module level or outside a time loop) rather than
-    as fresh lambdas on every call.  ``map`` works inside ``jax.jit``,
+    The kernel is traced and compiled once per kernel, data layout (dims,
+    shape, dtype) and options.  A repeated call with the same ones reuses the
+    compiled function and also skips validation and planning.  A lambda
+    written inline, new on every call, counts as the same kernel when its
+    code and the values it closes over are the same (numbers, strings,
+    modules, functions); one that closes over an array compiles on every
+    call, so define such kernels once.  ``map`` works inside ``jax.jit``,
     ``jax.grad`` and ``jax.vmap``, and DataArrays and Datasets are pytrees, so
     those transforms also accept functions that take and return them.
 

@@ -41,7 +41,8 @@ from xstencil._engine.lower import AxisGeom, Source
 from xstencil._engine.mesh import Mask, Slab
 from xstencil._engine.tscan import Var, run_loop, stencil_step, time_reads
 from xstencil._errors import XStencilError
-from xstencil._labelled.core import compiled, coord_arrays, identity_caller, kernel_caller
+from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
+from xstencil._labelled.kcache import compiled
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.scan_result import call_with_progress, finite, rewrap
 from xstencil._labelled.scan_setup import (

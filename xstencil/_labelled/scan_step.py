@@ -17,7 +17,8 @@ from xstencil._dask import any_dask
 from xstencil._engine.call import as_array, merge_static, precision, split_static
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
-from xstencil._labelled.core import compiled, host64
+from xstencil._labelled.core import host64
+from xstencil._labelled.kcache import compiled
 from xstencil._labelled.scan_result import call_with_progress, finite
 from xstencil._labelled.scan_setup import Opts, grown_coord
 
