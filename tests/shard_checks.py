@@ -259,12 +259,21 @@ def check_scan_dataset():
     ds = dataset(32, 48)
     traj = xr.concat([ds[["h", "u"]]] * 5, "time").assign_coords(time=np.arange(5.0))
     traj["b"] = ds["b"]
-    for obj, kw in ((ds, dict(steps=8, save_every=4)), (ds, dict(steps=5, save_every="last")),
-                    (traj, {})):
+    forced = traj.assign(F=xr.DataArray(np.random.default_rng(5).random((5, 32, 48)),
+                                        dims=("time", "y", "x")))
+
+    def sw_forced(s):
+        out = sw(s)
+        return {"h": out["h"] + 0.01 * s["F"](time=0) - 0.005 * s["F"](time=-1), "u": out["u"]}
+
+    for obj, kw, kernel in ((ds, dict(steps=8, save_every=4), sw),
+                            (ds, dict(steps=5, save_every="last"), sw), (traj, {}, sw),
+                            (forced, dict(save_every=2), sw_forced)):
         for devices, mode, k in (({"x": "i"}, "periodic", 2),
                                  ({"y": "a", "x": "b"}, {"x": "periodic", "y": "reflect"}, 3)):
-            ref = obj.stencil.scan(sw, "time", boundary=mode, **kw)
-            out = obj.stencil.scan(sw, "time", boundary=mode, mesh=devices, halo_every=k, **kw)
+            ref = obj.stencil.scan(kernel, "time", boundary=mode, **kw)
+            out = obj.stencil.scan(kernel, "time", boundary=mode, mesh=devices, halo_every=k,
+                                   **kw)
             assert list(out.data_vars) == list(ref.data_vars) and out.attrs == ref.attrs
             for n in ref.data_vars:
                 same(out[n], ref[n], rtol=1e-12)

@@ -325,6 +325,29 @@ def test_scan_dataset_matches_memory(boundary, chunks, k):
     same_dataset(out.compute(), ref)
 
 
+def forced_shallow(s):
+    """Shallow water with a prescribed forcing F(time, y, x), read at the
+    current and the previous position but not advanced."""
+    out = shallow_kernel(s)
+    return {"h": out["h"] + 0.01 * s["F"](time=0) - 0.005 * s["F"](time=-1), "u": out["u"]}
+
+
+@pytest.mark.parametrize("save_every", [1, 2, "last"])
+def test_scan_dataset_with_forcing(save_every):
+    ds = shallow_dataset()
+    traj = xr.concat([ds[["h", "u"]]] * 7, "time").assign_coords(time=np.arange(7.0))
+    traj["b"] = ds["b"]
+    traj["F"] = xr.DataArray(np.random.default_rng(5).random((7, 20, 24)),
+                             dims=("time", "y", "x"), attrs={"units": "m/s"})
+    for boundary, chunks, k in (("periodic", {"x": 12}, 1),
+                                ({"x": "reflect", "y": "extend"}, {"x": 8, "y": 10}, 3)):
+        ref = traj.stencil.scan(forced_shallow, "time", boundary=boundary,
+                                save_every=save_every)
+        out = traj.chunk(chunks).stencil.scan(forced_shallow, "time", boundary=boundary,
+                                               halo_every=k, save_every=save_every)
+        same_dataset(out.compute(), ref)
+
+
 def test_scan_dataset_function_mesh():
     ds = shallow_dataset()
 
@@ -343,9 +366,8 @@ def test_scan_dataset_function_mesh():
 def test_scan_dataset_bad_input():
     ds = shallow_dataset().chunk({"x": 12})
     with pytest.raises(XStencilError, match=r"'b' has dim 'time' but the kernel does not return "
-                                            r"it"):
-        traj = xr.concat([ds] * 3, "time").chunk({"time": -1})
-        traj.stencil.scan(shallow_kernel, "time")
+                                            r"it, and steps= grows the trajectory"):
+        ds.assign(b=ds.b.expand_dims(time=1)).stencil.scan(shallow_kernel, "time", steps=2)
     with pytest.raises(XStencilError, match=r"need every variable over the same dims"):
         ds.assign(p=ds.h.isel(x=0)).stencil.scan(shallow_kernel, "time", steps=2)
     with pytest.raises(XStencilError, match=r"give them one dtype"):

@@ -6,10 +6,11 @@ variable that the kernels advance, its input with the scanned dim first; per
 other variable of a Dataset, a constant field.  :func:`rewrap` turns the
 saved slabs back into a DataArray or Dataset like the in-memory scan's.
 
-Scope for Datasets: every variable spans the same spatial dims, the advanced
-variables share one dtype (the block scans stack them into one array), and
-the variables the kernels do not return carry no scanned dim (they are
-constant fields, such as a bathymetry).
+Scope for Datasets: every variable spans the same spatial dims, and the
+advanced variables share one dtype (the block scans stack them into one
+array).  The variables the kernels do not return are read as they are:
+constant fields without the scanned dim (a bathymetry), or, when scanning a
+trajectory, inputs along it (a forcing), stacked like the advanced ones.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ class Prepared:
     names: tuple[str, ...] | None  # the data variables (None: a DataArray)
     evolving: tuple[str, ...]  # the variables the kernels advance ("" for a DataArray)
     datas: list[Any]  # per evolving variable: (n_input or 1, *space)
-    consts: list[Any]  # per other variable: (*space)
+    consts: list[Any]  # per other variable without dim: (*space)
+    forced: tuple[str, ...]  # the other variables with dim (read, not advanced)
+    forcings: list[Any]  # their input, (n_input, *space)
     space: tuple[str, ...]
     coords: dict[str, Any]  # the trajectory's coordinate for dim, if any
     static: Any
@@ -160,11 +163,11 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
         evolving = tuple(got or ())
         fixed = [n for n in names if n not in evolving]
         timed = [n for n in fixed if dim in obj[n].dims]
-        if timed:
+        if timed and steps is not None:
             raise XStencilError(
-                f"{call}: {timed[0]!r} has dim {dim!r} but the kernel does not return it; "
-                f"dask-backed and sharded scans read only constant fields besides the "
-                f"variables they advance (drop {dim!r} from it, or scan in memory)")
+                f"{call}: {timed[0]!r} has dim {dim!r} but the kernel does not return it, and "
+                f"steps= grows the trajectory past its input; drop {dim!r} from it (a "
+                f"constant field), or scan a trajectory that holds it at every position")
         lacking = [n for n in evolving if has_dim and dim not in obj[n].dims]
         if lacking:
             raise XStencilError(
@@ -217,9 +220,12 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
     tcoord = _time_window(call, spec, labels) if spec.reads_time else None
     datas = [_field(obj, n, dim, space) for n in evolving]
     datas = [d if has_dim else d[None] for d in datas]
-    consts = [_field(obj, n, dim, space) for n in (names or ()) if n not in evolving]
+    others = [n for n in (names or ()) if n not in evolving]
+    forced = tuple(n for n in others if dim in obj[n].dims)
+    consts = [_field(obj, n, dim, space) for n in others if n not in forced]
+    forcings = [_field(obj, n, dim, space) for n in forced]
     return Prepared(spec, obj, names, tuple(evolving) if names else ("",), datas, consts,
-                    space, coords, static, dyn, bool(check_finite), tcoord)
+                    forced, forcings, space, coords, static, dyn, bool(check_finite), tcoord)
 
 
 def _time_window(call: str, spec: ScanSpec, values: Any) -> np.ndarray:
@@ -283,6 +289,8 @@ def rewrap(prep: Prepared, outs: Sequence[Any]) -> xr.DataArray | xr.Dataset:
     tc = prep.labels  # a grown trajectory is labelled by position
     base = obj.drop_vars([c for c in obj.coords if dim in obj[c].dims]
                          + ([] if prep.names is None else list(prep.evolving)))
+    if prep.forced:  # inputs along dim that were read, not advanced: at the saved positions
+        base = base.isel({dim: spec.last if spec.every == 0 else pos})
     if spec.every == 0:
         coords = {} if tc is None else {dim: tc[spec.last]}
     else:

@@ -140,7 +140,8 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
               evolving: Sequence[str] | None = None,
               check: tuple[slice, ...] | None = None,
               tcoord: Any = None,
-              periods: Sequence[float | None] = ()) -> tuple[tuple[Any, ...], Any]:
+              periods: Sequence[float | None] = (),
+              forced: Sequence[str] = (), forcing: Any = None) -> tuple[tuple[Any, ...], Any]:
     """Advance ``hist`` (the last ``k`` slabs, oldest first, each ``(V,
     *block)``: one row per advanced variable) by ``n`` steps.  ``inp`` holds
     the input slabs ``[t, t + n + ahead)``, ``(n + ahead, V, *block)``
@@ -150,8 +151,11 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
     new slab's outer halo (sharded edge devices).
 
     For a Dataset, ``evolving`` names the advanced variables (the rows of a
-    slab) and ``consts`` holds the other variables' fields over the block,
-    in the plan's variable order.
+    slab) and ``consts`` holds the fields of the other variables without
+    dim over the block, in the plan's variable order.  ``forced`` names the
+    other variables with dim (read, not advanced); ``forcing`` holds their
+    input at positions ``[t - k, t + n + ahead)``, ``(n + k + ahead, F,
+    *block)``.
 
     With a function ``mesh`` (see :mod:`xstencil._blockmesh`), ``kernels``
     go with its regions, ``where`` is ``(t, origin)``: the position of the
@@ -180,12 +184,16 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
 
     plan, k, ahead = spec.plan, spec.k, spec.ahead
     names = plan.var_names
-    # per variable of the plan: ("e", row) for an advanced one, ("c", j) for a constant
-    order = [("e", 0)] if names is None else [
-        ("e", list(evolving).index(nm)) if nm in evolving else  # type: ignore[operator]
-        ("c", sum(1 for m in names[:i] if m not in evolving))  # type: ignore[operator]
-        for i, nm in enumerate(names)]
+    # per variable of the plan: ("e", row) for an advanced one, ("f", j) for a
+    # forcing (read along dim, not advanced), ("c", j) for a constant field
+    order: list[tuple[str, int]] = [("e", 0)]
+    if names is not None:
+        const_names = [nm for nm in names if nm not in evolving and nm not in forced]
+        order = [("e", list(evolving).index(nm)) if nm in evolving  # type: ignore[arg-type]
+                 else ("f", list(forced).index(nm)) if nm in forced
+                 else ("c", const_names.index(nm)) for nm in names]
     nvar = sum(kind == "e" for kind, _ in order)
+    nforce = len(forced)
     width = k + 1 + ahead
     block = hist[0].shape[1:]
     space = tuple(range(len(block)))  # the step's field: the spatial axes only
@@ -213,16 +221,20 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
         returns one output per advanced variable."""
         def run(cells: Sequence[Any], dyn: Any) -> Any:
             windows = []
+            nf = nvar * nsrc  # the forcings' cells start here, then the constants'
             for kind, j in order:
                 if kind == "c":
-                    windows.append(cells[nvar * nsrc + j])
+                    windows.append(cells[nf + nforce * width + j])
                     continue
-                own = cells[j * nsrc:(j + 1) * nsrc]
-                time_cells = list(own) + [own[k - 1]] * (width - nsrc)
+                if kind == "f":
+                    time_cells = list(cells[nf + j * width:nf + (j + 1) * width])
+                else:
+                    own = cells[j * nsrc:(j + 1) * nsrc]
+                    time_cells = list(own) + [own[k - 1]] * (width - nsrc)
                 windows.append(lax.concatenate([lax.expand_dims(c, (0,)) for c in time_cells],
                                                0))
             udyn, tw = dyn
-            rest = iter(cells[nvar * nsrc + len(consts):])
+            rest = iter(cells[nf + nforce * width + len(consts):])
             spatial = {d: next(rest) for d in spec.space_coords}
             for d in wraps:
                 spatial[d] = spatial[d] - next(rest)
@@ -251,6 +263,9 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
         tw = None if tcoord is None else lax.dynamic_slice_in_dim(
             tcoord, where[0] + i, width)  # type: ignore[index]
         srcs = [source(x[v]) for v in range(nvar) for x in list(hist) + now]
+        if nforce:
+            fx = lax.dynamic_slice_in_dim(forcing, i, width, axis=0)
+            srcs += [source(fx[j, f]) for f in range(nforce) for j in range(width)]
         srcs += const_srcs + csrc
         dtype = hist[0].dtype
         if mesh is None:

@@ -43,14 +43,17 @@ class BlockScan:
     t: int  # the first position computed
     n: int
     has_input: bool
+    nforce: int  # variables read along dim but not advanced: rows j * F + f
     nmask: int
     evolving: tuple[str, ...]  # the advanced variables: rows j * V + v of the state
+    forced: tuple[str, ...]
     finite: tuple[str, str, Any] | None  # check_finite: (call, dim, dim's coordinate)
     tcoord: np.ndarray | None  # dim's coordinate padded by (k, ahead), if the kernel reads it
 
     def __call__(self, hist: Any, *others: Any, block_info: Any = None) -> np.ndarray:
-        inp = others[0] if self.has_input else None
-        rest = list(others[1:] if self.has_input else others)
+        rest = list(others)
+        inp = rest.pop(0) if self.has_input else None
+        forcing = rest.pop(0) if self.nforce else None
         masks, consts = rest[:self.nmask], [c[0] for c in rest[self.nmask:]]
         loc = block_info[0]["chunk-location"]
         spec = self.spec
@@ -74,7 +77,7 @@ class BlockScan:
         fn = _cached(key, lambda: self._build(tuple(cores), inp is None))
         with precision([hist], self.dyn):
             out, bad = fn(hist, inp, coords, list(self.dyn), np.int32(self.t), origin, masks,
-                          consts, self.tcoord)
+                          consts, self.tcoord, forcing)
         if self.finite is not None and int(bad) >= 0:
             from xstencil._blockprep import not_finite
 
@@ -94,22 +97,37 @@ class BlockScan:
         V = len(self.evolving)
 
         def run(hist: Any, inp: Any, coords: Any, dyn: Any, t: Any, origin: Any,
-                masks: Any, consts: Any, tcoord: Any) -> Any:
+                masks: Any, consts: Any, tcoord: Any, forcing: Any) -> Any:
             _traces[0] += 1
             hist = hist.reshape((spec.k, V) + hist.shape[1:])
             if inp is not None:
                 inp = inp.reshape((-1, V) + inp.shape[1:])
+            if forcing is not None:
+                forcing = forcing.reshape((-1, self.nforce) + forcing.shape[1:])
             own = tuple(slice(a, a + m) for a, m in cores)
             new, bad = run_steps(spec, self.kernels, static, n,
                                  tuple(hist[j] for j in range(spec.k)), inp, coords, dyn,
                                  modes, mesh=self.mesh, where=(t, list(origin)), masks=masks,
                                  consts=consts, evolving=self.evolving,
                                  check=own if self.finite is not None else None,
-                                 tcoord=tcoord, periods=self.periods)
+                                 tcoord=tcoord, periods=self.periods,
+                                 forced=self.forced, forcing=forcing)
             new = jnp.concatenate(new)  # (k * V, *block)
             return new[(slice(None),) + own], bad
 
         return jax.jit(run)
+
+
+def _interleave(fields: list[Any]) -> Any:
+    """Fields ``(n, *space)`` as one dask array ``(n * len(fields), *space)``
+    whose row ``j * len(fields) + v`` is row ``j`` of field ``v``, with one
+    chunk along that axis."""
+    import dask.array as dsa
+
+    if len(fields) == 1:
+        return fields[0].rechunk({0: -1})
+    x = dsa.stack([f.rechunk({0: -1}) for f in fields], axis=1)
+    return x.reshape((-1,) + fields[0].shape[1:], merge_chunks=True).rechunk({0: -1})
 
 
 def default_halo_every(reach: int, chunks: Sequence[int], steps: int) -> int:
@@ -197,9 +215,7 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
     V = len(prep.evolving)
     fields = [d if is_dask(d) else dsa.from_array(np.asarray(d)) for d in prep.datas]
     fields = [fields[0]] + [f.rechunk(fields[0].chunks) for f in fields[1:]]
-    data = fields[0] if V == 1 else dsa.stack(
-        [f.rechunk({0: -1}) for f in fields], axis=1).reshape(
-        (-1,) + fields[0].shape[1:], merge_chunks=True)
+    data = _interleave(fields)
     chunks = fields[0].chunks
     split = [a for a in range(1, data.ndim) if len(chunks[a]) > 1
              and max(plan.specs[a].lo, plan.specs[a].hi)]
@@ -229,23 +245,23 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
                 for a in range(data.ndim)}
     dd = {a: depth[a] for a in range(data.ndim)}
     state = data[:spec.k * V].rechunk({0: -1})
-    inp = None
-    if not spec.grown:
-        padded = [time_padded(spec, f) for f in fields]
-        inp = padded[0] if V == 1 else dsa.stack(
-            [f.rechunk({0: -1}) for f in padded], axis=1).reshape(
-            (-1,) + fields[0].shape[1:], merge_chunks=True)
-        inp = inp.rechunk({0: -1})
+    inp = None if spec.grown else _interleave([time_padded(spec, f) for f in fields])
+    F = len(prep.forced)
+    forcing = None if not F else _interleave([
+        time_padded(spec, (f if is_dask(f) else dsa.from_array(np.asarray(f))).rechunk(chunks))
+        for f in prep.forcings])
     dmasks = [dsa.from_array(m, chunks=((m.shape[0],),) + tuple(chunks[1:])) for m in masks]
     dconsts = [(c if is_dask(c) else dsa.from_array(np.asarray(c))).rechunk(chunks[1:])[None]
                for c in prep.consts]
     saved = []
     for t, n, save in segments(spec, K):
         fn = BlockScan(token, spec, kernels, bmesh, prep.static, dyn, coords, periods, width,
-                       depth, periodic, starts, t, n, inp is not None, len(dmasks),
-                       prep.evolving,
+                       depth, periodic, starts, t, n, inp is not None, F, len(dmasks),
+                       prep.evolving, prep.forced,
                        (call, dim, prep.labels) if prep.check_finite else None, prep.tcoord)
         margs = [state] if inp is None else [state, inp[t * V:(t + n + spec.ahead) * V]]
+        if forcing is not None:  # positions [t - k, t + n + ahead)
+            margs.append(forcing[(t - spec.k) * F:(t + n + spec.ahead) * F])
         margs += [m[t:t + n] if timed else m
                   for m, timed in zip(dmasks, bmesh.timed if bmesh else (), strict=True)]
         margs += dconsts

@@ -130,7 +130,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
     bmesh, masks = (None, []) if function_mesh is None else block_mesh(
         function_mesh, plan, dim, spec.total)
     timed = bmesh.timed if bmesh else ()
-    with precision(prep.datas + prep.consts, args, kw):
+    with precision(prep.datas + prep.consts + prep.forcings, args, kw):
         datas = [as_array(call, "the data", d) for d in prep.datas]
         consts = [as_array(call, "the data", c)[None] for c in prep.consts]
         lay = layout(call, plan.dims, datas + consts, mesh)
@@ -173,6 +173,10 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
         hist0 = jax.device_put(packed([d[:spec.k] for d in datas]), sharding)
         inp = None if spec.grown else jax.device_put(
             packed([time_padded(spec, d) for d in datas]), sharding)
+        F = len(prep.forced)  # read along dim, not advanced: rows j * F + f
+        forcing = None if not F else jax.device_put(
+            packed([time_padded(spec, as_array(call, "the data", f)) for f in prep.forcings]),
+            sharding)
         k, every, ahead = spec.k, spec.every, spec.ahead
         q, r = divmod(spec.steps_per_save, K)
         static = prep.static
@@ -185,12 +189,15 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
             return new
 
         def block(hist: Any, inp: Any, t: Any, n: int, coords: Any, dyn: Any,
-                  masks: Any, consts: Any, tcoord: Any) -> Any:
+                  masks: Any, consts: Any, tcoord: Any, forcing: Any) -> Any:
             # hist: a tuple of k slabs (V, *space); inp: (time * V, *space); masks:
             # (time, *space); consts: (1, *space): the spatial axis a is axis a of each
             ext = list(hist)
             if inp is not None:
                 ext.append(lax.dynamic_slice_in_dim(inp, t * V, (n + ahead) * V, axis=0))
+            if forcing is not None:  # positions [t - k, t + n + ahead)
+                ext.append(lax.dynamic_slice_in_dim(forcing, (t - k) * F, (n + k + ahead) * F,
+                                                    axis=0))
             ext += [lax.dynamic_slice_in_dim(m, t, n, axis=0) if tm else m
                     for m, tm in zip(masks, timed, strict=True)]
             ext += list(consts)
@@ -198,7 +205,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
                 s = plan.specs[a]
                 ext = [exchange(e, a, lay.names[a], lay.size(a), *deep[a], s.mode, fill)
                        for e in ext]
-            nin = k + (inp is not None)
+            nin = k + (inp is not None) + (forcing is not None)
             nm = len(masks)
             origin = [lax.axis_index(lay.names[a]) * local[a] - deep[a][0] if a in split
                       else 0 for a in range(1, len(plan.dims))]
@@ -211,6 +218,8 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
                                                  size)
                 cs.append(c)
             now = None if inp is None else ext[k].reshape((-1, V) + ext[k].shape[1:])
+            forced = None if forcing is None else ext[nin - 1].reshape(
+                (-1, F) + ext[nin - 1].shape[1:])
             own = tuple(slice(deep[a][0], deep[a][0] + local[a]) if a in split else slice(None)
                         for a in range(1, len(plan.dims)))
             new, bad = run_steps(spec, kernels, static, n, tuple(ext[:k]), now, cs, dyn, modes,
@@ -218,16 +227,16 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
                                  masks=ext[nin:nin + nm], consts=[c[0] for c in ext[nin + nm:]],
                                  evolving=prep.evolving,
                                  check=own if prep.check_finite else None, tcoord=tcoord,
-                                 periods=periods)
+                                 periods=periods, forced=prep.forced, forcing=forced)
             for a in split:
                 new = tuple(lax.slice_in_dim(x, deep[a][0], deep[a][0] + local[a], axis=a)
                             for x in new)
             return new, bad
 
         def body(hist0: Any, inp: Any, coords: Any, dyn: Any, masks: Any,
-                 consts: Any, tcoord: Any) -> Any:
+                 consts: Any, tcoord: Any, forcing: Any) -> Any:
             def advance(hist: Any, t: Any, bad: Any, n: int) -> Any:
-                hist, b = block(hist, inp, t, n, coords, dyn, masks, consts, tcoord)
+                hist, b = block(hist, inp, t, n, coords, dyn, masks, consts, tcoord, forcing)
                 return hist, t + n, jnp.where(bad < 0, b, bad)
 
             def one_save(carry: Any, _: Any) -> Any:
@@ -256,13 +265,15 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
 
         out_spec = ((lay.spec() if every else P(*lay.names[1:]),) * V, P())
         key = ("shard-scan", spec, static, lay, K, bmesh, kernels,
-               tuple(m.shape for m in masks), prep.evolving, len(consts), prep.check_finite)
+               tuple(m.shape for m in masks), prep.evolving, len(consts), prep.check_finite,
+               prep.forced)
 
         def build() -> Callable[..., Any]:
             return jax.jit(jax.shard_map(body, mesh=lay.mesh,
                                          in_specs=(lay.spec(), lay.spec(), P(), P(),
                                                    [lay.spec()] * len(masks),
-                                                   [lay.spec()] * len(consts), P()),
+                                                   [lay.spec()] * len(consts), P(),
+                                                   lay.spec()),
                                          out_specs=out_spec, check_vma=False))
 
         from xstencil._labelled.kcache import compiled
@@ -271,7 +282,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
         inputs = (hist0, inp, [jnp.asarray(c) for c in coords], list(prep.dyn),
                   [jax.device_put(m, sharding) for m in masks],
                   [jax.device_put(c, sharding) for c in consts],
-                  None if prep.tcoord is None else jnp.asarray(prep.tcoord))
+                  None if prep.tcoord is None else jnp.asarray(prep.tcoord), forcing)
         if hlo:
             exe = fn.lower(*inputs).compile()
             return exe if hlo == "compiled" else exe.as_text()
