@@ -405,7 +405,8 @@ def section(rows: list[dict[str, Any]], overhead: dict[str, Any], memory: dict[s
         *[_row(r) for r in rows],
         "",
         f"`progress=True` overhead on 2-D heat 512², {overhead['steps']:,} steps "
-        f"({overhead['updates']} bar updates from inside the loop; {overhead['rounds']} "
+        f"({overhead['updates']} bar update{'s' if overhead['updates'] != 1 else ''} from "
+        f"inside the loop; {overhead['rounds']} "
         f"alternating rounds): {H.fmt_time(overhead['off'])} without, "
         f"{H.fmt_time(overhead['on'])} with a bar: {overhead['on'] / overhead['off'] - 1:+.1%} "
         f"from the medians, {overhead['overhead']:+.1%} as the median of per-round ratios "
