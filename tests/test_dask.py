@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
+import hypothesis.strategies as st
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
+from hypothesis import given
 
 import xstencil  # noqa: F401 - registers .stencil
 from tests.shallow import dataset as shallow_dataset
@@ -469,3 +472,51 @@ def test_scale_out_dispatch():
     same(out.compute(), memory_scan(u0, heat, dim="time", **kw), rtol=1e-5)
     with pytest.raises(XStencilError, match=r"\['progress'\] are not available"):
         scale_out(u0.chunk({"x": 10}), heat, "time", (), dict(kw, progress=True))
+
+
+# -- property: dask scans equal in-memory scans ---------------------------------------------
+
+SCAN_MODES = ("fill", "extend", "periodic", "reflect", "symmetric")
+
+
+def _scan_case_kernel(kind: str) -> Any:
+    if kind == "diffuse":
+        return lambda u: u(t=-1) + 0.2 * (u(t=-1, x=1) - 2 * u(t=-1) + u(t=-1, x=-1)
+                                          + u(t=-1, y=1) - u(t=-1, y=-1))
+    if kind == "two-back":  # reach 2 back in time and 2 along x
+        return lambda u: 0.5 * u(t=-1) + 0.3 * u(t=-2) + 0.1 * (u(t=-1, x=2) - u(t=-2, x=-2))
+    return lambda u: (u(t=-1) + 0.05 * (u(t=-1, y=1) - u(t=-1, x=-1)) * u.coord("x")()
+                      + 0.01 * u.coord("t")())  # coordinates, absolute
+
+
+@given(st.data())
+def test_scan_dask_equals_memory(data: Any) -> None:
+    """Random sizes, chunks, halo depths, boundary modes per dim, save modes and
+    kernels (a reach of 2 in time and space; absolute coordinates, the time
+    coordinate included): the lazy scan equals the in-memory one."""
+    ny = data.draw(st.integers(6, 14), label="ny")
+    nx = data.draw(st.integers(6, 14), label="nx")
+    kind = data.draw(st.sampled_from(["diffuse", "two-back", "coords"]), label="kernel")
+    modes = {"x": data.draw(st.sampled_from(SCAN_MODES), label="x mode"),
+             "y": data.draw(st.sampled_from(SCAN_MODES), label="y mode")}
+    cx = data.draw(st.integers(3, nx), label="x chunk")
+    cy = data.draw(st.integers(3, ny), label="y chunk")
+    K = data.draw(st.integers(1, 3), label="halo_every")
+    steps = data.draw(st.integers(2, 7), label="steps")
+    every = data.draw(st.sampled_from([1, "last"]), label="save_every")
+    k = 2 if kind == "two-back" else 1
+    rng = np.random.default_rng(0)
+    u0 = xr.DataArray(rng.random((k, ny, nx)), dims=("t", "y", "x"),
+                      coords={"x": np.linspace(0.0, 1.0, nx), "y": np.arange(ny)})
+    kw = dict(steps=steps, boundary={**modes, "t": "extend"}, fill_value=0.5, dt=0.1,
+              save_every=every if every == "last" or steps % every == 0 else "last")
+    kernel = _scan_case_kernel(kind)
+    reach = 2 if kind == "two-back" else 1
+    if min(cx, cy) < K * reach:
+        K = 1
+    if min(cx, cy) < reach or (nx % cx and nx % cx < K * reach) or (ny % cy and
+                                                                    ny % cy < K * reach):
+        return  # a chunk smaller than the halo: an error case, tested elsewhere
+    ref = memory_scan(u0, kernel, dim="t", **kw)
+    out = u0.chunk({"x": cx, "y": cy}).stencil.scan(kernel, "t", halo_every=K, **kw)
+    same(out.compute(), ref, rtol=1e-12)
