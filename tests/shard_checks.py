@@ -335,6 +335,10 @@ def check_scan_bad_input():
             r"each device holds 12 points of 'x', fewer than a halo of halo_every=13")
     _raises(lambda: scan_sharded(u0.isel(x=slice(0, 46)), heat, "time", steps=4,
                                  mesh={"x": "i"}), r"46 points, which does not divide evenly")
+    sharded = u0.copy(data=jax.device_put(u0.values, NamedSharding(make_mesh({"i": 4}),
+                                                                   P(None, "i"))))
+    _raises(lambda: xstencil.scan(sharded, step=lambda s: s, steps=2),
+            r"step= runs on one device, but the data is sharded over several")
 
 
 def _raises(fn, match):

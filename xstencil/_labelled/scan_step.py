@@ -21,6 +21,7 @@ from xstencil._labelled.core import host64
 from xstencil._labelled.kcache import compiled
 from xstencil._labelled.scan_result import call_with_progress, finite
 from xstencil._labelled.scan_setup import Opts, grown_coord
+from xstencil._shard import is_sharded
 
 __all__ = ["run_step"]
 
@@ -56,6 +57,11 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any) -> A
             f"{call}: step= runs in memory, but the data is dask-backed; .compute() it "
             f"first, or write the step as one kernel (scan(obj, kernel, ...) advances "
             f"dask-backed data lazily, K steps per task)")
+    if is_sharded(arrays):
+        raise XStencilError(
+            f"{call}: step= runs on one device, but the data is sharded over several; "
+            f"gather it first (numpy.asarray), or write the step as one kernel "
+            f"(scan(obj, kernel, ...) advances sharded data with a halo exchange)")
     with precision(arrays, args, kwargs):
         arrays = [as_array(call, "the data", x) for x in arrays]
         udyn, static = split_static(call, (args, kwargs))
