@@ -325,6 +325,28 @@ def check_scan_time_coord():
                  scan(u0, forced, dim="time", **kw2), rtol=1e-12)
 
 
+def check_scan_progress():
+    """progress=True: a bar fed from inside the sharded loop (every device
+    reports; the bar only moves forward) and completed at the end."""
+    from xstencil import _progress
+    from xstencil._labelled.scan import scan
+    from xstencil._shard_scan import scan_sharded
+
+    seen = []
+    report, cells = _progress.report, _progress.CELLS_PER_UPDATE
+    _progress.report = lambda token, done: (seen.append(int(done)), report(token, done))[1]
+    _progress.CELLS_PER_UPDATE = 1  # update as often as 25 times per run
+    try:
+        kw = dict(steps=40, boundary="periodic", save_every="last")
+        out = scan_sharded(field(), heat, "time", mesh={"x": "i"}, halo_every=4,
+                           progress=True, **kw)
+    finally:
+        _progress.report, _progress.CELLS_PER_UPDATE = report, cells
+    same(out, scan(field(), heat, dim="time", **kw), rtol=1e-5)
+    assert sorted(set(seen)) == list(range(4, 41, 4)), seen
+    assert not _progress._OPEN  # the bar was closed
+
+
 def check_scan_bad_input():
     from xstencil._shard_scan import scan_sharded
 

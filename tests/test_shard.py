@@ -19,7 +19,8 @@ NAMES = ["devices", "modes_and_meshes", "output_sharding", "presharded_input",
          "hlo_collective_permute", "float64", "coords_stride_mesh_window", "bad_input",
          "dataset", "scan_modes_and_halo_depth", "scan_trajectory_last_float64",
          "scan_bad_input", "scan_hlo", "scan_coords", "scan_function_mesh",
-         "scan_dataset", "scan_check_finite", "scan_time_coord"]
+         "scan_dataset", "scan_check_finite", "scan_time_coord",
+         "scan_progress"]
 
 
 @pytest.fixture(scope="module")

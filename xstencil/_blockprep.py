@@ -45,6 +45,7 @@ class Prepared:
     static: Any
     dyn: list[Any]
     check_finite: bool
+    progress: bool
     tcoord: Any  # the coordinate along dim padded by (k, ahead), if the kernel reads it
 
     @property
@@ -100,7 +101,8 @@ def _field(obj: Any, name: str | None, dim: str, space: Sequence[str]) -> Any:
 def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, args: Any,
           kwargs: Any, *, window: Any = None, boundary: Any = "fill", fill_value: Any = None,
           steps: Any = None, dt: Any = None, coord: Any = None, save_every: Any = 1,
-          period: Any = None, check_finite: bool = False, **unsupported: Any) -> Prepared:
+          period: Any = None, check_finite: bool = False, progress: bool = False,
+          **unsupported: Any) -> Prepared:
     """Validate a scale-out scan and reduce it to a :class:`ScanSpec`."""
     from xstencil._engine.call import precision, split_static
     from xstencil._labelled.core import Fields, prepare
@@ -108,12 +110,9 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
 
     bad = {k: v for k, v in unsupported.items() if v not in (None, False)}
     if bad:
-        hint = (" (for a progress bar over a dask graph, compute it inside "
-                "`with dask.diagnostics.ProgressBar():`, or use the distributed dashboard)"
-                if "progress" in bad else "")
         raise XStencilError(
             f"{call}: {sorted(bad)!r} are not available for dask-backed or sharded scans; "
-            f"run in memory (.compute() the data, or drop mesh=) to use them{hint}")
+            f"run in memory (.compute() the data, or drop mesh=) to use them")
     for kernel in kernels:
         if not callable(kernel):
             raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable")
@@ -225,7 +224,8 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
     consts = [_field(obj, n, dim, space) for n in others if n not in forced]
     forcings = [_field(obj, n, dim, space) for n in forced]
     return Prepared(spec, obj, names, tuple(evolving) if names else ("",), datas, consts,
-                    forced, forcings, space, coords, static, dyn, bool(check_finite), tcoord)
+                    forced, forcings, space, coords, static, dyn, bool(check_finite),
+                    bool(progress), tcoord)
 
 
 def _time_window(call: str, spec: ScanSpec, values: Any) -> np.ndarray:

@@ -206,6 +206,11 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
                 f"computed in order, so it must be one chunk: rechunk with "
                 f".chunk({{{dim!r}: -1}}) and chunk the other dims instead")
     kernels = (kernel,) if function_mesh is None else tuple(k for _, k in function_mesh._regions)
+    if opts.get("progress"):
+        raise XStencilError(
+            f"{call}: progress=True needs a compiled loop to report from; a dask-backed scan "
+            f"is a lazy graph: compute it inside `with dask.diagnostics.ProgressBar():` (or "
+            f"watch the distributed dashboard)")
     prep = setup(call, obj, kernels, dim, args, kw, **opts)
     spec = prep.spec
     plan = spec.plan

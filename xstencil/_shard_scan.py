@@ -8,6 +8,7 @@ edge rebuild their outer halo after every step (``_repad``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from xstencil import _progress
 from xstencil._blockmesh import block_mesh
 from xstencil._engine.boundary import pad
 from xstencil._engine.call import as_array, precision
@@ -233,10 +235,19 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
                             for x in new)
             return new, bad
 
+        n_steps = spec.total - k  # positions computed
+        report_every = (_progress.every(n_steps, math.prod(plan.shape[1:]) * V)
+                        if prep.progress else 0)
+
         def body(hist0: Any, inp: Any, coords: Any, dyn: Any, masks: Any,
-                 consts: Any, tcoord: Any, forcing: Any) -> Any:
+                 consts: Any, tcoord: Any, forcing: Any, token: Any) -> Any:
             def advance(hist: Any, t: Any, bad: Any, n: int) -> Any:
                 hist, b = block(hist, inp, t, n, coords, dyn, masks, consts, tcoord, forcing)
+                if report_every:  # a bar update each time a block passes a multiple of it
+                    done = t + n - k
+                    lax.cond(done // report_every > (t - k) // report_every,
+                             lambda: jax.debug.callback(_progress.report, token, done),
+                             lambda: None)
                 return hist, t + n, jnp.where(bad < 0, b, bad)
 
             def one_save(carry: Any, _: Any) -> Any:
@@ -266,17 +277,18 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
         out_spec = ((lay.spec() if every else P(*lay.names[1:]),) * V, P())
         key = ("shard-scan", spec, static, lay, K, bmesh, kernels,
                tuple(m.shape for m in masks), prep.evolving, len(consts), prep.check_finite,
-               prep.forced)
+               prep.forced, report_every)
 
         def build() -> Callable[..., Any]:
             return jax.jit(jax.shard_map(body, mesh=lay.mesh,
                                          in_specs=(lay.spec(), lay.spec(), P(), P(),
                                                    [lay.spec()] * len(masks),
                                                    [lay.spec()] * len(consts), P(),
-                                                   lay.spec()),
+                                                   lay.spec(), P()),
                                          out_specs=out_spec, check_vma=False))
 
         from xstencil._labelled.kcache import compiled
+        from xstencil._labelled.scan_result import call_with_progress
 
         fn = compiled(function_mesh if function_mesh is not None else kernel, key, build)
         inputs = (hist0, inp, [jnp.asarray(c) for c in coords], list(prep.dyn),
@@ -284,9 +296,9 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
                   [jax.device_put(c, sharding) for c in consts],
                   None if prep.tcoord is None else jnp.asarray(prep.tcoord), forcing)
         if hlo:
-            exe = fn.lower(*inputs).compile()
+            exe = fn.lower(*inputs, jnp.asarray(0, jnp.int32)).compile()
             return exe if hlo == "compiled" else exe.as_text()
-        out, bad = fn(*inputs)
+        out, bad = call_with_progress(fn, inputs, report_every, n_steps, call)
     if prep.check_finite and int(bad) >= 0:
         from xstencil._blockprep import not_finite
 

@@ -345,7 +345,8 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
         arrays_in = [a if v.has_time or v.state is None else None
                      for a, v in zip(arrays, variables, strict=True)]
         runargs = (arrays_in, init, coords, tcoord, [jnp.asarray(m) for m in masks], udyn)
-        outs, bad = call_with_progress(fn, runargs, loop, call)
+        outs, bad = call_with_progress(fn, runargs, loop.progress_every, loop.steps,
+                                       call)
     finite(call, bad, s.tvals, dim)
     return rewrap(s, o, outs, evolving)
 

@@ -21,10 +21,12 @@ from xstencil._labelled.scan_setup import Opts, Setup, make_loop
 __all__ = ["call_with_progress", "finite", "rewrap"]
 
 
-def call_with_progress(fn: Any, runargs: Any, loop: Loop, call: str) -> Any:
-    if not loop.progress_every:
+def call_with_progress(fn: Any, runargs: Any, every: int, steps: int, call: str) -> Any:
+    """``fn(*runargs, token)``, under a progress bar of ``steps`` steps when the
+    loop reports every ``every`` steps (0: no bar, token 0)."""
+    if not every:
         return fn(*runargs, jnp.asarray(0, jnp.int32))
-    with _progress.Progress(loop.steps, call.split("(")[0]) as p:
+    with _progress.Progress(steps, call.split("(")[0]) as p:
         try:
             out = fn(*runargs, jnp.asarray(p.token, jnp.int32))
             jax.block_until_ready(out)

@@ -109,7 +109,8 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any) -> A
             return jax.jit(run)
 
         run = compiled(fn, key, build)
-        outs, bad = call_with_progress(run, (arrays, udyn), loop, call)
+        outs, bad = call_with_progress(run, (arrays, udyn), loop.progress_every,
+                                       loop.steps, call)
     outs = host64(outs)
     finite(call, bad, tvals, dim)
     pos = (np.array([o.steps]) if o.save_every == 0 else
