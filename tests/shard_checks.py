@@ -347,6 +347,31 @@ def check_scan_progress():
     assert not _progress._OPEN  # the bar was closed
 
 
+def check_scan_gradients_and_checkpoint():
+    """jax.grad through a sharded scan equals the in-memory gradient, and
+    checkpoint=True (one carry per block of K steps) needs less memory."""
+    u0 = field()
+
+    def heat_nu(u, nu):
+        return u(time=-1) + nu * (u(time=-1, x=1) - 2 * u(time=-1) + u(time=-1, x=-1)
+                                  + u(time=-1, y=1) - u(time=-1, y=-1))
+
+    def loss(nu, **kw):
+        out = u0.stencil.scan(heat_nu, "time", nu, steps=60, boundary="periodic",
+                              save_every="last", **kw)
+        return (out ** 2).sum().data
+
+    nu = np.float32(0.1)
+    ref = jax.grad(loss)(nu)
+    temps = {}
+    for ck in (False, True):
+        f = jax.jit(jax.grad(lambda nu, ck=ck: loss(nu, mesh={"x": "i"}, halo_every=6,
+                                                    checkpoint=ck)))
+        np.testing.assert_allclose(np.asarray(f(nu)), np.asarray(ref), rtol=1e-5)
+        temps[ck] = f.lower(nu).compile().memory_analysis().temp_size_in_bytes
+    assert temps[True] < temps[False] / 2, temps
+
+
 def check_scan_bad_input():
     from xstencil._shard_scan import scan_sharded
 

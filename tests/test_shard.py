@@ -20,7 +20,7 @@ NAMES = ["devices", "modes_and_meshes", "output_sharding", "presharded_input",
          "dataset", "scan_modes_and_halo_depth", "scan_trajectory_last_float64",
          "scan_bad_input", "scan_hlo", "scan_coords", "scan_function_mesh",
          "scan_dataset", "scan_check_finite", "scan_time_coord",
-         "scan_progress"]
+         "scan_progress", "scan_gradients_and_checkpoint"]
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,7 @@ class Prepared:
     dyn: list[Any]
     check_finite: bool
     progress: bool
+    checkpoint: bool
     tcoord: Any  # the coordinate along dim padded by (k, ahead), if the kernel reads it
 
     @property
@@ -102,7 +103,7 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
           kwargs: Any, *, window: Any = None, boundary: Any = "fill", fill_value: Any = None,
           steps: Any = None, dt: Any = None, coord: Any = None, save_every: Any = 1,
           period: Any = None, check_finite: bool = False, progress: bool = False,
-          **unsupported: Any) -> Prepared:
+          checkpoint: bool = False, **unsupported: Any) -> Prepared:
     """Validate a scale-out scan and reduce it to a :class:`ScanSpec`."""
     from xstencil._engine.call import precision, split_static
     from xstencil._labelled.core import Fields, prepare
@@ -225,7 +226,7 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
     forcings = [_field(obj, n, dim, space) for n in forced]
     return Prepared(spec, obj, names, tuple(evolving) if names else ("",), datas, consts,
                     forced, forcings, space, coords, static, dyn, bool(check_finite),
-                    bool(progress), tcoord)
+                    bool(progress), bool(checkpoint), tcoord)
 
 
 def _time_window(call: str, spec: ScanSpec, values: Any) -> np.ndarray:

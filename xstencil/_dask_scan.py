@@ -211,6 +211,10 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
             f"{call}: progress=True needs a compiled loop to report from; a dask-backed scan "
             f"is a lazy graph: compute it inside `with dask.diagnostics.ProgressBar():` (or "
             f"watch the distributed dashboard)")
+    if opts.get("checkpoint"):
+        raise XStencilError(
+            f"{call}: checkpoint=True saves memory in gradients, but a dask-backed scan is "
+            f"not differentiable; differentiate an in-memory or sharded scan instead")
     prep = setup(call, obj, kernels, dim, args, kw, **opts)
     spec = prep.spec
     plan = spec.plan

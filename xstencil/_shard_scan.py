@@ -239,10 +239,15 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
         report_every = (_progress.every(n_steps, math.prod(plan.shape[1:]) * V)
                         if prep.progress else 0)
 
+        # checkpoint=True: the backward pass keeps one carry per block of K steps and
+        # recomputes the block, instead of keeping every step's intermediates
+        run_block = jax.checkpoint(block, static_argnums=(3,)) if prep.checkpoint else block
+
         def body(hist0: Any, inp: Any, coords: Any, dyn: Any, masks: Any,
                  consts: Any, tcoord: Any, forcing: Any, token: Any) -> Any:
             def advance(hist: Any, t: Any, bad: Any, n: int) -> Any:
-                hist, b = block(hist, inp, t, n, coords, dyn, masks, consts, tcoord, forcing)
+                hist, b = run_block(hist, inp, t, n, coords, dyn, masks, consts, tcoord,
+                                    forcing)
                 if report_every:  # a bar update each time a block passes a multiple of it
                     done = t + n - k
                     lax.cond(done // report_every > (t - k) // report_every,
@@ -277,7 +282,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
         out_spec = ((lay.spec() if every else P(*lay.names[1:]),) * V, P())
         key = ("shard-scan", spec, static, lay, K, bmesh, kernels,
                tuple(m.shape for m in masks), prep.evolving, len(consts), prep.check_finite,
-               prep.forced, report_every)
+               prep.forced, report_every, prep.checkpoint)
 
         def build() -> Callable[..., Any]:
             return jax.jit(jax.shard_map(body, mesh=lay.mesh,
