@@ -184,6 +184,7 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
 
     plan, k, ahead = spec.plan, spec.k, spec.ahead
     names = plan.var_names
+    calls = [kernel_caller(plan, kn, static) for kn in kernels]
     # per variable of the plan: ("e", row) for an advanced one, ("f", j) for a
     # forcing (read along dim, not advanced), ("c", j) for a constant field
     order: list[tuple[str, int]] = [("e", 0)]
@@ -217,8 +218,9 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
 
     def stacked(call: Callable[..., Any]) -> Callable[..., Any]:
         """``call`` on cells laid out as the step's sources: per advanced
-        variable its ``nsrc`` time cells, then the constants, then coords;
-        returns one output per advanced variable."""
+        variable its ``nsrc`` time cells, per forcing its ``width`` time
+        cells, then the constants, the spatial coordinates and their wrap
+        shifts; returns one output per advanced variable."""
         def run(cells: Sequence[Any], dyn: Any) -> Any:
             windows = []
             nf = nvar * nsrc  # the forcings' cells start here, then the constants'
@@ -287,7 +289,6 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
             bad = jnp.where((bad < 0) & ~ok, at, bad)
         return hist[1:] + (new,), bad
 
-    calls = [kernel_caller(plan, kn, static) for kn in kernels]
     carry = (tuple(hist), jnp.asarray(-1, jnp.int32))
     return step(0, carry) if n == 1 else lax.fori_loop(0, n, step, carry)
 
