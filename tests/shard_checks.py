@@ -22,6 +22,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import xstencil  # noqa: E402, F401
+from tests import fields  # noqa: E402
+from tests.fields import heat, same  # noqa: E402
 from xstencil import XStencilError  # noqa: E402
 from xstencil._shard import make_mesh, sharded_hlo  # noqa: E402
 
@@ -32,22 +34,11 @@ MESHES = ({"x": "i"}, {"y": "i"}, {"y": "a", "x": "b"})
 
 
 def field(dtype=np.float32):
-    rng = np.random.default_rng(0)
-    return xr.DataArray(rng.random((32, 48)).astype(dtype), dims=("y", "x"),
-                        coords={"y": np.linspace(0.0, 1.0, 32),
-                                "x": np.linspace(0.0, 2.0, 48)},
-                        attrs={"units": "K"}, name="T")
+    return fields.field(dtype, (32, 48))  # divisible over 4 devices
 
 
 def lap(u):
     return u(x=1) + u(x=-2) + 2 * u(y=1) - u(y=-1) - 4 * u()
-
-
-def same(out, ref, rtol=1e-6):
-    assert out.dims == ref.dims and out.shape == ref.shape and out.dtype == ref.dtype
-    np.testing.assert_allclose(np.asarray(out.data), np.asarray(ref.data), rtol=rtol,
-                               atol=1e-6 if out.dtype == np.float32 else 0, equal_nan=True)
-    assert out.attrs == ref.attrs and out.name == ref.name
 
 
 def check_devices():
@@ -154,11 +145,6 @@ def check_bad_input():
     _raises(lambda: da.isel(x=slice(0, 4)).stencil.map(lambda u: u(x=2), boundary="reflect",
                                                        mesh={"x": "i"}),
             r"each device holds 1 points of 'x'")
-
-
-def heat(u):
-    return u(time=-1) + 0.1 * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
-                               + u(time=-1, y=-1) - 4 * u(time=-1))
 
 
 def check_scan_modes_and_halo_depth():

@@ -16,7 +16,6 @@ per step when the mask varies along the scanned dim.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,17 +46,7 @@ class BlockMesh:
 def block_mesh(mesh: Any, plan: Any, dim: str, total: int) -> tuple[BlockMesh, list[np.ndarray]]:
     """The regions of a :class:`~xstencil.Mesh` over the block scan's plan
     (dims ``(dim, *space)``) and its masks, shaped ``(total or 1, *space)``."""
-    fdims = tuple(str(d) for d in mesh._fields.dims)
-    order = [fdims.index(d) for d in plan.dims if d in fdims]
-    regions = []
-    for r, kern in mesh._regions:
-        if isinstance(r, np.ndarray):
-            r = np.transpose(r, order)
-            if dim not in fdims:  # an initial state: the mask holds for every position
-                r = r[None]
-        regions.append((r, kern))
-    proxy = types.SimpleNamespace(_regions=regions)
-    out, masks = type(mesh).regions(proxy, plan)
+    out, masks = mesh.regions(plan, dim)
     masks = [np.ascontiguousarray(m, dtype=bool) for m in masks]
     periodic = tuple(s.mode == "periodic" for s in plan.specs[1:])
     bm = BlockMesh(tuple(out), tuple(m.shape[0] > 1 for m in masks),

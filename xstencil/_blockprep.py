@@ -27,7 +27,7 @@ import xarray as xr
 from xstencil._blockscan import ScanSpec
 from xstencil._errors import XStencilError
 
-__all__ = ["Prepared", "setup", "saved_positions", "rewrap", "not_finite"]
+__all__ = ["Prepared", "setup", "saved_positions", "rewrap"]
 
 
 @dataclass
@@ -50,14 +50,9 @@ class Prepared:
     tcoord: Any  # the coordinate along dim padded by (k, ahead), if the kernel reads it
 
     @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self.datas[0].dtype)
-
-    @property
     def labels(self) -> Any:
         """The trajectory's coordinate along dim (positions when grown), or None."""
-        tc = self.coords.get(self.spec.dim)
-        return np.arange(self.spec.total) if tc is None and self.spec.grown else tc
+        return self.coords.get(self.spec.dim)
 
 
 def _save_every(call: str, save_every: Any) -> int:
@@ -107,7 +102,7 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
     """Validate a scale-out scan and reduce it to a :class:`ScanSpec`."""
     from xstencil._engine.call import precision, split_static
     from xstencil._labelled.core import Fields, prepare
-    from xstencil._labelled.scan_setup import returned
+    from xstencil._labelled.scan_setup import check_monotonic, grown_coord, padded_time, returned
 
     bad = {k: v for k, v in unsupported.items() if v not in (None, False)}
     if bad:
@@ -215,9 +210,18 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
     nsave = 1 if every == 0 else n_comp // every
     plan = dataclasses.replace(plan, shape=(total,) + plan.shape[1:])
     spec = ScanSpec(plan, dim, k, ahead, total, steps is not None, every, nsave, tmode)
-    coords = _time_coord(call, obj, dim, spec, n0, dt, coord)
-    labels = coords.get(dim, np.arange(total) if spec.grown else None)
-    tcoord = _time_window(call, spec, labels) if spec.reads_time else None
+    if spec.grown:
+        coords = {dim: grown_coord(call, obj, dim, coord, dt, steps, n0, total)}
+    else:
+        coords = {dim: obj[dim].values} if dim in obj.coords else {}
+    tcoord = None
+    if spec.reads_time:
+        if dim not in coords:
+            raise XStencilError(
+                f"{call}: the kernel reads u.coord({dim!r}) but the trajectory has no {dim!r} "
+                f"coordinate; give the input one")
+        check_monotonic(call, dim, coords[dim])
+        tcoord = padded_time(call, plan, dim, coords[dim], k, ahead, tmode)
     datas = [_field(obj, n, dim, space) for n in evolving]
     datas = [d if has_dim else d[None] for d in datas]
     others = [n for n in (names or ()) if n not in evolving]
@@ -227,51 +231,6 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
     return Prepared(spec, obj, names, tuple(evolving) if names else ("",), datas, consts,
                     forced, forcings, space, coords, static, dyn, bool(check_finite),
                     bool(progress), bool(checkpoint), tcoord)
-
-
-def _time_window(call: str, spec: ScanSpec, values: Any) -> np.ndarray:
-    """The coordinate along dim as the kernel reads it (``u.coord(dim)``):
-    numeric, in the variables' float dtype, padded by ``(k, ahead)``."""
-    from xstencil._labelled.coords import numeric_coord, pad_coord
-    from xstencil._labelled.scan_setup import check_monotonic, coord_dtype
-
-    dim = spec.dim
-    if values is None:
-        raise XStencilError(
-            f"{call}: the kernel reads u.coord({dim!r}) but the trajectory has no {dim!r} "
-            f"coordinate; give the input one, or pass dt= or coord= with steps=")
-    check_monotonic(call, dim, values)
-    c = numeric_coord(call, dim, np.asarray(values))
-    mode = spec.tmode if spec.tmode in ("fill", "extend") else "extend"
-    padded = pad_coord(call, dim, c, spec.k, spec.ahead, mode)
-    return np.asarray(padded, dtype=coord_dtype(spec.plan))
-
-
-def _time_coord(call: str, obj: Any, dim: str, spec: ScanSpec, n0: int, dt: Any,
-                coord: Any) -> dict[str, Any]:
-    have = obj[dim].values if n0 and dim in obj.coords else None
-    if not spec.grown:
-        return {} if have is None else {dim: have}
-    total = spec.total
-    if coord is not None:
-        c = np.asarray(coord)
-        if len(c) == total:
-            return {dim: c}
-        if len(c) == total - n0 and (have is not None or not n0):
-            return {dim: c if not n0 else np.concatenate([have, c])}
-        raise XStencilError(f"{call}: coord= has {len(c)} values; give {total}")
-    if dt is not None:
-        if have is not None:
-            return {dim: np.concatenate([have, have[-1] + dt * np.arange(1, total - n0 + 1)])}
-        base = np.zeros((), dtype=np.asarray(dt).dtype) if isinstance(dt, np.timedelta64) else 0
-        return {dim: base + dt * np.arange(total)}
-    if have is not None:
-        if n0 < 2:
-            raise XStencilError(f"{call}: the input has a {dim!r} coordinate; pass dt= or "
-                                f"coord= to continue it")
-        d = have[-1] - have[-2]
-        return {dim: np.concatenate([have, have[-1] + d * np.arange(1, total - n0 + 1)])}
-    return {}
 
 
 def saved_positions(spec: ScanSpec) -> np.ndarray:
@@ -317,12 +276,3 @@ def rewrap(prep: Prepared, outs: Sequence[Any]) -> xr.DataArray | xr.Dataset:
         out = out[list(prep.names)]  # the input's variable order
         out.attrs = dict(obj.attrs)
     return out
-
-
-def not_finite(call: str, dim: str, tc: Any, position: int, where: str = "") -> XStencilError:
-    """The ``check_finite=True`` error for the first bad ``position`` along
-    ``dim``, whose coordinate values are ``tc`` (or ``None``)."""
-    label = f" ({dim}={np.asarray(tc)[position]})" if tc is not None else ""
-    return XStencilError(
-        f"{call}: check_finite=True: a NaN or Inf first appeared at position {position} along "
-        f"{dim!r}{label}{where}; check the time step (stability) and the boundary values")

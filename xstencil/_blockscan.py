@@ -73,10 +73,6 @@ class ScanSpec:
         """The last position computed."""
         return self.k - 1 + self.nsave * self.steps_per_save
 
-    def reach(self, axis: int) -> tuple[int, int]:
-        s = self.plan.specs[axis]
-        return s.pad_lo, s.pad_hi
-
     @property
     def space_coords(self) -> tuple[str, ...]:
         """The spatial dims whose coordinates the kernel reads."""

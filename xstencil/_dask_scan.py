@@ -79,7 +79,7 @@ class BlockScan:
             out, bad = fn(hist, inp, coords, list(self.dyn), np.int32(self.t), origin, masks,
                           consts, self.tcoord, forcing)
         if self.finite is not None and int(bad) >= 0:
-            from xstencil._blockprep import not_finite
+            from xstencil._labelled.scan_result import not_finite
 
             first = ", ".join(f"{d}[{self.starts[a][loc[a]]}:]" for a, d in
                               enumerate(spec.plan.dims) if a and len(self.starts[a]) > 1)

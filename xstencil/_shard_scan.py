@@ -305,7 +305,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
             return exe if hlo == "compiled" else exe.as_text()
         out, bad = call_with_progress(fn, inputs, report_every, n_steps, call)
     if prep.check_finite and int(bad) >= 0:
-        from xstencil._blockprep import not_finite
+        from xstencil._labelled.scan_result import not_finite
 
         raise not_finite(call, dim, prep.labels, int(bad))
     return rewrap(prep, list(out))

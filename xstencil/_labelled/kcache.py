@@ -23,6 +23,7 @@ a module, function or class (identity), never for changed numbers.
 
 from __future__ import annotations
 
+import functools
 import threading
 import types
 import weakref
@@ -61,13 +62,15 @@ def _frozen(v: Any) -> Hashable:
     raise TypeError(f"not keyed by value: {type(v).__name__}")
 
 
-def _names(code: types.CodeType) -> set[str]:
-    """Global (and attribute) names read by ``code`` and the code nested in it."""
+@functools.lru_cache(maxsize=1024)
+def _names(code: types.CodeType) -> tuple[str, ...]:
+    """Global (and attribute) names read by ``code`` and the code nested in it,
+    sorted (cached: this runs on every labelled call)."""
     out = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            out |= _names(c)
-    return out
+            out.update(_names(c))
+    return tuple(sorted(out))
 
 
 def _structure(fn: Any) -> Hashable | None:
@@ -80,7 +83,7 @@ def _structure(fn: Any) -> Hashable | None:
         key = (code, id(g), _frozen(fn.__defaults__),
                _frozen(tuple(sorted((fn.__kwdefaults__ or {}).items()))),
                tuple(_frozen(c.cell_contents) for c in fn.__closure__ or ()),
-               tuple((n, _frozen(g[n])) for n in sorted(_names(code)) if n in g))
+               tuple((n, _frozen(g[n])) for n in _names(code) if n in g))
         hash(key)
     except (TypeError, ValueError):  # unhashable parts, or an empty closure cell
         return None

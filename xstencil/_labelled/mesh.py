@@ -235,14 +235,26 @@ class Mesh:
                        kwargs=o.get("kwargs", {}), extra_reach=extra_reach)
         return plan, o
 
-    def regions(self, plan: Plan) -> tuple[list[Slab | int], list[np.ndarray]]:
+    def regions(self, plan: Plan, dim: str | None = None
+                ) -> tuple[list[Slab | int], list[np.ndarray]]:
         """Engine regions over output positions; masks are returned separately
-        (they travel as arrays), referenced by index."""
+        (they travel as arrays), referenced by index.
+
+        For a scan along ``dim``, ``plan`` may order the dims differently and
+        may add ``dim`` (an initial state): masks are then transposed to the
+        plan's order and get a length-1 ``dim`` axis, which every position
+        reads (a slice at position ``t`` clamps to it).
+        """
         out: list[Slab | int] = []
         masks: list[np.ndarray] = []
         index = plan.input_index()
         counts = plan.out_shape
+        fdims = tuple(str(d) for d in self._fields.dims)
         for region, _ in self._regions:
+            if isinstance(region, np.ndarray) and dim is not None:
+                region = np.transpose(region, [fdims.index(d) for d in plan.dims if d in fdims])
+                if dim not in fdims:
+                    region = np.expand_dims(region, plan.axis(dim))
             if region is None:
                 out.append(Slab(tuple((0, c, 1) for c in counts)))
                 continue

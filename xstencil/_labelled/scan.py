@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -309,7 +308,7 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
         if t_used:
             check_monotonic(call, dim, s.tvals)
         if mesh is not None:
-            regions, masks = _mesh_regions(mesh, plan, dim)
+            regions, masks = mesh.regions(plan, dim)
         else:
             regions, masks = [Slab(tuple((0, g.count, 1) for g in geom))], []
         key = ("scan", plan, static, loop, tuple(evolving), tuple(names or ()),
@@ -349,19 +348,6 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
                                        call)
     finite(call, bad, s.tvals, dim)
     return rewrap(s, o, outs, evolving)
-
-
-def _mesh_regions(mesh: Any, plan: Plan, dim: str) -> Any:
-    """The mesh's regions over the trajectory.  Masks of a mesh over an initial
-    state without ``dim`` get a length-1 ``dim`` axis, which every step reads
-    (the dynamic slice at position ``t`` clamps to it)."""
-    if dim in mesh._fields.dims:
-        return mesh.regions(plan)
-    ax = plan.axis(dim)
-    proxy = types.SimpleNamespace(_regions=[
-        (np.expand_dims(r, ax) if isinstance(r, np.ndarray) else r, k)
-        for r, k in mesh._regions])
-    return type(mesh).regions(proxy, plan)
 
 
 def _labelled_call(plan: Plan, caller: Any, dim: str, order: Sequence[str] | None) -> Any:

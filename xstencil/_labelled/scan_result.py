@@ -18,7 +18,7 @@ from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
 from xstencil._labelled.scan_setup import Opts, Setup, make_loop
 
-__all__ = ["call_with_progress", "finite", "rewrap"]
+__all__ = ["call_with_progress", "finite", "not_finite", "rewrap"]
 
 
 def call_with_progress(fn: Any, runargs: Any, every: int, steps: int, call: str) -> Any:
@@ -43,12 +43,17 @@ def finite(call: str, bad: Any, tvals: Any, dim: str) -> None:
     position ``bad`` (>= 0) holding a NaN or Inf; ``tvals`` labels it."""
     if isinstance(bad, jax.core.Tracer):
         return
-    b = int(bad)
-    if b >= 0:
-        where = f" ({dim}={np.asarray(tvals)[b]})" if tvals is not None else ""
-        raise XStencilError(
-            f"{call}: check_finite=True: a NaN or Inf first appeared at position {b} along "
-            f"{dim!r}{where}; check the time step (stability) and the boundary values")
+    if int(bad) >= 0:
+        raise not_finite(call, dim, tvals, int(bad))
+
+
+def not_finite(call: str, dim: str, tvals: Any, position: int, where: str = "") -> XStencilError:
+    """The ``check_finite=True`` error for the first bad ``position`` along
+    ``dim``, whose coordinate values are ``tvals`` (or ``None``)."""
+    label = f" ({dim}={np.asarray(tvals)[position]})" if tvals is not None else ""
+    return XStencilError(
+        f"{call}: check_finite=True: a NaN or Inf first appeared at position {position} along "
+        f"{dim!r}{label}{where}; check the time step (stability) and the boundary values")
 
 
 def _positions(s: Setup, loop: Loop) -> np.ndarray:

@@ -22,7 +22,8 @@ from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
 from xstencil._labelled.plan import Plan
 
 __all__ = ["Opts", "Setup", "grown_coord", "setup", "engine_vars", "returned",
-           "evolving_indices", "time_coord", "coord_dtype", "check_monotonic", "make_loop"]
+           "evolving_indices", "time_coord", "padded_time", "coord_dtype", "check_monotonic",
+           "make_loop"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,29 +52,31 @@ def _time_boundary(boundary: Any, dim: str) -> tuple[Any, str]:
     return boundary, boundary if isinstance(boundary, str) else "fill"
 
 
-def grown_coord(call: str, obj: Any, o: Opts, n0: int, total: int) -> np.ndarray | None:
-    dim = o.dim
+def grown_coord(call: str, obj: Any, dim: str, coord: Any, dt: Any, steps: int, n0: int,
+                total: int) -> np.ndarray:
+    """The coordinate along ``dim`` of a trajectory grown by ``steps=``: from
+    ``coord=``, from ``dt=``, continuing the input's spacing, or positions."""
     have = obj[dim].values if n0 and dim in obj.coords else None
-    if o.coord is not None:
-        c = np.asarray(o.coord)
+    if coord is not None:
+        c = np.asarray(coord)
         if c.ndim != 1 or len(c) not in (total, total - n0) or (len(c) == total - n0
                                                                 and n0 and have is None):
             raise XStencilError(
                 f"{call}: coord= has shape {c.shape}; give {total} values (the initial "
-                f"position(s) and steps={o.steps}) or {total - n0} values for the new ones")
+                f"position(s) and steps={steps}) or {total - n0} values for the new ones")
         return c if len(c) == total else np.concatenate([have, c]) if n0 else c
-    if o.dt is not None:
+    if dt is not None:
         if have is not None:
             start = have[-1]
-            return np.concatenate([have, start + o.dt * np.arange(1, total - n0 + 1)])
-        base = np.zeros((), dtype=np.asarray(o.dt).dtype) if isinstance(
-            o.dt, np.timedelta64) else 0
-        return base + o.dt * np.arange(total)
+            return np.concatenate([have, start + dt * np.arange(1, total - n0 + 1)])
+        base = np.zeros((), dtype=np.asarray(dt).dtype) if isinstance(
+            dt, np.timedelta64) else 0
+        return base + dt * np.arange(total)
     if have is not None:
         if n0 < 2:
             raise XStencilError(
                 f"{call}: the input has a {dim!r} coordinate; pass dt= (a spacing) or coord= "
-                f"(values) to continue it for steps={o.steps}")
+                f"(values) to continue it for steps={steps}")
         d = have[-1] - have[-2]
         return np.concatenate([have, have[-1] + d * np.arange(1, total - n0 + 1)])
     return np.arange(total)  # step numbers
@@ -107,7 +110,7 @@ def _fields(call: str, obj: Any, o: Opts, evolve: Sequence[str] | None,
         tv = obj[dim].values if dim in obj.coords else None
         return f, f.shape[f.dims.index(dim)], tv
     n0 = f.shape[f.dims.index(dim)] if dim in f.dims else 0
-    tvals = grown_coord(call, obj, o, n0, total)
+    tvals = grown_coord(call, obj, dim, o.coord, o.dt, o.steps, n0, total)
     coords = {str(n): v.variable for n, v in obj.coords.items() if dim not in v.dims}
     if tvals is not None:
         coords[dim] = xr.Variable(dim, tvals)
@@ -253,11 +256,18 @@ def time_coord(call: str, s: Setup, o: Opts) -> Any:
     plan = s.plan
     if o.dim not in plan.coord_dims or s.tvals is None:
         return None
-    c = numeric_coord(call, o.dim, np.asarray(s.tvals))
     spec = plan.specs[plan.axis(o.dim)]
-    mode = s.tmode if s.tmode in ("fill", "extend") else "extend"
-    p = pad_coord(call, o.dim, c, spec.lo, spec.hi, mode)
-    return jnp.asarray(np.asarray(p, dtype=coord_dtype(plan)))
+    return jnp.asarray(padded_time(call, plan, o.dim, s.tvals, spec.lo, spec.hi, s.tmode))
+
+
+def padded_time(call: str, plan: Plan, dim: str, values: Any, lo: int, hi: int,
+                tmode: str) -> np.ndarray:
+    """The coordinate along ``dim`` as a kernel reads it (``u.coord(dim)``):
+    numeric, in the variables' float dtype, padded by ``(lo, hi)`` positions
+    (extended linearly unless the dim's boundary is ``fill``)."""
+    c = numeric_coord(call, dim, np.asarray(values))
+    mode = tmode if tmode in ("fill", "extend") else "extend"
+    return np.asarray(pad_coord(call, dim, c, lo, hi, mode), dtype=coord_dtype(plan))
 
 
 def coord_dtype(plan: Plan) -> Any:

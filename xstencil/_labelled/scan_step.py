@@ -45,7 +45,7 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any) -> A
     else:
         state0, n0 = obj, 0
     state0 = state0.drop_vars([n for n, v in state0.coords.items() if dim in v.dims or n == dim])
-    tvals = grown_coord(call, obj, o, n0, 1 + o.steps)
+    tvals = grown_coord(call, obj, dim, o.coord, o.dt, o.steps, n0, 1 + o.steps)
     if isinstance(state0, xr.DataArray):
         names: tuple[str, ...] | None = None
         arrays = [state0.data]
