@@ -760,9 +760,6 @@ def case_quirk_kscan_reverse(lib):
 
 # Cases where xstencil is documented (DESIGN.md section 3) to differ from kernex.
 DIVERGENT = {
-    "quirk_mesh_uncovered_first_fn": "uncovered cells keep their input in xstencil",
-    "quirk_mesh_single_region": "a single region applies only to itself in xstencil",
-    "quirk_ktest_mesh_2d": "uncovered cells keep their input in xstencil",
     "quirk_relative_wrap_read": "out-of-window reads raise IndexError in xstencil",
 }
 

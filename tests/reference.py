@@ -184,9 +184,13 @@ def stencil(
     args: Sequence[Any] = (),
     kwargs: dict[str, Any] | None = None,
     out_dtype: Any = None,
+    uncovered: str = "first",
 ) -> np.ndarray:
     """The output of ``xstencil.<kind>`` for ``kernel`` (or the mesh
     ``regions``, a list of ``(index, kernel)`` in assignment order).
+
+    Mesh positions no region covers get the first region's kernel (kernex's
+    rule, ``uncovered="first"``) or keep their input (``uncovered="input"``).
 
     Scans and smap write into the input's array, so their results have its
     dtype.  kmap keeps the kernel's dtype promoted with the input's; numpy's
@@ -226,6 +230,8 @@ def stencil(
         for m, f in masks:
             if m[pos]:
                 chosen = f
+        if chosen is None and masks and uncovered == "first":
+            chosen = masks[0][1]
         return chosen
 
     scanning = kind in ("kscan", "sscan")

@@ -64,12 +64,9 @@ def assert_matches(out: np.ndarray, ref: np.ndarray, name: str) -> None:
     np.testing.assert_allclose(out, ref, rtol=tol, atol=tol, err_msg=name)
 
 
-# kmap's output keeps the kernel's precision *promoted with the input's*, so
-# that uncovered mesh cells (which keep the input) fit; kernex returns the
-# kernel's dtype.  Same numbers, different dtype.
-DTYPE_DIFFERENCES = {
-    "beh_kernel_returns_python_int": np.float32,  # kernex: int32 (float input, kernel -> 1)
-}
+# kmap follows the kernel's dtype, as kernex does (with uncovered="input" it
+# promotes with the input's, so that cells keeping the input fit).
+DTYPE_DIFFERENCES: dict[str, object] = {}
 
 SPECIAL = set(getattr(kc, "DIVERGENT", {})) | set(getattr(kc, "QUIRKS", {}))
 
@@ -89,32 +86,6 @@ def test_every_stored_output_has_a_case(expected):
 
 
 # -- documented differences (DESIGN.md section 3, docstring of xstencil.kmap) ---------
-
-def test_divergent_uncovered_cells_keep_their_input(expected):
-    # kernex gives uncovered cells the first-registered function: [2, 3, 2, 2, 2, 2]
-    np.testing.assert_array_equal(run("quirk_mesh_uncovered_first_fn"), [2, 3, 3, 4, 5, 6])
-    assert not np.array_equal(expected["quirk_mesh_uncovered_first_fn"], [2, 3, 3, 4, 5, 6])
-
-
-def test_divergent_single_region_applies_only_to_itself(expected):
-    # kernex applies a single region's function everywhere: all 2
-    np.testing.assert_array_equal(run("quirk_mesh_single_region"), [2, 2, 3, 4, 5, 6])
-    np.testing.assert_array_equal(expected["quirk_mesh_single_region"], [2] * 6)
-
-
-def test_divergent_2d_mesh_uncovered_cells(expected):
-    from tests import reference
-
-    mat = np.arange(1, 26).reshape(5, 5)
-    regions = [((0, 0), lambda x: x[0, 0] * 10), ((1, slice(1, None)), lambda x: x[0, 0] * -10),
-               (slice(2, None), lambda x: x[0, 0] * 100)]
-    documented = reference.stencil("kmap", mat, regions=regions, kernel_size=(3, 3),
-                                   relative=True, padding="same")
-    out = run("quirk_ktest_mesh_2d")
-    np.testing.assert_array_equal(out, documented)
-    np.testing.assert_array_equal(out[0, 1:], mat[0, 1:])      # uncovered: the input
-    np.testing.assert_array_equal(out[2:], expected["quirk_ktest_mesh_2d"][2:])
-
 
 def test_divergent_read_outside_the_window_raises():
     # kernex rolls the window, so x[2] in a size-3 window silently reads x[-1]
@@ -167,7 +138,6 @@ def test_quirk_scan_kwargs_do_not_change_the_result(expected):
 
 def test_every_special_case_is_covered_here():
     covered = {
-        "quirk_mesh_uncovered_first_fn", "quirk_mesh_single_region", "quirk_ktest_mesh_2d",
         "quirk_relative_wrap_read", "quirk_relative_window_array_rolled",
         "quirk_relative_return_window", "quirk_mesh_step_offset",
         "quirk_mesh_reassign_same_fn", "quirk_mesh_valid_centre_index",

@@ -98,10 +98,16 @@ def test_chained_assignment():
 
 
 def test_documented_differences_from_kernex():
-    """Uncovered cells keep their input; a single region applies only to
-    itself; the later assignment wins (kernex: first function everywhere
-    uncovered, a single region everywhere)."""
-    F = xstencil.kmap(kernel_size=(3,), padding="same", relative=True)
+    """kernex's rule by default (uncovered cells get the first function, so a
+    single region applies everywhere); with uncovered="input" uncovered cells
+    keep their input and a single region applies only to itself; the later
+    assignment wins."""
+    K = xstencil.kmap(kernel_size=(3,), padding="same", relative=True)
+    K[0] = lambda x: x[0] * 0 + 2.0
+    np.testing.assert_array_equal(K(A6), [2, 2, 2, 2, 2, 2])
+    K[1] = lambda x: x[0] * 0 + 3.0
+    np.testing.assert_array_equal(K(A6), [2, 3, 2, 2, 2, 2])
+    F = xstencil.kmap(kernel_size=(3,), padding="same", relative=True, uncovered="input")
     F[0] = lambda x: x[0] * 0 + 2.0
     np.testing.assert_array_equal(F(A6), [2, 2, 3, 4, 5, 6])
     F[1] = lambda x: x[0] * 0 + 3.0

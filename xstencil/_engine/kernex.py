@@ -5,10 +5,11 @@ Deliberate differences from kernex (see ``docs/kernex.rst``):
 
 * a relative read outside the window raises ``IndexError`` while tracing
   (kernex rolls the window, so such reads wrap around silently);
-* output positions that no mesh region covers keep their input value (the
-  centre of their window); kernex gives them the first registered function;
-* a mesh with a single region applies it to that region only (kernex applies
-  it everywhere).
+
+Mesh rule: as in kernex, output positions that no mesh region covers get the
+first registered function (so a mesh with a single region applies it
+everywhere).  ``uncovered="input"`` opts in to the labelled API's rule:
+uncovered positions keep their input value (the centre of their window).
 
 Extensions: ``boundary=`` (one mode or one per axis) and ``fill_value=``
 replace kernex's zero padding; the default stays zero fill.
@@ -159,6 +160,7 @@ class KernelMesh:
         counts = tuple(g.count for g in geom)
         centre = tuple(sp.lo for sp in specs)
         relative = bool(o["relative"])
+        keep_input = o["uncovered"] == "input" and self._func is None
 
         def wrap(func: Callable[..., Any]) -> Any:
             def kernel_call(cells: Sequence[Any], d: Any) -> Any:
@@ -189,9 +191,11 @@ class KernelMesh:
                     )
                 if scanning or self._kind == "smap":
                     return out.astype(x.dtype)  # written back into the input's array
-                # kmap keeps the kernel's precision, promoted with the input's so
-                # that mesh regions and uncovered cells (which keep the input) agree
-                return out.astype(promote(x.dtype, out))
+                if keep_input:
+                    # uncovered cells keep the input: promote with its dtype so
+                    # that mesh regions and uncovered cells agree
+                    return out.astype(promote(x.dtype, out))
+                return out  # kmap follows the kernel's dtype, as kernex does
 
             return kernel_call
 
@@ -201,6 +205,11 @@ class KernelMesh:
             branches = [whole]
         else:
             branches = [(region(call, idx, counts), wrap(f)) for idx, f in self._branches]
+            if not keep_input:
+                # kernex's rule: positions no region covers get the first
+                # registered function (evaluated first, so every region wins)
+                whole = Slab(tuple((0, c, 1) for c in counts))
+                branches.insert(0, (whole, wrap(self._branches[0][1])))
         if offsets is not None:
             keep = Slab(tuple(normal(range(lo, n - hi, s)) for (lo, hi), n, s
                               in zip(offsets, counts, strides, strict=True)))
@@ -234,6 +243,12 @@ def _make(kind: str, defaults: dict[str, Any]) -> Callable[..., Any]:
             raise XStencilError(f"xstencil.{kind}: kernel_size is required, e.g. kernel_size=(3,)")
         opts = dict(defaults)
         opts.update({k: v for k, v in options.items() if k in defaults})
+        if opts["uncovered"] not in ("first", "input"):
+            raise XStencilError(
+                f"xstencil.{kind}: uncovered={opts['uncovered']!r}; expected 'first' (kernex's "
+                f"rule: mesh positions no region covers get the first registered function) or "
+                f"'input' (they keep their input value)"
+            )
         return KernelMesh(kind, func, opts)
 
     factory.__name__ = kind
@@ -242,7 +257,7 @@ def _make(kind: str, defaults: dict[str, Any]) -> Callable[..., Any]:
 
 
 _COMMON = {"kernel_size": None, "strides": 1, "relative": False, "named_axis": None,
-           "boundary": "fill", "fill_value": 0}
+           "boundary": "fill", "fill_value": 0, "uncovered": "first"}
 
 kmap = _make("kmap", {**_COMMON, "padding": 0})
 kscan = _make("kscan", {**_COMMON, "padding": 0})
