@@ -30,9 +30,29 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["MODES", "source_index", "index_runs", "block", "pad"]
+__all__ = ["MODES", "ALIASES", "MODE_HELP", "canonical_mode", "source_index", "index_runs",
+           "block", "pad"]
 
 MODES = ("fill", "extend", "periodic", "reflect", "symmetric", "valid")
+
+#: Names from scipy.ndimage and numpy.pad accepted for the modes above.  Not
+#: ``reflect``: scipy's ``reflect`` (``d c b a | a b c d``) is xstencil's
+#: ``symmetric``; xstencil's ``reflect`` is numpy's (``d c b | a b c d``),
+#: scipy's ``mirror``.
+ALIASES = {"wrap": "periodic", "grid-wrap": "periodic", "nearest": "extend",
+           "edge": "extend", "mirror": "reflect", "grid-mirror": "symmetric",
+           "constant": "fill", "grid-constant": "fill"}
+
+#: The end of every unknown-boundary message.
+MODE_HELP = ("scipy.ndimage/numpy names are accepted too: 'wrap' (periodic), 'nearest' or "
+             "'edge' (extend), 'mirror' (reflect), 'constant' (fill); note that scipy's "
+             "'reflect' (d c b a | a b c d) is xstencil's 'symmetric', and xstencil's 'reflect' "
+             "is numpy's (d c b | a b c d)")
+
+
+def canonical_mode(mode: Any) -> Any:
+    """``mode`` with a scipy.ndimage/numpy alias replaced by xstencil's name."""
+    return ALIASES.get(mode, mode) if isinstance(mode, str) else mode
 
 
 def source_index(p: np.ndarray, n: int, mode: str) -> np.ndarray:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xstencil._engine.boundary import MODES
+from xstencil._engine.boundary import MODE_HELP, MODES, canonical_mode
 from xstencil._engine.lower import AxisGeom
 from xstencil._errors import XStencilError
 
@@ -50,8 +50,9 @@ def geometry(shape: Sequence[int], specs: Sequence[AxisSpec]) -> list[AxisGeom]:
 
 
 def check_mode(call: str, arg: str, mode: Any) -> str:
+    mode = canonical_mode(mode)
     if not isinstance(mode, str) or mode not in MODES:
         raise XStencilError(
-            f"{call}: {arg}={mode!r} is not a boundary mode; use one of {MODES!r}"
+            f"{call}: {arg}={mode!r} is not a boundary mode; use one of {MODES!r}; {MODE_HELP}"
         )
     return mode

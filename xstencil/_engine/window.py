@@ -10,7 +10,7 @@ window also behaves as the array itself (``u * w``, ``u.sum()``,
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -217,8 +217,10 @@ class Window:
         cell = lax.slice(self._data, start, [i + 1 for i in start])
         return lax.squeeze(cell, tuple(range(len(start))))
 
-    def __call__(self, **offsets: int) -> Any:
+    def __call__(self, *positional: Any, **offsets: int) -> Any:
         """Read a cell by dim name, relative to the centre: ``u(x=1, y=-1)``."""
+        if positional:
+            raise XStencilError(positional_read(self._label, positional, self._dims))
         field = dict(self._field)
         rel = [0] * self.ndim
         for dim, off in offsets.items():
@@ -316,7 +318,12 @@ class Window:
             raise XStencilError(
                 f"{self._label}.coord({name!r}): no coordinate {name!r} is available; "
                 f"available are {tuple(self._coords)!r} (coordinates of the window's dims, "
-                f"numeric, one-dimensional)"
+                f"numeric, one-dimensional). If {name!r} is a dim of the data, put it in the "
+                f"window, e.g. window={{{name!r}: 1, ...}} (size 1 reads only the centre). A "
+                f"coordinate with several dims (curvilinear, e.g. lat(y, x)) cannot be read "
+                f"with .coord: make it a data variable, "
+                f"ds = da.to_dataset(name='u').reset_coords({name!r}), and read s[{name!r}]() "
+                f"(and s['u'](...)) in the kernel"
             )
         return self._coords[name]
 
@@ -364,3 +371,13 @@ class WindowSet(Mapping[str, Window]):
 
     def __repr__(self) -> str:
         return f"<xstencil.WindowSet {list(self._windows)}>"
+
+
+def positional_read(label: str, positional: tuple[Any, ...], dims: Sequence[Any]) -> str:
+    """The message for ``u("x")`` or ``u(1)``: reads take dim names as keywords."""
+    named = [d for d in dims if isinstance(d, str)]
+    d = positional[0] if isinstance(positional[0], str) else (named[-1] if named else "x")
+    args = ", ".join(repr(p) for p in positional)
+    return (f"{label}({args}): reads take offsets as keywords by dim name, relative to the "
+            f"centre: {label}({d}=1) is the next cell along {d!r}, {label}() the centre; "
+            f"for positional offsets use {label}[...]")

@@ -20,6 +20,7 @@ from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.coords import numeric_coord, pad_coord
 from xstencil._labelled.kcache import canonical, compiled
+from xstencil._labelled.kernel_checks import check_extra_args, check_returned, traced_error
 from xstencil._labelled.plan import (
     Plan,
     check_options,
@@ -103,6 +104,7 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
             boundary: Any, fill_value: Any, stride: Any, output_dims: Any, args: Any,
             kwargs: Any, extra_reach: Mapping[str, tuple[int, int]] | None = None) -> Plan:
     """Validate options and build the plan, inferring the window if needed."""
+    check_extra_args(call, args, kwargs)
     check_options(call, f.dims, boundary=boundary, stride=stride, fill_value=fill_value)
     odims = _output_dims(call, output_dims, f.dims)
     cdims = coord_dims(f)
@@ -248,13 +250,14 @@ def kernel_caller(plan: Plan, kernel: Callable[..., Any], static: Any) -> Callab
         except (XStencilError, WindowIndexError) as e:
             raise with_call(plan.call, kernel, e) from None
         except Exception as e:
-            typo = unknown_keyword(plan.call, kernel, e, kw)
+            typo = unknown_keyword(plan.call, kernel, e, kw) or traced_error(plan.call, kernel, e)
             if typo is not None:
                 raise typo from e
             shape = {d: plan.specs[plan.axis(d)].size for d in plan.window_dims}
             raise KernelError(
                 f"{plan.call}: kernel {name!r} failed on a window {shape} "
                 f"({type(e).__name__}: {e})") from e
+        check_returned(plan.call, kernel, out, plan.var_names is not None)
         return normalize(plan, name, out)
 
     return call

@@ -18,11 +18,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from xstencil._engine.boundary import MODES
+from xstencil._engine.boundary import MODE_HELP, MODES, canonical_mode
 from xstencil._engine.lower import AxisGeom
 from xstencil._engine.spec import AxisSpec, geometry
-from xstencil._engine.window import Window, WindowSet
+from xstencil._engine.window import Window, WindowSet, positional_read
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
+from xstencil._labelled.kernel_checks import check_returned, traced_error
 
 __all__ = ["Plan", "make_plan", "infer_window", "check_options", "with_call"]
 
@@ -118,20 +119,21 @@ def _window(call: str, window: Any, dims: tuple[str, ...],
 
 def _modes(call: str, boundary: Any, dims: tuple[str, ...]) -> dict[str, str]:
     def check(d: str, m: Any) -> str:
+        m = canonical_mode(m)
         if not isinstance(m, str) or m not in MODES:
             raise XStencilError(
                 f"{call}: boundary={boundary!r}: {m!r} is not a boundary mode for dim {d!r}; "
-                f"use one of {MODES!r}"
+                f"use one of {MODES!r}; {MODE_HELP}"
             )
         return m
 
     if isinstance(boundary, str) or not isinstance(boundary, Mapping):
-        if not isinstance(boundary, str) or boundary not in MODES:
+        if not isinstance(boundary, str) or canonical_mode(boundary) not in MODES:
             raise XStencilError(
                 f"{call}: boundary={boundary!r} is not a boundary mode; use one of {MODES!r}, "
-                f"or a dict such as {{'x': 'periodic', 'y': 'reflect'}}"
+                f"or a dict such as {{'x': 'periodic', 'y': 'reflect'}}; {MODE_HELP}"
             )
-        return dict.fromkeys(dims, boundary)
+        return dict.fromkeys(dims, canonical_mode(boundary))
     given = _dims_mapping(call, "boundary", boundary, dims, check)
     return {d: given.get(d, "fill") for d in dims}
 
@@ -235,7 +237,9 @@ class _ProbeWindow(Window):
     def array(self) -> Any:
         raise _ArrayUse(self._label)
 
-    def __call__(self, **offsets: int) -> Any:
+    def __call__(self, *positional: Any, **offsets: int) -> Any:
+        if positional:
+            raise XStencilError(positional_read(self._label, positional, self._probe.dims))
         for d, o in offsets.items():
             if d not in self._probe.dims:
                 raise XStencilError(
@@ -269,7 +273,9 @@ def infer_window(call: str, kernel: Callable[..., Any], plan_dims: tuple[str, ..
         wins = [_ProbeWindow(s, probe, f"s[{n!r}]" if var_names else "u", dims, cs)
                 for s, n, dims in zip(scalars, var_names or ("u",), var_dims, strict=False)]
         arg = WindowSet(dict(zip(var_names, wins, strict=True))) if var_names else wins[0]
-        return kernel(arg, *args, **kwargs)
+        out = kernel(arg, *args, **kwargs)
+        check_returned(call, kernel, out, var_names is not None)
+        return out
 
     avals = [jax.ShapeDtypeStruct((), dt) for dt in dtypes] + [
         jax.ShapeDtypeStruct((), np.float32)]
@@ -285,7 +291,7 @@ def infer_window(call: str, kernel: Callable[..., Any], plan_dims: tuple[str, ..
         raise with_call(call, kernel, e) from None
     except Exception as e:
         name = getattr(kernel, "__name__", repr(kernel))
-        typo = unknown_keyword(call, kernel, e, kwargs)
+        typo = unknown_keyword(call, kernel, e, kwargs) or traced_error(call, kernel, e)
         if typo is not None:
             raise typo from e
         raise KernelError(

@@ -35,6 +35,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil import _progress
+from xstencil._engine.boundary import canonical_mode
 from xstencil._engine.call import as_array, precision, split_static
 from xstencil._engine.lower import AxisGeom, Source
 from xstencil._engine.mesh import Mask, Slab
@@ -92,6 +93,9 @@ def _options(call: str, dim: Any, window: Any, boundary: Any, fill_value: Any, s
                             f"trajectory; they need steps=N")
     if dt is not None and coord is not None:
         raise XStencilError(f"{call}: pass dt= or coord=, not both")
+    # scipy.ndimage/numpy names ('wrap', 'nearest', ...) become xstencil's
+    boundary = ({d: canonical_mode(m) for d, m in boundary.items()}
+                if isinstance(boundary, Mapping) else canonical_mode(boundary))
     return Opts(dim, window, boundary, fill_value, steps, dt, coord, every, bool(progress),
                  bool(checkpoint), bool(check_finite), period)
 
