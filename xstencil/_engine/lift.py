@@ -192,10 +192,14 @@ def _elementwise(eqn: Any, invals: list[Any], table: Table) -> Lifted:
     ids = np.empty(shape, dtype=np.int64)
     params = eqn.params
     table.count_op(int(np.prod(shape)) if shape else 1)
+    # lax ops broadcast size-1 dims of equal-rank operands (jnp.var,
+    # x / x.sum(keepdims=True)): read element 0 along those dims
+    in_shapes = [np.shape(x.ids if isinstance(x, Lifted) else x) for x in invals]
     for idx in np.ndindex(*shape):
         elems = []
-        for x in invals:
-            xi = idx if np.ndim(x.ids if isinstance(x, Lifted) else x) else ()
+        for x, xs in zip(invals, in_shapes, strict=True):
+            xi = tuple(0 if n == 1 else i
+                       for i, n in zip(idx[len(idx) - len(xs):], xs, strict=True))
             elems.append(elem(x, xi, table))
         ids[idx] = table.add(table.algebra.apply(eqn.primitive, elems, params, in_dtypes))
     return Lifted(ids, out_aval.dtype)
