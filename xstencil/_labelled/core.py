@@ -20,7 +20,12 @@ from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.coords import numeric_coord, pad_coord
 from xstencil._labelled.kcache import canonical, compiled
-from xstencil._labelled.kernel_checks import check_extra_args, check_returned, traced_error
+from xstencil._labelled.kernel_checks import (
+    check_extra_args,
+    check_known_chunks,
+    check_returned,
+    traced_error,
+)
 from xstencil._labelled.plan import (
     Plan,
     check_options,
@@ -105,6 +110,7 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
             kwargs: Any, extra_reach: Mapping[str, tuple[int, int]] | None = None) -> Plan:
     """Validate options and build the plan, inferring the window if needed."""
     check_extra_args(call, args, kwargs)
+    check_known_chunks(call, f.names, f.arrays)
     check_options(call, f.dims, boundary=boundary, stride=stride, fill_value=fill_value)
     odims = _output_dims(call, output_dims, f.dims)
     cdims = coord_dims(f)

@@ -1,10 +1,11 @@
-"""Clear errors for kernels and their extra arguments, raised in the labelled
-layer: a kernel that uses numpy, ``math`` or a Python ``if`` on traced values,
-a kernel returning something that is not a number or an array, and a
-DataArray or Dataset passed as an extra kernel argument."""
+"""Clear errors for kernels and their inputs, raised in the labelled layer: a
+kernel that uses numpy, ``math`` or a Python ``if`` on traced values, a kernel
+returning something that is not a number or an array, a DataArray or Dataset
+passed as an extra kernel argument, and dask chunks of unknown size."""
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -14,7 +15,8 @@ import xarray as xr
 
 from xstencil._errors import KernelError, XStencilError
 
-__all__ = ["TRACED_ADVICE", "traced_error", "check_returned", "check_extra_args"]
+__all__ = ["TRACED_ADVICE", "traced_error", "check_returned", "check_extra_args",
+           "check_known_chunks"]
 
 #: What a user must know when a kernel needs a concrete value.
 TRACED_ADVICE = (
@@ -99,3 +101,20 @@ def check_extra_args(call: str, args: Any, kwargs: Mapping[str, Any]) -> None:
                 f"in the kernel as s[{var!r}]() or s[{var!r}](x=1); for a constant array "
                 f"(weights), pass {var}.values")
 
+
+
+def check_known_chunks(call: str, names: Any, arrays: Any) -> None:
+    """Refuse dask arrays whose chunk sizes are unknown (NaN), as after boolean
+    indexing: halos and outputs need every chunk's length."""
+    for k, x in enumerate(arrays):
+        chunks = getattr(x, "chunks", None)
+        if not isinstance(chunks, tuple):
+            continue
+        for ax, c in enumerate(chunks):
+            if any(isinstance(n, float) and math.isnan(n) for n in c):
+                what = "the data" if names is None else f"variable {names[k]!r}"
+                raise XStencilError(
+                    f"{call}: {what} is a dask array with chunks of unknown size along axis "
+                    f"{ax} (chunks={tuple(c)!r}, as after boolean indexing); a stencil needs "
+                    f"every chunk's length for its halo: call x.compute_chunk_sizes() on the "
+                    f"dask array (da.copy(data=da.data.compute_chunk_sizes())) first")
