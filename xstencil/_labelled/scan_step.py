@@ -135,8 +135,8 @@ def _step_result(call: str, new: Any, names: tuple[str, ...] | None, template: A
     if names is None:
         if not isinstance(new, xr.DataArray):
             raise XStencilError(f"{call}: step= returned {type(new).__name__}; return a "
-                                f"DataArray like the state")
-        return [_dims_like(call, new, template.dims, "the state")]
+                                f"DataArray like the state, e.g. state.copy(data=new_values)")
+        return [_dims_like(call, new, template.dims, "the state", template.shape)]
     if isinstance(new, Mapping) and not isinstance(new, xr.Dataset):
         new = dict(new)
     elif isinstance(new, xr.Dataset):
@@ -148,15 +148,26 @@ def _step_result(call: str, new: Any, names: tuple[str, ...] | None, template: A
     if unknown:
         raise XStencilError(f"{call}: step= returned {unknown!r}, which are not data "
                             f"variables; available are {names!r}")
-    return [None if n not in new else _dims_like(call, new[n], template[n].dims, repr(n))
+    return [None if n not in new else _dims_like(call, new[n], template[n].dims, repr(n),
+                                                 template[n].shape)
             for n in names]
 
 
-def _dims_like(call: str, new: Any, dims: Sequence[Any], what: str) -> Any:
+def _dims_like(call: str, new: Any, dims: Sequence[Any], what: str,
+               shape: tuple[int, ...]) -> Any:
     data = new.data if isinstance(new, xr.DataArray) else new
     if isinstance(new, xr.DataArray):
         if set(new.dims) != set(dims):
             raise XStencilError(f"{call}: step= returned dims {tuple(new.dims)!r} for {what}, "
                                 f"which has dims {tuple(dims)!r}")
         data = new.transpose(*dims).data
-    return jnp.asarray(data)
+    data = jnp.asarray(data)
+    if data.shape != tuple(shape):
+        sizes = dict(zip(dims, shape, strict=True))
+        got = dict(zip(dims, data.shape, strict=False))
+        raise XStencilError(
+            f"{call}: step= returned shape {data.shape} (sizes {got!r}) for {what}, which has "
+            f"sizes {sizes!r}; each step must return a state of the same size (for a "
+            f"neighbour difference, use the state's stencil.map or pad/shift with "
+            f"boundary handling rather than slicing it)")
+    return data
