@@ -39,9 +39,29 @@ CASES = [
          "Reads never wrap around the window (kernex's do). Widen ``window`` or leave it "
          "out and let xstencil infer it from the offsets the kernel reads."),
     Case("An unknown boundary mode",
-         'da.stencil.map(lambda u: u(x=1), boundary="wrap")',
-         "numpy's ``wrap`` is xstencil's ``periodic``; the modes are ``fill``, ``extend``, "
-         "``periodic``, ``reflect``, ``symmetric`` and ``valid``."),
+         'da.stencil.map(lambda u: u(x=1), boundary="clamp")',
+         "The modes are ``fill``, ``extend``, ``periodic``, ``reflect``, ``symmetric`` and "
+         "``valid``. scipy.ndimage's and numpy's names ``wrap``, ``nearest``/``edge``, "
+         "``mirror`` and ``constant`` are accepted; scipy's ``reflect`` is xstencil's "
+         "``symmetric``."),
+    Case("numpy, math or a Python if inside a kernel",
+         "da.stencil.map(lambda u: u(x=1) if u() > 0.5 else u(x=-1))",
+         "Kernels are traced: use ``jnp.where(u() > 0.5, u(x=1), u(x=-1))``, ``jnp.sin`` "
+         "instead of ``np.sin`` or ``math.sin``, and no ``float()`` on window values."),
+    Case("A kernel that returns nothing",
+         "def k(u):\n    u(x=1) - u(x=-1)\nda.stencil.map(k)",
+         "A missing ``return``; kernels return a number or an array per point."),
+    Case("A dim name passed positionally",
+         'da.stencil.map(lambda u: u("x"))',
+         "Offsets are keywords: ``u(x=1)``; ``u[...]`` takes positional offsets."),
+    Case("A coordinate that the window does not cover",
+         'da.stencil.map(lambda u: u(x=1) * u.coord("y")())',
+         'Put the dim in the window (``window={"y": 1, "x": 3}``); a 2-D coordinate '
+         "becomes a Dataset variable."),
+    Case("A DataArray passed as an extra kernel argument",
+         "da.stencil.map(lambda u, w: u(x=1) * w, w=da)",
+         "Put the field in a Dataset with the data and read it as ``s['w']()``; pass "
+         "``.values`` for a constant array."),
     Case("Integer data with the default fill",
          "ints.stencil.map(lambda u: u(x=1) - u(x=-1))",
          "The default ``fill_value`` is NaN, which integers cannot hold. Pass "
