@@ -109,8 +109,8 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      E(f"{M}: cannot infer the window because the kernel uses the window as an array")
      + ".*pass window="),
     # -- map: boundary, stride, fill_value, output_dims, period -------------------
-    ("map-boundary-unknown", lambda: DA.stencil.map(lap, boundary="wrap"), XStencilError,
-     E(f"{M}: boundary='wrap' is not a boundary mode; use one of ('fill', 'extend', "
+    ("map-boundary-unknown", lambda: DA.stencil.map(lap, boundary="clamp"), XStencilError,
+     E(f"{M}: boundary='clamp' is not a boundary mode; use one of ('fill', 'extend', "
        "'periodic', 'reflect', 'symmetric', 'valid')")),
     ("map-boundary-none", lambda: DA.stencil.map(lap, boundary=None), XStencilError,
      E(f"{M}: boundary=None is not a boundary mode")),
@@ -230,8 +230,8 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      XStencilError, E(f"{MESH}: m[mask] = ...: the mask has length 3 along 'x' but the data "
                       "has 8")),
     # a mesh's options are checked when it runs
-    ("mesh-bad-boundary", lambda: _mesh_run(boundary="wrap"), XStencilError,
-     E("da.stencil.mesh(...).map(): boundary='wrap' is not a boundary mode")),
+    ("mesh-bad-boundary", lambda: _mesh_run(boundary="clamp"), XStencilError,
+     E("da.stencil.mesh(...).map(): boundary='clamp' is not a boundary mode")),
     ("mesh-bad-stride", lambda: _mesh_run(stride={"x": -2}), XStencilError,
      E("da.stencil.mesh(...).map(): stride={'x': -2}: strides must be ints >= 1")),
     # -- scan ---------------------------------------------------------------------
@@ -314,8 +314,8 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      lambda: xstencil.kmap(total, kernel_size=(3,), padding=10**9)(X1), XStencilError,
      E(f"xstencil.kmap: padding={10**9} pads axis 0 (length 6) by") + ".*not supported"),
     ("kmap-boundary-unknown",
-     lambda: xstencil.kmap(total, kernel_size=(3,), boundary="wrap")(X1), XStencilError,
-     E("xstencil.kmap: boundary='wrap' is not a boundary mode; use one of")),
+     lambda: xstencil.kmap(total, kernel_size=(3,), boundary="clamp")(X1), XStencilError,
+     E("xstencil.kmap: boundary='clamp' is not a boundary mode; use one of")),
     ("kmap-valid-with-padding",
      lambda: xstencil.kmap(first, kernel_size=(3,), padding=1, boundary="valid")(X1),
      XStencilError, E("xstencil.kmap: boundary 'valid' along axis 0 has no halo, but "
@@ -394,7 +394,7 @@ def test_every_error_is_a_library_error() -> None:
 # -- errors come before tracing -----------------------------------------------------
 
 BAD_OPTIONS = [
-    pytest.param({"boundary": "wrap"}, id="boundary"),
+    pytest.param({"boundary": "clamp"}, id="boundary"),
     pytest.param({"boundary": {"x": "zero"}}, id="boundary-dict"),
     pytest.param({"stride": {"x": 0}}, id="stride"),
     pytest.param({"stride": {"q": 1}}, id="stride-dim"),
@@ -440,7 +440,7 @@ def test_scan_option_errors_do_not_call_the_kernel(options: dict[str, Any]) -> N
 
 
 @pytest.mark.parametrize("options", [
-    pytest.param({"boundary": "wrap"}, id="boundary"),
+    pytest.param({"boundary": "clamp"}, id="boundary"),
     pytest.param({"strides": (0,)}, id="strides"),
     pytest.param({"padding": "full"}, id="padding"),
     pytest.param({"fill_value": None, "padding": "same"}, id="fill_value"),

@@ -93,9 +93,9 @@ def test_padding_that_leaves_no_output(kind, padding, match):
         ({"padding": ("same", (1, 2, 3))},
          E("padding=('same', (1, 2, 3)) holds (1, 2, 3); use 'same', 'valid', an int")),
         ({"padding": ("same",)}, E("padding=('same',) has 1 entries but the array has 2 dims")),
-        ({"boundary": "wrap"}, E("boundary='wrap' is not a boundary mode; use one of ('fill', "
+        ({"boundary": "clamp"}, E("boundary='clamp' is not a boundary mode; use one of ('fill', "
                                  "'extend', 'periodic', 'reflect', 'symmetric', 'valid')")),
-        ({"boundary": ("fill", "mirror")}, E("boundary='mirror' is not a boundary mode")),
+        ({"boundary": ("fill", "zero")}, E("boundary='zero' is not a boundary mode")),
         ({"boundary": ("fill",)}, E("boundary=('fill',) has 1 entries but the array has 2")),
     ],
 )

@@ -59,8 +59,8 @@ CALL = re.escape("da.stencil.map(...)")
     ({"window": {"x": 9}, "boundary": "valid"},
      CALL + r": window=\{'x': 9\} spans 9 cells along 'x', which has only 4; with boundary "
             r"'valid' nothing is left \(use a smaller window or a padding boundary mode\)"),
-    ({"boundary": "wrap"},
-     CALL + r": boundary='wrap' is not a boundary mode; use one of \('fill', 'extend', "
+    ({"boundary": "clamp"},
+     CALL + r": boundary='clamp' is not a boundary mode; use one of \('fill', 'extend', "
             r"'periodic', 'reflect', 'symmetric', 'valid'\)"),
     ({"boundary": {"x": "zero"}},
      CALL + r": boundary=\{'x': 'zero'\}: 'zero' is not a boundary mode for dim 'x'"),
