@@ -253,7 +253,54 @@ def _make(kind: str, defaults: dict[str, Any]) -> Callable[..., Any]:
 
     factory.__name__ = kind
     factory.__qualname__ = kind
+    factory.__doc__ = _DOC.format(kind=kind, what=_WHAT[kind])
     return factory
+
+
+_WHAT = {
+    "kmap": "Map a kernel over every window of an array (kernex's ``kmap``)",
+    "kscan": "Scan a kernel over the windows, writing each result back in place "
+             "(kernex's ``kscan``)",
+    "smap": "Map a kernel over the windows, keeping the input's shape (kernex's ``smap``)",
+    "sscan": "Scan a kernel over the windows, keeping the input's shape (kernex's ``sscan``)",
+}
+
+_DOC = """{what}.
+
+Takes kernex 0.2's arguments (``kernel_size``, ``strides``, ``padding`` or
+``offset``, ``relative``, ``named_axis``, ``map_kind``/``scan_kind`` and their
+kwargs) and gives kernex's numbers; see ``docs/kernex.rst``.  Use it as a
+decorator, ``xstencil.{kind}(kernel_size=(3,))(kernel)``, or as a function
+mesh, ``F = xstencil.{kind}(kernel_size=(3,)); F[1:] = kernel``.
+
+Parameters
+----------
+func
+    The kernel (optional: without it, decorate or assign mesh regions).
+kernel_size, strides, padding, offset, relative, named_axis
+    As in kernex 0.2.
+boundary, fill_value
+    Extensions: the halo mode (one or one per axis; default zero ``"fill"``
+    as in kernex) and the fill value.
+uncovered
+    The mesh rule for positions no region covers: ``"first"`` (default, as in
+    kernex) applies the first registered function there; ``"input"`` keeps
+    their input value (the labelled API's rule).
+
+Returns
+-------
+KernelMesh
+    Call it on an array; extra arguments are passed to the kernel.
+
+Examples
+--------
+>>> import jax.numpy as jnp, xstencil
+>>> F = xstencil.kmap(kernel_size=(3,), padding="same", relative=True)
+>>> F[0] = lambda x: x[0] * 0 + 2.0
+>>> F[1] = lambda x: x[0] * 0 + 3.0
+>>> F(jnp.arange(1.0, 7.0)).tolist()
+[2.0, 3.0, 2.0, 2.0, 2.0, 2.0]
+"""
 
 
 _COMMON = {"kernel_size": None, "strides": 1, "relative": False, "named_axis": None,
