@@ -247,10 +247,14 @@ def test_dask_chunks_of_unknown_size():
     da = xr.DataArray(x, dims=("y", "x"))
     assert any(math.isnan(c) for c in da.chunks[0])
     with pytest.raises(XStencilError, match=r"da\.stencil\.map\(\.\.\.\): the data is a dask "
-                                            r"array with chunks of unknown size along axis 0 "
+                                            r"array with chunks of unknown size along 'y' "
                                             r"\(chunks=\(nan, nan, nan\).*"
                                             r"compute_chunk_sizes\(\)"):
         da.stencil.map(lambda u: u(x=1) + u(y=1), boundary="extend")
+    ds = da.chunk({"x": -1}).to_dataset(name="a")
+    with pytest.raises(XStencilError, match=r"ds\.stencil\.scan\(\.\.\.\): variable 'a' is a "
+                                            r"dask array with chunks of unknown size along 'y'"):
+        ds.stencil.scan(lambda s: {"a": s["a"](x=-1, y=0)}, dim="x", boundary="extend")
     fixed = da.copy(data=x.compute_chunk_sizes())
     out = fixed.stencil.map(lambda u: u(x=1) + u(y=1), boundary="extend").compute()
     pad = np.pad(A, ((0, 1), (0, 1)), mode="edge")

@@ -110,7 +110,7 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
             kwargs: Any, extra_reach: Mapping[str, tuple[int, int]] | None = None) -> Plan:
     """Validate options and build the plan, inferring the window if needed."""
     check_extra_args(call, args, kwargs)
-    check_known_chunks(call, f.names, f.arrays)
+    check_known_chunks(call, f.names, f.var_dims, f.arrays)
     check_options(call, f.dims, boundary=boundary, stride=stride, fill_value=fill_value)
     odims = _output_dims(call, output_dims, f.dims)
     cdims = coord_dims(f)

@@ -103,18 +103,18 @@ def check_extra_args(call: str, args: Any, kwargs: Mapping[str, Any]) -> None:
 
 
 
-def check_known_chunks(call: str, names: Any, arrays: Any) -> None:
+def check_known_chunks(call: str, names: Any, var_dims: Any, arrays: Any) -> None:
     """Refuse dask arrays whose chunk sizes are unknown (NaN), as after boolean
     indexing: halos and outputs need every chunk's length."""
-    for k, x in enumerate(arrays):
+    for k, (x, dims) in enumerate(zip(arrays, var_dims, strict=True)):
         chunks = getattr(x, "chunks", None)
         if not isinstance(chunks, tuple):
             continue
-        for ax, c in enumerate(chunks):
+        for d, c in zip(dims, chunks, strict=False):
             if any(isinstance(n, float) and math.isnan(n) for n in c):
                 what = "the data" if names is None else f"variable {names[k]!r}"
                 raise XStencilError(
-                    f"{call}: {what} is a dask array with chunks of unknown size along axis "
-                    f"{ax} (chunks={tuple(c)!r}, as after boolean indexing); a stencil needs "
-                    f"every chunk's length for its halo: call x.compute_chunk_sizes() on the "
-                    f"dask array (da.copy(data=da.data.compute_chunk_sizes())) first")
+                    f"{call}: {what} is a dask array with chunks of unknown size along {d!r} "
+                    f"(chunks={tuple(c)!r}, as after boolean indexing); a stencil needs "
+                    f"every chunk's length for its halo: call .compute_chunk_sizes() on the "
+                    f"dask array first, e.g. da = da.copy(data=da.data.compute_chunk_sizes())")
