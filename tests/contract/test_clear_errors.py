@@ -49,6 +49,13 @@ def test_traced_error_with_an_explicit_window_and_in_a_scan():
         DA.stencil.scan(lambda u: u(y=-1) if u(y=-1) > 0 else u(), dim="y")
 
 
+def test_traced_error_in_the_array_api():
+    with pytest.raises(KernelError, match=r"xstencil\.kmap: kernel '<lambda>' failed on a "
+                                          r"window of shape \(3,\).*" + TRACED):
+        xstencil.kmap(kernel_size=(3,), relative=True)(lambda x: x[1] if x[0] > 0 else x[-1])(
+            A[0])
+
+
 def test_the_advised_rewrite_works():
     out = DA.stencil.map(lambda u: jnp.where(u() > 0.5, u(x=1), u(x=-1)), boundary="extend")
     pad = np.pad(A, ((0, 0), (1, 1)), mode="edge")

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from xstencil._engine.advice import TRACED_ADVICE, is_traced_error
 from xstencil._engine.call import as_array, merge_static, precision, promote, split_static
 from xstencil._engine.kscan import kscan_array
 from xstencil._engine.kxargs import (
@@ -178,9 +179,13 @@ class KernelMesh:
                     raise type(e)(f"{call}: kernel {name!r}: {msg}") from None
                 except Exception as e:  # a bug in the user's kernel
                     name = getattr(func, "__name__", repr(func))
+                    detail, advice = str(e), ""
+                    if is_traced_error(e):  # JAX's long note hides what to do
+                        detail = (detail.strip().splitlines() or [""])[0]
+                        advice = f"; {TRACED_ADVICE}"
                     raise KernelError(
                         f"{call}: kernel {name!r} failed on a window of shape "
-                        f"{tuple(cell.shape)} ({type(e).__name__}: {e})"
+                        f"{tuple(cell.shape)} ({type(e).__name__}: {detail}){advice}"
                     ) from e
                 out = jax.numpy.asarray(out)
                 if scanning and out.shape != ():

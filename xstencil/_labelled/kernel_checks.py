@@ -10,25 +10,13 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax
 import xarray as xr
 
+from xstencil._engine.advice import TRACED_ADVICE, is_traced_error
 from xstencil._errors import KernelError, XStencilError
 
 __all__ = ["TRACED_ADVICE", "traced_error", "check_returned", "check_extra_args",
            "check_known_chunks"]
-
-#: What a user must know when a kernel needs a concrete value.
-TRACED_ADVICE = (
-    "kernels are traced by JAX: the window holds abstract (traced) values, so numpy "
-    "functions (np.sin, np.where), the math module, float()/int()/bool() and a Python "
-    "`if` on a window value cannot work; use jax.numpy (jnp.sin, jnp.exp, ...) and "
-    "jnp.where(cond, a, b) for branches, e.g. `jnp.where(u() > 5, u(x=1), u(x=-1))` "
-    "instead of `u(x=1) if u() > 5 else u(x=-1)`")
-
-_TRACED = (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError,
-           jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError)
-
 
 def _name(kernel: Any) -> str:
     return getattr(kernel, "__name__", repr(kernel))
@@ -37,7 +25,7 @@ def _name(kernel: Any) -> str:
 def traced_error(call: str, kernel: Callable[..., Any], e: Exception) -> KernelError | None:
     """A clear error for a kernel that asked a traced value for a concrete
     one (numpy, ``math``, ``float()``, ``if``), or ``None`` for other errors."""
-    if not isinstance(e, _TRACED):
+    if not is_traced_error(e):
         return None
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return KernelError(
