@@ -42,7 +42,7 @@ class StencilAccessor:
         """Apply a kernel at every point; see :func:`xstencil.map`."""
         return _map(self._obj, kernel, *args, **kwargs)
 
-    def iterate(self, body: Any, *args: Any, **kwargs: Any) -> Any:
+    def iterate(self, body: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Apply a kernel or mesh until converged; see :func:`xstencil.iterate`."""
         return _iterate(self._obj, body, *args, **kwargs)
 

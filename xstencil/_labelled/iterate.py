@@ -84,7 +84,8 @@ def report(call: str, res: Converged, tol: Any) -> Converged:
     return Converged(res.field, it, r, ok)
 
 
-def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any, *args: Any, tol: float = 1e-4,
+def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
+            step: Callable[..., Any] | None = None, tol: float | None = 1e-4,
             norm: str | Callable[..., Any] = "l1", relative: bool = True,
             max_steps: int = 10_000, min_steps: int = 1, window: Any = None,
             boundary: Any = None, fill_value: Any = None, period: Any = None,
@@ -106,11 +107,17 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any, *args: Any, tol: f
         A kernel ``f(u, *args, **kwargs)``, as for :func:`xstencil.map`, or a
         :class:`~xstencil.Mesh` (whose regions supply boundary rows; its
         ``boundary`` and ``window`` are the mesh's own).
+    step
+        Instead of ``body``: a function of the state (a DataArray or Dataset
+        of traced arrays) returning the next state, as for
+        ``scan(step=...)``; it may call :func:`xstencil.map`, meshes,
+        :func:`iterate` and :func:`solve`.
     *args, **kwargs
         Passed to the kernel, as for :func:`xstencil.map` (arrays are traced).
     tol
         Stop when ``norm(new, old) <= tol``.  A traced value: changing it
-        does not recompile.
+        does not recompile.  ``None``: take exactly ``max_steps`` steps
+        (``converged`` is then ``True``; ``residual`` is the last change).
     norm
         ``"l1"`` (sum of absolute changes), ``"l2"``, ``"max"``, or a function
         ``norm(new, old)`` of the state's arrays (a dict of arrays for a
@@ -149,6 +156,13 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any, *args: Any, tol: f
     (True, True)
     """
     call = "xstencil.iterate(...)"
+    if (body is None) == (step is None):
+        raise XStencilError(f"{call}: pass either a kernel or mesh as body, or a function of "
+                            f"the state as step=, not {'both' if step is not None else 'neither'}")
+    free = step is not None
+    body = step if free else body
+    fixed = tol is None
+    tol = -1.0 if fixed else tol
     if obj is None:
         if not isinstance(body, Mesh):
             raise XStencilError(f"{call}: obj=None needs a mesh as the body; pass the initial "
@@ -171,12 +185,12 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any, *args: Any, tol: f
     fnorm = _norm(call, norm, relative)
     options = {"window": window, "boundary": boundary, "fill_value": fill_value,
                "period": period}
-    step_function(call, body, state, options)  # validates body and options now
+    step_function(call, body, state, options, free)  # validates body and options now
     with precision(data, args, kwargs):
         arrays = [as_array(call, "the data", x) for x in data]
         dyn, static = split_static(call, (args, kwargs))
         owner = body
-        key = ("iterate", state.key(), static, body_key(body),
+        key = ("iterate", free, fixed, state.key(), static, body_key(body),
                canonical(norm) if callable(norm) else (norm, relative),
                tuple(sorted((k, repr(v)) for k, v in options.items())))
         names = state.names
@@ -193,7 +207,7 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any, *args: Any, tol: f
             def run(arrays: Any, dyn: Any, tol: Any, lim: Any) -> Any:
                 a, kw = merge_static(dyn, static)
                 f = nref() if callable(norm) else fnorm
-                step = step_function(call, ref(), state, options)
+                step = step_function(call, ref(), state, options, free)
 
                 def cond(c: Any) -> Any:
                     i, _, r = c
@@ -208,13 +222,13 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any, *args: Any, tol: f
                 rdt = jnp.result_type(*[jnp.real(x).dtype for x in arrays])
                 init = (jnp.asarray(0, jnp.int32), list(arrays), jnp.asarray(jnp.inf, rdt))
                 i, xs, r = jax.lax.while_loop(cond, body_fn, init)
-                return xs, i, r, r <= tol
+                return xs, i, r, (r <= tol) | fixed
 
             return jax.jit(run)
 
         fn = compiled(owner, key, build)
         lim = jnp.asarray([min_steps, max_steps], jnp.int32)
-        xs, i, r, ok = fn(arrays, dyn, jnp.asarray(tol), lim)
+        xs, i, r, ok = fn(arrays, dyn, jnp.asarray(tol, jnp.real(arrays[0]).dtype), lim)
     xs = host64(xs)
     field = state.wrap(xs)
-    return report(call, Converged(field, i, r, ok), tol)
+    return report(call, Converged(field, i, r, ok), None if fixed else tol)

@@ -111,9 +111,24 @@ def body_key(body: Any) -> Any:
 
 
 def step_function(call: str, body: Any, state: State, options: Mapping[str, Any],
-                  ) -> Callable[..., list[Any]]:
+                  free: bool = False) -> Callable[..., list[Any]]:
     """``step(datas, args, kwargs)``: one application of ``body`` (a kernel or a
-    :class:`~xstencil.Mesh`) to arrays shaped like the state."""
+    :class:`~xstencil.Mesh`; with ``free``, any function of the labelled state,
+    as ``scan(step=...)``) to arrays shaped like the state."""
+    if free:
+        if not callable(body):
+            raise XStencilError(f"{call}: step={body!r:.60} is not callable; pass a function "
+                                f"of the state returning the next state")
+
+        def free_step(datas: Sequence[Any], args: Any, kwargs: Any) -> list[Any]:
+            new = body(state.wrap(datas), *args, **kwargs)
+            if state.names is None and not isinstance(new, xr.DataArray) or \
+                    state.names is not None and not isinstance(new, xr.Dataset):
+                raise XStencilError(f"{call}: step= returned {type(new).__name__}; return "
+                                    f"an object like the state (a DataArray or Dataset)")
+            return state.unwrap(new)
+
+        return free_step
     if isinstance(body, Mesh):
         bad = [k for k in _MAP_OPTIONS if options.get(k) is not None]
         if bad:
