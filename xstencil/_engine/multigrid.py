@@ -83,16 +83,21 @@ def apply(op: Poisson, u: Any) -> Any:
 
 
 def _colours(shape: tuple[int, ...]) -> Any:
-    grids = np.indices(shape).sum(axis=0)
-    return jnp.asarray(grids % 2 == 0)
+    """The red cells (even index sum), built from iotas: a large constant
+    array would make XLA's compile slow (constant folding)."""
+    total = sum(jax.lax.broadcasted_iota(jnp.int32, shape, ax) for ax in range(len(shape)))
+    return total % 2 == 0
 
 
 def _smooth(op: Poisson, u: Any, b: Any, red: Any, sweeps: int) -> Any:
     d = op.diag()
-    for _ in range(sweeps):
+
+    def sweep(_: Any, u: Any) -> Any:
         for colour in (red, ~red):
             u = jnp.where(colour, u + (b - apply(op, u)) / d, u)
-    return u
+        return u
+
+    return jax.lax.fori_loop(0, sweeps, sweep, u) if sweeps > 1 else sweep(0, u)
 
 
 def _restrict(op: Poisson, r: Any) -> Any:
@@ -160,16 +165,26 @@ def levels(op: Poisson) -> list[Poisson]:
     return out
 
 
+def matrix(op: Poisson) -> np.ndarray:
+    """The dense matrix of ``op`` (numpy; for the coarsest grid)."""
+    out = op.c * np.eye(int(np.prod(op.shape)))
+    for ax, (n, a, m) in enumerate(zip(op.shape, op.a, op.modes, strict=True)):
+        t = np.diag(-2.0 * np.ones(n)) + np.diag(np.ones(n - 1), 1) + np.diag(np.ones(n - 1), -1)
+        if m == "periodic":
+            t[0, -1] += 1
+            t[-1, 0] += 1
+        elif m == "extend":
+            t[0, 0] += 1
+            t[-1, -1] += 1
+        k = np.ones((1, 1))
+        for bx, nb in enumerate(op.shape):
+            k = np.kron(k, t if bx == ax else np.eye(nb))
+        out = out + a * k
+    return out
+
+
 def _coarse_inverse(op: Poisson, dtype: Any) -> Any:
-    n = int(np.prod(op.shape))
-    eye = np.eye(n).reshape((n,) + op.shape)
-    with jax.ensure_compile_time_eval():
-        cols = np.asarray(jax.vmap(lambda v: apply(op, v))(jnp.asarray(eye, jnp.float64)
-                                                              if jax.config.read(
-                                                                  "jax_enable_x64")
-                                                              else jnp.asarray(eye)))
-    mat = cols.reshape(n, n).T
-    return jnp.asarray(np.linalg.pinv(mat.astype(np.float64)), dtype)
+    return jnp.asarray(np.linalg.pinv(matrix(op)), dtype)
 
 
 def vcycle(ops: list[Poisson], inv: Any, u: Any, b: Any, pre: int = 2, post: int = 2) -> Any:

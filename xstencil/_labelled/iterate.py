@@ -18,7 +18,7 @@ from xstencil._errors import ConvergenceWarning, XStencilError
 from xstencil._labelled.core import host64
 from xstencil._labelled.kcache import canonical, compiled
 from xstencil._labelled.mesh import Mesh
-from xstencil._labelled.operator import State, body_key, step_function
+from xstencil._labelled.operator import State, cached_body, step_function
 
 __all__ = ["iterate", "Converged", "report"]
 
@@ -189,15 +189,13 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
     with precision(data, args, kwargs):
         arrays = [as_array(call, "the data", x) for x in data]
         dyn, static = split_static(call, (args, kwargs))
-        owner = body
-        key = ("iterate", free, fixed, state.key(), static, body_key(body),
+        owner, bkey, resolve = cached_body(body)
+        key = ("iterate", free, fixed, state.key(), static, bkey,
                canonical(norm) if callable(norm) else (norm, relative),
                tuple(sorted((k, repr(v)) for k, v in options.items())))
         names = state.names
 
         def build() -> Callable[..., Any]:
-            shared = canonical(owner)
-            ref = weakref.ref(shared)
             if callable(norm):
                 nref = weakref.ref(canonical(norm))
 
@@ -207,7 +205,7 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
             def run(arrays: Any, dyn: Any, tol: Any, lim: Any) -> Any:
                 a, kw = merge_static(dyn, static)
                 f = nref() if callable(norm) else fnorm
-                step = step_function(call, ref(), state, options, free)
+                step = step_function(call, resolve(), state, options, free)
 
                 def cond(c: Any) -> Any:
                     i, _, r = c

@@ -11,6 +11,7 @@ shifted-slice machinery (and compile cache) as every other map.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,10 +20,11 @@ import numpy as np
 import xarray as xr
 
 from xstencil._errors import XStencilError
+from xstencil._labelled.kcache import canonical
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
 
-__all__ = ["State", "state_of", "step_function", "body_key"]
+__all__ = ["State", "state_of", "step_function", "body_key", "cached_body"]
 
 _MAP_OPTIONS = ("window", "boundary", "fill_value", "period")
 
@@ -94,6 +96,39 @@ def state_of(call: str, obj: Any) -> State:
     return State(call, obj)
 
 
+class MeshSpec:
+    """A mesh's regions and options, without its data, for a compiled loop.
+
+    Kernels are held by their canonical function (:func:`kcache.canonical`),
+    so rebuilt meshes with structurally equal kernels share one compiled
+    loop.  The first kernel owns the cache entry and is held weakly; the
+    others strongly (they live as long as the entry, so their ids stay theirs).
+    """
+
+    def __init__(self, mesh: Mesh):
+        kernels = [canonical(k) for _, k in mesh._regions]
+        self.owner = kernels[0]
+        self._ref = weakref.ref(self.owner)
+        self._regions = [(r, None if k is self.owner else k)
+                         for (r, _), k in zip(mesh._regions, kernels, strict=True)]
+        self._options = dict(mesh._options)
+
+    def regions(self) -> list[tuple[Any, Any]]:
+        owner = self._ref()
+        return [(r, owner if k is None else k) for r, k in self._regions]
+
+
+def cached_body(body: Any) -> tuple[Any, Any, Callable[[], Any]]:
+    """``(owner, key, resolve)`` for the compile cache: the owner of the cache
+    entry, what else identifies the body, and a function returning the body
+    (a kernel or a :class:`MeshSpec`) at trace time without keeping it alive."""
+    if isinstance(body, Mesh) and body._regions:
+        spec = MeshSpec(body)
+        return spec.owner, body_key(body), lambda: spec
+    ref = weakref.ref(canonical(body))
+    return body, None, ref
+
+
 def body_key(body: Any) -> Any:
     """A mesh's kernels and regions (a mesh may be changed after a call)."""
     if not isinstance(body, Mesh):
@@ -106,7 +141,7 @@ def body_key(body: Any) -> Any:
             r = hashlib.blake2b(np.packbits(region).tobytes(), digest_size=16).hexdigest()
         else:
             r = tuple((d, tuple(v.tolist())) for d, v in region.items())
-        out.append((id(k), r))
+        out.append((id(canonical(k)), r))
     return (tuple(out), tuple(sorted((k, repr(v)) for k, v in body._options.items())))
 
 
@@ -129,13 +164,13 @@ def step_function(call: str, body: Any, state: State, options: Mapping[str, Any]
             return state.unwrap(new)
 
         return free_step
-    if isinstance(body, Mesh):
+    if isinstance(body, Mesh | MeshSpec):
         bad = [k for k in _MAP_OPTIONS if options.get(k) is not None]
         if bad:
             raise XStencilError(
                 f"{call}: {bad[0]}= is set on the mesh itself (da.stencil.mesh({bad[0]}=...)); "
                 f"drop it here")
-        regions = list(body._regions)
+        regions = list(body._regions) if isinstance(body, Mesh) else body.regions()
         mopts = dict(body._options)
         if not regions:
             raise XStencilError(f"{call}: the mesh has no regions; assign kernels with "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,9 +16,9 @@ from xstencil._engine.krylov import KRYLOV
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
 from xstencil._labelled.iterate import Converged, report
-from xstencil._labelled.kcache import canonical, compiled
+from xstencil._labelled.kcache import compiled
 from xstencil._labelled.mesh import Mesh
-from xstencil._labelled.operator import State, body_key, step_function
+from xstencil._labelled.operator import State, cached_body, step_function
 
 __all__ = ["solve"]
 
@@ -131,24 +130,23 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
         _check_linear(call, matvec, b, boundary, fill_value)
         op = _poisson(call, matvec, b, operator, boundary,
                                      tuple(map(str, state.dims))) if method == "multigrid" else None
+        owner, bkey, resolve = cached_body(operator)
         key = ("solve", method, op, int(maxiter), int(restart), state.key(), static,
-               body_key(operator), tuple(sorted((k, repr(v)) for k, v in options.items())))
-        fn = compiled(operator, key, lambda: _build(call, operator, state, options, static,
-                                                    method, op, int(maxiter), int(restart)))
+               bkey, tuple(sorted((k, repr(v)) for k, v in options.items())))
+        fn = compiled(owner, key, lambda: _build(call, resolve, state, options, static,
+                                                 method, op, int(maxiter), int(restart)))
         x, i, r = fn(b, guess, dyn, jnp.asarray(tol, jnp.real(b).dtype))
     field = state.wrap([host64(x)])
     ok = r <= tol
     return report(call, Converged(field, i, r, ok), tol)
 
 
-def _build(call: str, operator: Any, state: State, options: Mapping[str, Any], static: Any,
-           method: str, op: mg.Poisson | None, maxiter: int, restart: int
+def _build(call: str, resolve: Callable[[], Any], state: State, options: Mapping[str, Any],
+           static: Any, method: str, op: mg.Poisson | None, maxiter: int, restart: int
            ) -> Callable[..., Any]:
-    ref = weakref.ref(canonical(operator))
-
     def run(b: Any, x0: Any, dyn: Any, tol: Any) -> Any:
         a, kw = merge_static(dyn, static)
-        step = step_function(call, ref(), state, options)
+        step = step_function(call, resolve(), state, options)
 
         def matvec(x: Any) -> Any:
             return step([x], a, kw)[0]
