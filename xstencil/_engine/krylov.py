@@ -61,33 +61,44 @@ def cg(matvec: Matvec, b: Any, x0: Any, tol: Any, maxiter: Any) -> tuple[Any, An
 
 
 def bicgstab(matvec: Matvec, b: Any, x0: Any, tol: Any, maxiter: Any) -> tuple[Any, Any, Any]:
-    """BiCGSTAB (van der Vorst) for a general non-singular ``A``."""
+    """BiCGSTAB (van der Vorst) for a general non-singular ``A``.
+
+    When the shadow residual becomes orthogonal to the residual (a
+    breakdown, ``rho == 0``), it restarts with the current residual as the
+    new shadow residual instead of dividing by zero.
+    """
     nb = _nrm(b)
     stop = tol * jnp.where(nb > 0, nb, 1)
     r0 = b - matvec(x0)
     one = jnp.ones((), r0.dtype)
+    tiny = jnp.finfo(jnp.real(r0).dtype).eps ** 2
 
     def cond(c: Any) -> Any:
         i, _, r, *_ = c
         return (i < maxiter) & (_nrm(r) > stop)
 
     def body(c: Any) -> Any:
-        i, x, r, p, v, rho, alpha, omega = c
-        rho_new = jnp.vdot(r0, r)
-        beta = (rho_new / rho) * (alpha / omega)
+        i, x, r, rhat, p, v, rho, alpha, omega = c
+        rho_new = jnp.vdot(rhat, r)
+        restart = jnp.abs(rho_new) <= tiny * jnp.real(jnp.vdot(r, r))
+        rhat = jnp.where(restart, r, rhat)
+        rho_new = jnp.where(restart, jnp.vdot(r, r), rho_new)
+        beta = jnp.where(restart, 0, (rho_new / rho) * (alpha / omega))
         p = r + beta * (p - omega * v)
         v = matvec(p)
-        alpha = rho_new / jnp.vdot(r0, v)
+        rv = jnp.vdot(rhat, v)
+        alpha = rho_new / jnp.where(rv != 0, rv, 1)
         s = r - alpha * v
         t = matvec(s)
         tt = jnp.vdot(t, t)
         omega = jnp.where(tt != 0, jnp.vdot(t, s) / jnp.where(tt != 0, tt, 1), 0)
         x = x + alpha * p + omega * s
         r = s - omega * t
-        return i + 1, x, r, p, v, rho_new, alpha, omega
+        omega = jnp.where(omega != 0, omega, one)  # s == 0: converged this step
+        return i + 1, x, r, rhat, p, v, rho_new, alpha, omega
 
     zero = jnp.zeros_like(r0)
-    init = (jnp.asarray(0, jnp.int32), x0, r0, zero, zero, one, one, one)
+    init = (jnp.asarray(0, jnp.int32), x0, r0, r0, zero, zero, one, one, one)
     i, x, *_ = jax.lax.while_loop(cond, body, init)
     return x, i, relres(matvec, b, x)
 

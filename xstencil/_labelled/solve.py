@@ -135,9 +135,8 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
                bkey, tuple(sorted((k, repr(v)) for k, v in options.items())))
         fn = compiled(owner, key, lambda: _build(call, resolve, state, options, static,
                                                  method, op, int(maxiter), int(restart)))
-        x, i, r = fn(b, guess, dyn, jnp.asarray(tol, jnp.real(b).dtype))
+        x, i, r, ok = fn(b, guess, dyn, jnp.asarray(tol, jnp.real(b).dtype))
     field = state.wrap([host64(x)])
-    ok = r <= tol
     return report(call, Converged(field, i, r, ok), tol)
 
 
@@ -166,7 +165,7 @@ def _build(call: str, resolve: Callable[[], Any], state: State, options: Mapping
             matvec, b, lambda mv, rhs: method_fn(mv, rhs, x0),
             transpose_solve=lambda mv, rhs: method_fn(mv, rhs, jnp.zeros_like(rhs)),
             symmetric=symmetric, has_aux=True)
-        return x, i, r
+        return x, i, r, r <= tol
 
     return jax.jit(run)
 
