@@ -13,8 +13,13 @@ one boundary per axis, expressed by the ghost value next to the edge:
 A V-cycle smooths with red-black Gauss-Seidel, restricts the residual by
 full weighting, recurses with the operator rediscretized on the coarse grid
 (``a_d / 4``), prolongs the correction by (bi/tri)linear interpolation and
-smooths again.  The coarsest grid (at most ``COARSE`` points) is solved
-exactly by a pseudo-inverse computed once.  Each cycle costs O(N).
+smooths again.  The coarsest grid (at most ``COARSE`` points when the sizes
+halve) is solved exactly by a pseudo-inverse computed once.  Each cycle
+costs O(N).  Sizes that do not halve (an odd periodic length, fewer than 5
+points) stop the coarsening early; a Neumann axis of odd length coarsens with
+its last cell folded into the edge; a Dirichlet axis of even length coarsens
+with a one-cell error at its far edge.  These cost more cycles, never
+accuracy: cycles stop on the true residual.
 
 Singular problems (every axis periodic or Neumann, ``c == 0``) are solved
 for the zero-mean solution of the right-hand side with its mean removed.
@@ -29,10 +34,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xstencil._engine.krylov import cg
+
 __all__ = ["Poisson", "apply", "levels", "solve", "COARSE", "MODES"]
 
-#: The largest grid solved directly (a dense pseudo-inverse).
+#: Coarsening stops at this many points or fewer.
 COARSE = 256
+#: The largest coarsest grid solved directly (a dense pseudo-inverse); a larger
+#: one (sizes that do not halve) is solved by conjugate gradients.
+DENSE = 1024
 MODES = ("fill", "extend", "periodic")
 _PAD = {"fill": "constant", "extend": "edge", "periodic": "wrap"}
 
@@ -60,7 +70,7 @@ class Poisson:
         shape = []
         for n, m in zip(self.shape, self.modes, strict=True):
             nc = (n - 1) // 2 if m == "fill" else n // 2
-            if (m != "fill" and n % 2) or nc < 2:
+            if (m == "periodic" and n % 2) or nc < 2:
                 return None
             shape.append(nc)
         return Poisson(tuple(a / 4 for a in self.a), self.c, self.modes, tuple(shape))
@@ -184,14 +194,27 @@ def matrix(op: Poisson) -> np.ndarray:
 
 
 def _coarse_inverse(op: Poisson, dtype: Any) -> Any:
+    if int(np.prod(op.shape)) > DENSE:
+        return None
     return jnp.asarray(np.linalg.pinv(matrix(op)), dtype)
+
+
+def _coarse_solve(op: Poisson, inv: Any, b: Any) -> Any:
+    """The exact coarse solve, or conjugate gradients (``-A`` is positive
+    semi-definite for ``c <= 0``) to a relative residual of 1e-6."""
+    if inv is not None:
+        return (inv @ b.reshape(-1)).reshape(b.shape)
+    if op.singular:
+        b = b - jnp.mean(b)
+    x, _, _ = cg(lambda v: -apply(op, v), -b, jnp.zeros_like(b), 1e-6, 10 * sum(op.shape))
+    return x
 
 
 def vcycle(ops: list[Poisson], inv: Any, u: Any, b: Any, pre: int = 2, post: int = 2) -> Any:
     """One V-cycle for ``A u = b`` starting from ``u``."""
     op = ops[0]
-    if len(ops) == 1:
-        return (inv @ b.reshape(-1)).reshape(b.shape)
+    if len(ops) == 1:  # a correction, so that a one-level "cycle" still converges
+        return u + _coarse_solve(op, inv, b - apply(op, u))
     red = _colours(op.shape)
     u = _smooth(op, u, b, red, pre)
     rc = _restrict(op, b - apply(op, u))
