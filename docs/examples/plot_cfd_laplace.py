@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import xarray as xr
 
-import xstencil
+import xstencil  # noqa: F401  (registers the .stencil accessor)
 
 SMALL = os.environ.get("XSTENCIL_GALLERY_SMALL", "") not in ("", "0")
 nx, ny = (16, 16) if SMALL else (31, 31)
