@@ -185,3 +185,11 @@ def test_error_messages_for_bodies():
         xstencil.iterate(da, m5, boundary="periodic")
     with pytest.raises(xstencil.XStencilError, match=r"obj=None needs a mesh"):
         xstencil.iterate(None, lambda u: u())
+
+
+def test_input_not_mutated_and_coords_kept():
+    p = rod()
+    before = p.copy(deep=True)
+    res = p.stencil.iterate(rod_mesh(p), tol=1e-3)
+    xr.testing.assert_identical(p, before)
+    xr.testing.assert_identical(res.field.coords.to_dataset(), p.coords.to_dataset())

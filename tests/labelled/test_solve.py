@@ -219,3 +219,11 @@ def test_errors():
     m[...] = lap
     with pytest.raises(xstencil.XStencilError, match=r"not a mesh"):
         xstencil.solve(m, rhs, method="multigrid")
+
+
+def test_input_not_mutated():
+    rhs = field((15, 15))
+    before = rhs.copy(deep=True)
+    res = rhs.stencil.solve(laplacian(rhs.dims, (1.0, 1.0), -1.0), boundary="periodic")
+    xr.testing.assert_identical(rhs, before)
+    assert res.field.name == "f" and res.field.coords.equals(rhs.coords)
