@@ -4,7 +4,6 @@ changing, in one compiled ``lax.while_loop``."""
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -18,7 +17,7 @@ from xstencil._errors import ConvergenceWarning, XStencilError
 from xstencil._labelled.core import host64
 from xstencil._labelled.kcache import canonical, compiled
 from xstencil._labelled.mesh import Mesh
-from xstencil._labelled.operator import State, cached_body, step_function
+from xstencil._labelled.operator import State, cached_body, step_function, weak
 
 __all__ = ["iterate", "Converged", "report"]
 
@@ -197,7 +196,7 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
 
         def build() -> Callable[..., Any]:
             if callable(norm):
-                nref = weakref.ref(canonical(norm))
+                nref = weak(canonical(norm))
 
             def as_norm_arg(xs: Any) -> Any:
                 return xs[0] if names is None else dict(zip(names, xs, strict=True))

@@ -24,7 +24,7 @@ from xstencil._labelled.kcache import canonical
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
 
-__all__ = ["State", "state_of", "step_function", "body_key", "cached_body"]
+__all__ = ["State", "state_of", "step_function", "body_key", "cached_body", "weak"]
 
 _MAP_OPTIONS = ("window", "boundary", "fill_value", "period")
 
@@ -108,7 +108,7 @@ class MeshSpec:
     def __init__(self, mesh: Mesh):
         kernels = [canonical(k) for _, k in mesh._regions]
         self.owner = kernels[0]
-        self._ref = weakref.ref(self.owner)
+        self._ref = weak(self.owner)
         self._regions = [(r, None if k is self.owner else k)
                          for (r, _), k in zip(mesh._regions, kernels, strict=True)]
         self._options = dict(mesh._options)
@@ -118,6 +118,14 @@ class MeshSpec:
         return [(r, owner if k is None else k) for r, k in self._regions]
 
 
+def weak(x: Any) -> Callable[[], Any]:
+    """A weak reference to ``x``, or a strong one where Python allows no weak one."""
+    try:
+        return weakref.ref(x)
+    except TypeError:
+        return lambda: x
+
+
 def cached_body(body: Any) -> tuple[Any, Any, Callable[[], Any]]:
     """``(owner, key, resolve)`` for the compile cache: the owner of the cache
     entry, what else identifies the body, and a function returning the body
@@ -125,8 +133,7 @@ def cached_body(body: Any) -> tuple[Any, Any, Callable[[], Any]]:
     if isinstance(body, Mesh) and body._regions:
         spec = MeshSpec(body)
         return spec.owner, body_key(body), lambda: spec
-    ref = weakref.ref(canonical(body))
-    return body, None, ref
+    return body, None, weak(canonical(body))
 
 
 def body_key(body: Any) -> Any:
