@@ -142,6 +142,12 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
         float64), the number of steps, the last change and whether it is
         ``<= tol``.
 
+    Notes
+    -----
+    The loop is a ``lax.while_loop``: JAX differentiates it in forward mode
+    only.  For reverse-mode gradients through a converged linear problem use
+    :func:`xstencil.solve` (implicit gradients).
+
     Examples
     --------
     >>> import numpy as np, xarray as xr, xstencil
