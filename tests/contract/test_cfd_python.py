@@ -12,6 +12,8 @@ evaluated one cell in, ``jacobi(s, oy=1)``.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -97,6 +99,7 @@ def poisson_b() -> np.ndarray:
     return b
 
 
+@functools.lru_cache(maxsize=2)
 def poisson_numpy(nt: int = 100) -> np.ndarray:
     dx, dy = DX10, DY10
     p, b = np.zeros((NY10, NX10)), poisson_b()
@@ -109,6 +112,7 @@ def poisson_numpy(nt: int = 100) -> np.ndarray:
         p[NY10 - 1, :] = 0
         p[:, 0] = 0
         p[:, NX10 - 1] = 0
+    p.flags.writeable = False  # cached: shared between tests
     return p
 
 
