@@ -15,20 +15,26 @@ from xstencil._engine.kernex import smap as smap
 from xstencil._engine.kernex import sscan as sscan
 from xstencil._engine.window import Window as Window
 from xstencil._engine.window import WindowSet as WindowSet
+from xstencil._errors import ConvergenceWarning as ConvergenceWarning
 from xstencil._errors import KernelError as KernelError
 from xstencil._errors import LabelError as LabelError
 from xstencil._errors import WindowIndexError as WindowIndexError
 from xstencil._errors import XStencilError as XStencilError
 from xstencil._labelled import pytree as _pytree
+from xstencil._labelled.iterate import Converged as Converged
+from xstencil._labelled.iterate import iterate as iterate
 from xstencil._labelled.map import map as map
 from xstencil._labelled.mesh import Mesh as Mesh
 from xstencil._labelled.mesh import mesh as mesh
 from xstencil._labelled.mesh import nearest as nearest
 from xstencil._labelled.scan import scan as scan
+from xstencil._labelled.solve import solve as solve
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConvergenceWarning",
+    "Converged",
     "KernelError",
     "KernelMesh",
     "LabelError",
@@ -39,12 +45,14 @@ __all__ = [
     "WindowSet",
     "XStencilError",
     "kmap",
+    "iterate",
     "kscan",
     "map",
     "mesh",
     "nearest",
     "scan",
     "smap",
+    "solve",
     "sscan",
     "__version__",
 ]

@@ -10,8 +10,10 @@ from typing import Any
 
 import xarray as xr
 
+from xstencil._labelled.iterate import iterate as _iterate
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import mesh as _mesh
+from xstencil._labelled.solve import solve as _solve
 
 __all__ = ["StencilAccessor"]
 
@@ -39,6 +41,14 @@ class StencilAccessor:
     def map(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
         """Apply a kernel at every point; see :func:`xstencil.map`."""
         return _map(self._obj, kernel, *args, **kwargs)
+
+    def iterate(self, body: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """Apply a kernel or mesh until converged; see :func:`xstencil.iterate`."""
+        return _iterate(self._obj, body, *args, **kwargs)
+
+    def solve(self, operator: Any, *args: Any, **kwargs: Any) -> Any:
+        """Solve ``operator(x) = self``; see :func:`xstencil.solve`."""
+        return _solve(operator, self._obj, *args, **kwargs)
 
     def mesh(self, **kwargs: Any) -> Any:
         """A function mesh over this object; see :func:`xstencil.mesh`."""

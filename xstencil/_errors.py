@@ -12,6 +12,7 @@ __all__ = [
     "WindowIndexError",
     "LabelError",
     "KernelError",
+    "ConvergenceWarning",
 ]
 
 
@@ -34,3 +35,8 @@ class LabelError(KeyError):
 class KernelError(XStencilError):
     """The user's kernel failed while being traced; the message names the
     kernel and the window it received."""
+
+
+class ConvergenceWarning(UserWarning):
+    """An iterative call (:func:`xstencil.iterate`, :func:`xstencil.solve`)
+    stopped at its step limit before reaching its tolerance."""

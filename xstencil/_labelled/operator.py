@@ -1,0 +1,201 @@
+"""A kernel or a mesh as a function of raw arrays, for the compiled loops of
+:func:`xstencil.iterate` and :func:`xstencil.solve`.
+
+The state travels through ``lax.while_loop`` as plain arrays; each step wraps
+them back into a DataArray or Dataset shaped like the input (same dims,
+coords, attrs) and runs the ordinary :func:`xstencil.map` or
+:meth:`xstencil.Mesh.map` on it, so the kernel is lowered by the same
+shifted-slice machinery (and compile cache) as every other map.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+from xstencil._errors import XStencilError
+from xstencil._labelled.kcache import canonical
+from xstencil._labelled.map import map as _map
+from xstencil._labelled.mesh import Mesh
+
+__all__ = ["State", "state_of", "step_function", "body_key", "cached_body", "weak"]
+
+_MAP_OPTIONS = ("window", "boundary", "fill_value", "period")
+
+
+class State:
+    """The layout of a DataArray or Dataset state: names, dims and a template
+    to wrap arrays back into labelled objects."""
+
+    def __init__(self, call: str, obj: Any):
+        if isinstance(obj, xr.DataArray):
+            self.names: tuple[str, ...] | None = None
+            self.arrays = [obj.data]
+        elif isinstance(obj, xr.Dataset):
+            self.names = tuple(str(n) for n in obj.data_vars)
+            if not self.names:
+                raise XStencilError(f"{call}: the Dataset has no data variables")
+            self.arrays = [obj[n].data for n in self.names]
+        else:
+            raise XStencilError(
+                f"{call}: expected an xarray DataArray or Dataset, got {type(obj).__name__}: "
+                f"{obj!r:.60}; wrap it with xarray.DataArray(..., dims=...)")
+        for x in self.arrays:
+            if np.dtype(x.dtype).kind not in "fc":
+                raise XStencilError(
+                    f"{call}: the data has dtype {x.dtype}; iterative solves need floating "
+                    f"point data (convert with .astype(float))")
+        # the layout only: no reference to the data (compiled loops keep the State)
+        self.dims = tuple(obj.dims)
+        self.coords = obj.coords.to_dataset().coords
+        self.name = obj.name if isinstance(obj, xr.DataArray) else None
+        self.attrs = dict(obj.attrs)
+        self.var = {} if self.names is None else {
+            n: (tuple(obj[n].dims), dict(obj[n].attrs)) for n in self.names}
+        self.shape = tuple(obj.shape) if self.names is None else None
+        self.var_shapes = None if self.names is None else tuple(
+            tuple(obj[n].shape) for n in self.names)
+        self.dtypes = tuple(np.dtype(x.dtype) for x in self.arrays)
+
+    def wrap(self, datas: Sequence[Any]) -> Any:
+        """Arrays in the state's order, as a DataArray or Dataset like the input."""
+        if self.names is None:
+            return xr.DataArray(datas[0], dims=self.dims, coords=self.coords, name=self.name,
+                                attrs=dict(self.attrs))
+        return xr.Dataset({n: (self.var[n][0], d, dict(self.var[n][1]))
+                           for n, d in zip(self.names, datas, strict=True)},
+                          coords=self.coords, attrs=dict(self.attrs))
+
+    def unwrap(self, obj: Any) -> list[Any]:
+        """The arrays of a map's result, in the state's order and dtypes."""
+        if self.names is None:
+            return [jnp.asarray(obj.transpose(*self.dims).data).astype(self.dtypes[0])]
+        return [jnp.asarray(obj[n].transpose(*self.var[n][0]).data).astype(dt)
+                for n, dt in zip(self.names, self.dtypes, strict=True)]
+
+    def key(self) -> Any:
+        """What decides a trace: names, dims, shapes, dtypes and coordinate values."""
+        coords = []
+        for n, v in self.coords.items():
+            h = hashlib.blake2b(np.ascontiguousarray(np.asarray(v.values)).view(np.uint8)
+                                if np.asarray(v.values).dtype.kind in "biufcmM"
+                                else repr(v.values.tolist()).encode(), digest_size=16)
+            coords.append((str(n), v.dims, v.shape, str(v.dtype), h.hexdigest()))
+        vars_ = [(None, self.dims, self.shape)] if self.names is None else \
+            [(n, self.var[n][0], sh) for n, sh in zip(self.names, self.var_shapes, strict=True)]
+        return (tuple(vars_), tuple(map(str, self.dtypes)), tuple(coords))
+
+
+def state_of(call: str, obj: Any) -> State:
+    return State(call, obj)
+
+
+class MeshSpec:
+    """A mesh's regions and options, without its data, for a compiled loop.
+
+    Kernels are held by their canonical function (:func:`kcache.canonical`),
+    so rebuilt meshes with structurally equal kernels share one compiled
+    loop.  The first kernel owns the cache entry and is held weakly; the
+    others strongly (they live as long as the entry, so their ids stay theirs).
+    """
+
+    def __init__(self, mesh: Mesh):
+        kernels = [canonical(k) for _, k in mesh._regions]
+        self.owner = kernels[0]
+        self._ref = weak(self.owner)
+        self._regions = [(r, None if k is self.owner else k)
+                         for (r, _), k in zip(mesh._regions, kernels, strict=True)]
+        self._options = dict(mesh._options)
+
+    def regions(self) -> list[tuple[Any, Any]]:
+        owner = self._ref()
+        return [(r, owner if k is None else k) for r, k in self._regions]
+
+
+def weak(x: Any) -> Callable[[], Any]:
+    """A weak reference to ``x``, or a strong one where Python allows no weak one."""
+    try:
+        return weakref.ref(x)
+    except TypeError:
+        return lambda: x
+
+
+def cached_body(body: Any) -> tuple[Any, Any, Callable[[], Any]]:
+    """``(owner, key, resolve)`` for the compile cache: the owner of the cache
+    entry, what else identifies the body, and a function returning the body
+    (a kernel or a :class:`MeshSpec`) at trace time without keeping it alive."""
+    if isinstance(body, Mesh) and body._regions:
+        spec = MeshSpec(body)
+        return spec.owner, body_key(body), lambda: spec
+    return body, None, weak(canonical(body))
+
+
+def body_key(body: Any) -> Any:
+    """A mesh's kernels and regions (a mesh may be changed after a call)."""
+    if not isinstance(body, Mesh):
+        return None
+    out = []
+    for region, k in body._regions:
+        if region is None:
+            r: Any = None
+        elif isinstance(region, np.ndarray):
+            r = hashlib.blake2b(np.packbits(region).tobytes(), digest_size=16).hexdigest()
+        else:
+            r = tuple((d, tuple(v.tolist())) for d, v in region.items())
+        out.append((id(canonical(k)), r))
+    return (tuple(out), tuple(sorted((k, repr(v)) for k, v in body._options.items())))
+
+
+def step_function(call: str, body: Any, state: State, options: Mapping[str, Any],
+                  free: bool = False) -> Callable[..., list[Any]]:
+    """``step(datas, args, kwargs)``: one application of ``body`` (a kernel or a
+    :class:`~xstencil.Mesh`; with ``free``, any function of the labelled state,
+    as ``scan(step=...)``) to arrays shaped like the state."""
+    if free:
+        if not callable(body):
+            raise XStencilError(f"{call}: step={body!r:.60} is not callable; pass a function "
+                                f"of the state returning the next state")
+
+        def free_step(datas: Sequence[Any], args: Any, kwargs: Any) -> list[Any]:
+            new = body(state.wrap(datas), *args, **kwargs)
+            if state.names is None and not isinstance(new, xr.DataArray) or \
+                    state.names is not None and not isinstance(new, xr.Dataset):
+                raise XStencilError(f"{call}: step= returned {type(new).__name__}; return "
+                                    f"an object like the state (a DataArray or Dataset)")
+            return state.unwrap(new)
+
+        return free_step
+    if isinstance(body, Mesh | MeshSpec):
+        bad = [k for k in _MAP_OPTIONS if options.get(k) is not None]
+        if bad:
+            raise XStencilError(
+                f"{call}: {bad[0]}= is set on the mesh itself (da.stencil.mesh({bad[0]}=...)); "
+                f"drop it here")
+        regions = list(body._regions) if isinstance(body, Mesh) else body.regions()
+        mopts = dict(body._options)
+        if not regions:
+            raise XStencilError(f"{call}: the mesh has no regions; assign kernels with "
+                                f"m[...] = f before iterating")
+
+        def step(datas: Sequence[Any], args: Any, kwargs: Any) -> list[Any]:
+            m = Mesh(state.wrap(datas), **mopts)
+            m._regions = list(regions)
+            return state.unwrap(m.map(*args, **kwargs))
+
+        return step
+    if not callable(body):
+        raise XStencilError(
+            f"{call}: body={body!r:.60} is neither a kernel (a function of one window) nor a "
+            f"mesh (da.stencil.mesh(...)); pass e.g. lambda u: 0.5 * (u(x=1) + u(x=-1))")
+    opts = {k: v for k, v in options.items() if v is not None}
+
+    def step(datas: Sequence[Any], args: Any, kwargs: Any) -> list[Any]:
+        return state.unwrap(_map(state.wrap(datas), body, *args, **opts, **kwargs))
+
+    return step
