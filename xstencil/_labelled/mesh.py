@@ -303,8 +303,8 @@ class Mesh:
             return rewrap(plan, self._fields, map_sharded(
                 plan, self._fields, kernels, args, kwargs, self._options.get("period"),
                 self._options.get("mesh"), self, regions, masks))
-        out = call_engine(plan, self._fields, self, (kernels, tuple(regions)),
-                          _mesh_body(kernels, regions), args, kwargs,
+        out = call_engine(plan, self._fields, kernels, ("mesh", tuple(regions)),
+                          _mesh_body(regions), args, kwargs,
                           self._options.get("period"), masks)
         return rewrap(plan, self._fields, out)
 
@@ -326,9 +326,9 @@ def _as_range(hit: np.ndarray) -> tuple[int, int, int] | None:
     return None
 
 
-def _mesh_body(kernels: Sequence[Callable[..., Any]], regions: Sequence[Slab | int]) -> Any:
-    def body(owner: Any, plan: Plan, static: Any, arrays: Any, coords: Any, dyn: Any,
-             masks: Any) -> Any:
+def _mesh_body(regions: Sequence[Slab | int]) -> Any:
+    def body(kernels: Sequence[Callable[..., Any]], plan: Plan, static: Any, arrays: Any,
+             coords: Any, dyn: Any, masks: Any) -> Any:
         calls = [kernel_caller(plan, k, static) for k in kernels]
         branches = [(r if isinstance(r, Slab) else Mask(masks[r]), c)
                     for r, c in zip(regions, calls, strict=True)]
