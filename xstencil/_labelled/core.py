@@ -18,7 +18,7 @@ from xstencil._engine.lower import Source
 from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.coords import numeric_coord, pad_coord
-from xstencil._labelled.kcache import Lifted, cached, compiled, describe, rebuild
+from xstencil._labelled.kcache import Lifted, cached, compiled, describe, rebuild, settle
 from xstencil._labelled.plan import (
     Plan,
     check_options,
@@ -350,7 +350,9 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
         fn = cached(key, build)
         if used is not None:
             used.update(fn=fn, coords=coords, lifted=lifted)
-        return fn(arrays, coords, dyn, list(dynamic), list(lifted.leaves))
+        out = fn(arrays, coords, dyn, list(dynamic), list(lifted.leaves))
+        settle(lifted)  # lists the trace wrote to (trace counters) stop being keyed
+        return out
 
 
 def host64(tree: Any) -> Any:

@@ -57,13 +57,15 @@ import jax
 import numpy as np
 
 __all__ = ["Lifted", "describe", "rebuild", "cached", "peek", "put", "compiled", "table_of",
-           "canonical", "clear", "token_parts", "SIZE", "SHARED"]
+           "canonical", "clear", "settle", "token_parts", "SIZE", "SHARED"]
 
-#: How many compiled functions (and other per-structure entries) stay alive.
-SIZE = 256
+#: How many compiled functions (and other per-structure entries: inferred
+#: windows, fast-path entries; about three per kernel and data layout) stay alive.
+SIZE = 128
 #: Kept for the sharded backends' per-owner tables (see :func:`compiled`).
 SHARED = SIZE
 _TABLE: OrderedDict[Hashable, Any] = OrderedDict()
+_SINKS: OrderedDict[int, tuple[Any]] = OrderedDict()  # lists and dicts traces write to
 _LOCK = threading.Lock()
 _SCALARS = (bool, int, str, bytes, type(None), type(Ellipsis))
 _LIBRARIES = frozenset({"numpy", "jax", "jaxlib", "scipy", "xarray", "xstencil", "pandas",
@@ -105,6 +107,7 @@ class Lifted:
     key: Hashable
     leaves: tuple[Any, ...]
     templates: tuple[Any, ...]
+    containers: tuple[tuple[Any, tuple[Any, ...]], ...] = ()  # lists/dicts, their items
 
 
 @functools.lru_cache(maxsize=1024)
@@ -143,6 +146,7 @@ class _Walk:
         self.made: dict[int, Any] = {}  # id of a function -> its copy (with subst)
         self.budget = _BUDGET
         self.opaque = False
+        self.containers: list[tuple[Any, tuple[Any, ...]]] = []  # lists/dicts, their items
 
     def value(self, v: Any, names: tuple[str, ...], lift: bool = True) -> tuple[Hashable, Any]:
         self.budget -= 1
@@ -164,19 +168,14 @@ class _Walk:
             if isinstance(v, np.ndarray):  # read through an attribute: by content
                 return ("array", _Id(v), v.shape, str(v.dtype), hash(v.tobytes())), v
             return ("array", _Id(v)), v
-        if type(v) in (tuple, list):
+        if type(v) is tuple:
             before = len(self.leaves)
             parts = [self.value(x, names, lift) for x in v]
-            new = type(v)(p[1] for p in parts) \
+            new = tuple(p[1] for p in parts) \
                 if self.subst is not None and len(self.leaves) > before else v
-            return (type(v).__name__, tuple(p[0] for p in parts)), new
-        if type(v) is dict:
-            before = len(self.leaves)
-            items = [(self.value(k, names, False)[0], self.value(x, names, lift))
-                     for k, x in v.items()]
-            new = dict(zip(v, (p[1] for _, p in items), strict=True)) \
-                if self.subst is not None and len(self.leaves) > before else v
-            return ("dict", tuple((k, p[0]) for k, p in items)), new
+            return ("tuple", tuple(p[0] for p in parts)), new
+        if type(v) in (list, dict):
+            return self.mutable(v, names, lift)
         if type(v) is types.FunctionType:
             if _library(v.__module__):
                 return ("id", _Id(v)), v
@@ -185,6 +184,28 @@ class _Walk:
             fk, _ = self.value(v.__func__, names, lift=False)
             return ("method", fk, self.obj(v.__self__, names)), v
         return self.obj(v, names), v
+
+    def mutable(self, v: list[Any] | dict[Any, Any], names: tuple[str, ...],
+                lift: bool) -> tuple[Hashable, Any]:
+        """A list or dict: keyed by its contents, like a tuple, unless a trace
+        wrote to it (a trace counter, see :func:`settle`): such a *sink* is
+        keyed by identity.  Arrays in it are dynamic inputs either way."""
+        sink = _SINKS.get(id(v), (None,))[0] is v
+        items = list(v.items()) if type(v) is dict else list(enumerate(v))
+        if sink:
+            items = [(k, x) for k, x in items if _is_array(x) and lift]
+        before = len(self.leaves)
+        parts = [(k, self.value(k, ())[0], self.value(x, names, lift)) for k, x in items]
+        key = (type(v).__name__, _Id(v) if sink else None,
+               tuple((kk, p[0]) for _, kk, p in parts))
+        if not sink:
+            self.containers.append((v, tuple(items)))
+        if self.subst is None or len(self.leaves) == before:
+            return key, v
+        new = type(v)(v)
+        for k, _, p in parts:
+            new[k] = p[1]
+        return key, new
 
     def obj(self, v: Any, names: tuple[str, ...]) -> Hashable:
         """Identity, plus the attributes named in the code, for anything else."""
@@ -299,7 +320,21 @@ def describe(kernels: Sequence[Any]) -> Lifted:
         if w.opaque:
             key = ("opaque", _Id(k), key)
         keys.append(key)
-    return Lifted(tuple(keys), tuple(w.leaves), tuple(kernels))
+    return Lifted(tuple(keys), tuple(w.leaves), tuple(kernels), tuple(w.containers))
+
+
+def settle(lifted: Lifted) -> None:
+    """After a call that may have traced: a list or dict the trace wrote to
+    (``calls.append(1)`` in a kernel) becomes a sink, keyed by identity from
+    now on, so that the write does not make every later call a miss."""
+    for v, items in lifted.containers:
+        now = list(v.items()) if type(v) is dict else list(enumerate(v))
+        if len(now) != len(items) or any(
+                a != c or b is not d for (a, b), (c, d) in zip(now, items, strict=True)):
+            with _LOCK:
+                _SINKS[id(v)] = (v,)
+                while len(_SINKS) > SIZE:
+                    _SINKS.popitem(last=False)
 
 
 def rebuild(lifted: Lifted, leaves: Sequence[Any]) -> list[Any]:
@@ -347,6 +382,7 @@ def clear() -> None:
     """Empty the compile cache (compiled functions, windows, fast-path entries)."""
     with _LOCK:
         _TABLE.clear()
+        _SINKS.clear()
     _names.cache_clear()
 
 

@@ -41,7 +41,7 @@ from xstencil._engine.mesh import Mask, Slab
 from xstencil._engine.tscan import Var, run_loop, stencil_step, time_reads
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
-from xstencil._labelled.kcache import cached, describe, rebuild
+from xstencil._labelled.kcache import cached, describe, rebuild, settle
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.scan_result import call_with_progress, finite, rewrap
 from xstencil._labelled.scan_setup import (
@@ -347,6 +347,7 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
                    list(lifted.leaves))
         outs, bad = call_with_progress(fn, runargs, loop.progress_every, loop.steps,
                                        call)
+        settle(lifted)  # lists the trace wrote to (trace counters) stop being keyed
     finite(call, bad, s.tvals, dim)
     return rewrap(s, o, outs, evolving)
 
