@@ -18,7 +18,16 @@ from xstencil._engine.lower import Source
 from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.coords import numeric_coord, pad_coord
-from xstencil._labelled.kcache import Lifted, cached, compiled, describe, rebuild, settle
+from xstencil._labelled.kcache import (
+    Lifted,
+    cached,
+    compiled,
+    describe,
+    peek,
+    put,
+    rebuild,
+    settle,
+)
 from xstencil._labelled.plan import (
     Plan,
     check_options,
@@ -333,8 +342,10 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
     """
     lifted = kernels if isinstance(kernels, Lifted) else describe(kernels)
     with precision(f.arrays, args, kwargs):
-        arrays = [as_array(plan.call, "the data", x) for x in f.arrays]
-        coords = [jnp.asarray(c) for c in coord_arrays(plan, f, period)]
+        # numpy data goes to the compiled function as it is (jit moves it once)
+        arrays = [x if isinstance(x, np.ndarray) and x.dtype.kind in "biufc"
+                  else as_array(plan.call, "the data", x) for x in f.arrays]
+        coords = _device_coords(plan, f, period)
         dyn, static = split_static(plan.call, (args, kwargs))
         key = ("engine", lifted.key, plan, static, key_extra)
 
@@ -353,6 +364,34 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
         out = fn(arrays, coords, dyn, list(dynamic), list(lifted.leaves))
         settle(lifted)  # lists the trace wrote to (trace counters) stop being keyed
         return out
+
+
+def _device_coords(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> list[Any]:
+    """:func:`coord_arrays` on the device, cached by the plan, the period and
+    the coordinate values (recognised by their index objects first), so a
+    rebuilt mesh over the same coordinates does not pad them again."""
+    if not plan.coord_dims:
+        return []
+    try:
+        key = ("coords", plan, None if period is None else tuple(sorted(period.items())))
+        hash(key)
+    except TypeError:
+        return [jnp.asarray(c) for c in coord_arrays(plan, f, period)]
+    variables = f.obj.coords.variables
+    indexes = getattr(f.obj, "_indexes", {})
+    sources = tuple(indexes.get(d) for d in plan.coord_dims)
+    got = peek(key)
+    if got is not None:
+        old_sources, values, coords = got
+        if all(a is b and a is not None for a, b in zip(sources, old_sources, strict=True)) \
+                or all(np.array_equal(variables[d].values, v)
+                       for d, v in zip(plan.coord_dims, values, strict=True)):
+            return coords
+    coords = [jnp.asarray(c) for c in coord_arrays(plan, f, period)]
+    if not any(isinstance(c, jax.core.Tracer) for c in coords):
+        put(key, (sources, tuple(np.asarray(variables[d].values) for d in plan.coord_dims),
+                  coords))
+    return coords
 
 
 def host64(tree: Any) -> Any:

@@ -30,6 +30,7 @@ from xstencil._labelled.core import (
     sources,
     unwrap,
 )
+from xstencil._labelled.kcache import cached
 from xstencil._labelled.plan import Plan
 from xstencil._shard import is_sharded
 
@@ -245,6 +246,17 @@ class Mesh:
         plan's order and get a length-1 ``dim`` axis, which every position
         reads (a slice at position ``t`` clamps to it).
         """
+        if all(r is None or isinstance(r, dict) for r, _ in self._regions):
+            # positions only (no masks): cached by value, so rebuilt meshes skip this
+            key = ("regions", plan, dim, tuple(
+                None if r is None else tuple((d, a.dtype.str, a.tobytes()) for d, a in r.items())
+                for r, _ in self._regions))
+            out, masks = cached(key, lambda: self._regions_of(plan, dim))
+            return list(out), list(masks)
+        return self._regions_of(plan, dim)
+
+    def _regions_of(self, plan: Plan, dim: str | None
+                    ) -> tuple[list[Slab | int], list[np.ndarray]]:
         out: list[Slab | int] = []
         masks: list[np.ndarray] = []
         index = plan.input_index()
