@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import types
 from typing import Any
 
 import hypothesis.strategies as st
@@ -178,3 +179,19 @@ def test_mutations_match_an_uncached_run(g: float, cell: float, attr: float,
     ref = g * np.roll(x, -1) + cell * x + attr * np.roll(x, 1) + default
     np.testing.assert_array_equal(cached, uncached)
     np.testing.assert_allclose(cached, ref, rtol=1e-6, atol=1e-6)
+
+
+_NS = types.SimpleNamespace(a=2.0)
+_PARAMS = {"nu": 1.0}
+
+
+def _ns_kernel(u: Any) -> Any:
+    return u() * _NS.a + _PARAMS["nu"]
+
+
+def test_namespace_attribute_and_dict_item_on_the_same_def_kernel() -> None:
+    da = _data()
+    for a, nu in ((2.0, 1.0), (3.0, 1.0), (3.0, 5.0)):
+        _NS.a, _PARAMS["nu"] = a, nu
+        out = da.stencil.map(_ns_kernel)
+        np.testing.assert_allclose(out.values, da.values * a + nu, rtol=1e-6)

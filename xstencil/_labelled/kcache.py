@@ -216,7 +216,8 @@ class _Walk:
             return ("id", _Id(v))
         if isinstance(v, types.ModuleType | type) and _library(mod):
             return ("id", _Id(v))
-        if _library(mod):  # a library object: by value where it hashes by value
+        if _library(mod) and not isinstance(getattr(v, "__dict__", None), dict):
+            # a library object without an instance dict: by value where it hashes by value
             try:
                 hash(v)
             except TypeError:
