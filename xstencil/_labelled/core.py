@@ -370,8 +370,8 @@ def _device_coords(plan: Plan, f: Fields, period: Mapping[str, float] | None) ->
     """:func:`coord_arrays` on the device, cached by the plan, the period and
     the coordinate values (recognised by their index objects first), so a
     rebuilt mesh over the same coordinates does not pad them again."""
-    if not plan.coord_dims:
-        return []
+    if not plan.coord_dims or not (period is None or isinstance(period, dict)):
+        return [jnp.asarray(c) for c in coord_arrays(plan, f, period)]  # checks period
     try:
         key = ("coords", plan, None if period is None else tuple(sorted(period.items())))
         hash(key)
