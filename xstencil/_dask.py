@@ -49,7 +49,7 @@ from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.coords import numeric_coord, pad_coord
-from xstencil._labelled.kcache import token_parts
+from xstencil._labelled.ktoken import token_parts
 from xstencil._labelled.plan import Plan
 
 __all__ = ["is_dask", "any_dask", "map_dask", "compile_count", "clear_cache"]
