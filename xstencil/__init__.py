@@ -8,6 +8,7 @@ kernex 0.2.
 
 from xstencil._accessor import StencilAccessor as StencilAccessor
 from xstencil._accessor import register as _register
+from xstencil._caches import clear_caches as clear_caches
 from xstencil._engine.kernex import KernelMesh as KernelMesh
 from xstencil._engine.kernex import kmap as kmap
 from xstencil._engine.kernex import kscan as kscan
@@ -44,6 +45,7 @@ __all__ = [
     "WindowIndexError",
     "WindowSet",
     "XStencilError",
+    "clear_caches",
     "kmap",
     "iterate",
     "kscan",

@@ -49,6 +49,7 @@ from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.coords import numeric_coord, pad_coord
+from xstencil._labelled.ktoken import token_parts
 from xstencil._labelled.plan import Plan
 
 __all__ = ["is_dask", "any_dask", "map_dask", "compile_count", "clear_cache"]
@@ -111,7 +112,8 @@ def _token(*parts: Any) -> str:
     try:
         from dask.base import tokenize
 
-        return tokenize(*parts)
+        # kernels by what they read (a module-level kernel is tokenized by name)
+        return tokenize(*[token_parts(p) for p in parts])
     except Exception:  # an unpicklable or untokenizable kernel: one token per call
         return uuid.uuid4().hex
 

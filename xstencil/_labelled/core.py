@@ -4,7 +4,6 @@ cached jit, and rewrap the result with its coords."""
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,16 @@ from xstencil._engine.lower import Source
 from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.coords import numeric_coord, pad_coord
-from xstencil._labelled.kcache import canonical, compiled
+from xstencil._labelled.kcache import (
+    Lifted,
+    cached,
+    compiled,
+    describe,
+    peek,
+    put,
+    rebuild,
+    settle,
+)
 from xstencil._labelled.kernel_checks import (
     check_extra_args,
     check_known_chunks,
@@ -160,9 +168,10 @@ def _inferred(call: str, kernel: Callable[..., Any], f: Fields, cdims: tuple[str
               args: Any, kwargs: Any) -> dict[str, tuple[int, int]]:
     """The kernel's window, inferred once per kernel and data layout."""
     dyn, static = split_static(call, (args, kwargs))
-    key = ("window", f.dims, f.names, f.var_dims, tuple(map(str, f.dtypes)), cdims, static,
+    key = ("window", describe([kernel]).key, f.dims, f.names, f.var_dims,
+           tuple(map(str, f.dtypes)), cdims, static,
            tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in dyn))
-    return compiled(kernel, key, lambda: infer_window(
+    return cached(key, lambda: infer_window(
         call, kernel, f.dims, f.names, f.var_dims, f.dtypes, cdims, args, kwargs))
 
 
@@ -327,34 +336,71 @@ def identity_caller(plan: Plan, like: Callable[..., Any]) -> Callable[..., Any]:
 
 # -- compile cache: see kcache.py ------------------------------------------------------
 
-def call_engine(plan: Plan, f: Fields, owner: Any, key_extra: Any,
-                body: Callable[..., Any], args: Any, kwargs: Any,
+def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | Lifted,
+                key_extra: Any, body: Callable[..., Any], args: Any, kwargs: Any,
                 period: Mapping[str, float] | None, dynamic: Sequence[Any] = (),
                 used: dict[str, Any] | None = None) -> Any:
-    """Run ``body(plan, static, arrays, coords, dyn, dynamic)`` under jit.
+    """Run ``body(kernels, plan, static, arrays, coords, dyn, dynamic)`` under jit.
 
-    ``used``, if given, receives the compiled function (``"fn"``) and the
-    padded coordinate arrays (``"coords"``), for the repeat-call fast path.
+    The compiled function is shared by every call whose kernels have the same
+    :func:`~xstencil._labelled.kcache.describe` key; the arrays the kernels
+    close over travel as dynamic inputs (``body`` gets copies of the kernels
+    that read them).  ``used``, if given, receives the compiled function
+    (``"fn"``), the padded coordinate arrays (``"coords"``) and the lifted
+    kernels (``"lifted"``), for the repeat-call fast path.
     """
+    lifted = kernels if isinstance(kernels, Lifted) else describe(kernels)
     with precision(f.arrays, args, kwargs):
-        arrays = [as_array(plan.call, "the data", x) for x in f.arrays]
-        coords = [jnp.asarray(c) for c in coord_arrays(plan, f, period)]
+        # numpy data goes to the compiled function as it is (jit moves it once)
+        arrays = [x if isinstance(x, np.ndarray) and x.dtype.kind in "biufc"
+                  else as_array(plan.call, "the data", x) for x in f.arrays]
+        coords = _device_coords(plan, f, period)
         dyn, static = split_static(plan.call, (args, kwargs))
-        key = (plan, static, key_extra)
+        key = ("engine", lifted.key, plan, static, key_extra)
 
         def build() -> Callable[..., Any]:
-            shared = canonical(owner)  # the owner of the cache entry (kcache.py)
-            ref = weakref.ref(shared) if _weakrefable(shared) else (lambda: shared)
+            template = lifted  # the first call's kernels: only their structure is used
 
-            def run(arrays: Any, coords: Any, dyn: Any, dynamic: Any) -> Any:
-                return body(ref(), plan, static, arrays, coords, dyn, dynamic)
+            def run(arrays: Any, coords: Any, dyn: Any, dynamic: Any, leaves: Any) -> Any:
+                return body(rebuild(template, leaves), plan, static, arrays, coords, dyn,
+                            dynamic)
 
             return jax.jit(run)
 
-        fn = compiled(owner, key, build)
+        fn = cached(key, build)
         if used is not None:
-            used.update(fn=fn, coords=coords)
-        return fn(arrays, coords, dyn, list(dynamic))
+            used.update(fn=fn, coords=coords, lifted=lifted)
+        out = fn(arrays, coords, dyn, list(dynamic), list(lifted.leaves))
+        settle(lifted)  # lists the trace wrote to (trace counters) stop being keyed
+        return out
+
+
+def _device_coords(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> list[Any]:
+    """:func:`coord_arrays` on the device, cached by the plan, the period and
+    the coordinate values (recognised by their index objects first), so a
+    rebuilt mesh over the same coordinates does not pad them again."""
+    if not plan.coord_dims or not (period is None or isinstance(period, dict)):
+        return [jnp.asarray(c) for c in coord_arrays(plan, f, period)]  # checks period
+    try:
+        key = ("coords", plan, None if period is None else tuple(sorted(period.items())))
+        hash(key)
+    except TypeError:
+        return [jnp.asarray(c) for c in coord_arrays(plan, f, period)]
+    variables = f.obj.coords.variables
+    indexes = getattr(f.obj, "_indexes", {})
+    sources = tuple(indexes.get(d) for d in plan.coord_dims)
+    got = peek(key)
+    if got is not None:
+        old_sources, values, coords = got
+        if all(a is b and a is not None for a, b in zip(sources, old_sources, strict=True)) \
+                or all(np.array_equal(variables[d].values, v)
+                       for d, v in zip(plan.coord_dims, values, strict=True)):
+            return coords
+    coords = [jnp.asarray(c) for c in coord_arrays(plan, f, period)]
+    if not any(isinstance(c, jax.core.Tracer) for c in coords):
+        put(key, (sources, tuple(np.asarray(variables[d].values) for d in plan.coord_dims),
+                  coords))
+    return coords
 
 
 def host64(tree: Any) -> Any:
@@ -376,14 +422,6 @@ def host64(tree: Any) -> Any:
         return x
 
     return jax.tree_util.tree_map(conv, tree)
-
-
-def _weakrefable(x: Any) -> bool:
-    try:
-        weakref.ref(x)
-    except TypeError:
-        return False
-    return True
 
 
 def replace_data(obj: xr.DataArray, out: Any) -> xr.DataArray:

@@ -1,4 +1,5 @@
-"""The repeat-call fast path of ``map``: per-call work cached per kernel.
+"""The repeat-call fast path of ``map``: per-call work cached per kernel
+structure (the :func:`~xstencil._labelled.kcache.describe` key).
 
 A labelled call validates its options, infers the window, builds a plan,
 pads the coordinates and looks up the compiled function: about a hundred
@@ -28,7 +29,7 @@ import xarray as xr
 
 from xstencil._engine.call import is_wide, precision, split_static
 from xstencil._labelled.core import Fields, coord_arrays, host64, replace_data, rewrap
-from xstencil._labelled.kcache import table_of
+from xstencil._labelled.kcache import Lifted, peek, put
 from xstencil._labelled.plan import Plan
 
 __all__ = ["Entry", "signature", "lookup", "run", "remember"]
@@ -89,11 +90,8 @@ def _coord_sources(obj: xr.DataArray, plan: Plan) -> tuple[Any, ...]:
     return tuple(indexes.get(d) for d in plan.coord_dims)
 
 
-def lookup(kernel: Any, sig: Hashable, obj: xr.DataArray) -> Entry | None:
-    table = table_of(kernel)
-    if table is None:
-        return None
-    entry = table.get(("fast", sig))
+def lookup(lifted: Lifted, sig: Hashable, obj: xr.DataArray) -> Entry | None:
+    entry = peek(("fast", lifted.key, sig))
     if entry is None:
         return None
     if entry.plan.coord_dims:
@@ -105,19 +103,21 @@ def lookup(kernel: Any, sig: Hashable, obj: xr.DataArray) -> Entry | None:
                 if v is None or v.dims != (d,) or not np.array_equal(v.values, old):
                     return None
             entry = entry._replace(sources=now)
-            table[("fast", sig)] = entry
+            put(("fast", lifted.key, sig), entry)
     return entry
 
 
-def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any) -> xr.DataArray:
+def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any,
+        lifted: Lifted) -> xr.DataArray:
     data = obj.variable._data
     dyn = split_static("map", (args, kwargs))[0] if args or kwargs else []
+    leaves = list(lifted.leaves)
     if entry.wide and not jax.config.read("jax_enable_x64"):
         with jax.enable_x64(True):
-            out = entry.fn([data], entry.coords, dyn, [])
+            out = entry.fn([data], entry.coords, dyn, [], leaves)
         out = host64(out)
     else:
-        out = entry.fn([data], entry.coords, dyn, [])
+        out = entry.fn([data], entry.coords, dyn, [], leaves)
     if entry.simple:
         return replace_data(obj, out)
     f = Fields(obj, entry.plan.dims, entry.plan.shape, None, [data], entry.plan.var_dims,
@@ -125,14 +125,11 @@ def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any) -> xr.DataArray
     return rewrap(entry.plan, f, out)
 
 
-def remember(kernel: Any, sig: Hashable | None, obj: Any, plan: Plan, f: Fields,
+def remember(lifted: Lifted, sig: Hashable | None, obj: Any, plan: Plan, f: Fields,
              period: Any, args: Any, kwargs: Any, used: dict[str, Any]) -> None:
     """Record the entry for ``sig`` after a successful full call (``used``:
     what :func:`~xstencil._labelled.core.call_engine` compiled and padded)."""
     if sig is None or "fn" not in used:
-        return
-    table = table_of(kernel)
-    if table is None:  # the kernel cannot be cached (not weak-referenceable)
         return
     fn, coords = used["fn"], used["coords"]
     if any(isinstance(c, jax.core.Tracer) for c in coords):  # made inside a user's trace:
@@ -143,5 +140,5 @@ def remember(kernel: Any, sig: Hashable | None, obj: Any, plan: Plan, f: Fields,
     index = plan.input_index()
     simple = not plan.output_dims and all(
         s == slice(0, n, 1) for s, n in zip(index.values(), plan.shape, strict=True))
-    table[("fast", sig)] = Entry(plan, fn, coords, _coord_sources(obj, plan), values,
-                                 is_wide(f.arrays, args, kwargs), simple)
+    put(("fast", lifted.key, sig), Entry(plan, fn, coords, _coord_sources(obj, plan), values,
+                                         is_wide(f.arrays, args, kwargs), simple))

@@ -1,71 +1,114 @@
-"""The compile cache, per kernel.
+"""The compile cache: a cache may only make things faster, never different.
 
-Compiled functions (and inferred windows, and the map fast path's entries)
-are cached per *owner*: a kernel or a mesh, held weakly so that the code of
-a kernel nobody references any more is dropped with it.
+A labelled call compiles its kernels once per *structure* and runs that
+compiled function on every later call whose kernels have the same structure,
+however they were built (an inline lambda, a kernel defined inside a
+function, a mesh rebuilt in a Python loop).  Correctness never rests on the
+kernel object being the same; it rests on the rules below.
 
-A kernel written inline, ``da.stencil.map(lambda u: u(x=1) - u(x=-1))``, is a
-new function object on every call, so caching by identity alone would
-recompile it every time (about 40 ms; a Python loop of such calls spends all
-its time compiling).  Plain functions are therefore keyed by what decides
-their trace: the code object, the defaults, the closure's values and the
-global names the code reads, when all of these are hashable values (numbers,
-strings, tuples of them) or long-lived objects compared by identity
-(modules, functions, classes).  Functions with equal keys share one cache
-entry, kept alive for the most recent :data:`SHARED` such keys.  A kernel
-that closes over an array, a list or anything else unhashable is cached by
-identity, as before.
+What a kernel's compiled code may depend on, and how each is treated
+(:func:`describe` walks the kernel, the values it closes over, its
+defaults, the globals its code reads by name, and the plain functions found
+among those, recursively):
 
-Like ``jax.jit``, the cache assumes that a global a kernel reads by name
-keeps its value: its trace is reused after the global changes only if it is
-a module, function or class (identity), never for changed numbers.
+* **Arrays** (numpy, JAX, tracers) closed over, used as defaults or read as
+  globals (also inside tuples, lists and dicts) are *dynamic inputs* of the
+  compiled function, as in equinox's ``filter_jit``: the key holds only their
+  shape and dtype, and each call passes the current arrays.  So
+  ``lambda u: (u * w).sum()`` with a new ``w`` of the same shape reuses the
+  compiled code, and an array changed in place is read afresh.
+* **Numbers, strings and other scalars** are part of the key, by exact value
+  (``0.0`` and ``-0.0``, or two NaNs with different payloads, are different):
+  a new value compiles again, an equal one reuses.  Pass a parameter that
+  sweeps many values as a JAX array argument (``map(k, nu)``) to trace it.
+* **Plain functions** (helpers) found there are walked the same way, so a
+  helper reading a changed global is seen.
+* **Modules, classes and other objects** are part of the key by identity, and
+  the attributes the kernel's code names (``Cfg.nu``, ``config.NU``) are
+  read without running descriptors and keyed by value (arrays read this way
+  are keyed by identity and content).  Library modules, functions and classes
+  (numpy, jax, the standard library...) are constants.
+* What cannot be seen (a property, an unhashable library object, a walk that
+  grows too large, a callable that is not a plain function) makes the kernel
+  *opaque*: its key then holds the kernel object itself, so no other kernel
+  object shares its code (a fresh lambda compiles again), while the values
+  that could be seen are still keyed for the same object.
+
+Compiled functions live in one bounded LRU table (:data:`SIZE` entries);
+:func:`clear` (public as :func:`xstencil.clear_caches`) empties it.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import types
-import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 
-__all__ = ["compiled", "table_of", "canonical", "SHARED"]
+__all__ = ["Lifted", "describe", "rebuild", "cached", "peek", "put", "compiled", "table_of",
+           "canonical", "clear", "settle", "SIZE", "SHARED"]
 
-_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
-
-#: How many structurally keyed kernels stay alive (with their compiled code).
-SHARED = 64
-_SHAPES: OrderedDict[Hashable, Callable[..., Any]] = OrderedDict()
+#: How many compiled functions (and other per-structure entries: inferred
+#: windows, fast-path entries; about three per kernel and data layout) stay alive.
+SIZE = 128
+#: Kept for the sharded backends' per-owner tables (see :func:`compiled`).
+SHARED = SIZE
+_TABLE: OrderedDict[Hashable, Any] = OrderedDict()
+_SINKS: OrderedDict[int, tuple[Any]] = OrderedDict()  # lists and dicts traces write to
 _LOCK = threading.Lock()
-_MISSING = object()
-_SCALARS = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis))
-_BY_IDENTITY = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type,
-                types.MethodType)
+_SCALARS = (bool, int, str, bytes, type(None), type(Ellipsis))
+_LIBRARIES = frozenset({"numpy", "jax", "jaxlib", "scipy", "xarray", "xstencil", "pandas",
+                        "dask", "equinox", "optax", "builtins"}) | frozenset(
+    getattr(sys, "stdlib_module_names", ()))
+_BUDGET = 400  # values visited per kernel before it is treated as opaque
 
 
-def _frozen(v: Any) -> Hashable:
-    """A hashable stand-in for ``v`` that is equal only for values that trace alike."""
-    if isinstance(v, _SCALARS):
-        return (type(v), v)
-    if isinstance(v, np.generic) and v.dtype.kind in "biufc":
-        return (type(v), v.item())
-    if isinstance(v, tuple | frozenset):
-        return (type(v), tuple(_frozen(x) for x in v))
-    if isinstance(v, _BY_IDENTITY):
-        # safe: the canonical kernel keeps its own referents alive, so no other
-        # live object can share the id
-        return ("id", id(v))
-    raise TypeError(f"not keyed by value: {type(v).__name__}")
+class _Id:
+    """Compares by identity and keeps its object alive (so no id is reused)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Id and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __repr__(self) -> str:
+        return f"<id {type(self.obj).__name__} {id(self.obj):#x}>"
+
+
+class _Opaque(Exception):
+    """Something the kernel reads cannot be keyed by value."""
+
+
+@dataclass(frozen=True)
+class Lifted:
+    """Kernels split into a hashable ``key`` and their dynamic ``leaves``.
+
+    ``templates`` are the kernels themselves: :func:`rebuild` makes copies
+    of them that read given leaves (tracers, inside a trace) instead.
+    """
+
+    key: Hashable
+    leaves: tuple[Any, ...]
+    templates: tuple[Any, ...]
+    containers: tuple[tuple[Any, tuple[Any, ...]], ...] = ()  # lists/dicts, their items
 
 
 @functools.lru_cache(maxsize=1024)
 def _names(code: types.CodeType) -> tuple[str, ...]:
-    """Global (and attribute) names read by ``code`` and the code nested in it,
-    sorted (cached: this runs on every labelled call)."""
+    """Global (and attribute) names read by ``code`` and the code nested in it."""
     out = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
@@ -73,58 +116,297 @@ def _names(code: types.CodeType) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def _structure(fn: Any) -> Hashable | None:
-    """The key that decides ``fn``'s trace, or ``None`` when it has none."""
-    if type(fn) is not types.FunctionType:
-        return None
-    code = fn.__code__
-    try:
-        g = fn.__globals__
-        key = (code, id(g), _frozen(fn.__defaults__),
-               _frozen(tuple(sorted((fn.__kwdefaults__ or {}).items()))),
-               tuple(_frozen(c.cell_contents) for c in fn.__closure__ or ()),
-               tuple((n, _frozen(g[n])) for n in _names(code) if n in g))
-        hash(key)
-    except (TypeError, ValueError):  # unhashable parts, or an empty closure cell
-        return None
-    return key
+@functools.lru_cache(maxsize=4096)
+def _library(module: str | None) -> bool:
+    return module is not None and module.partition(".")[0] in _LIBRARIES
 
+
+def _is_array(v: Any) -> bool:
+    if isinstance(v, jax.Array):
+        return True
+    return isinstance(v, np.ndarray) and v.dtype.kind in "biufc"
+
+
+def _float(v: float) -> Hashable:
+    return v.hex()  # exact: keeps -0.0 apart from 0.0, and NaN equal to itself
+
+
+class _Walk:
+    """One walk over a kernel: the key, the leaves in visit order, and (with
+    ``subst``) a copy of each value with the leaves replaced."""
+
+    def __init__(self, subst: Iterator[Any] | None = None):
+        self.leaves: list[Any] = []
+        self.subst = subst
+        self.seen: dict[int, int] = {}
+        self.made: dict[int, Any] = {}  # id of a function -> its copy (with subst)
+        self.budget = _BUDGET
+        self.opaque = False
+        self.containers: list[tuple[Any, tuple[Any, ...]]] = []  # lists/dicts, their items
+
+    def value(self, v: Any, names: tuple[str, ...], lift: bool = True) -> tuple[Hashable, Any]:
+        self.budget -= 1
+        if self.budget < 0:
+            raise _Opaque
+        if isinstance(v, _SCALARS):
+            return (type(v), v), v
+        if isinstance(v, float):
+            return (type(v), _float(v)), v
+        if isinstance(v, complex):
+            return (complex, _float(v.real), _float(v.imag)), v
+        if isinstance(v, np.generic) and v.dtype.kind in "biufc":
+            return (type(v), self.value(v.item(), names)[0]), v
+        if _is_array(v):
+            if lift:
+                self.leaves.append(v)
+                new = next(self.subst) if self.subst is not None else v
+                return ("leaf", tuple(np.shape(v)), str(v.dtype)), new
+            if isinstance(v, np.ndarray):  # read through an attribute: by content
+                return ("array", _Id(v), v.shape, str(v.dtype), hash(v.tobytes())), v
+            return ("array", _Id(v)), v
+        if type(v) is tuple:
+            before = len(self.leaves)
+            parts = [self.value(x, names, lift) for x in v]
+            new = tuple(p[1] for p in parts) \
+                if self.subst is not None and len(self.leaves) > before else v
+            return ("tuple", tuple(p[0] for p in parts)), new
+        if type(v) in (list, dict):
+            return self.mutable(v, names, lift)
+        if type(v) is types.FunctionType:
+            if _library(v.__module__):
+                return ("id", _Id(v)), v
+            return self.function(v)
+        if isinstance(v, types.MethodType):
+            fk, _ = self.value(v.__func__, names, lift=False)
+            return ("method", fk, self.obj(v.__self__, names)), v
+        return self.obj(v, names), v
+
+    def mutable(self, v: list[Any] | dict[Any, Any], names: tuple[str, ...],
+                lift: bool) -> tuple[Hashable, Any]:
+        """A list or dict: keyed by its contents, like a tuple, unless a trace
+        wrote to it (a trace counter, see :func:`settle`): such a *sink* is
+        keyed by identity.  Arrays in it are dynamic inputs either way."""
+        sink = _SINKS.get(id(v), (None,))[0] is v
+        items = list(v.items()) if type(v) is dict else list(enumerate(v))
+        if sink:
+            items = [(k, x) for k, x in items if _is_array(x) and lift]
+        before = len(self.leaves)
+        parts = [(k, self.value(k, ())[0], self.value(x, names, lift)) for k, x in items]
+        key = (type(v).__name__, _Id(v) if sink else None,
+               tuple((kk, p[0]) for _, kk, p in parts))
+        if not sink:
+            self.containers.append((v, tuple(items)))
+        if self.subst is None or len(self.leaves) == before:
+            return key, v
+        new = type(v)(v)
+        for k, _, p in parts:
+            new[k] = p[1]
+        return key, new
+
+    def obj(self, v: Any, names: tuple[str, ...]) -> Hashable:
+        """Identity, plus the attributes named in the code, for anything else."""
+        mod = v.__name__ if isinstance(v, types.ModuleType) else getattr(
+            v if isinstance(v, type) else type(v), "__module__", None)
+        if callable(v) and not isinstance(v, type) and _library(mod) or \
+                isinstance(v, types.BuiltinFunctionType):
+            return ("id", _Id(v))
+        if isinstance(v, types.ModuleType | type) and _library(mod):
+            return ("id", _Id(v))
+        if _library(mod) and not isinstance(getattr(v, "__dict__", None), dict):
+            # a library object without an instance dict: by value where it hashes by value
+            try:
+                hash(v)
+            except TypeError:
+                self.opaque = True
+                return ("opaque", _Id(v))
+            if type(v).__hash__ is object.__hash__:
+                self.opaque = True
+                return ("opaque", _Id(v))
+            return ("value", type(v), v)
+        if id(v) in self.seen:
+            return ("cycle", self.seen[id(v)])
+        self.seen[id(v)] = len(self.seen)
+        attrs = []
+        for n in names:
+            found, a = _static_attr(v, n)
+            if found is None:
+                self.opaque = True
+            elif found:
+                attrs.append((n, self.value(a, names, lift=False)[0]))
+        return ("obj", _Id(v), tuple(attrs))
+
+    def function(self, fn: types.FunctionType) -> tuple[Hashable, Any]:
+        if id(fn) in self.seen:
+            return ("cycle", self.seen[id(fn)]), self.made.get(id(fn), fn)
+        self.seen[id(fn)] = len(self.seen)
+        code = fn.__code__
+        names = _names(code)
+        g = fn.__globals__
+        try:
+            cells = [c.cell_contents for c in fn.__closure__ or ()]
+        except ValueError:  # an empty cell (a name assigned later)
+            raise _Opaque from None
+        before = len(self.leaves)
+        dk, dv = self.value(fn.__defaults__, names)
+        kk, kv = self.value(fn.__kwdefaults__, names)
+        ck = [self.value(c, names) for c in cells]
+        gk = [(n, self.value(g[n], names)) for n in names if n in g]
+        key = ("fn", code, _Id(g), dk, kk, tuple(k for k, _ in ck),
+               tuple((n, k) for n, (k, _) in gk))
+        if self.subst is None or len(self.leaves) == before:
+            return key, fn
+        changed = [(n, v) for n, (_, v) in gk if v is not g[n]]
+        glob = g
+        if changed:
+            glob = dict(g)
+            glob.update(changed)
+        closure = tuple(types.CellType(v) for _, v in ck) if ck else None
+        new = types.FunctionType(code, glob, fn.__name__, dv, closure)
+        new.__kwdefaults__ = kv
+        new.__qualname__ = fn.__qualname__
+        new.__dict__.update(fn.__dict__)
+        self.made[id(fn)] = new
+        return key, new
+
+
+def _static_attr(v: Any, name: str) -> tuple[bool | None, Any]:
+    """``v.name`` where it is stored plainly (no descriptor runs): ``(True,
+    value)``, ``(False, None)`` when absent, ``(None, None)`` when it cannot be
+    seen (a property or a computed attribute: the kernel is then opaque)."""
+    d = getattr(v, "__dict__", None)
+    if not isinstance(v, type) and isinstance(d, dict) and name in d:
+        return True, d[name]
+    for klass in (v.__mro__ if isinstance(v, type) else type(v).__mro__):
+        if name in klass.__dict__:
+            a = klass.__dict__[name]
+            if isinstance(a, staticmethod | classmethod):
+                return True, a.__func__
+            if isinstance(a, types.MemberDescriptorType) and not isinstance(v, type):
+                try:
+                    return True, a.__get__(v, type(v))
+                except AttributeError:
+                    return False, None
+            if isinstance(a, property) or (hasattr(type(a), "__get__")
+                                            and not isinstance(a, types.FunctionType)
+                                            and not isinstance(a, type)):
+                return None, None
+            return True, a
+    if isinstance(v, types.ModuleType) and isinstance(d, dict):
+        return False, None
+    if hasattr(type(v), "__getattr__"):
+        return None, None
+    return False, None
+
+
+def describe(kernels: Sequence[Any]) -> Lifted:
+    """Split ``kernels`` into a key and dynamic leaves (see the module notes)."""
+    w = _Walk()
+    keys: list[Hashable] = []
+    for k in kernels:
+        if type(k) is not types.FunctionType:
+            keys.append(("callable", _Id(k)))
+            continue
+        start = len(w.leaves)
+        w.opaque = False
+        w.budget = _BUDGET
+        try:
+            key, _ = w.function(k)
+        except (_Opaque, TypeError, RecursionError):
+            del w.leaves[start:]
+            key = ("callable", _Id(k))
+        if w.opaque:
+            key = ("opaque", _Id(k), key)
+        keys.append(key)
+    return Lifted(tuple(keys), tuple(w.leaves), tuple(kernels), tuple(w.containers))
+
+
+def settle(lifted: Lifted) -> None:
+    """After a call that may have traced: a list or dict the trace wrote to
+    (``calls.append(1)`` in a kernel) becomes a sink, keyed by identity from
+    now on, so that the write does not make every later call a miss."""
+    for v, items in lifted.containers:
+        now = list(v.items()) if type(v) is dict else list(enumerate(v))
+        if len(now) != len(items) or any(
+                a != c or b is not d for (a, b), (c, d) in zip(now, items, strict=True)):
+            with _LOCK:
+                _SINKS[id(v)] = (v,)
+                while len(_SINKS) > SIZE:
+                    _SINKS.popitem(last=False)
+
+
+def rebuild(lifted: Lifted, leaves: Sequence[Any]) -> list[Any]:
+    """Copies of ``lifted.templates`` reading ``leaves`` instead of their own."""
+    it = iter(leaves)
+    w = _Walk(subst=it)
+    out = []
+    for k, key in zip(lifted.templates, lifted.key, strict=True):  # type: ignore[arg-type]
+        if key[0] == "callable":
+            out.append(k)
+        else:
+            out.append(w.function(k)[1])
+    return out
+
+
+def cached(key: Hashable, build: Callable[[], Any]) -> Any:
+    """The entry for ``key`` in the shared LRU table, built on a miss."""
+    with _LOCK:
+        got = _TABLE.get(key, _TABLE)
+        if got is not _TABLE:
+            _TABLE.move_to_end(key)
+            return got
+    value = build()
+    with _LOCK:
+        value = _TABLE.setdefault(key, value)
+        while len(_TABLE) > SIZE:
+            _TABLE.popitem(last=False)
+    return value
+
+
+def peek(key: Hashable) -> Any:
+    """The entry for ``key``, or ``None``."""
+    with _LOCK:
+        return _TABLE.get(key)
+
+
+def put(key: Hashable, value: Any) -> None:
+    with _LOCK:
+        _TABLE[key] = value
+        while len(_TABLE) > SIZE:
+            _TABLE.popitem(last=False)
+
+
+def clear() -> None:
+    """Empty the compile cache (compiled functions, windows, fast-path entries)."""
+    with _LOCK:
+        _TABLE.clear()
+        _SINKS.clear()
+    _names.cache_clear()
+
+
+# -- the per-owner API of the sharded backends ------------------------------------------
 
 def canonical(owner: Any) -> Any:
-    """The object ``owner``'s cache entries live under: ``owner`` itself, or
-    the first live function with the same :func:`_structure`."""
-    key = _structure(owner)
-    if key is None:
-        return owner
-    with _LOCK:
-        first = _SHAPES.get(key)
-        if first is None:
-            _SHAPES[key] = first = owner
-            while len(_SHAPES) > SHARED:
-                _SHAPES.popitem(last=False)
-        else:
-            _SHAPES.move_to_end(key)
-    return first
+    """``owner`` itself: code is shared between kernel objects only through
+    :func:`describe` keys, never by substituting one kernel for another."""
+    return owner
 
 
 def table_of(owner: Any, create: bool = False) -> dict[Any, Any] | None:
-    """The cache table of ``owner`` (``None`` if it has none, or cannot have one)."""
-    owner = canonical(owner)
-    try:
-        return _CACHE.setdefault(owner, {}) if create else _CACHE.get(owner)
-    except TypeError:  # not weak-referenceable
-        return None
+    """A per-owner table inside the shared LRU table, keyed by the owner's
+    :func:`describe` key (so a changed global or attribute gives a new table)."""
+    if hasattr(owner, "_regions"):  # a mesh: its kernels may change
+        key: Hashable = ("owner", _Id(owner))
+    else:
+        lifted = describe([owner])
+        # the code built on a miss bakes in the owner's own arrays: no sharing then
+        key = ("owner", lifted.key, _Id(owner) if lifted.leaves else None)
+    return cached(key, dict) if create else peek(key)
 
 
 def compiled(owner: Any, key: Any, build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
-    """A jitted function cached per ``owner`` (a kernel or a mesh) and ``key``.
-
-    ``build`` runs on a miss; it may close over ``owner`` (weakly), which is
-    then the canonical owner, since the first call with a structure builds.
-    """
+    """A function cached per ``owner`` (a kernel or a mesh) and ``key``."""
     table = table_of(owner, create=True)
-    if table is None:  # not weak-referenceable: compile per call
-        return build()
+    assert table is not None
     fn = table.get(key)
     if fn is None:
         fn = table[key] = build()

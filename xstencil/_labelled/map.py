@@ -12,6 +12,7 @@ from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
 from xstencil._labelled.fastpath import lookup, remember, run, signature
+from xstencil._labelled.kcache import describe
 from xstencil._shard import is_sharded
 
 __all__ = ["map"]
@@ -87,9 +88,11 @@ def map(  # noqa: A001 - the contract's name
     shape, dtype) and options.  A repeated call with the same ones reuses the
     compiled function and also skips validation and planning.  A lambda
     written inline, new on every call, counts as the same kernel when its
-    code and the values it closes over are the same (numbers, strings,
-    modules, functions); one that closes over an array compiles on every
-    call, so define such kernels once.  ``map`` works inside ``jax.jit``,
+    code and the values it reads are the same (numbers and strings by value,
+    arrays by shape and dtype: closed-over arrays are inputs of the compiled
+    function, so a new weight array of the same shape does not recompile).
+    A changed global, default or class attribute is never served stale; see
+    :doc:`/performance`.  ``map`` works inside ``jax.jit``,
     ``jax.grad`` and ``jax.vmap``, and DataArrays and Datasets are pytrees, so
     those transforms also accept functions that take and return them.
 
@@ -110,12 +113,13 @@ def map(  # noqa: A001 - the contract's name
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(x=1) - u(x=-1)")
     sig = None
+    lifted = describe([kernel])  # the compile-cache key and closed-over arrays (kcache.py)
     if mesh is None:  # a repeated call: skip validation and planning (see fastpath.py)
         sig = signature(obj, (window, boundary, fill_value, stride, output_dims, period),
                         args, kwargs)
-        entry = None if sig is None else lookup(kernel, sig, obj)
+        entry = None if sig is None else lookup(lifted, sig, obj)
         if entry is not None:
-            return run(entry, obj, args, kwargs)
+            return run(entry, obj, args, kwargs, lifted)
     f = unwrap(call, obj)
     plan = prepare(call, f, [kernel], window=window, boundary=boundary, fill_value=fill_value,
                    stride=stride, output_dims=output_dims, args=args, kwargs=kwargs)
@@ -128,12 +132,12 @@ def map(  # noqa: A001 - the contract's name
 
         return rewrap(plan, f, map_sharded(plan, f, [kernel], args, kwargs, period, mesh, kernel))
     used: dict[str, Any] = {}
-    out = call_engine(plan, f, kernel, None, _body, args, kwargs, period, used=used)
-    remember(kernel, sig, obj, plan, f, period, args, kwargs, used)
+    out = call_engine(plan, f, lifted, None, _body, args, kwargs, period, used=used)
+    remember(lifted, sig, obj, plan, f, period, args, kwargs, used)
     return rewrap(plan, f, out)
 
 
-def _body(kernel: Any, plan: Any, static: Any, arrays: Any, coords: Any, dyn: Any,
+def _body(kernels: Any, plan: Any, static: Any, arrays: Any, coords: Any, dyn: Any,
           dynamic: Any) -> Any:
-    return evaluate(kernel_caller(plan, kernel, static), sources(plan, arrays, coords),
+    return evaluate(kernel_caller(plan, kernels[0], static), sources(plan, arrays, coords),
                     plan.geom, dyn)

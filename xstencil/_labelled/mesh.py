@@ -30,6 +30,7 @@ from xstencil._labelled.core import (
     sources,
     unwrap,
 )
+from xstencil._labelled.kcache import cached
 from xstencil._labelled.plan import Plan
 from xstencil._shard import is_sharded
 
@@ -245,6 +246,17 @@ class Mesh:
         plan's order and get a length-1 ``dim`` axis, which every position
         reads (a slice at position ``t`` clamps to it).
         """
+        if all(r is None or isinstance(r, dict) for r, _ in self._regions):
+            # positions only (no masks): cached by value, so rebuilt meshes skip this
+            key = ("regions", plan, dim, tuple(
+                None if r is None else tuple((d, a.dtype.str, a.tobytes()) for d, a in r.items())
+                for r, _ in self._regions))
+            out, masks = cached(key, lambda: self._regions_of(plan, dim))
+            return list(out), list(masks)
+        return self._regions_of(plan, dim)
+
+    def _regions_of(self, plan: Plan, dim: str | None
+                    ) -> tuple[list[Slab | int], list[np.ndarray]]:
         out: list[Slab | int] = []
         masks: list[np.ndarray] = []
         index = plan.input_index()
@@ -303,8 +315,8 @@ class Mesh:
             return rewrap(plan, self._fields, map_sharded(
                 plan, self._fields, kernels, args, kwargs, self._options.get("period"),
                 self._options.get("mesh"), self, regions, masks))
-        out = call_engine(plan, self._fields, self, (kernels, tuple(regions)),
-                          _mesh_body(kernels, regions), args, kwargs,
+        out = call_engine(plan, self._fields, kernels, ("mesh", tuple(regions)),
+                          _mesh_body(regions), args, kwargs,
                           self._options.get("period"), masks)
         return rewrap(plan, self._fields, out)
 
@@ -326,9 +338,9 @@ def _as_range(hit: np.ndarray) -> tuple[int, int, int] | None:
     return None
 
 
-def _mesh_body(kernels: Sequence[Callable[..., Any]], regions: Sequence[Slab | int]) -> Any:
-    def body(owner: Any, plan: Plan, static: Any, arrays: Any, coords: Any, dyn: Any,
-             masks: Any) -> Any:
+def _mesh_body(regions: Sequence[Slab | int]) -> Any:
+    def body(kernels: Sequence[Callable[..., Any]], plan: Plan, static: Any, arrays: Any,
+             coords: Any, dyn: Any, masks: Any) -> Any:
         calls = [kernel_caller(plan, k, static) for k in kernels]
         branches = [(r if isinstance(r, Slab) else Mask(masks[r]), c)
                     for r, c in zip(regions, calls, strict=True)]

@@ -42,7 +42,7 @@ from xstencil._engine.mesh import Mask, Slab
 from xstencil._engine.tscan import Var, run_loop, stencil_step, time_reads
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
-from xstencil._labelled.kcache import compiled
+from xstencil._labelled.kcache import cached, describe, rebuild, settle
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.scan_result import call_with_progress, finite, rewrap
 from xstencil._labelled.scan_setup import (
@@ -295,10 +295,10 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
         lcalls = [_labelled_call(plan, kernel_caller(plan, k, static), dim, names)
                   for k in kernels]
         shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in udyn)
-        reads, t_used = compiled(owner, ("reads", plan, static, loop, tuple(evolving),
-                                         tuple(names or ()), tcoord is None, shapes,
-                                         tuple(kernels)),
-                                 lambda: time_reads(lcalls, variables, slab_avals, extra, sub,
+        lifted = describe(kernels)  # the compile-cache key, closed-over arrays (kcache.py)
+        reads, t_used = cached(("reads", lifted.key, plan, static, loop, tuple(evolving),
+                                tuple(names or ()), tcoord is None, shapes),
+                               lambda: time_reads(lcalls, variables, slab_avals, extra, sub,
                                                     t_ax, tcoord, udyn, loop))
         if s.grown:
             ahead = sorted({(plan.var_names or ("u",))[v] for v, off in reads
@@ -315,14 +315,14 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
             regions, masks = mesh.regions(plan, dim)
         else:
             regions, masks = [Slab(tuple((0, g.count, 1) for g in geom))], []
-        key = ("scan", plan, static, loop, tuple(evolving), tuple(names or ()),
-               tuple(regions), tcoord is None, s.total,
-               tuple(kernels) if mesh is not None else None)
+        key = ("scan", lifted.key, plan, static, loop, tuple(evolving), tuple(names or ()),
+               tuple(regions), tcoord is None, s.total)
         k = s.k
 
         def build() -> Callable[..., Any]:
             def run(arrays: Any, init: Any, coords: Any, tcoord: Any, masks: Any, udyn: Any,
-                    token: Any) -> Any:
+                    leaves: Any, token: Any) -> Any:
+                kernels = rebuild(lifted, leaves)  # reading this call's closed-over arrays
                 calls = [_labelled_call(plan, kernel_caller(plan, kn, static), dim, names)
                          for kn in kernels]
                 base = _labelled_call(plan, identity_caller(
@@ -344,12 +344,14 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
 
             return jax.jit(run)
 
-        fn = compiled(owner, key, build)
+        fn = cached(key, build)
         arrays_in = [a if v.has_time or v.state is None else None
                      for a, v in zip(arrays, variables, strict=True)]
-        runargs = (arrays_in, init, coords, tcoord, [jnp.asarray(m) for m in masks], udyn)
+        runargs = (arrays_in, init, coords, tcoord, [jnp.asarray(m) for m in masks], udyn,
+                   list(lifted.leaves))
         outs, bad = call_with_progress(fn, runargs, loop.progress_every, loop.steps,
                                        call)
+        settle(lifted)  # lists the trace wrote to (trace counters) stop being keyed
     finite(call, bad, s.tvals, dim)
     return rewrap(s, o, outs, evolving)
 
