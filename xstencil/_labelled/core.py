@@ -29,6 +29,7 @@ from xstencil._labelled.plan import (
     with_call,
 )
 from xstencil._labelled.plan import _window as parse_window
+from xstencil._labelled.returns import to_dims
 
 __all__ = ["Fields", "unwrap", "prepare", "kernel_caller", "identity_caller", "rewrap",
            "compiled", "sources"]
@@ -391,8 +392,12 @@ def replace_data(obj: xr.DataArray, out: Any) -> xr.DataArray:
         return res
 
 
-def rewrap(plan: Plan, f: Fields, out: Any) -> xr.DataArray | xr.Dataset:
-    """Put the engine's output back into xarray with dims, coords, attrs, name."""
+def rewrap(plan: Plan, f: Fields, out: Any,
+           leaf_dims: Mapping[str | None, tuple[str, ...]] | None = None
+           ) -> xr.DataArray | xr.Dataset:
+    """Put the engine's output back into xarray with dims, coords, attrs, name.
+
+    ``leaf_dims`` (Datasets, see returns.py) gives each result's own dims."""
     out = host64(out)
     index = {d: s for d, s in plan.input_index().items()
              if s != slice(0, f.shape[plan.axis(d)], 1)}
@@ -407,9 +412,24 @@ def rewrap(plan: Plan, f: Fields, out: Any) -> xr.DataArray | xr.Dataset:
         ds = f.obj if not index else f.obj.isel(index)
         ds = ds.copy(deep=False)
         for n, v in out.items():
-            ds[n] = xr.DataArray(v, dims=dims, coords=coords_ds.coords,
+            v, vdims, vcoords = _own_dims(plan, coords_ds, v, dims, leaf_dims, n)
+            ds[n] = xr.DataArray(v, dims=vdims, coords=vcoords,
                                  attrs=f.obj[n].attrs if n in f.obj else {}, name=n)
         return ds
     attrs = f.obj.attrs
     name = f.obj.name if isinstance(f.obj, xr.DataArray) else None
-    return xr.DataArray(out, dims=dims, coords=coords_ds.coords, attrs=dict(attrs), name=name)
+    out, dims, coords = _own_dims(plan, coords_ds, out, dims, leaf_dims, None)
+    return xr.DataArray(out, dims=dims, coords=coords, attrs=dict(attrs), name=name)
+
+
+def _own_dims(plan: Plan, coords_ds: xr.Dataset, v: Any, dims: tuple[str, ...],
+              leaf_dims: Mapping[str | None, tuple[str, ...]] | None, name: str | None
+              ) -> tuple[Any, tuple[str, ...], Any]:
+    """A result reduced to its own dims (``leaf_dims[name]``), with the coords on them."""
+    if leaf_dims is None or name not in leaf_dims:
+        return v, dims, coords_ds.coords
+    own = leaf_dims[name]
+    v = to_dims(plan, v, own)
+    dims = own + plan.output_dims
+    drop = [k for k, c in coords_ds.coords.items() if not set(c.dims) <= set(dims)]
+    return v, dims, coords_ds.drop_vars(drop).coords
