@@ -122,6 +122,7 @@ def evaluate(
     geom: Sequence[AxisGeom],
     dyn: Any,
     closed: Any = None,
+    guard: Any = None,
 ) -> Any:
     """Run ``kernel_call(cells, dyn)`` at every output position of the slab.
 
@@ -129,6 +130,12 @@ def evaluate(
     ``field_shape + per_cell_shape``.  The output box is split into an
     interior, whose windows lie inside the arrays and read them directly,
     and a thin boundary shell that reads padded copies.
+
+    ``guard`` (a boolean array of ``field_shape``, or None) marks the outputs
+    the caller keeps.  Elsewhere non-finite window cells are read as zero:
+    the values there are discarded, and their gradients (zero cotangents
+    times NaN) would otherwise poison the kept ones (the double-``where``
+    pattern).
     """
     if closed is None:
         closed = trace(kernel_call, sources, geom, dyn)
@@ -145,10 +152,14 @@ def evaluate(
             shifts = [s.shifts() for s in sources]
         else:
             arrays, shifts = zip(*(s.block(sub) for s in sources), strict=True)
+        g = None
+        if guard is not None:
+            offs = [(q.start - p.start) // p.step for q, p in zip(sub, geom, strict=True)]
+            g = lax.slice(guard, offs, [o + q.count for o, q in zip(offs, sub, strict=True)])
         try:
-            return _lifted(jaxpr, sources, arrays, shifts, sub, dyn)
+            return _lifted(jaxpr, sources, arrays, shifts, sub, dyn, g)
         except Unliftable:
-            return _vmapped(kernel_call, sources, arrays, shifts, sub, dyn)
+            return _vmapped(kernel_call, sources, arrays, shifts, sub, dyn, g)
 
     def split(axis: int, sub: list[AxisGeom]) -> list[Any]:
         if axis == len(sub):
@@ -216,15 +227,24 @@ def trace(kernel_call: KernelCall, sources: Sequence[Source], geom: Sequence[Axi
     return closed, jax.tree_util.tree_structure(shapes)
 
 
+def _guarded(x: Any, guard: Any) -> Any:
+    """``x`` with non-finite values read as zero where ``guard`` is False."""
+    if guard is None or not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x
+    return jnp.where(guard | jnp.isfinite(x), x, jnp.zeros((), x.dtype))
+
+
 def _lifted(closed: Any, sources: Sequence[Source], arrays: Sequence[Any],
-            shifts: Sequence[Sequence[int]], geom: Sequence[AxisGeom], dyn: Any) -> list[Any]:
+            shifts: Sequence[Sequence[int]], geom: Sequence[AxisGeom], dyn: Any,
+            guard: Any = None) -> list[Any]:
     field_shape = tuple(g.count for g in geom)
     table = Table(ArrayAlgebra())
     cells = []
     for src, x, sh, aval in zip(sources, arrays, shifts, cell_avals(sources, geom), strict=True):
-        cells.append(cell_grid(table, aval.shape,
-                               lambda idx, x=x, src=src, sh=sh: _slice(x, src, idx, geom, sh),
-                               aval.dtype))
+        cells.append(cell_grid(
+            table, aval.shape,
+            lambda idx, x=x, src=src, sh=sh: _guarded(_slice(x, src, idx, geom, sh), guard),
+            aval.dtype))
     args = cells + jax.tree_util.tree_leaves(dyn)
     outs = interpret(closed.jaxpr, closed.consts, args, table)
     return [_assemble(o, v.aval, field_shape, table)
@@ -253,12 +273,13 @@ def _to_field(e: Any, field_shape: tuple[int, ...], dtype: Any) -> Any:
 
 
 def _vmapped(kernel_call: KernelCall, sources: Sequence[Source], arrays: Sequence[Any],
-             shifts: Sequence[Sequence[int]], geom: Sequence[AxisGeom], dyn: Any) -> list[Any]:
+             shifts: Sequence[Sequence[int]], geom: Sequence[AxisGeom], dyn: Any,
+             guard: Any = None) -> list[Any]:
     """The fallback: a stack of every window, and the kernel vmapped over it."""
     field_shape = tuple(g.count for g in geom)
     stacks = []
     for src, x, sh, aval in zip(sources, arrays, shifts, cell_avals(sources, geom), strict=True):
-        cells = [jnp.broadcast_to(_slice(x, src, idx, geom, sh), field_shape)
+        cells = [jnp.broadcast_to(_guarded(_slice(x, src, idx, geom, sh), guard), field_shape)
                  for idx in itertools.product(*(range(s) for s in aval.shape))]
         st = jnp.stack(cells, axis=-1) if cells else jnp.zeros(field_shape + (0,), aval.dtype)
         stacks.append(st.reshape((-1,) + aval.shape))

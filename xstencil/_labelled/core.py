@@ -18,7 +18,7 @@ from xstencil._engine.call import as_array, merge_static, precision, split_stati
 from xstencil._engine.lower import Source
 from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
-from xstencil._labelled.coords import numeric_coord, pad_coord
+from xstencil._labelled.coords import numeric_coord, pad_coord, warn_repeated_endpoint
 from xstencil._labelled.kcache import canonical, compiled
 from xstencil._labelled.plan import (
     Plan,
@@ -106,6 +106,7 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
     """Validate options and build the plan, inferring the window if needed."""
     check_options(call, f.dims, boundary=boundary, stride=stride, fill_value=fill_value)
     odims = _output_dims(call, output_dims, f.dims)
+    _output_dims_free(call, output_dims, odims, f.obj)
     cdims = coord_dims(f)
     if window is None:
         reach: dict[str, tuple[int, int]] = {}
@@ -118,10 +119,14 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
     for d, (lo, hi) in (extra_reach or {}).items():
         a, b = reach.get(d, (0, 0))
         reach[d] = (max(a, lo), max(b, hi))
-    return make_plan(call, dims=f.dims, shape=f.shape, window=reach, window_arg=window,
+    plan = make_plan(call, dims=f.dims, shape=f.shape, window=reach, window_arg=window,
                      boundary=boundary, fill_value=fill_value, stride=stride,
                      var_names=f.names, var_dims=f.var_dims, var_dtypes=f.dtypes,
                      coord_dims=cdims, output_dims=odims)
+    for d, s in zip(plan.dims, plan.specs, strict=True):  # a grid repeating its endpoint
+        if s.mode == "periodic" and (s.pad_lo > 0 or s.pad_hi > 0) and d in cdims:
+            warn_repeated_endpoint(call, d, numeric_coord(call, d, f.obj.coords[d].values))
+    return plan
 
 
 def _output_dims(call: str, output_dims: Any, dims: tuple[str, ...]) -> tuple[str, ...]:
@@ -147,6 +152,19 @@ def _output_dims(call: str, output_dims: Any, dims: tuple[str, ...]) -> tuple[st
     if len(set(odims)) != len(odims):
         raise XStencilError(f"{call}: output_dims={output_dims!r} repeats a name")
     return odims
+
+
+def _output_dims_free(call: str, output_dims: Any, odims: tuple[str, ...],
+                      obj: xr.DataArray | xr.Dataset) -> None:
+    """New output dims must not take the name of a coordinate or data variable."""
+    for d in odims:
+        what = "a coordinate" if d in obj.coords else \
+            "a data variable" if isinstance(obj, xr.Dataset) and d in obj.data_vars else None
+        if what is not None:
+            raise XStencilError(
+                f"{call}: output_dims={output_dims!r} names new dim {d!r}, which is already "
+                f"{what} of the input; name the new dims differently (e.g. {d + '_out'!r}) or "
+                f"drop it first with .drop_vars({d!r})")
 
 
 def _inferred(call: str, kernel: Callable[..., Any], f: Fields, cdims: tuple[str, ...],
