@@ -155,7 +155,7 @@ class Mesh:
         out = {}
         for d, sel in key.items():
             n = self._fields.shape[self._fields.dims.index(d)]
-            if np.asarray(sel).dtype.kind in "fc" and not isinstance(sel, slice):
+            if not isinstance(sel, slice) and np.size(sel) and np.asarray(sel).dtype.kind in "fc":
                 raise XStencilError(
                     f"{self._call}: m[{{{d!r}: {sel!r:.60}}}]: positions are ints (.isel "
                     f"semantics), got a float; select coordinate labels with "
