@@ -16,9 +16,9 @@ timedelta coordinates float seconds.
 
 from __future__ import annotations
 
-import numpy as np
-
 import warnings
+
+import numpy as np
 
 from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError

@@ -8,12 +8,12 @@ from typing import Any
 import xarray as xr
 
 from xstencil._dask import any_dask
+from xstencil._engine.call import split_static
 from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
-from xstencil._engine.call import split_static
-from xstencil._labelled.returns import check_new_vars, result_dims
 from xstencil._labelled.fastpath import lookup, remember, run, signature
+from xstencil._labelled.returns import check_new_vars, result_dims
 from xstencil._shard import is_sharded
 
 __all__ = ["map"]

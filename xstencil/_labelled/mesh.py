@@ -18,6 +18,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._dask import any_dask
+from xstencil._engine.call import split_static
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._errors import LabelError, XStencilError
 from xstencil._labelled.core import (
@@ -30,7 +31,6 @@ from xstencil._labelled.core import (
     sources,
     unwrap,
 )
-from xstencil._engine.call import split_static
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.returns import check_new_vars, result_dims
 from xstencil._shard import is_sharded

@@ -14,8 +14,9 @@ batch axis of ``vmap``), the extra leading dims are named ``"batch"``,
 ``"batch_1"``, ..., skipping names the object already has.  The mapped dim's
 own name and coordinate are not known on the way out (inside ``vmap`` the
 object has lost that dim): rename and reassign them, e.g.
-``out.rename(batch="time").assign_coords(time=da.time)``.  Leaves that are not arrays (placeholders JAX uses
-internally) are kept aside and returned unchanged by the next flatten.
+``out.rename(batch="time").assign_coords(time=da.time)``.  Leaves that are
+not arrays (placeholders JAX uses internally) are kept aside and returned
+unchanged by the next flatten.
 
 If another library registered either type first, xstencil keeps that
 registration and warns with :class:`PytreeRegistrationWarning`: JAX allows one

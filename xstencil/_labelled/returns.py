@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-from jax.extend.core import Literal
 import numpy as np
 import xarray as xr
+from jax.extend.core import Literal
 
 from xstencil._engine.call import precision
 from xstencil._errors import XStencilError
