@@ -10,6 +10,7 @@ branch.  Boolean-mask regions are evaluated everywhere and merged with
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,15 +71,14 @@ def mesh_evaluate(
         if isinstance(region, Slab) and region.covers(geom):
             start = k
     if branches and isinstance(branches[start][0], Slab) and branches[start][0].covers(geom):
-        out = evaluate(branches[start][1], sources, geom, dyn,
-                       guard=kept(branches, start, geom))
+        out = guarded(branches[start][1], sources, geom, dyn, kept(branches, start, geom))
         rest = branches[start + 1:]
         offset = start + 1
     elif _tiles(branches, geom):
         # the slabs cover every position: no need to evaluate the base
         first = branches[0]
-        vals = evaluate(first[1], sources, slab_geometry(geom, first[0]), dyn,
-                        guard=kept(branches, 0, geom))
+        vals = guarded(first[1], sources, slab_geometry(geom, first[0]), dyn,
+                       kept(branches, 0, geom))
         out = jax.tree_util.tree_map(
             lambda v: jnp.zeros(tuple(g.count for g in geom) + v.shape[len(geom):], v.dtype),
             vals)
@@ -113,7 +113,37 @@ def region_values(region: Slab | Mask, call: KernelCall, sources: Sequence[Sourc
         geom = slab_geometry(geom, region)
     elif guard is None:
         guard = jnp.asarray(region.array, dtype=bool)
-    return jax.tree_util.tree_leaves(evaluate(call, sources, geom, dyn, guard=guard))
+    return jax.tree_util.tree_leaves(guarded(call, sources, geom, dyn, guard))
+
+
+def guarded(call: KernelCall, sources: Sequence[Source], geom: Sequence[AxisGeom], dyn: Any,
+            guard: Any) -> Any:
+    """``evaluate`` whose derivatives ignore non-finite inputs outside ``guard``.
+
+    The values are computed without the guard (no extra work); only the
+    derivative rule evaluates the kernel with non-finite cells outside
+    ``guard`` read as zero, so a zero cotangent there never meets a NaN
+    partial derivative (the double-``where`` pattern).  Outside ``guard`` the
+    values are discarded by the caller, so both agree where it matters.
+    """
+    if guard is None:
+        return evaluate(call, sources, geom, dyn)
+
+    def run(arrays: Any, dyn: Any, guard: Any, safe: bool) -> Any:
+        srcs = [dataclasses.replace(s, array=a) for s, a in zip(sources, arrays, strict=True)]
+        return evaluate(call, srcs, geom, dyn, guard=guard if safe else None)
+
+    @jax.custom_jvp
+    def values(arrays: Any, dyn: Any, guard: Any) -> Any:
+        return run(arrays, dyn, guard, False)
+
+    @values.defjvp
+    def _jvp(primals: Any, tangents: Any) -> Any:
+        arrays, dyn, guard = primals
+        t_arrays, t_dyn, _ = tangents
+        return jax.jvp(lambda a, d: run(a, d, guard, True), (arrays, dyn), (t_arrays, t_dyn))
+
+    return values([s.array for s in sources], dyn, guard)
 
 
 def _in_slab(slab: Slab, domain: Sequence[tuple[int, int, int]],
