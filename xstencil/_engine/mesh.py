@@ -120,30 +120,38 @@ def guarded(call: KernelCall, sources: Sequence[Source], geom: Sequence[AxisGeom
             guard: Any) -> Any:
     """``evaluate`` whose derivatives ignore non-finite inputs outside ``guard``.
 
-    The values are computed without the guard (no extra work); only the
-    derivative rule evaluates the kernel with non-finite cells outside
-    ``guard`` read as zero, so a zero cotangent there never meets a NaN
-    partial derivative (the double-``where`` pattern).  Outside ``guard`` the
-    values are discarded by the caller, so both agree where it matters.
+    Outside ``guard`` the caller discards the values, but not their
+    derivatives: a zero cotangent times a NaN partial derivative is NaN.  The
+    derivative rule therefore evaluates the kernel with non-finite inputs
+    read as zero there (the double-``where`` pattern), which keeps the
+    gradient of the kept values exact.  The values themselves are computed
+    without the guard, at no extra cost.  Values the kernel closes over
+    (``lambda u: u() * nu`` inside a differentiated function) are hoisted
+    into arguments with :func:`jax.closure_convert`.
     """
     if guard is None:
         return evaluate(call, sources, geom, dyn)
+    arrays = [s.array for s in sources]
 
     def run(arrays: Any, dyn: Any, guard: Any, safe: bool) -> Any:
         srcs = [dataclasses.replace(s, array=a) for s, a in zip(sources, arrays, strict=True)]
         return evaluate(call, srcs, geom, dyn, guard=guard if safe else None)
 
+    plain, plain_consts = jax.closure_convert(lambda a, d: run(a, d, None, False), arrays, dyn)
+    safe, safe_consts = jax.closure_convert(lambda a, d, g: run(a, d, g, True), arrays, dyn,
+                                            guard)
+
     @jax.custom_jvp
-    def values(arrays: Any, dyn: Any, guard: Any) -> Any:
-        return run(arrays, dyn, guard, False)
+    def values(arrays: Any, dyn: Any, guard: Any, pc: Any, sc: Any) -> Any:
+        return plain(arrays, dyn, *pc)
 
     @values.defjvp
     def _jvp(primals: Any, tangents: Any) -> Any:
-        arrays, dyn, guard = primals
-        t_arrays, t_dyn, _ = tangents
-        return jax.jvp(lambda a, d: run(a, d, guard, True), (arrays, dyn), (t_arrays, t_dyn))
+        arrays, dyn, guard, _, sc = primals
+        ta, td, _, _, tsc = tangents
+        return jax.jvp(lambda a, d, c: safe(a, d, guard, *c), (arrays, dyn, sc), (ta, td, tsc))
 
-    return values([s.array for s in sources], dyn, guard)
+    return values(arrays, dyn, guard, list(plain_consts), list(safe_consts))
 
 
 def _in_slab(slab: Slab, domain: Sequence[tuple[int, int, int]],
