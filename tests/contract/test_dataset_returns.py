@@ -126,9 +126,11 @@ def _datasets(draw: st.DrawFn) -> tuple[xr.Dataset, list[str], bool]:
     nvar = draw(st.integers(1, 3))
     sizes = {"y": draw(st.integers(2, 4)), "x": draw(st.integers(2, 5))}
     variables = {}
+    # one dtype per Dataset: the dtype of a new variable is then the same
+    # whether it follows the kernel (JAX's rule) or promotes all variables
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
     for k in range(nvar):
         dims = draw(st.sampled_from(_DIMS))
-        dtype = draw(st.sampled_from([np.float32, np.float64]))
         data = np.arange(np.prod([sizes[d] for d in dims]), dtype=dtype).reshape(
             [sizes[d] for d in dims]) * (k + 1)
         variables[f"v{k}"] = (dims, data)

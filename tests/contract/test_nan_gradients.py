@@ -97,3 +97,28 @@ def test_a_kept_cell_that_reads_land_is_still_nan() -> None:
     np.testing.assert_array_equal(np.isnan(out[~LAND]), np.isnan(right[~LAND]))
     assert np.isnan(right[~LAND]).any()
     np.testing.assert_allclose(out[~LAND], 2.0 * right[~LAND], rtol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["mask", "slab"])
+def test_a_kernel_closing_over_the_parameter(how: str) -> None:
+    """``lambda u: u() * nu`` with ``nu`` captured, not passed: the usual way
+    to write a loss; the derivative rule must handle the captured value."""
+    T = _data()
+    sea = xr.DataArray(~LAND, dims=("y", "x"), coords=T.coords)
+    keep = jnp.asarray(~LAND)
+
+    def loss(nu: jax.Array) -> jax.Array:
+        m = T.stencil.mesh(boundary="extend")
+        if how == "mask":
+            m[sea] = lambda u: u() * nu
+        else:
+            m[...] = lambda u: u() * nu
+            m[{"x": slice(5, None)}] = lambda u: u() * 0.0
+            m[{"y": 0, "x": 0}] = lambda u: u() * 0.0
+        return jnp.sum(jnp.where(keep, m.map().data, 0.0))
+
+    g = jax.grad(loss)(jnp.float32(3.0))
+    np.testing.assert_allclose(g, np.sum(np.where(LAND, 0.0, T.values)), rtol=1e-5)
+    second = jax.grad(jax.grad(lambda nu: loss(nu) ** 2))(jnp.float32(3.0))
+    np.testing.assert_allclose(second, 2 * np.sum(np.where(LAND, 0.0, T.values)) ** 2,
+                               rtol=1e-4)
