@@ -31,6 +31,7 @@ from xstencil._labelled.core import (
     sources,
     unwrap,
 )
+from xstencil._labelled.mesh_checks import align_mask, warn_empty
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.returns import check_new_vars, result_dims
 from xstencil._shard import is_sharded
@@ -113,34 +114,9 @@ class Mesh:
                 f"{self._call}: m[{key!r:.60}] = {kernel!r:.60}: assign a kernel function, such "
                 f"as lambda u: u(x=-1)"
             )
-        self._warn_empty(region, key, by_label)
+        warn_empty(self._call, self._obj, region,
+                   key.indexers if isinstance(key, nearest) else key, by_label)
         self._regions.append((region, kernel))
-
-    def _warn_empty(self, region: Any, key: Any, by_label: bool) -> None:
-        """Warn about a region that selects no cells, naming the likely cause."""
-        if isinstance(region, np.ndarray):
-            if not region.any():
-                warnings.warn(f"{self._call}: m[mask] = ...: the mask selects no cells (it is "
-                              f"False everywhere), so this kernel never runs", stacklevel=4)
-            return
-        if not isinstance(region, Mapping):
-            return
-        empty = [d for d, pos in region.items() if pos.size == 0]
-        if not empty:
-            return
-        keys = key.indexers if isinstance(key, nearest) else key
-        where = f"m.loc[{dict(keys)!r}]" if by_label else f"m[{dict(keys)!r}]"
-        hint = ""
-        for d in empty:
-            sel = keys.get(d)
-            index = self._obj.indexes.get(d)
-            if by_label and isinstance(sel, slice) and index is not None and len(index) > 1 \
-                    and index.is_monotonic_decreasing and sel.start is not None \
-                    and sel.stop is not None and sel.start < sel.stop:
-                hint = (f"; coordinate {d!r} is descending, so a label slice runs from high "
-                        f"to low: use slice({sel.stop!r}, {sel.start!r})")
-        warnings.warn(f"{self._call}: {where} = ...: the region selects no cells along "
-                      f"{tuple(empty)!r}, so this kernel never runs{hint}", stacklevel=4)
 
     def _check_dims(self, key: Mapping[str, Any], how: str) -> None:
         for d in key:
@@ -258,28 +234,11 @@ class Mesh:
                     f"{self._call}: m[mask] = ...: the mask has length {mask.sizes[d]} along "
                     f"{d!r} but the data has {sizes[d]}"
                 )
-        mask = self._align_mask(mask)
+        mask = align_mask(self._call, self._obj, mask)
         full = mask.transpose(*[d for d in self._fields.dims if d in mask.dims])
         arr = np.asarray(full.values, dtype=bool)
         arr = arr.reshape([sizes[d] if d in mask.dims else 1 for d in self._fields.dims])
         return np.broadcast_to(arr, self._fields.shape)
-
-    def _align_mask(self, mask: xr.DataArray) -> xr.DataArray:
-        """The mask reordered to the data's labels, as xarray aligns by label;
-        labels that differ as sets raise."""
-        for d in mask.dims:
-            mine, theirs = self._obj.indexes.get(d), mask.indexes.get(d)
-            if mine is None or theirs is None or mine.equals(theirs):
-                continue
-            if not (mine.is_unique and theirs.is_unique and len(mine) == len(theirs)
-                    and mine.isin(theirs).all()):
-                raise XStencilError(
-                    f"{self._call}: m[mask] = ...: the mask's coordinate {d!r} has labels "
-                    f"{theirs[:3].tolist()!r}... that do not match the data's "
-                    f"{mine[:3].tolist()!r}...; build the mask from the data (e.g. m[da > 0]) "
-                    f"or align it with mask.reindex_like(data)")
-            mask = mask.reindex({d: mine})
-        return mask
 
     def _current(self) -> Fields:
         """The data as it is now (``T.data = ...`` after the mesh was made is
