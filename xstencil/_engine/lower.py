@@ -135,6 +135,7 @@ def evaluate(
     geom: Sequence[AxisGeom],
     dyn: Any,
     closed: Any = None,
+    guard: Any = None,
 ) -> Any:
     """Run ``kernel_call(cells, dyn)`` at every output position of the slab.
 
@@ -142,6 +143,12 @@ def evaluate(
     ``field_shape + per_cell_shape``.  The output box is split into an
     interior, whose windows lie inside the arrays and read them directly,
     and a thin boundary shell that reads padded copies.
+
+    ``guard`` (a boolean array of ``field_shape``, or None) marks the outputs
+    the caller keeps.  Elsewhere non-finite window cells are read as zero:
+    the values there are discarded, and their gradients (zero cotangents
+    times NaN) would otherwise poison the kept ones (the double-``where``
+    pattern).
     """
     if closed is None:
         closed = trace(kernel_call, sources, geom, dyn)
@@ -158,10 +165,14 @@ def evaluate(
             shifts = [s.shifts() for s in sources]
         else:
             arrays, shifts = zip(*(s.block(sub) for s in sources), strict=True)
+        g = None
+        if guard is not None:
+            offs = [(q.start - p.start) // p.step for q, p in zip(sub, geom, strict=True)]
+            g = lax.slice(guard, offs, [o + q.count for o, q in zip(offs, sub, strict=True)])
         try:
-            return _lifted(jaxpr, sources, arrays, shifts, sub, dyn)
+            return _lifted(jaxpr, sources, arrays, shifts, sub, dyn, g)
         except Unliftable:
-            return _vmapped(kernel_call, sources, arrays, shifts, sub, dyn)
+            return _vmapped(kernel_call, sources, arrays, shifts, sub, dyn, g)
 
     def split(axis: int, sub: list[AxisGeom]) -> list[Any]:
         if axis == len(sub):
@@ -229,8 +240,16 @@ def trace(kernel_call: KernelCall, sources: Sequence[Source], geom: Sequence[Axi
     return closed, jax.tree_util.tree_structure(shapes)
 
 
+def _guarded(x: Any, guard: Any) -> Any:
+    """``x`` with non-finite values read as zero where ``guard`` is False."""
+    if guard is None or not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x
+    return jnp.where(guard | jnp.isfinite(x), x, jnp.zeros((), x.dtype))
+
+
 def _lifted(closed: Any, sources: Sequence[Source], arrays: Sequence[Any],
-            shifts: Sequence[Sequence[int]], geom: Sequence[AxisGeom], dyn: Any) -> list[Any]:
+            shifts: Sequence[Sequence[int]], geom: Sequence[AxisGeom], dyn: Any,
+            guard: Any = None) -> list[Any]:
     field_shape = tuple(g.count for g in geom)
     table = Table(ArrayAlgebra())
     cells = []
@@ -242,7 +261,7 @@ def _lifted(closed: Any, sources: Sequence[Source], arrays: Sequence[Any],
             # each read cell is one shifted slice in the XLA program, and its
             # compile time grows with their number: gather the windows instead
             raise Unliftable(f"the kernel reads more than {MAX_LIFTED_CELLS} window cells")
-        return _slice(x, src, idx, geom, sh)
+        return _guarded(_slice(x, src, idx, geom, sh), guard)
 
     for src, x, sh, aval in zip(sources, arrays, shifts, cell_avals(sources, geom), strict=True):
         cells.append(cell_grid(table, aval.shape,
@@ -276,15 +295,20 @@ def _to_field(e: Any, field_shape: tuple[int, ...], dtype: Any) -> Any:
 
 
 def _vmapped(kernel_call: KernelCall, sources: Sequence[Source], arrays: Sequence[Any],
-             shifts: Sequence[Sequence[int]], geom: Sequence[AxisGeom], dyn: Any) -> list[Any]:
+             shifts: Sequence[Sequence[int]], geom: Sequence[AxisGeom], dyn: Any,
+             guard: Any = None) -> list[Any]:
     """The fallback: a stack of every window, and the kernel vmapped over it."""
     field_shape = tuple(g.count for g in geom)
     stacks = []
     for src, x, sh, aval in zip(sources, arrays, shifts, cell_avals(sources, geom), strict=True):
         if math.prod(aval.shape) > MAX_LIFTED_CELLS:
-            stacks.append(_gathered(x, src, sh, geom, aval.shape))
+            st = _gathered(x, src, sh, geom, aval.shape)
+            if guard is not None:
+                g = jnp.broadcast_to(guard, field_shape).reshape((-1,) + (1,) * len(aval.shape))
+                st = _guarded(st, g)
+            stacks.append(st)
             continue
-        cells = [jnp.broadcast_to(_slice(x, src, idx, geom, sh), field_shape)
+        cells = [jnp.broadcast_to(_guarded(_slice(x, src, idx, geom, sh), guard), field_shape)
                  for idx in itertools.product(*(range(s) for s in aval.shape))]
         st = jnp.stack(cells, axis=-1) if cells else jnp.zeros(field_shape + (0,), aval.dtype)
         stacks.append(st.reshape((-1,) + aval.shape))

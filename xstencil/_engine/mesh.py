@@ -10,6 +10,7 @@ branch.  Boolean-mask regions are evaluated everywhere and merged with
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,29 +60,39 @@ def mesh_evaluate(
     geom: Sequence[AxisGeom],
     dyn: Any,
 ) -> Any:
-    """Evaluate ``base`` everywhere, then each branch on its region, in order."""
+    """Evaluate ``base`` everywhere, then each branch on its region, in order.
+
+    Each branch reads non-finite inputs as zero at the positions whose result
+    is discarded (outside its mask, or overwritten by a later region), so
+    NaN on land never reaches the gradient of what the sea kernel keeps.
+    """
     start = 0
     for k, (region, _) in enumerate(branches):
         if isinstance(region, Slab) and region.covers(geom):
             start = k
     if branches and isinstance(branches[start][0], Slab) and branches[start][0].covers(geom):
-        out = evaluate(branches[start][1], sources, geom, dyn)
+        out = guarded(branches[start][1], sources, geom, dyn, kept(branches, start, geom))
         rest = branches[start + 1:]
+        offset = start + 1
     elif _tiles(branches, geom):
         # the slabs cover every position: no need to evaluate the base
         first = branches[0]
-        vals = evaluate(first[1], sources, slab_geometry(geom, first[0]), dyn)
+        vals = guarded(first[1], sources, slab_geometry(geom, first[0]), dyn,
+                       kept(branches, 0, geom))
         out = jax.tree_util.tree_map(
             lambda v: jnp.zeros(tuple(g.count for g in geom) + v.shape[len(geom):], v.dtype),
             vals)
         out = jax.tree_util.tree_map(lambda o, v: write_slab(o, v, first[0]), out, vals)
         rest = branches[1:]
+        offset = 1
     else:
         out = evaluate(base, sources, geom, dyn)
         rest = branches
+        offset = 0
     leaves, treedef = jax.tree_util.tree_flatten(out)
-    evaluated = [(region, vals) for region, call in rest
-                 if (vals := region_values(region, call, sources, geom, dyn)) is not None]
+    evaluated = [(region, vals) for k, (region, call) in enumerate(rest, offset)
+                 if (vals := region_values(region, call, sources, geom, dyn,
+                                           kept(branches, k, geom))) is not None]
     # every region writes into one array: promote to a dtype that holds them all
     for k in range(len(leaves)):
         dt = promote(leaves[k], *[vals[k] for _, vals in evaluated])
@@ -92,14 +103,102 @@ def mesh_evaluate(
 
 
 def region_values(region: Slab | Mask, call: KernelCall, sources: Sequence[Source],
-                  geom: Sequence[AxisGeom], dyn: Any) -> list[Any] | None:
+                  geom: Sequence[AxisGeom], dyn: Any, guard: Any = None) -> list[Any] | None:
     """The output leaves of ``call`` over ``region`` (its slab only, for a
-    slab; everywhere, for a mask), or ``None`` for an empty slab."""
+    slab; everywhere, for a mask), or ``None`` for an empty slab.  ``guard``
+    marks the outputs that are kept (see :func:`kept`)."""
     if isinstance(region, Slab):
         if 0 in region.counts():
             return None
         geom = slab_geometry(geom, region)
-    return jax.tree_util.tree_leaves(evaluate(call, sources, geom, dyn))
+    elif guard is None:
+        guard = jnp.asarray(region.array, dtype=bool)
+    return jax.tree_util.tree_leaves(guarded(call, sources, geom, dyn, guard))
+
+
+def guarded(call: KernelCall, sources: Sequence[Source], geom: Sequence[AxisGeom], dyn: Any,
+            guard: Any) -> Any:
+    """``evaluate`` whose derivatives ignore non-finite inputs outside ``guard``.
+
+    Outside ``guard`` the caller discards the values, but not their
+    derivatives: a zero cotangent times a NaN partial derivative is NaN.  The
+    derivative rule therefore evaluates the kernel with non-finite inputs
+    read as zero there (the double-``where`` pattern), which keeps the
+    gradient of the kept values exact.  The values themselves are computed
+    without the guard, at no extra cost.  Values the kernel closes over
+    (``lambda u: u() * nu`` inside a differentiated function) are hoisted
+    into arguments with :func:`jax.closure_convert`.
+    """
+    if guard is None:
+        return evaluate(call, sources, geom, dyn)
+    arrays = [s.array for s in sources]
+
+    def run(arrays: Any, dyn: Any, guard: Any, safe: bool) -> Any:
+        srcs = [dataclasses.replace(s, array=a) for s, a in zip(sources, arrays, strict=True)]
+        return evaluate(call, srcs, geom, dyn, guard=guard if safe else None)
+
+    plain, plain_consts = jax.closure_convert(lambda a, d: run(a, d, None, False), arrays, dyn)
+    safe, safe_consts = jax.closure_convert(lambda a, d, g: run(a, d, g, True), arrays, dyn,
+                                            guard)
+
+    @jax.custom_jvp
+    def values(arrays: Any, dyn: Any, guard: Any, pc: Any, sc: Any) -> Any:
+        return plain(arrays, dyn, *pc)
+
+    @values.defjvp
+    def _jvp(primals: Any, tangents: Any) -> Any:
+        arrays, dyn, guard, _, sc = primals
+        ta, td, _, _, tsc = tangents
+        return jax.jvp(lambda a, d, c: safe(a, d, guard, *c), (arrays, dyn, sc), (ta, td, tsc))
+
+    return values(arrays, dyn, guard, list(plain_consts), list(safe_consts))
+
+
+def _in_slab(slab: Slab, domain: Sequence[tuple[int, int, int]],
+             counts: tuple[int, ...]) -> Any:
+    """Whether each position of ``domain`` (per axis: start, step, count of
+    output positions) lies in ``slab``, built from iotas (no constant array)."""
+    inside = None
+    for a, ((s0, c0, n0), (a1, b1, c1)) in enumerate(zip(domain, slab.ranges, strict=True)):
+        if set(range(s0, s0 + c0 * n0, c0)) <= set(range(a1, b1, c1)):
+            continue
+        p = s0 + c0 * lax.broadcasted_iota(jnp.int32, counts, a)
+        hit = (p >= a1) & (p < b1) & ((p - a1) % c1 == 0)
+        inside = hit if inside is None else inside & hit
+    return jnp.ones(counts, bool) if inside is None else inside
+
+
+def kept(branches: Sequence[tuple[Slab | Mask, KernelCall]], k: int,
+         geom: Sequence[AxisGeom]) -> Any:
+    """The outputs of branch ``k`` (over its slab, or everywhere for a mask)
+    that no later branch overwrites and, for a mask, that the mask selects;
+    ``None`` when all of them are kept."""
+    region = branches[k][0]
+    if isinstance(region, Slab):
+        domain = [(a, c, len(range(a, b, c))) for a, b, c in region.ranges]
+    else:
+        domain = [(0, 1, g.count) for g in geom]
+    counts = tuple(n for _, _, n in domain)
+    keep = None if isinstance(region, Slab) else jnp.asarray(region.array, dtype=bool)
+    for later, _ in branches[k + 1:]:
+        if isinstance(later, Slab):
+            if not _overlaps(later, domain):
+                continue
+            hit = _in_slab(later, domain, counts)
+        else:
+            m = jnp.asarray(later.array, dtype=bool)
+            hit = m[tuple(slice(a, a + c * (n - 1) + 1, c) for a, c, n in domain)] \
+                if isinstance(region, Slab) else m
+        keep = ~hit if keep is None else keep & ~hit
+    return keep
+
+
+def _overlaps(slab: Slab, domain: Sequence[tuple[int, int, int]]) -> bool:
+    """Whether ``slab`` shares a position with ``domain`` (ranges start, step, count)."""
+    for (s0, c0, n0), (a1, b1, c1) in zip(domain, slab.ranges, strict=True):
+        if not set(range(s0, s0 + c0 * n0, c0)) & set(range(a1, b1, c1)):
+            return False
+    return True
 
 
 def write_region(leaves: Sequence[Any], region: Slab | Mask, vals: Sequence[Any]) -> list[Any]:

@@ -16,12 +16,42 @@ timedelta coordinates float seconds.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
-__all__ = ["numeric_coord", "coord_period", "pad_coord"]
+__all__ = ["numeric_coord", "coord_period", "pad_coord", "warn_repeated_endpoint"]
+
+#: spans that are a full period on their own: a periodic coordinate spanning
+#: one of these from its first to its last label repeats its endpoint
+_PERIODS = (2 * np.pi, 360.0)
+
+
+def warn_repeated_endpoint(call: str, dim: str, c: np.ndarray | None,
+                           period: float | None = None) -> None:
+    """Warn when a periodic coordinate's first and last labels are one period
+    apart (``np.linspace(0, 2*np.pi, 21)``): the last point repeats the first,
+    so the periodic neighbour of the last point is the first point again."""
+    if c is None or len(c) < 3:
+        return
+    span = float(c[-1] - c[0])
+    known = [p for p in _PERIODS if np.isclose(abs(span), p, rtol=1e-9, atol=0)]
+    if period is not None:
+        if known or not np.isclose(abs(span), period, rtol=1e-9, atol=0):
+            return  # the first case already warned when the plan was made
+        known = [period]
+    if not known:
+        return
+    warnings.warn(
+        f"{call}: boundary 'periodic' on {dim!r}, whose first and last labels "
+        f"({c[0]:g}, {c[-1]:g}) are one period ({known[0]:g}) apart: the last point repeats "
+        f"the first, so the seam is read twice and derivatives there are wrong. Drop the "
+        f"last point (data.isel({dim}=slice(None, -1))), or build the grid with "
+        f"np.linspace(start, stop, n, endpoint=False)", stacklevel=2)
+
 
 
 def numeric_coord(call: str, dim: str, values: np.ndarray) -> np.ndarray | None:
@@ -40,6 +70,7 @@ def coord_period(call: str, dim: str, c: np.ndarray, period: float | None) -> fl
     """The period of coordinate ``c`` across a periodic boundary: ``period``,
     or the length of a uniformly spaced ``c`` (its spacing times its size)."""
     if period is not None:
+        warn_repeated_endpoint(call, dim, c, period)
         return period
     d = np.diff(c)
     if len(d) and not np.allclose(d, d[0], rtol=1e-6, atol=0):

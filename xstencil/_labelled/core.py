@@ -17,7 +17,7 @@ from xstencil._engine.call import as_array, merge_static, precision, split_stati
 from xstencil._engine.lower import Source
 from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
-from xstencil._labelled.coords import numeric_coord, pad_coord
+from xstencil._labelled.coords import numeric_coord, pad_coord, warn_repeated_endpoint
 from xstencil._labelled.kcache import (
     Lifted,
     cached,
@@ -43,6 +43,7 @@ from xstencil._labelled.plan import (
     with_call,
 )
 from xstencil._labelled.plan import _window as parse_window
+from xstencil._labelled.returns import to_dims
 
 __all__ = ["Fields", "unwrap", "prepare", "kernel_caller", "identity_caller", "rewrap",
            "compiled", "sources"]
@@ -121,6 +122,7 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
     check_known_chunks(call, f.names, f.var_dims, f.arrays)
     check_options(call, f.dims, boundary=boundary, stride=stride, fill_value=fill_value)
     odims = _output_dims(call, output_dims, f.dims)
+    _output_dims_free(call, output_dims, odims, f.obj)
     cdims = coord_dims(f)
     if window is None:
         reach: dict[str, tuple[int, int]] = {}
@@ -133,10 +135,14 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
     for d, (lo, hi) in (extra_reach or {}).items():
         a, b = reach.get(d, (0, 0))
         reach[d] = (max(a, lo), max(b, hi))
-    return make_plan(call, dims=f.dims, shape=f.shape, window=reach, window_arg=window,
+    plan = make_plan(call, dims=f.dims, shape=f.shape, window=reach, window_arg=window,
                      boundary=boundary, fill_value=fill_value, stride=stride,
                      var_names=f.names, var_dims=f.var_dims, var_dtypes=f.dtypes,
                      coord_dims=cdims, output_dims=odims)
+    for d, s in zip(plan.dims, plan.specs, strict=True):  # a grid repeating its endpoint
+        if s.mode == "periodic" and (s.pad_lo > 0 or s.pad_hi > 0) and d in cdims:
+            warn_repeated_endpoint(call, d, numeric_coord(call, d, f.obj.coords[d].values))
+    return plan
 
 
 def _output_dims(call: str, output_dims: Any, dims: tuple[str, ...]) -> tuple[str, ...]:
@@ -162,6 +168,19 @@ def _output_dims(call: str, output_dims: Any, dims: tuple[str, ...]) -> tuple[st
     if len(set(odims)) != len(odims):
         raise XStencilError(f"{call}: output_dims={output_dims!r} repeats a name")
     return odims
+
+
+def _output_dims_free(call: str, output_dims: Any, odims: tuple[str, ...],
+                      obj: xr.DataArray | xr.Dataset) -> None:
+    """New output dims must not take the name of a coordinate or data variable."""
+    for d in odims:
+        what = "a coordinate" if d in obj.coords else \
+            "a data variable" if isinstance(obj, xr.Dataset) and d in obj.data_vars else None
+        if what is not None:
+            raise XStencilError(
+                f"{call}: output_dims={output_dims!r} names new dim {d!r}, which is already "
+                f"{what} of the input; name the new dims differently (e.g. {d + '_out'!r}) or "
+                f"drop it first with .drop_vars({d!r})")
 
 
 def _inferred(call: str, kernel: Callable[..., Any], f: Fields, cdims: tuple[str, ...],
@@ -438,8 +457,12 @@ def replace_data(obj: xr.DataArray, out: Any) -> xr.DataArray:
         return res
 
 
-def rewrap(plan: Plan, f: Fields, out: Any) -> xr.DataArray | xr.Dataset:
-    """Put the engine's output back into xarray with dims, coords, attrs, name."""
+def rewrap(plan: Plan, f: Fields, out: Any,
+           leaf_dims: Mapping[str | None, tuple[str, ...]] | None = None
+           ) -> xr.DataArray | xr.Dataset:
+    """Put the engine's output back into xarray with dims, coords, attrs, name.
+
+    ``leaf_dims`` (Datasets, see returns.py) gives each result's own dims."""
     out = host64(out)
     index = {d: s for d, s in plan.input_index().items()
              if s != slice(0, f.shape[plan.axis(d)], 1)}
@@ -454,9 +477,24 @@ def rewrap(plan: Plan, f: Fields, out: Any) -> xr.DataArray | xr.Dataset:
         ds = f.obj if not index else f.obj.isel(index)
         ds = ds.copy(deep=False)
         for n, v in out.items():
-            ds[n] = xr.DataArray(v, dims=dims, coords=coords_ds.coords,
+            v, vdims, vcoords = _own_dims(plan, coords_ds, v, dims, leaf_dims, n)
+            ds[n] = xr.DataArray(v, dims=vdims, coords=vcoords,
                                  attrs=f.obj[n].attrs if n in f.obj else {}, name=n)
         return ds
     attrs = f.obj.attrs
     name = f.obj.name if isinstance(f.obj, xr.DataArray) else None
-    return xr.DataArray(out, dims=dims, coords=coords_ds.coords, attrs=dict(attrs), name=name)
+    out, dims, coords = _own_dims(plan, coords_ds, out, dims, leaf_dims, None)
+    return xr.DataArray(out, dims=dims, coords=coords, attrs=dict(attrs), name=name)
+
+
+def _own_dims(plan: Plan, coords_ds: xr.Dataset, v: Any, dims: tuple[str, ...],
+              leaf_dims: Mapping[str | None, tuple[str, ...]] | None, name: str | None
+              ) -> tuple[Any, tuple[str, ...], Any]:
+    """A result reduced to its own dims (``leaf_dims[name]``), with the coords on them."""
+    if leaf_dims is None or name not in leaf_dims:
+        return v, dims, coords_ds.coords
+    own = leaf_dims[name]
+    v = to_dims(plan, v, own)
+    dims = own + plan.output_dims
+    drop = [k for k, c in coords_ds.coords.items() if not set(c.dims) <= set(dims)]
+    return v, dims, coords_ds.drop_vars(drop).coords

@@ -8,11 +8,13 @@ from typing import Any
 import xarray as xr
 
 from xstencil._dask import any_dask
+from xstencil._engine.call import split_static
 from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
 from xstencil._labelled.fastpath import lookup, remember, run, signature
 from xstencil._labelled.kcache import describe
+from xstencil._labelled.returns import check_new_vars, result_dims
 from xstencil._shard import is_sharded
 
 __all__ = ["map"]
@@ -29,6 +31,7 @@ def map(  # noqa: A001 - the contract's name
     output_dims: str | Sequence[str] | None = None,
     period: Mapping[str, float] | None = None,
     mesh: Any = None,
+    new_vars: str | Sequence[str] | None = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Apply a stencil kernel at every point of a DataArray or Dataset.
@@ -75,6 +78,10 @@ def map(  # noqa: A001 - the contract's name
         :class:`jax.sharding.Mesh` whose axes are named after dims.  Data that
         is already a sharded JAX array runs sharded without it.  See
         :doc:`/scaling`.
+    new_vars
+        Names a Dataset kernel may return that are not data variables yet
+        (new variables); any other unknown name raises, to catch typos.  See
+        :doc:`/datasets` for the dims each result gets.
 
     Returns
     -------
@@ -123,18 +130,28 @@ def map(  # noqa: A001 - the contract's name
     f = unwrap(call, obj)
     plan = prepare(call, f, [kernel], window=window, boundary=boundary, fill_value=fill_value,
                    stride=stride, output_dims=output_dims, args=args, kwargs=kwargs)
+    leaf_dims = None
+    if f.names is not None:  # each result gets its own dims (returns.py)
+        dyn, static = split_static(call, (args, kwargs))
+        leaf_dims = result_dims(plan, f.obj, [kernel_caller(plan, kernel, static)], dyn,
+                                (f.arrays, args, kwargs), check_new_vars(call, new_vars))
+    elif new_vars is not None:
+        raise XStencilError(f"{call}: new_vars={new_vars!r:.60} is for Dataset kernels that "
+                            f"return a dict; a DataArray kernel returns one value")
     if any_dask(f.arrays):  # lazy: xstencil._dask builds a map_overlap graph
         from xstencil._dask import map_dask
 
-        return rewrap(plan, f, map_dask(plan, f, [kernel], args, kwargs, period, mesh=mesh))
+        return rewrap(plan, f, map_dask(plan, f, [kernel], args, kwargs, period, mesh=mesh),
+                      leaf_dims)
     if mesh is not None or is_sharded(f.arrays):  # several devices: xstencil._shard
         from xstencil._shard import map_sharded
 
-        return rewrap(plan, f, map_sharded(plan, f, [kernel], args, kwargs, period, mesh, kernel))
+        return rewrap(plan, f, map_sharded(plan, f, [kernel], args, kwargs, period, mesh, kernel),
+                      leaf_dims)
     used: dict[str, Any] = {}
     out = call_engine(plan, f, lifted, None, _body, args, kwargs, period, used=used)
     remember(lifted, sig, obj, plan, f, period, args, kwargs, used)
-    return rewrap(plan, f, out)
+    return rewrap(plan, f, out, leaf_dims)
 
 
 def _body(kernels: Any, plan: Any, static: Any, arrays: Any, coords: Any, dyn: Any,

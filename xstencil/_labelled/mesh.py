@@ -18,6 +18,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._dask import any_dask
+from xstencil._engine.call import split_static
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._errors import LabelError, XStencilError
 from xstencil._labelled.core import (
@@ -31,7 +32,9 @@ from xstencil._labelled.core import (
     unwrap,
 )
 from xstencil._labelled.kcache import cached
+from xstencil._labelled.mesh_checks import align_mask, warn_empty
 from xstencil._labelled.plan import Plan
+from xstencil._labelled.returns import check_new_vars, result_dims
 from xstencil._shard import is_sharded
 
 __all__ = ["mesh", "Mesh", "nearest"]
@@ -67,7 +70,7 @@ class _Loc:
         self._mesh = mesh
 
     def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
-        self._mesh._assign(self._mesh._by_label(key), kernel, key)
+        self._mesh._assign(self._mesh._by_label(key), kernel, key, by_label=True)
 
 
 class Mesh:
@@ -79,6 +82,7 @@ class Mesh:
         self._call = "da.stencil.mesh(...)" if isinstance(obj, xr.DataArray) \
             else "ds.stencil.mesh(...)"
         self._fields: Fields = unwrap(self._call, obj)
+        self._indexes = {k: v.copy() for k, v in obj.indexes.items()}
         self._regions: list[tuple[dict[str, np.ndarray] | np.ndarray | None,
                                   Callable[..., Any]]] = []
 
@@ -104,12 +108,15 @@ class Mesh:
                 f"labels"
             )
 
-    def _assign(self, region: Any, kernel: Callable[..., Any], key: Any) -> None:
+    def _assign(self, region: Any, kernel: Callable[..., Any], key: Any,
+                by_label: bool = False) -> None:
         if not callable(kernel):
             raise XStencilError(
                 f"{self._call}: m[{key!r:.60}] = {kernel!r:.60}: assign a kernel function, such "
                 f"as lambda u: u(x=-1)"
             )
+        warn_empty(self._call, self._obj, region,
+                   key.indexers if isinstance(key, nearest) else key, by_label)
         self._regions.append((region, kernel))
 
     def _check_dims(self, key: Mapping[str, Any], how: str) -> None:
@@ -125,6 +132,12 @@ class Mesh:
         out = {}
         for d, sel in key.items():
             n = self._fields.shape[self._fields.dims.index(d)]
+            if not isinstance(sel, slice) and np.size(sel) and np.asarray(sel).dtype.kind in "fc":
+                raise XStencilError(
+                    f"{self._call}: m[{{{d!r}: {sel!r:.60}}}]: positions are ints (.isel "
+                    f"semantics), got a float; select coordinate labels with "
+                    f"m.loc[{{{d!r}: {sel!r:.60}}}]"
+                )
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("error")
@@ -164,6 +177,12 @@ class Mesh:
                     f"position with m[{{{d!r}: ...}}]"
                 )
             index = self._obj.indexes[d]
+            if method is not None and not index.is_unique:
+                dup = index[index.duplicated()].unique()[:3].tolist()
+                raise XStencilError(
+                    f"{self._call}: m.loc[xstencil.nearest({d}={sel!r:.60})]: coordinate {d!r} "
+                    f"has duplicated labels {dup!r}, so the nearest label is ambiguous; select "
+                    f"by position with m[{{{d!r}: ...}}] or drop the duplicates first")
             pos = xr.DataArray(np.arange(len(index)), dims=d, coords={d: index})
             try:
                 with warnings.catch_warnings():
@@ -216,10 +235,28 @@ class Mesh:
                     f"{self._call}: m[mask] = ...: the mask has length {mask.sizes[d]} along "
                     f"{d!r} but the data has {sizes[d]}"
                 )
+        mask = align_mask(self._call, self._obj, mask)
         full = mask.transpose(*[d for d in self._fields.dims if d in mask.dims])
         arr = np.asarray(full.values, dtype=bool)
         arr = arr.reshape([sizes[d] if d in mask.dims else 1 for d in self._fields.dims])
         return np.broadcast_to(arr, self._fields.shape)
+
+    def _current(self) -> Fields:
+        """The data as it is now (``T.data = ...`` after the mesh was made is
+        seen); a change of dims, sizes or coordinate labels raises, since the
+        regions were resolved against the old ones."""
+        f = unwrap(self._call, self._obj)
+        old = self._fields
+        changed = f.dims != old.dims or f.shape != old.shape or f.names != old.names \
+            or self._indexes.keys() != self._obj.indexes.keys() \
+            or any(not v.equals(self._obj.indexes[k]) for k, v in self._indexes.items())
+        if changed:
+            raise XStencilError(
+                f"{self._call}: the data's dims, sizes or coordinate labels changed after the "
+                f"mesh was created (was {dict(zip(old.dims, old.shape, strict=True))!r}); the "
+                f"regions were chosen on the old ones, so create the mesh again")
+        self._fields = f
+        return f
 
     # -- running --------------------------------------------------------------
     def _plan(self, extra_reach: Mapping[str, tuple[int, int]] | None = None,
@@ -300,30 +337,51 @@ class Mesh:
     def map(self, *args: Any, **kwargs: Any) -> xr.DataArray | xr.Dataset:
         """Run the mesh over the data; extra arguments go to every kernel."""
         call = self._call.replace("mesh(...)", "mesh(...).map()")
+        self._current()
         plan, _ = self._plan(call=call, args=args, kwargs=kwargs)
         regions, masks = self.regions(plan)
         kernels = tuple(k for _, k in self._regions)
+        leaf_dims = None
+        if self._fields.names is not None:  # each result gets its own dims (returns.py)
+            dyn, static = split_static(call, (args, kwargs))
+            leaf_dims = result_dims(
+                plan, self._fields.obj, [kernel_caller(plan, k, static) for k in kernels], dyn,
+                (self._fields.arrays, args, kwargs),
+                check_new_vars(call, self._options.get("new_vars")), self._region_dims())
         if any_dask(self._fields.arrays):  # lazy: xstencil._dask builds a map_overlap graph
             from xstencil._dask import map_dask
 
             return rewrap(plan, self._fields, map_dask(
                 plan, self._fields, kernels, args, kwargs, self._options.get("period"),
-                regions, masks, self._options.get("mesh")))
+                regions, masks, self._options.get("mesh")), leaf_dims)
         if self._options.get("mesh") is not None or is_sharded(self._fields.arrays):
             from xstencil._shard import map_sharded
 
             return rewrap(plan, self._fields, map_sharded(
                 plan, self._fields, kernels, args, kwargs, self._options.get("period"),
-                self._options.get("mesh"), self, regions, masks))
+                self._options.get("mesh"), self, regions, masks), leaf_dims)
         out = call_engine(plan, self._fields, kernels, ("mesh", tuple(regions)),
                           _mesh_body(regions), args, kwargs,
                           self._options.get("period"), masks)
-        return rewrap(plan, self._fields, out)
+        return rewrap(plan, self._fields, out, leaf_dims)
+
+    def _region_dims(self) -> tuple[str, ...]:
+        """Dims along which the regions vary: results change along them."""
+        out: set[str] = set()
+        sizes = dict(zip(self._fields.dims, self._fields.shape, strict=True))
+        for region, _ in self._regions:
+            if isinstance(region, Mapping):
+                out |= {d for d, pos in region.items() if len(np.unique(pos)) != sizes[d]}
+            elif isinstance(region, np.ndarray):
+                out |= {d for a, d in enumerate(self._fields.dims)
+                        if not (region == region.take([0], axis=a)).all()}
+        return tuple(d for d in self._fields.dims if d in out)
 
     def scan(self, *args: Any, **kwargs: Any) -> Any:
         """Run the mesh as a scan along a dim; see :func:`xstencil.scan`."""
         from xstencil._labelled.scan import scan_mesh
 
+        self._current()
         return scan_mesh(self, *args, **kwargs)
 
 
@@ -359,7 +417,8 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
         The data.
     **options
         ``window``, ``boundary``, ``fill_value``, ``stride``, ``output_dims``,
-        ``period`` and ``mesh`` (devices), as for :func:`xstencil.map`.
+        ``period``, ``mesh`` (devices) and ``new_vars``, as for
+        :func:`xstencil.map`.
 
     Returns
     -------
@@ -380,7 +439,8 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
     >>> m.map().values
     array([-1.,  2.,  4.,  6.,  7.])
     """
-    allowed = {"window", "boundary", "fill_value", "stride", "output_dims", "period", "mesh"}
+    allowed = {"window", "boundary", "fill_value", "stride", "output_dims", "period", "mesh",
+               "new_vars"}
     bad = set(options) - allowed
     if bad:
         call = "da.stencil.mesh(...)" if isinstance(obj, xr.DataArray) else "ds.stencil.mesh(...)"

@@ -370,7 +370,7 @@ def with_call(call: str, kernel: Any, e: Exception) -> Exception:
 #: Keyword options of the labelled calls, to recognise a misspelled one.
 OPTIONS = ("window", "boundary", "fill_value", "stride", "output_dims", "period", "dim",
            "steps", "dt", "coord", "save_every", "progress", "checkpoint", "check_finite",
-           "step", "mesh", "halo_every")
+           "step", "mesh", "halo_every", "new_vars")
 
 
 def unknown_keyword(call: str, kernel: Any, e: Exception,

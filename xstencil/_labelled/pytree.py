@@ -11,8 +11,12 @@
 
 When a transform hands back leaves with more dims than the object had (the
 batch axis of ``vmap``), the extra leading dims are named ``"batch"``,
-``"batch_1"``, ... .  Leaves that are not arrays (placeholders JAX uses
-internally) are kept aside and returned unchanged by the next flatten.
+``"batch_1"``, ..., skipping names the object already has.  The mapped dim's
+own name and coordinate are not known on the way out (inside ``vmap`` the
+object has lost that dim): rename and reassign them, e.g.
+``out.rename(batch="time").assign_coords(time=da.time)``.  Leaves that are
+not arrays (placeholders JAX uses internally) are kept aside and returned
+unchanged by the next flatten.
 
 If another library registered either type first, xstencil keeps that
 registration and warns with :class:`PytreeRegistrationWarning`: JAX allows one
@@ -110,7 +114,7 @@ def _variable(leaf: Any, dims: tuple[Any, ...], attrs: dict[Any, Any]) -> xr.Var
     if _is_array(leaf):
         extra = np.ndim(leaf) - len(dims)
         if extra >= 0:
-            names = tuple("batch" if i == 0 else f"batch_{i}" for i in range(extra))
+            names = _batch_names(extra, dims)
             return xr.Variable(names + tuple(dims), leaf, dict(attrs), fastpath=True)
         return xr.Variable(tuple(dims)[-extra:], leaf, dict(attrs), fastpath=True)
     # not an array (a JAX placeholder, a ShapeDtypeStruct, ...): a stand-in of
@@ -124,6 +128,20 @@ def _variable(leaf: Any, dims: tuple[Any, ...], attrs: dict[Any, Any]) -> xr.Var
     except TypeError:
         stub = np.broadcast_to(np.zeros((), np.float32), shape)
     return xr.Variable(dims, stub, {**attrs, _LEAF: leaf})
+
+
+def _batch_names(n: int, dims: tuple[Any, ...]) -> tuple[str, ...]:
+    """``n`` names for new leading (batch) dims: batch, batch_1, ..., skipping
+    names the object already uses (``vmap`` over data with a dim called
+    "batch" must not give two dims of one name)."""
+    out: list[str] = []
+    i = 0
+    while len(out) < n:
+        name = "batch" if i == 0 else f"batch_{i}"
+        if name not in dims:
+            out.append(name)
+        i += 1
+    return tuple(out)
 
 
 def _coords_for(static: LabelledStatic, sizes: Mapping[Any, int]
