@@ -31,6 +31,7 @@ from xstencil._labelled.core import (
     unwrap,
 )
 from xstencil._labelled.plan import Plan
+from xstencil._labelled.staggered_ops import GridMesh
 from xstencil._shard import is_sharded
 
 __all__ = ["mesh", "Mesh", "nearest"]
@@ -338,7 +339,7 @@ def _mesh_body(kernels: Sequence[Callable[..., Any]], regions: Sequence[Slab | i
     return body
 
 
-def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
+def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh | GridMesh:
     """A function mesh: different kernels on different regions.
 
     Parameters
@@ -347,7 +348,8 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
         The data.
     **options
         ``window``, ``boundary``, ``fill_value``, ``stride``, ``output_dims``,
-        ``period`` and ``mesh`` (devices), as for :func:`xstencil.map`.
+        ``period`` and ``mesh`` (devices), as for :func:`xstencil.map`;
+        ``grid`` and ``at`` for a staggered grid (see :doc:`/staggered`).
 
     Returns
     -------
@@ -368,6 +370,8 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
     >>> m.map().values
     array([-1.,  2.,  4.,  6.,  7.])
     """
+    if options.get("grid") is not None or options.get("at") is not None:
+        return GridMesh(mesh, obj, {k: v for k, v in options.items() if v is not None})
     allowed = {"window", "boundary", "fill_value", "stride", "output_dims", "period", "mesh"}
     bad = set(options) - allowed
     if bad:

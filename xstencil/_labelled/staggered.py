@@ -1,0 +1,458 @@
+"""Staggered calls (``map``/``mesh``/``scan`` with ``grid=``/``at=``) as plain ones.
+
+The translation:
+
+1. parse the grid into per-axis ``{position: dim}`` tables (:mod:`.grid`);
+2. find each variable's position per axis, and the output's (``at``, or the
+   one position all inputs share);
+3. rename every variable's grid dims onto one *index dim* per axis (the
+   output's dim, so results come back on the output's dims and coords; for a
+   scan whose variables stay at their own positions, the centre dim).  The
+   centre, left and right dims of an axis all have ``n`` points, and index
+   ``i`` of each is the point of cell ``i`` at that position;
+4. hand the kernel :class:`~xstencil._labelled.grid_window.StaggeredSet`
+   windows, which turn reads in cells from the output point into integer
+   offsets along the index dims;
+5. run the plain call with the grid's boundaries keyed by index dim, and
+   rename the result back onto the grid's dims.
+
+Coordinates and metrics travel as hidden data variables (``__xs_...``) on the
+index dims; they are never returned.  ``outer``/``inner`` dims (``n + 1`` and
+``n - 1`` points) are not supported yet and raise.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from xstencil._errors import XStencilError
+from xstencil._labelled.coords import numeric_coord
+from xstencil._labelled.grid import OFFSET, Grid, parse_grid
+from xstencil._labelled.grid_window import Axes, StaggeredSet, StaggeredWindow
+from xstencil._labelled.kcache import canonical, table_of
+
+__all__ = ["Layout", "layout", "wrap", "wrap_each", "returned", "restore", "HIDDEN"]
+
+HIDDEN = "__xs_"
+_POS = ("center", "left", "right")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the kernel wrapper needs to build the staggered windows (hashable)."""
+
+    axes: Axes
+    variables: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # name -> (axis, pos)
+    coords: tuple[tuple[str, str, str], ...]  # (axis, pos, hidden name)
+    index_vars: tuple[tuple[str, str], ...]  # periodic axis -> hidden index variable
+    metrics: tuple[tuple[frozenset[str], str, tuple[tuple[str, str], ...]], ...]
+    single: str | None  # a DataArray's variable: the kernel gets its window
+
+
+@dataclass
+class Layout:
+    """A staggered call, translated."""
+
+    call: str
+    grid: Grid
+    obj: xr.DataArray | xr.Dataset
+    ds: xr.Dataset  # the input as a Dataset
+    plain: xr.Dataset  # the translated Dataset, on index dims
+    positions: dict[str, dict[str, str]]  # variable -> {axis: position}
+    index: dict[str, str]  # axis -> index dim
+    boundary: dict[str, str]
+    fill_value: Any
+    period: dict[str, float]  # index dim -> period (plain call)
+    spec_base: dict[str, Any]
+    single: str | None
+
+    def spec(self, at: Mapping[str, str]) -> Spec:
+        """The window spec for outputs at ``at`` ({axis: position})."""
+        axes = Axes(**{**self.spec_base["axes"], "at": tuple(sorted(at.items()))})
+        return Spec(axes, *self.spec_base["rest"], self.single)
+
+    def rename_key(self, key: Any) -> Any:
+        """A mesh selector: axis names become index dims."""
+        if isinstance(key, Mapping):
+            return {self.index.get(k, k): v for k, v in key.items()}
+        if isinstance(key, xr.DataArray):
+            where = self.grid.where
+            return key.rename({d: self.index[where[d][0]] for d in key.dims
+                               if d in where and where[d][0] in self.index})
+        return key
+
+
+def _positions(call: str, ds: xr.Dataset, g: Grid) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for n in ds.data_vars:
+        pos: dict[str, str] = {}
+        for d in ds[n].dims:
+            if d not in g.where:
+                continue
+            a, p = g.where[str(d)]
+            if a in pos:
+                raise XStencilError(
+                    f"{call}: variable {n!r} has two dims on grid axis {a!r} "
+                    f"({ds[n].dims!r}); a staggered kernel needs one dim per axis")
+            if p not in _POS:
+                raise XStencilError(
+                    f"{call}: variable {n!r} is at the {p!r} position of axis {a!r} (dim "
+                    f"{d!r}); staggered kernels support center, left and right positions, "
+                    f"not outer/inner yet; select n points, e.g. .isel({d}=slice(1, None)) "
+                    f"for the right faces, and declare them as 'right'")
+            pos[a] = p
+        out[str(n)] = pos
+    return out
+
+
+def _resolve_at(call: str, g: Grid, at: Any, positions: Mapping[str, Mapping[str, str]]
+                ) -> dict[str, str]:
+    used = {a for pos in positions.values() for a in pos}
+    out: dict[str, str] = {}
+    if at is not None:
+        if not isinstance(at, Mapping):
+            raise XStencilError(
+                f"{call}: at={at!r:.60} must map axis names to positions, such as "
+                f"at={{'X': 'left', 'Y': 'center'}}")
+        for a, p in at.items():
+            if a not in g.names:
+                raise XStencilError(f"{call}: at={dict(at)!r}: {a!r} is not a grid axis; the "
+                                    f"axes are {g.names!r}")
+            dims = g.axis(a).positions
+            if p not in dims:  # a dim name instead of a position
+                p = next((q for q, d in dims.items() if d == p), p)
+            if p not in dims:
+                raise XStencilError(
+                    f"{call}: at={dict(at)!r}: axis {a!r} has positions {dims!r}, not {p!r}")
+            if p not in _POS:
+                raise XStencilError(f"{call}: at={dict(at)!r}: outputs at {p!r} are not "
+                                    f"supported yet; use center, left or right")
+            if a not in used:
+                raise XStencilError(
+                    f"{call}: at={dict(at)!r} places the output on axis {a!r}, which no data "
+                    f"variable has, so the output would gain a dim; drop {a!r} from at")
+            out[a] = p
+    for a in sorted(used - out.keys()):
+        seen = {n: pos[a] for n, pos in positions.items() if a in pos}
+        if len(set(seen.values())) > 1:
+            raise XStencilError(
+                f"{call}: the inputs sit at different positions along axis {a!r} ({seen!r}), "
+                f"so the output position is ambiguous; pass at={{{a!r}: "
+                f"{sorted(set(seen.values()))[0]!r}, ...}}")
+        out[a] = next(iter(seen.values()))
+    return out
+
+
+def _boundary(call: str, g: Grid, index: Mapping[str, str], other: tuple[str, ...],
+              boundary: Any, fill_value: Any) -> tuple[dict[str, str], Any]:
+    if boundary is not None and not isinstance(boundary, str | Mapping):
+        raise XStencilError(f"{call}: boundary={boundary!r:.60} must be a mode or a dict "
+                            f"keyed by axis name")
+    if isinstance(boundary, Mapping):
+        for k in boundary:
+            if k not in index and k not in other:
+                hint = (f"{k!r} is a dim of axis {g.where[k][0]!r}; key it by the axis name"
+                        if k in g.where else f"known keys are {tuple(index) + other!r}")
+                raise XStencilError(f"{call}: boundary={dict(boundary)!r}: {hint}")
+    out: dict[str, str] = {}
+    fills = set()
+    for a, d in index.items():
+        if isinstance(boundary, str):
+            mode = boundary
+        elif isinstance(boundary, Mapping) and a in boundary:
+            mode = boundary[a]
+        else:
+            mode = g.axis(a).padding
+            if mode is None:
+                raise XStencilError(
+                    f"{call}: grid axis {a!r} has no padding (xgcm's padding=None), so reads "
+                    f"past its edges have no value; pass boundary={{{a!r}: 'periodic'}} "
+                    f"('fill' or 'extend'), or build the grid with padding=...")
+            if mode == "fill":
+                fv = g.axis(a).fill_value
+                fills.add(0.0 if fv is None else fv)
+        if mode == "valid":
+            raise XStencilError(
+                f"{call}: boundary 'valid' along axis {a!r} would move the output off the "
+                f"grid's points; use 'fill', 'extend' or 'periodic'")
+        out[d] = mode
+    for d in other:
+        if isinstance(boundary, str):
+            out[d] = boundary
+        elif isinstance(boundary, Mapping) and d in boundary:
+            out[d] = boundary[d]
+    if fill_value is None:
+        if len(fills) > 1:
+            raise XStencilError(
+                f"{call}: the grid's fill values differ between axes ({sorted(fills)!r}); a "
+                f"call has one, so pass fill_value=...")
+        fill_value = fills.pop() if fills else 0.0
+    return out, fill_value
+
+
+def layout(call: str, obj: xr.DataArray | xr.Dataset, grid: Any, at: Any, boundary: Any,
+           fill_value: Any, period: Any, *, own_positions: bool = False) -> tuple[Layout,
+                                                                                dict[str, str]]:
+    """Translate ``obj`` for a staggered call; returns the layout and the
+    output position (``{}`` when ``own_positions``: each variable stays at
+    its own, and the index dims are the centre dims)."""
+    single = None
+    if isinstance(obj, xr.DataArray):
+        single = str(obj.name) if obj.name is not None else f"{HIDDEN}data"
+        ds = obj.to_dataset(name=single)
+    elif isinstance(obj, xr.Dataset):
+        ds = obj
+    else:
+        raise XStencilError(f"{call}: expected a DataArray or Dataset, got "
+                            f"{type(obj).__name__}")
+    comodo = grid is None or (isinstance(grid, str) and grid == "comodo")
+    g = parse_grid(call, ds, None if comodo else grid)
+    positions = _positions(call, ds, g)
+    out_at = {} if own_positions else _resolve_at(call, g, at, positions)
+    used = sorted({a for pos in positions.values() for a in pos})
+    index = {a: g.axis(a).positions[out_at.get(a, "center")] for a in used}
+    other = tuple(str(d) for d in ds.dims if str(d) not in g.where)
+    bmodes, fv = _boundary(call, g, index, other, boundary, fill_value)
+    uperiod = dict(period or {})
+    plain, spec_base, pperiod = _translate(call, ds, g, positions, index, bmodes, uperiod)
+    return Layout(call, g, obj, ds, plain, positions, index, bmodes, fv, pperiod, spec_base,
+                  single), out_at
+
+
+def _hidden_dtype(ds: xr.Dataset) -> Any:
+    floats = [ds[n].dtype for n in ds.data_vars if ds[n].dtype.kind in "fc"]
+    dt = np.result_type(*floats) if floats else np.dtype(np.float64)
+    return np.float64 if dt.kind == "c" and dt.itemsize == 16 else \
+        np.float32 if dt.kind == "c" else dt
+
+
+def _translate(call: str, ds: xr.Dataset, g: Grid, positions: Mapping[str, Mapping[str, str]],
+               index: Mapping[str, str], bmodes: Mapping[str, str], uperiod: Mapping[str, Any]
+               ) -> tuple[xr.Dataset, dict[str, Any], dict[str, float]]:
+    hdt = _hidden_dtype(ds)
+    variables: dict[str, xr.Variable] = {}
+    for n in ds.data_vars:
+        v = ds[n].variable
+        ren = {d: index[g.where[str(d)][0]] for d in v.dims if str(d) in g.where}
+        variables[str(n)] = xr.Variable(tuple(ren.get(d, d) for d in v.dims), v.data, v.attrs)
+    coords, index_vars, periods, sizes = [], [], [], []
+    pperiod: dict[str, float] = {}
+    for a, idim in index.items():
+        ax = g.axis(a)
+        n = next(ds.sizes[d] for p, d in ax.dims if d in ds.dims and p in _POS)
+        sizes.append((a, n))
+        for p, d in ax.dims:
+            cv = _coord(ds, g, d)
+            if p not in _POS or cv is None or cv.dims != (d,):
+                continue
+            c = numeric_coord(call, d, cv.values)
+            if c is None:
+                continue
+            name = f"{HIDDEN}c_{d}"
+            variables[name] = xr.Variable((idim,), c.astype(hdt))
+            coords.append((a, p, name))
+        if bmodes.get(idim) == "periodic":
+            name = f"{HIDDEN}i_{a}"
+            variables[name] = xr.Variable((idim,), np.arange(n, dtype=hdt))
+            index_vars.append((a, name))
+            periods.append((a, _period(a, ax.positions, ds, g, uperiod)))
+            cv = _coord(ds, g, idim)
+            if cv is not None and cv.dims == (idim,):
+                c = numeric_coord(call, idim, cv.values)
+                if c is not None and n > 1:  # the plain call's own (unused) coord window
+                    pperiod[idim] = float(uperiod.get(a, uperiod.get(idim, 0.0))) or \
+                        float(abs(c[-1] - c[0]) * n / (n - 1)) or 1.0
+    metrics = []
+    for k, (axes, mname) in enumerate(g.metrics):
+        m = _coord(ds, g, mname)
+        if m is None or any(m.sizes[d] != n for d, n in ds.sizes.items() if d in m.dims):
+            continue
+        mpos: dict[str, str] = {}
+        for d in m.dims:
+            if str(d) not in g.where or g.where[str(d)][0] not in index:
+                break
+            mpos[g.where[str(d)][0]] = g.where[str(d)][1]
+        else:
+            if all(p in _POS for p in mpos.values()):
+                name = f"{HIDDEN}m{k}_{mname}"
+                variables[name] = xr.Variable(tuple(index[g.where[str(d)][0]] for d in m.dims),
+                                              np.asarray(m.values, hdt))
+                metrics.append((axes, name, tuple(sorted(mpos.items()))))
+    idims = set(index.values())
+    other = {str(d) for d in ds.dims if str(d) not in g.where}
+    keep = {k: v for k, v in ds.coords.items()
+            if {str(d) for d in v.dims} <= idims | other}
+    for d in idims - set(map(str, ds.dims)):  # an output dim only the grid's Dataset has
+        cv = _coord(ds, g, d)
+        if cv is not None and cv.dims == (d,):
+            keep[d] = cv
+    plain = xr.Dataset(variables, coords=keep, attrs=ds.attrs)
+    spec_base = {
+        "axes": dict(index=tuple(sorted(index.items())),
+                     dims=tuple(sorted((d, a) for d, (a, _) in g.where.items())),
+                     period=tuple(periods), size=tuple(sizes)),
+        "rest": (tuple((n, tuple(sorted(p.items()))) for n, p in positions.items()),
+                 tuple(coords), tuple(index_vars), tuple(metrics)),
+    }
+    return plain, spec_base, pperiod
+
+
+def _coord(ds: xr.Dataset, g: Grid, name: str) -> xr.Variable | None:
+    """Variable ``name`` of ``ds``, else of the grid's own Dataset."""
+    for src in (ds, g.source):
+        if src is not None and name in src.variables:
+            return src.variables[name]
+    return None
+
+
+def _period(a: str, dims: Mapping[str, str], ds: xr.Dataset, g: Grid,
+            uperiod: Mapping[str, Any]) -> float | None:
+    if a in uperiod:
+        return float(uperiod[a])
+    cv = _coord(ds, g, dims["center"])
+    if cv is None or cv.ndim != 1 or cv.dtype.kind not in "iuf" or cv.size < 2:
+        return None
+    x = np.asarray(cv.values, np.float64)
+    d = np.diff(x)
+    if not np.allclose(d, d[0], rtol=1e-6, atol=0):
+        return None
+    return float(len(x) * d[0])
+
+
+# -- the kernel's argument ---------------------------------------------------------------
+
+def windows(s: Any, spec: Spec) -> Any:
+    """The staggered windows for the plain WindowSet ``s``."""
+    at = dict(spec.axes.at)
+    iv = dict(spec.index_vars)
+    cw: dict[tuple[str, str], Any] = {(a, p): s[n] for a, p, n in spec.coords}
+
+    def coords_of(pos: Mapping[str, str]) -> dict[str, tuple[Any, Any]]:
+        return {a: (cw[(a, p)], s[iv[a]] if a in iv else None) for a, p in pos.items()
+                if (a, p) in cw}
+
+    def deltas(pos: Mapping[str, str]) -> dict[str, tuple[str, float]]:
+        return {a: (p, OFFSET[at[a]] - OFFSET[p]) for a, p in pos.items() if a in at}
+
+    wins = {}
+    for n, pos in spec.variables:
+        if n.startswith(HIDDEN) and n != spec.single:
+            continue
+        label = "u" if spec.single is not None else f"s[{n!r}]"
+        wins[n] = StaggeredWindow(s[n], deltas(dict(pos)), spec.axes, coords_of(dict(pos)),
+                                  label)
+    metrics: dict[frozenset[str], list[StaggeredWindow]] = {}
+    for axes, name, pos in spec.metrics:
+        metrics.setdefault(axes, []).append(
+            StaggeredWindow(s[name], deltas(dict(pos)), spec.axes, label=f"metric {name[5:]}"))
+    here = {a: (cw[(a, p)], s[iv[a]] if a in iv else None) for a, p in at.items()
+            if (a, p) in cw}
+    coords = {a: _at_coord(here[a], a, spec.axes) for a in here}
+    ss = StaggeredSet(wins, metrics, coords)
+    if spec.single is not None:
+        return ss[spec.single]
+    return ss
+
+
+def _at_coord(cwiw: tuple[Any, Any], a: str, axes: Axes) -> Any:
+    w = StaggeredWindow(cwiw[0], {a: (dict(axes.at)[a], 0.0)}, axes, {a: cwiw}, label="s")
+    return w.coord(a)
+
+
+def wrap(kernel: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
+    """The plain kernel for a staggered ``kernel``, cached per kernel and spec
+    so that repeated calls reuse the compiled code."""
+    owner = canonical(kernel)
+    table = table_of(owner, create=True)
+    key = ("staggered", spec)
+    if table is not None and key in table:
+        return table[key]
+    ref = weakref.ref(owner) if table is not None else (lambda: owner)
+
+    def staggered(s: Any, *args: Any, **kwargs: Any) -> Any:
+        out = ref()(windows(s, spec), *args, **kwargs)
+        if isinstance(out, Mapping) and table is not None:  # see returned()
+            table[("names", spec)] = tuple(out)
+        return out
+
+    staggered.__name__ = getattr(kernel, "__name__", "kernel")
+    staggered.__qualname__ = getattr(kernel, "__qualname__", staggered.__name__)
+    if table is not None:
+        table[key] = staggered
+    return staggered
+
+
+def returned(kernel: Callable[..., Any], spec: Spec) -> tuple[str, ...]:
+    """The names a dict-returning staggered kernel returned when traced."""
+    table = table_of(canonical(kernel))
+    return () if table is None else tuple(table.get(("names", spec), ()))
+
+
+def wrap_each(kernels: Mapping[str, Callable[..., Any]], specs: Mapping[str, Spec]
+              ) -> Callable[..., Any]:
+    """One plain kernel returning ``{name: kernels[name](windows at name's position)}``."""
+    items = tuple((n, kernels[n], specs[n]) for n in kernels)
+
+    def staggered(s: Any, *args: Any, **kwargs: Any) -> Any:
+        return {n: k(windows(s, sp), *args, **kwargs) for n, k, sp in items}
+
+    return staggered
+
+
+# -- results ------------------------------------------------------------------------------
+
+def restore(lay: Layout, res: Any, targets: Mapping[str, Mapping[str, str]],
+            at: Mapping[str, str] | None = None) -> Any:
+    """The plain call's result on the grid's dims: each variable renamed back
+    to its position (``targets`` for outputs, its own for the rest; ``at``
+    for a DataArray result)."""
+    g = lay.grid
+    back = {d: a for a, d in lay.index.items()}
+    if isinstance(res, xr.DataArray):
+        res = _rename_back(res, back, at or {}, g)
+        if lay.single is not None:
+            res.name = lay.obj.name
+            res.attrs = dict(lay.obj.attrs)
+        return _with_coords(res, lay)
+    variables = {}
+    for n in res.data_vars:
+        if str(n).startswith(HIDDEN) and n != lay.single:
+            continue
+        pos = targets.get(str(n), lay.positions.get(str(n), {}))
+        variables[n] = _rename_back(res[n].reset_coords(drop=True), back, pos, g)
+    other = {k: v for k, v in res.coords.items() if not set(map(str, v.dims)) & set(back)}
+    out = xr.Dataset(variables, coords=other, attrs=res.attrs)
+    out = _with_coords(out, lay)
+    if lay.single is not None:
+        return out[lay.single].rename(lay.obj.name)
+    return out
+
+
+def _rename_back(da: xr.DataArray, back: Mapping[str, str], at: Mapping[str, str],
+                 g: Grid) -> xr.DataArray:
+    ren = {}
+    for d in da.dims:
+        if d in back:
+            a = back[str(d)]
+            ren[d] = g.axis(a).positions[at.get(a, g.where[str(d)][1])]
+    drop = [k for k, v in da.coords.items() if set(map(str, v.dims)) & set(ren)]
+    return da.drop_vars(drop).rename(ren) if ren else da
+
+
+def _with_coords(obj: Any, lay: Layout) -> Any:
+    dims = set(map(str, obj.dims))
+    grid_dims = set(lay.grid.where)
+    add = {k: v for k, v in lay.ds.coords.items()
+           if set(map(str, v.dims)) <= dims and set(map(str, v.dims)) & grid_dims
+           and k not in obj.coords}
+    src = lay.grid.source
+    if src is not None:  # dims only the grid's Dataset has coordinates for
+        add.update({k: v for k, v in src.coords.items() if v.dims == (k,) and str(k) in dims
+                    and str(k) not in set(map(str, lay.ds.dims)) and k not in obj.coords})
+    return obj.assign_coords(add) if add else obj

@@ -1,0 +1,175 @@
+"""``map``, ``mesh`` and ``scan`` with ``grid=``/``at=``: staggered calls
+translated into plain ones (:mod:`xstencil._labelled.staggered`).
+
+Each entry point receives the plain function it runs on (``run``), so this
+module imports none of map.py, mesh.py or scan.py (they dispatch here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import xarray as xr
+
+from xstencil._errors import XStencilError
+from xstencil._labelled.staggered import (
+    Layout,
+    layout,
+    restore,
+    returned,
+    wrap,
+    wrap_each,
+)
+
+__all__ = ["map_grid", "scan_grid", "GridMesh"]
+
+
+def _call(obj: Any, what: str) -> str:
+    return f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.{what}(..., grid=...)"
+
+
+def _by_axis(lay: Layout, value: Any, name: str) -> Any:
+    """``window=``/``stride=`` keyed by axis: keyed by index dim."""
+    if value is None or not isinstance(value, Mapping):
+        return value
+    out = {}
+    for k, v in value.items():
+        if k in lay.grid.where:
+            raise XStencilError(
+                f"{lay.call}: {name}={dict(value)!r}: {k!r} is a dim of axis "
+                f"{lay.grid.where[k][0]!r}; on a grid, key it by the axis name")
+        out[lay.index.get(k, k)] = v
+    return out
+
+
+def _period(lay: Layout, period: Any) -> dict[str, float] | None:
+    out = dict(lay.period)
+    for k, v in (period or {}).items():
+        if k not in lay.index and k not in lay.grid.where:
+            out[k] = v  # a dim outside the grid
+    return out or None
+
+
+def _check_kernel(call: str, kernel: Any) -> None:
+    if not callable(kernel):
+        raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
+                            f"of the staggered windows, e.g. lambda s: s.u(X=0.5) - s.u(X=-0.5)")
+
+
+def map_grid(run: Callable[..., Any], obj: Any, kernel: Any, args: Any, kwargs: Any, *,
+             grid: Any, at: Any, window: Any, boundary: Any, fill_value: Any, stride: Any,
+             output_dims: Any, period: Any, mesh: Any) -> Any:
+    """``map`` on a staggered grid; ``run`` is :func:`xstencil.map`."""
+    call = _call(obj, "map")
+    _check_kernel(call, kernel)
+    if mesh is not None:
+        raise XStencilError(f"{call}: mesh= (devices) is not supported with grid= yet; run "
+                            f"in memory or on dask-backed data")
+    lay, out_at = layout(call, obj, grid, at, boundary, fill_value, period)
+    spec = lay.spec(out_at)
+    res = run(lay.plain, wrap(kernel, spec), *args, window=_by_axis(lay, window, "window"),
+              boundary=lay.boundary, fill_value=lay.fill_value,
+              stride=_by_axis(lay, stride, "stride"), output_dims=output_dims,
+              period=_period(lay, period), **kwargs)
+    return restore(lay, res, dict.fromkeys(returned(kernel, spec), out_at), out_at)
+
+
+def scan_grid(run: Callable[..., Any], obj: Any, kernel: Any, dim: str, args: Any,
+              kwargs: Any, *, grid: Any, at: Any, window: Any, boundary: Any,
+              fill_value: Any, period: Any) -> Any:
+    """``scan`` on a staggered grid; ``run`` is :func:`xstencil.scan`.
+
+    ``kernel`` is one kernel (outputs at ``at``) or ``{name: kernel}``
+    (each variable advanced at its own position).
+    """
+    call = _call(obj, "scan")
+    if isinstance(kernel, Mapping):
+        if at is not None:
+            raise XStencilError(f"{call}: with one kernel per variable, each variable stays "
+                                f"at its own position; drop at=")
+        lay, _ = layout(call, obj, grid, None, boundary, fill_value, period,
+                        own_positions=True)
+        specs, targets = {}, {}
+        for n, k in kernel.items():
+            if n not in lay.positions:
+                raise XStencilError(f"{call}: kernel={{{n!r}: ...}}: {n!r} is not a data "
+                                    f"variable; they are {tuple(lay.positions)!r}")
+            _check_kernel(call, k)
+            targets[n] = {a: lay.positions[n].get(a, "center") for a in lay.index}
+            specs[n] = lay.spec(targets[n])
+        plain = wrap_each(kernel, specs)
+        out_at: dict[str, str] = {}
+    else:
+        _check_kernel(call, kernel)
+        lay, out_at = layout(call, obj, grid, at, boundary, fill_value, period)
+        spec = lay.spec(out_at)
+        plain = wrap(kernel, spec)
+        targets = {}
+    res = run(lay.plain, plain, dim, *args, window=_by_axis(lay, window, "window"),
+              boundary=lay.boundary, fill_value=lay.fill_value, period=_period(lay, period),
+              **kwargs)
+    if not isinstance(kernel, Mapping):
+        targets = dict.fromkeys(returned(kernel, spec), out_at)
+    return restore(lay, res, targets, out_at)
+
+
+class GridMesh:
+    """A function mesh on a staggered grid (``ds.stencil.mesh(grid=G, at=...)``):
+    regions by position (``m[{"Y": 0}]``), by coordinate label
+    (``m.loc[{"y_g": 0.0}]``; axis names select the output's dim) or by a
+    boolean mask on the output's dims; kernels read by axis name in cells."""
+
+    def __init__(self, make: Callable[..., Any], obj: Any, options: dict[str, Any]):
+        call = _call(obj, "mesh")
+        grid, at = options.pop("grid", None), options.pop("at", None)
+        if options.get("mesh") is not None:
+            raise XStencilError(f"{call}: mesh= (devices) is not supported with grid= yet")
+        self._lay, self._at = layout(call, obj, grid, at, options.pop("boundary", None),
+                                     options.pop("fill_value", None), options.get("period"))
+        lay = self._lay
+        for k in ("window", "stride"):
+            if k in options:
+                options[k] = _by_axis(lay, options[k], k)
+        options["period"] = _period(lay, options.get("period"))
+        self._spec = lay.spec(self._at)
+        self._kernels: list[Any] = []
+        self._mesh = make(lay.plain, boundary=lay.boundary, fill_value=lay.fill_value,
+                          **options)
+
+    def __repr__(self) -> str:
+        return f"<xstencil grid mesh at {self._at}, {len(self._kernels)} region(s)>"
+
+    def _kernel(self, kernel: Any) -> Any:
+        _check_kernel(self._lay.call, kernel)
+        self._kernels.append(kernel)
+        return wrap(kernel, self._spec)
+
+    def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
+        self._mesh[self._lay.rename_key(key)] = self._kernel(kernel)
+
+    @property
+    def loc(self) -> Any:
+        """Select by coordinate label: ``m.loc[{"y_g": 0.0}] = f``."""
+        return _GridLoc(self)
+
+    def _restore(self, res: Any) -> Any:
+        names = {n for k in self._kernels for n in returned(k, self._spec)}
+        return restore(self._lay, res, dict.fromkeys(names, self._at), self._at)
+
+    def map(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the mesh; see :meth:`xstencil.Mesh.map`."""
+        return self._restore(self._mesh.map(*args, **kwargs))
+
+    def scan(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the mesh as a scan; see :meth:`xstencil.Mesh.scan`."""
+        return self._restore(self._mesh.scan(*args, **kwargs))
+
+
+class _GridLoc:
+    def __init__(self, m: GridMesh):
+        self._m = m
+
+    def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
+        m = self._m
+        m._mesh.loc[m._lay.rename_key(key)] = m._kernel(kernel)
