@@ -108,18 +108,17 @@ def parse_grid(call: str, ds: xr.Dataset, grid: Any) -> Grid:
 
 def _check_positions(call: str, ds: xr.Dataset, name: str, coords: Mapping[str, Any],
                      source: Any = None) -> tuple[tuple[str, str], ...]:
-    """Validate ``{position: dim}``; dims that neither ``ds`` nor the grid's own
-    Dataset (``source``) has raise, dims only the grid has are kept (a
-    DataArray need not carry every position)."""
+    """Validate ``{position: dim}``.  Dims the data lacks are kept (a subset
+    of a Dataset need not carry every position); the sizes of those it has
+    must agree."""
     out = []
     for p, d in coords.items():
         if p not in POSITIONS:
             raise XStencilError(
                 f"{call}: grid axis {name!r}: position {p!r} is not one of {POSITIONS!r}")
-        if d not in ds.dims and (source is None or d not in source.dims):
-            raise XStencilError(
-                f"{call}: grid axis {name!r}: dim {d!r} (position {p!r}) is not a dim of the "
-                f"data; its dims are {tuple(map(str, ds.dims))!r}")
+        if not isinstance(d, str):
+            raise XStencilError(f"{call}: grid axis {name!r}: dim {d!r} (position {p!r}) must "
+                                f"be a dim name (str)")
         out.append((str(p), str(d)))
     if "center" not in dict(out):
         raise XStencilError(

@@ -214,8 +214,12 @@ def layout(call: str, obj: xr.DataArray | xr.Dataset, grid: Any, at: Any, bounda
     comodo = grid is None or (isinstance(grid, str) and grid == "comodo")
     g = parse_grid(call, ds, None if comodo else grid)
     positions = _positions(call, ds, g)
-    out_at = {} if own_positions else _resolve_at(call, g, at, positions)
     used = sorted({a for pos in positions.values() for a in pos})
+    if not used:
+        raise XStencilError(
+            f"{call}: no data variable has a dim of the grid {sorted(g.where)!r}; the data's "
+            f"dims are {tuple(map(str, ds.dims))!r}; check the grid's dim names")
+    out_at = {} if own_positions else _resolve_at(call, g, at, positions)
     index = {a: g.axis(a).positions[out_at.get(a, "center")] for a in used}
     other = tuple(str(d) for d in ds.dims if str(d) not in g.where)
     bmodes, fv = _boundary(call, g, index, other, boundary, fill_value)
