@@ -12,7 +12,7 @@ from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
 from xstencil._labelled.fastpath import lookup, remember, run, signature
-from xstencil._labelled.staggered_ops import map_grid
+from xstencil._labelled.staggered_ops import FILL, map_grid
 from xstencil._shard import is_sharded
 
 __all__ = ["map"]
@@ -23,7 +23,7 @@ def map(  # noqa: A001 - the contract's name
     kernel: Callable[..., Any],
     *args: Any,
     window: Mapping[str, int | tuple[int, int]] | None = None,
-    boundary: str | Mapping[str, str] | None = None,
+    boundary: str | Mapping[str, str] = FILL,
     fill_value: Any = None,
     stride: int | Mapping[str, int] | None = None,
     output_dims: str | Sequence[str] | None = None,
@@ -124,7 +124,6 @@ def map(  # noqa: A001 - the contract's name
         return map_grid(map, obj, kernel, args, kwargs, grid=grid, at=at, window=window,
                         boundary=boundary, fill_value=fill_value, stride=stride,
                         output_dims=output_dims, period=period, mesh=mesh)
-    boundary = "fill" if boundary is None else boundary
     sig = None
     if mesh is None:  # a repeated call: skip validation and planning (see fastpath.py)
         sig = signature(obj, (window, boundary, fill_value, stride, output_dims, period),

@@ -56,7 +56,7 @@ from xstencil._labelled.scan_setup import (
     time_coord,
 )
 from xstencil._labelled.scan_step import run_step
-from xstencil._labelled.staggered_ops import scan_grid
+from xstencil._labelled.staggered_ops import FILL, scan_grid
 
 __all__ = ["scan", "scan_mesh"]
 
@@ -103,7 +103,7 @@ def scan(
     dim: str = "time",
     *args: Any,
     window: Mapping[str, int | tuple[int, int]] | None = None,
-    boundary: str | Mapping[str, str] | None = None,
+    boundary: str | Mapping[str, str] = FILL,
     fill_value: Any = None,
     steps: int | None = None,
     dt: Any = None,
@@ -225,7 +225,6 @@ def scan(
             checkpoint=checkpoint, check_finite=check_finite, mesh=mesh,
             halo_every=halo_every, **kwargs), grid=grid, at=at, window=window,
             boundary=boundary, fill_value=fill_value, period=period)
-    boundary = "fill" if boundary is None else boundary
     call = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.scan(...)"
     o = _options(call, dim, window, boundary, fill_value, steps, dt, coord, save_every,
                  progress, checkpoint, check_finite, period)

@@ -22,7 +22,17 @@ from xstencil._labelled.staggered import (
     wrap_each,
 )
 
-__all__ = ["map_grid", "scan_grid", "GridMesh"]
+__all__ = ["FILL", "map_grid", "scan_grid", "GridMesh"]
+
+
+class _DefaultFill(str):
+    """The default ``boundary="fill"`` of map and scan, told apart from an
+    explicit ``"fill"``: on a grid, the default means the grid's padding."""
+
+    __slots__ = ()
+
+
+FILL = _DefaultFill("fill")
 
 
 def _call(obj: Any, what: str) -> str:
@@ -66,7 +76,8 @@ def map_grid(run: Callable[..., Any], obj: Any, kernel: Any, args: Any, kwargs: 
     if mesh is not None:
         raise XStencilError(f"{call}: mesh= (devices) is not supported with grid= yet; run "
                             f"in memory or on dask-backed data")
-    lay, out_at = layout(call, obj, grid, at, boundary, fill_value, period)
+    lay, out_at = layout(call, obj, grid, at, None if boundary is FILL else boundary,
+                         fill_value, period)
     spec = lay.spec(out_at)
     res = run(lay.plain, wrap(kernel, spec), *args, window=_by_axis(lay, window, "window"),
               boundary=lay.boundary, fill_value=lay.fill_value,
@@ -84,6 +95,7 @@ def scan_grid(run: Callable[..., Any], obj: Any, kernel: Any, dim: str, args: An
     (each variable advanced at its own position).
     """
     call = _call(obj, "scan")
+    boundary = None if boundary is FILL else boundary
     if isinstance(kernel, Mapping):
         if at is not None:
             raise XStencilError(f"{call}: with one kernel per variable, each variable stays "
