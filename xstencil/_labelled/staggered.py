@@ -37,7 +37,8 @@ from xstencil._labelled.grid import OFFSET, Grid, parse_grid
 from xstencil._labelled.grid_window import Axes, StaggeredSet, StaggeredWindow
 from xstencil._labelled.kcache import canonical, table_of
 
-__all__ = ["Layout", "layout", "wrap", "wrap_each", "returned", "restore", "HIDDEN"]
+__all__ = ["Layout", "layout", "wrap", "wrap_each", "returned", "hidden_used", "restore",
+           "HIDDEN"]
 
 HIDDEN = "__xs_"
 _POS = ("center", "left", "right")
@@ -63,7 +64,8 @@ class Layout:
     grid: Grid
     obj: xr.DataArray | xr.Dataset
     ds: xr.Dataset  # the input as a Dataset
-    plain: xr.Dataset  # the translated Dataset, on index dims
+    variables: dict[str, xr.Variable]  # translated, on index dims (hidden ones too)
+    keep: dict[Any, Any]  # the coordinates that stay (index dims and dims outside the grid)
     positions: dict[str, dict[str, str]]  # variable -> {axis: position}
     index: dict[str, str]  # axis -> index dim
     boundary: dict[str, str]
@@ -71,6 +73,16 @@ class Layout:
     period: dict[str, float]  # index dim -> period (plain call)
     spec_base: dict[str, Any]
     single: str | None
+    include: frozenset[str] | None = None  # the hidden variables to pass (None: all)
+
+    @property
+    def plain(self) -> xr.Dataset:
+        """The translated Dataset: every variable on the index dims, with the
+        hidden variables the kernel reads (all until that is known)."""
+        names = [n for n in self.variables
+                 if not n.startswith(HIDDEN) or n == self.single or self.include is None
+                 or n in self.include]
+        return _dataset({n: self.variables[n] for n in names}, self.keep, self.ds, self.grid)
 
     def spec(self, at: Mapping[str, str]) -> Spec:
         """The window spec for outputs at ``at`` ({axis: position})."""
@@ -224,9 +236,10 @@ def layout(call: str, obj: xr.DataArray | xr.Dataset, grid: Any, at: Any, bounda
     other = tuple(str(d) for d in ds.dims if str(d) not in g.where)
     bmodes, fv = _boundary(call, g, index, other, boundary, fill_value)
     uperiod = dict(period or {})
-    plain, spec_base, pperiod = _translate(call, ds, g, positions, index, bmodes, uperiod)
-    return Layout(call, g, obj, ds, plain, positions, index, bmodes, fv, pperiod, spec_base,
-                  single), out_at
+    variables, keep, spec_base, pperiod = _translate(call, ds, g, positions, index, bmodes,
+                                                     uperiod)
+    return Layout(call, g, obj, ds, variables, keep, positions, index, bmodes, fv, pperiod,
+                  spec_base, single), out_at
 
 
 def _hidden_dtype(ds: xr.Dataset) -> Any:
@@ -296,7 +309,6 @@ def _translate(call: str, ds: xr.Dataset, g: Grid, positions: Mapping[str, Mappi
         cv = _coord(ds, g, d)
         if cv is not None and cv.dims == (d,):
             keep[d] = cv
-    plain = xr.Dataset(variables, coords=keep, attrs=ds.attrs)
     spec_base = {
         "axes": dict(index=tuple(sorted(index.items())),
                      dims=tuple(sorted((d, a) for d, (a, _) in g.where.items())),
@@ -304,7 +316,31 @@ def _translate(call: str, ds: xr.Dataset, g: Grid, positions: Mapping[str, Mappi
         "rest": (tuple((n, tuple(sorted(p.items()))) for n, p in positions.items()),
                  tuple(coords), tuple(index_vars), tuple(metrics)),
     }
-    return plain, spec_base, pperiod
+    return variables, keep, spec_base, pperiod
+
+
+def _dataset(variables: dict[str, xr.Variable], keep: Mapping[Any, Any], ds: xr.Dataset,
+             g: Grid) -> xr.Dataset:
+    """``xr.Dataset(variables, coords=keep, attrs=ds.attrs)``, built directly
+    (a few microseconds instead of xarray's merge) when the sizes agree."""
+    coords = {k: getattr(v, "variable", v) for k, v in keep.items()}
+    sizes: dict[Any, int] = {}
+    ok = True
+    for v in (*variables.values(), *coords.values()):
+        for d, n in zip(v.dims, v.shape, strict=True):
+            ok = ok and sizes.setdefault(d, n) == n
+    indexes = {}
+    for k in coords:
+        src = ds if k in ds.coords else g.source
+        if src is not None and k in src.xindexes:
+            indexes[k] = src.xindexes[k]
+    if ok and all(k in indexes for k in coords if coords[k].dims == (k,)):
+        try:
+            return xr.Dataset._construct_direct({**variables, **coords}, set(coords),
+                                                attrs=dict(ds.attrs), indexes=indexes)
+        except (AttributeError, TypeError):  # xarray internals moved: the public way
+            pass
+    return xr.Dataset(variables, coords=keep, attrs=ds.attrs)
 
 
 def _coord(ds: xr.Dataset, g: Grid, name: str) -> xr.Variable | None:
@@ -331,15 +367,35 @@ def _period(a: str, dims: Mapping[str, str], ds: xr.Dataset, g: Grid,
 
 # -- the kernel's argument ---------------------------------------------------------------
 
-def windows(s: Any, spec: Spec) -> Any:
-    """The staggered windows for the plain WindowSet ``s``."""
+class _Lazy:
+    """A hidden variable's window, looked up when first read (and recorded in
+    ``used``), so that calls pass only the hidden variables a kernel reads."""
+
+    __slots__ = ("_s", "_name", "_used")
+
+    def __init__(self, s: Any, name: str, used: set[str]):
+        self._s, self._name, self._used = s, name, used
+
+    def __call__(self, **offsets: Any) -> Any:
+        self._used.add(self._name)
+        if self._name not in self._s:
+            raise XStencilError(
+                f"the kernel reads {self._name[len(HIDDEN):]!r} (a coordinate or metric) that "
+                f"it did not read on its first call with these inputs; kernels on a grid must "
+                f"read the same coordinates and metrics on every call (define a new kernel)")
+        return self._s[self._name](**offsets)
+
+
+def windows(s: Any, spec: Spec, used: set[str] | None = None) -> Any:
+    """The staggered windows for the plain WindowSet ``s``; the hidden
+    variables the kernel reads are added to ``used``."""
+    used = set() if used is None else used
     at = dict(spec.axes.at)
-    iv = dict(spec.index_vars)
-    cw: dict[tuple[str, str], Any] = {(a, p): s[n] for a, p, n in spec.coords}
+    iv = {a: _Lazy(s, n, used) for a, n in spec.index_vars}
+    cw: dict[tuple[str, str], Any] = {(a, p): _Lazy(s, n, used) for a, p, n in spec.coords}
 
     def coords_of(pos: Mapping[str, str]) -> dict[str, tuple[Any, Any]]:
-        return {a: (cw[(a, p)], s[iv[a]] if a in iv else None) for a, p in pos.items()
-                if (a, p) in cw}
+        return {a: (cw[(a, p)], iv.get(a)) for a, p in pos.items() if (a, p) in cw}
 
     def deltas(pos: Mapping[str, str]) -> dict[str, tuple[str, float]]:
         return {a: (p, OFFSET[at[a]] - OFFSET[p]) for a, p in pos.items() if a in at}
@@ -354,9 +410,9 @@ def windows(s: Any, spec: Spec) -> Any:
     metrics: dict[frozenset[str], list[StaggeredWindow]] = {}
     for axes, name, pos in spec.metrics:
         metrics.setdefault(axes, []).append(
-            StaggeredWindow(s[name], deltas(dict(pos)), spec.axes, label=f"metric {name[5:]}"))
-    here = {a: (cw[(a, p)], s[iv[a]] if a in iv else None) for a, p in at.items()
-            if (a, p) in cw}
+            StaggeredWindow(_Lazy(s, name, used), deltas(dict(pos)), spec.axes,  # type: ignore[arg-type]
+                            label=f"metric {name[len(HIDDEN):]}"))
+    here = {a: (cw[(a, p)], iv.get(a)) for a, p in at.items() if (a, p) in cw}
     coords = {a: _at_coord(here[a], a, spec.axes) for a in here}
     ss = StaggeredSet(wins, metrics, coords)
     if spec.single is not None:
@@ -380,9 +436,12 @@ def wrap(kernel: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
     ref = weakref.ref(owner) if table is not None else (lambda: owner)
 
     def staggered(s: Any, *args: Any, **kwargs: Any) -> Any:
-        out = ref()(windows(s, spec), *args, **kwargs)
-        if isinstance(out, Mapping) and table is not None:  # see returned()
-            table[("names", spec)] = tuple(out)
+        used: set[str] = set()
+        out = ref()(windows(s, spec, used), *args, **kwargs)
+        if table is not None:  # see returned() and hidden_used()
+            if isinstance(out, Mapping):
+                table[("names", spec)] = tuple(out)
+            table[("hidden", spec)] = table.get(("hidden", spec), frozenset()) | used
         return out
 
     staggered.__name__ = getattr(kernel, "__name__", "kernel")
@@ -396,6 +455,12 @@ def returned(kernel: Callable[..., Any], spec: Spec) -> tuple[str, ...]:
     """The names a dict-returning staggered kernel returned when traced."""
     table = table_of(canonical(kernel))
     return () if table is None else tuple(table.get(("names", spec), ()))
+
+
+def hidden_used(kernel: Callable[..., Any], spec: Spec) -> frozenset[str] | None:
+    """The hidden variables ``kernel`` read when traced (``None``: not yet traced)."""
+    table = table_of(canonical(kernel))
+    return None if table is None else table.get(("hidden", spec))
 
 
 def wrap_each(kernels: Mapping[str, Callable[..., Any]], specs: Mapping[str, Spec]
@@ -444,7 +509,9 @@ def _rename_back(da: xr.DataArray, back: Mapping[str, str], at: Mapping[str, str
     for d in da.dims:
         if d in back:
             a = back[str(d)]
-            ren[d] = g.axis(a).positions[at.get(a, g.where[str(d)][1])]
+            target = g.axis(a).positions[at.get(a, g.where[str(d)][1])]
+            if target != d:
+                ren[d] = target
     drop = [k for k, v in da.coords.items() if set(map(str, v.dims)) & set(ren)]
     return da.drop_vars(drop).rename(ren) if ren else da
 

@@ -15,6 +15,7 @@ import xarray as xr
 from xstencil._errors import XStencilError
 from xstencil._labelled.staggered import (
     Layout,
+    hidden_used,
     layout,
     restore,
     returned,
@@ -79,6 +80,7 @@ def map_grid(run: Callable[..., Any], obj: Any, kernel: Any, args: Any, kwargs: 
     lay, out_at = layout(call, obj, grid, at, None if boundary is FILL else boundary,
                          fill_value, period)
     spec = lay.spec(out_at)
+    lay.include = hidden_used(kernel, spec)  # after the first call: only what it reads
     res = run(lay.plain, wrap(kernel, spec), *args, window=_by_axis(lay, window, "window"),
               boundary=lay.boundary, fill_value=lay.fill_value,
               stride=_by_axis(lay, stride, "stride"), output_dims=output_dims,
