@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import xstencil  # noqa: F401
 
-import xstencil  # noqa: E402,F401
-from _harness import Runner, add_output_flags, fmt_time, interleave, publish  # noqa: E402
+try:  # run as ``python benchmarks/staggered.py``: benchmarks/ is sys.path[0]
+    import _harness as H
+except ImportError:  # imported as ``benchmarks.staggered`` from the repository root
+    from benchmarks import _harness as H
 
 COORDS = {"X": {"center": "x_c", "left": "x_g"}, "Y": {"center": "y_c", "left": "y_g"}}
 CORNERS = {"X": "left", "Y": "left"}
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=2048)
     p.add_argument("--runs", type=int, default=15)
-    add_output_flags(p, "512² and 5 runs; print only")
+    H.add_output_flags(p, "512² and 5 runs; print only")
     a = p.parse_args(argv)
     n, runs = (512, 5) if a.quick else (a.n, a.runs)
 
@@ -91,9 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     np.testing.assert_allclose(run_xgcm(), ref, rtol=1e-5, atol=1e-5)
 
     names = ["xstencil (labelled, grid=)", "hand-written jnp (jit)", "xgcm diff on numpy"]
-    timings = interleave([Runner(f, runs, 3) for f in (run_xstencil, run_jnp, run_xgcm)])
+    timings = H.interleave([H.Runner(f, runs, 3) for f in (run_xstencil, run_jnp, run_xgcm)])
     tx, tj, tg = (t.median for t in timings)
-    rows = "\n".join(f"| {name} | {fmt_time(t.median)} | {t.median / tj:.2f}× |"
+    rows = "\n".join(f"| {name} | {H.fmt_time(t.median)} | {t.median / tj:.2f}× |"
                      for name, t in zip(names, timings, strict=True))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     text = f"""## Staggered grids (`benchmarks/staggered.py`)
@@ -110,7 +111,7 @@ compile excluded.
 - xstencil / hand-written jnp: **{tx / tj:.2f}×** (target ≤ 1.2×)
 - xgcm on numpy / xstencil: **{tg / tx:.1f}×** faster (target ≥ 3×)
 """
-    publish("staggered", text, a)
+    H.publish("staggered", text, a)
 
 
 if __name__ == "__main__":

@@ -220,11 +220,11 @@ def scan(
         if step is not None:
             raise XStencilError("ds.stencil.scan(..., grid=...): grid= goes to the maps inside "
                                 "step=, e.g. state.stencil.map(k, grid=G, at=...)")
-        return scan_grid(scan, obj, kernel, dim, args, dict(
+        return scan_grid(scan, obj, kernel, dim, args, kwargs, dict(
             steps=steps, dt=dt, coord=coord, save_every=save_every, progress=progress,
             checkpoint=checkpoint, check_finite=check_finite, mesh=mesh,
-            halo_every=halo_every, **kwargs), grid=grid, at=at, window=window,
-            boundary=boundary, fill_value=fill_value, period=period)
+            halo_every=halo_every), grid=grid, at=at, window=window, boundary=boundary,
+            fill_value=fill_value, period=period)
     call = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.scan(...)"
     o = _options(call, dim, window, boundary, fill_value, steps, dt, coord, save_every,
                  progress, checkpoint, check_finite, period)

@@ -463,13 +463,14 @@ def hidden_used(kernel: Callable[..., Any], spec: Spec) -> frozenset[str] | None
     return None if table is None else table.get(("hidden", spec))
 
 
-def wrap_each(kernels: Mapping[str, Callable[..., Any]], specs: Mapping[str, Spec]
-              ) -> Callable[..., Any]:
-    """One plain kernel returning ``{name: kernels[name](windows at name's position)}``."""
+def wrap_each(kernels: Mapping[str, Callable[..., Any]], specs: Mapping[str, Spec],
+              used: set[str]) -> Callable[..., Any]:
+    """One plain kernel returning ``{name: kernels[name](windows at name's
+    position)}``; the hidden variables read are added to ``used``."""
     items = tuple((n, kernels[n], specs[n]) for n in kernels)
 
     def staggered(s: Any, *args: Any, **kwargs: Any) -> Any:
-        return {n: k(windows(s, sp), *args, **kwargs) for n, k, sp in items}
+        return {n: k(windows(s, sp, used), *args, **kwargs) for n, k, sp in items}
 
     return staggered
 

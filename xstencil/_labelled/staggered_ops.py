@@ -13,6 +13,8 @@ from typing import Any
 import xarray as xr
 
 from xstencil._errors import XStencilError
+from xstencil._labelled.core import coord_dims, unwrap
+from xstencil._labelled.plan import infer_window
 from xstencil._labelled.staggered import (
     Layout,
     hidden_used,
@@ -62,6 +64,30 @@ def _period(lay: Layout, period: Any) -> dict[str, float] | None:
     return out or None
 
 
+def _probe(lay: Layout, plain: Any, args: Any, kwargs: Any, dim: str | None = None) -> None:
+    """Trace ``plain`` once on probe windows (as window inference does), so
+    that the hidden variables it reads are recorded before the real call.
+    ``dim``: a scan's dim, which a grown trajectory adds."""
+    f = unwrap(lay.call, lay.plain)
+    dims, var_dims = f.dims, f.var_dims
+    if dim is not None and dim not in dims:
+        dims, var_dims = (dim, *dims), tuple((dim, *d) for d in var_dims)
+    infer_window(lay.call, plain, dims, f.names, var_dims, f.dtypes, coord_dims(f), args,
+                 kwargs)
+
+
+def _include(lay: Layout, kernels: Any, spec: Any, args: Any, kwargs: Any,
+             dim: str | None = None) -> None:
+    """Pass only the hidden variables that ``kernels`` read (a dask scan needs
+    every variable on the same dims, and fewer inputs are cheaper)."""
+    used = [hidden_used(k, spec) for k in kernels]
+    if any(u is None for u in used):
+        for k in kernels:
+            _probe(lay, wrap(k, spec), args, kwargs, dim)
+        used = [hidden_used(k, spec) for k in kernels]
+    lay.include = frozenset().union(*[u or frozenset() for u in used])
+
+
 def _check_kernel(call: str, kernel: Any) -> None:
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
@@ -80,7 +106,7 @@ def map_grid(run: Callable[..., Any], obj: Any, kernel: Any, args: Any, kwargs: 
     lay, out_at = layout(call, obj, grid, at, None if boundary is FILL else boundary,
                          fill_value, period)
     spec = lay.spec(out_at)
-    lay.include = hidden_used(kernel, spec)  # after the first call: only what it reads
+    _include(lay, [kernel], spec, args, kwargs)
     res = run(lay.plain, wrap(kernel, spec), *args, window=_by_axis(lay, window, "window"),
               boundary=lay.boundary, fill_value=lay.fill_value,
               stride=_by_axis(lay, stride, "stride"), output_dims=output_dims,
@@ -89,8 +115,8 @@ def map_grid(run: Callable[..., Any], obj: Any, kernel: Any, args: Any, kwargs: 
 
 
 def scan_grid(run: Callable[..., Any], obj: Any, kernel: Any, dim: str, args: Any,
-              kwargs: Any, *, grid: Any, at: Any, window: Any, boundary: Any,
-              fill_value: Any, period: Any) -> Any:
+              kwargs: Any, options: dict[str, Any], *, grid: Any, at: Any, window: Any,
+              boundary: Any, fill_value: Any, period: Any) -> Any:
     """``scan`` on a staggered grid; ``run`` is :func:`xstencil.scan`.
 
     ``kernel`` is one kernel (outputs at ``at``) or ``{name: kernel}``
@@ -112,17 +138,21 @@ def scan_grid(run: Callable[..., Any], obj: Any, kernel: Any, dim: str, args: An
             _check_kernel(call, k)
             targets[n] = {a: lay.positions[n].get(a, "center") for a in lay.index}
             specs[n] = lay.spec(targets[n])
-        plain = wrap_each(kernel, specs)
+        used: set[str] = set()
+        plain = wrap_each(kernel, specs, used)
+        _probe(lay, plain, args, kwargs, dim)
+        lay.include = frozenset(used)
         out_at: dict[str, str] = {}
     else:
         _check_kernel(call, kernel)
         lay, out_at = layout(call, obj, grid, at, boundary, fill_value, period)
         spec = lay.spec(out_at)
         plain = wrap(kernel, spec)
+        _include(lay, [kernel], spec, args, kwargs, dim)
         targets = {}
     res = run(lay.plain, plain, dim, *args, window=_by_axis(lay, window, "window"),
               boundary=lay.boundary, fill_value=lay.fill_value, period=_period(lay, period),
-              **kwargs)
+              **options, **kwargs)
     if not isinstance(kernel, Mapping):
         targets = dict.fromkeys(returned(kernel, spec), out_at)
     return restore(lay, res, targets, out_at)
@@ -147,20 +177,32 @@ class GridMesh:
                 options[k] = _by_axis(lay, options[k], k)
         options["period"] = _period(lay, options.get("period"))
         self._spec = lay.spec(self._at)
-        self._kernels: list[Any] = []
-        self._mesh = make(lay.plain, boundary=lay.boundary, fill_value=lay.fill_value,
-                          **options)
+        self._make, self._options = make, options
+        self._assigned: list[tuple[bool, Any, Any]] = []  # (by label, key, kernel)
 
     def __repr__(self) -> str:
-        return f"<xstencil grid mesh at {self._at}, {len(self._kernels)} region(s)>"
+        return f"<xstencil grid mesh at {self._at}, {len(self._assigned)} region(s)>"
 
-    def _kernel(self, kernel: Any) -> Any:
+    def _assign(self, by_label: bool, key: Any, kernel: Any) -> None:
         _check_kernel(self._lay.call, kernel)
-        self._kernels.append(kernel)
-        return wrap(kernel, self._spec)
+        self._assigned.append((by_label, self._lay.rename_key(key), kernel))
+        self._build(probe=False)  # check the selector now, as a plain mesh does
+
+    def _build(self, probe: bool = True, args: Any = (), kwargs: Any = None) -> Any:
+        lay = self._lay
+        if probe:
+            _include(lay, [k for _, _, k in self._assigned], self._spec, args, kwargs or {})
+        m = self._make(lay.plain, boundary=lay.boundary, fill_value=lay.fill_value,
+                       **self._options)
+        for by_label, key, kernel in self._assigned:
+            if by_label:
+                m.loc[key] = wrap(kernel, self._spec)
+            else:
+                m[key] = wrap(kernel, self._spec)
+        return m
 
     def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
-        self._mesh[self._lay.rename_key(key)] = self._kernel(kernel)
+        self._assign(False, key, kernel)
 
     @property
     def loc(self) -> Any:
@@ -168,16 +210,16 @@ class GridMesh:
         return _GridLoc(self)
 
     def _restore(self, res: Any) -> Any:
-        names = {n for k in self._kernels for n in returned(k, self._spec)}
+        names = {n for _, _, k in self._assigned for n in returned(k, self._spec)}
         return restore(self._lay, res, dict.fromkeys(names, self._at), self._at)
 
     def map(self, *args: Any, **kwargs: Any) -> Any:
         """Run the mesh; see :meth:`xstencil.Mesh.map`."""
-        return self._restore(self._mesh.map(*args, **kwargs))
+        return self._restore(self._build(True, args, kwargs).map(*args, **kwargs))
 
     def scan(self, *args: Any, **kwargs: Any) -> Any:
         """Run the mesh as a scan; see :meth:`xstencil.Mesh.scan`."""
-        return self._restore(self._mesh.scan(*args, **kwargs))
+        return self._restore(self._build().scan(*args, **kwargs))
 
 
 class _GridLoc:
@@ -185,5 +227,4 @@ class _GridLoc:
         self._m = m
 
     def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
-        m = self._m
-        m._mesh.loc[m._lay.rename_key(key)] = m._kernel(kernel)
+        self._m._assign(True, key, kernel)
