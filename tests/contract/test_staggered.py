@@ -320,3 +320,35 @@ def test_grad_through_shallow_water_matches_finite_differences(x64: None) -> Non
         eps = 1e-6
         fd = (loss(h0 + eps * d) - loss(h0 - eps * d)) / (2 * eps)
         np.testing.assert_allclose(float(jnp.sum(grad * d)), float(fd), rtol=1e-6)
+
+
+def test_coord_at_the_output_and_of_a_variable() -> None:
+    """``s.coord("X")`` is the output position's coordinate; ``s.u.coord("X")``
+    is u's own (x_g), half a cell off at a centre output."""
+    ds = c_grid()
+    out = ds.stencil.map(lambda s: {"here": s.coord("X")(), "east": s.u.coord("X")(X=0.5),
+                                    "west": s.u.coord("X")(X=-0.5)},
+                         grid=GRID, at=CENTRE, boundary="periodic")
+    x_c = ds.x_c.values
+    np.testing.assert_allclose(out.here.values[0], x_c)
+    np.testing.assert_allclose(out.east.values[0], x_c + 0.5)  # across the seam: + period
+    np.testing.assert_allclose(out.west.values[0], x_c - 0.5)
+
+
+def test_mesh_scan_inflow_by_label(x64: None) -> None:
+    """A grid mesh scanned along time: upwind advection at the centres by a
+    constant u on the faces, with the first column held by coordinate label."""
+    ds = c_grid()[["u", "h"]]
+    ds = ds.assign(u=0 * ds.u + 0.5)
+    m = ds.stencil.mesh(grid=GRID, at=CENTRE, boundary={"X": "extend", "Y": "periodic"})
+    m[...] = lambda s: {"h": s.h(time=-1) - 0.4 * (s.u(X=0.5) * s.h(time=-1)
+                                                   - s.u(X=-0.5) * s.h(time=-1, X=-1))}
+    m.loc[{"x_c": 0.5}] = lambda s: {"h": 2.0}
+    out = m.scan("time", steps=10, save_every="last")
+    h = ds.h.values.copy()
+    for _ in range(10):
+        new = h - 0.4 * 0.5 * (h - np.concatenate([h[:, :1], h[:, :-1]], axis=1))
+        new[:, 0] = 2.0
+        h = new
+    assert out.h.dims == ("y_c", "x_c")
+    np.testing.assert_allclose(out.h.values, h, rtol=1e-12)

@@ -158,6 +158,10 @@ def scan_grid(run: Callable[..., Any], obj: Any, kernel: Any, dim: str, args: An
     return restore(lay, res, targets, out_at)
 
 
+_SCAN_OPTIONS = {"dim", "window", "boundary", "fill_value", "steps", "dt", "coord",
+                 "save_every", "progress", "checkpoint", "check_finite", "period", "halo_every"}
+
+
 class GridMesh:
     """A function mesh on a staggered grid (``ds.stencil.mesh(grid=G, at=...)``):
     regions by position (``m[{"Y": 0}]``), by coordinate label
@@ -188,10 +192,12 @@ class GridMesh:
         self._assigned.append((by_label, self._lay.rename_key(key), kernel))
         self._build(probe=False)  # check the selector now, as a plain mesh does
 
-    def _build(self, probe: bool = True, args: Any = (), kwargs: Any = None) -> Any:
+    def _build(self, probe: bool = True, args: Any = (), kwargs: Any = None,
+               dim: str | None = None) -> Any:
         lay = self._lay
         if probe:
-            _include(lay, [k for _, _, k in self._assigned], self._spec, args, kwargs or {})
+            _include(lay, [k for _, _, k in self._assigned], self._spec, args, kwargs or {},
+                     dim)
         m = self._make(lay.plain, boundary=lay.boundary, fill_value=lay.fill_value,
                        **self._options)
         for by_label, key, kernel in self._assigned:
@@ -219,7 +225,10 @@ class GridMesh:
 
     def scan(self, *args: Any, **kwargs: Any) -> Any:
         """Run the mesh as a scan; see :meth:`xstencil.Mesh.scan`."""
-        return self._restore(self._build().scan(*args, **kwargs))
+        dim = args[0] if args else kwargs.get("dim", "time")
+        extra = {k: v for k, v in kwargs.items() if k not in _SCAN_OPTIONS}
+        m = self._build(True, args[1:], extra, dim)
+        return self._restore(m.scan(*args, **kwargs))
 
 
 class _GridLoc:
