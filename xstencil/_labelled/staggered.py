@@ -208,12 +208,60 @@ def _boundary(call: str, g: Grid, index: Mapping[str, str], other: tuple[str, ..
     return out, fill_value
 
 
+@dataclass
+class _Static:
+    """The part of a layout that depends only on the structure of the data,
+    the grid and the options (cached per kernel, see :func:`layout`)."""
+
+    grid: Grid
+    positions: dict[str, dict[str, str]]
+    out_at: dict[str, str]
+    index: dict[str, str]
+    boundary: dict[str, str]
+    fill_value: Any
+    hidden: dict[str, xr.Variable]
+    keep: dict[Any, Any]
+    spec_base: dict[str, Any]
+    period: dict[str, float]
+    coords: dict[Any, xr.Variable]  # the coordinates it was built from
+    grid_ref: Any
+
+    def valid(self, ds: xr.Dataset, grid: Any) -> bool:
+        if self.grid_ref is not None and self.grid_ref() is not grid:
+            return False
+        variables = ds.variables
+        return all(k in variables and (variables[k] is v or variables[k].identical(v))
+                   for k, v in self.coords.items())
+
+
+def _freeze(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return ("<map>",) + tuple((k, _freeze(v)) for k, v in x.items())
+    return x
+
+
+def _static_key(call: str, ds: xr.Dataset, grid: Any, at: Any, boundary: Any,
+                fill_value: Any, period: Any, own: bool) -> Any:
+    g = _freeze(grid) if grid is None or isinstance(grid, str | Mapping) else ("id", id(grid))
+    variables = ds.variables
+    try:
+        key = ("staggered-layout", call, g, _freeze(at), _freeze(boundary), fill_value,
+               _freeze(period), own,
+               tuple((n, variables[n].dims, variables[n].dtype.str) for n in ds.data_vars),
+               tuple(ds.sizes.items()), tuple(ds.coords))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def layout(call: str, obj: xr.DataArray | xr.Dataset, grid: Any, at: Any, boundary: Any,
-           fill_value: Any, period: Any, *, own_positions: bool = False) -> tuple[Layout,
-                                                                                dict[str, str]]:
+           fill_value: Any, period: Any, *, own_positions: bool = False,
+           cache: dict[Any, Any] | None = None) -> tuple[Layout, dict[str, str]]:
     """Translate ``obj`` for a staggered call; returns the layout and the
     output position (``{}`` when ``own_positions``: each variable stays at
-    its own, and the index dims are the centre dims)."""
+    its own, and the index dims are the centre dims).  ``cache`` (a kernel's
+    cache table) keeps the structural part between calls."""
     single = None
     if isinstance(obj, xr.DataArray):
         single = str(obj.name) if obj.name is not None else f"{HIDDEN}data"
@@ -223,6 +271,26 @@ def layout(call: str, obj: xr.DataArray | xr.Dataset, grid: Any, at: Any, bounda
     else:
         raise XStencilError(f"{call}: expected a DataArray or Dataset, got "
                             f"{type(obj).__name__}")
+    key = None if cache is None else _static_key(call, ds, grid, at, boundary, fill_value,
+                                                  period, own_positions)
+    st = None if key is None else cache.get(key)  # type: ignore[union-attr]
+    if st is None or not st.valid(ds, grid):
+        st = _static(call, ds, grid, at, boundary, fill_value, period, own_positions)
+        if key is not None:
+            cache[key] = st  # type: ignore[index]
+    g = st.grid
+    variables: dict[str, xr.Variable] = {}
+    for n in ds.data_vars:
+        v = ds.variables[n]
+        dims = tuple(st.index[g.where[str(d)][0]] if str(d) in g.where else d for d in v.dims)
+        variables[str(n)] = xr.Variable(dims, v.data, v.attrs, fastpath=True)
+    variables.update(st.hidden)
+    return Layout(call, g, obj, ds, variables, st.keep, st.positions, st.index, st.boundary,
+                  st.fill_value, st.period, st.spec_base, single), st.out_at
+
+
+def _static(call: str, ds: xr.Dataset, grid: Any, at: Any, boundary: Any, fill_value: Any,
+            period: Any, own_positions: bool) -> _Static:
     comodo = grid is None or (isinstance(grid, str) and grid == "comodo")
     g = parse_grid(call, ds, None if comodo else grid)
     positions = _positions(call, ds, g)
@@ -235,11 +303,14 @@ def layout(call: str, obj: xr.DataArray | xr.Dataset, grid: Any, at: Any, bounda
     index = {a: g.axis(a).positions[out_at.get(a, "center")] for a in used}
     other = tuple(str(d) for d in ds.dims if str(d) not in g.where)
     bmodes, fv = _boundary(call, g, index, other, boundary, fill_value)
-    uperiod = dict(period or {})
-    variables, keep, spec_base, pperiod = _translate(call, ds, g, positions, index, bmodes,
-                                                     uperiod)
-    return Layout(call, g, obj, ds, variables, keep, positions, index, bmodes, fv, pperiod,
-                  spec_base, single), out_at
+    hidden, keep, spec_base, pperiod = _translate(call, ds, g, positions, index, bmodes,
+                                                  dict(period or {}))
+    try:
+        ref = None if comodo or isinstance(grid, Mapping) else weakref.ref(grid)
+    except TypeError:
+        ref = lambda: grid  # noqa: E731 - a grid that cannot be referenced weakly
+    return _Static(g, positions, out_at, index, bmodes, fv, hidden, keep, spec_base, pperiod,
+                   dict(ds.coords.variables), ref)
 
 
 def _hidden_dtype(ds: xr.Dataset) -> Any:
@@ -253,11 +324,7 @@ def _translate(call: str, ds: xr.Dataset, g: Grid, positions: Mapping[str, Mappi
                index: Mapping[str, str], bmodes: Mapping[str, str], uperiod: Mapping[str, Any]
                ) -> tuple[xr.Dataset, dict[str, Any], dict[str, float]]:
     hdt = _hidden_dtype(ds)
-    variables: dict[str, xr.Variable] = {}
-    for n in ds.data_vars:
-        v = ds[n].variable
-        ren = {d: index[g.where[str(d)][0]] for d in v.dims if str(d) in g.where}
-        variables[str(n)] = xr.Variable(tuple(ren.get(d, d) for d in v.dims), v.data, v.attrs)
+    variables: dict[str, xr.Variable] = {}  # the hidden ones
     coords, index_vars, periods, sizes = [], [], [], []
     pperiod: dict[str, float] = {}
     for a, idim in index.items():

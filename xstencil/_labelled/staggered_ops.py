@@ -14,6 +14,7 @@ import xarray as xr
 
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import coord_dims, unwrap
+from xstencil._labelled.kcache import table_of
 from xstencil._labelled.plan import infer_window
 from xstencil._labelled.staggered import (
     Layout,
@@ -104,7 +105,7 @@ def map_grid(run: Callable[..., Any], obj: Any, kernel: Any, args: Any, kwargs: 
         raise XStencilError(f"{call}: mesh= (devices) is not supported with grid= yet; run "
                             f"in memory or on dask-backed data")
     lay, out_at = layout(call, obj, grid, at, None if boundary is FILL else boundary,
-                         fill_value, period)
+                         fill_value, period, cache=table_of(kernel, create=True))
     spec = lay.spec(out_at)
     _include(lay, [kernel], spec, args, kwargs)
     res = run(lay.plain, wrap(kernel, spec), *args, window=_by_axis(lay, window, "window"),
