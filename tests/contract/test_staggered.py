@@ -352,3 +352,10 @@ def test_mesh_scan_inflow_by_label(x64: None) -> None:
         h = new
     assert out.h.dims == ("y_c", "x_c")
     np.testing.assert_allclose(out.h.values, h, rtol=1e-12)
+
+
+def test_scan_output_moved_off_its_position_raises() -> None:
+    ds = c_grid()[["u", "h"]]
+    with pytest.raises(xstencil.XStencilError, match=r"advances 'u', which is at .*'left'"):
+        ds.stencil.scan(lambda s: {"u": s.u(time=-1, X=0.5)}, dim="time", steps=2, grid=GRID,
+                        at=CENTRE, boundary="periodic")

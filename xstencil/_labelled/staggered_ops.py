@@ -89,6 +89,18 @@ def _include(lay: Layout, kernels: Any, spec: Any, args: Any, kwargs: Any,
     lay.include = frozenset().union(*[u or frozenset() for u in used])
 
 
+def _check_scan_outputs(lay: Layout, names: Any, out_at: Mapping[str, str]) -> None:
+    """A scan feeds its outputs back as inputs, so they must stay where they are."""
+    for n in names:
+        pos = lay.positions.get(n, {})
+        if any(out_at.get(a, p) != p for a, p in pos.items()):
+            raise XStencilError(
+                f"{lay.call}: the kernel advances {n!r}, which is at {pos!r}, but at= puts the "
+                f"output at {out_at!r}; a scan reads its outputs back at their own positions, "
+                f"so pass kernel={{{n!r}: ..., ...}} (each variable at its own position) or "
+                f"at= matching {n!r}")
+
+
 def _check_kernel(call: str, kernel: Any) -> None:
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
@@ -150,6 +162,7 @@ def scan_grid(run: Callable[..., Any], obj: Any, kernel: Any, dim: str, args: An
         spec = lay.spec(out_at)
         plain = wrap(kernel, spec)
         _include(lay, [kernel], spec, args, kwargs, dim)
+        _check_scan_outputs(lay, returned(kernel, spec), out_at)
         targets = {}
     res = run(lay.plain, plain, dim, *args, window=_by_axis(lay, window, "window"),
               boundary=lay.boundary, fill_value=lay.fill_value, period=_period(lay, period),
@@ -229,6 +242,8 @@ class GridMesh:
         dim = args[0] if args else kwargs.get("dim", "time")
         extra = {k: v for k, v in kwargs.items() if k not in _SCAN_OPTIONS}
         m = self._build(True, args[1:], extra, dim)
+        _check_scan_outputs(self._lay, {n for _, _, k in self._assigned
+                                        for n in returned(k, self._spec)}, self._at)
         return self._restore(m.scan(*args, **kwargs))
 
 
