@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xstencil._engine.window import Window, WindowSet
+from xstencil._engine.window import Window
 from xstencil._errors import XStencilError
 
 __all__ = ["Axes", "StaggeredWindow", "StaggeredSet", "MetricWindow"]
@@ -225,7 +225,3 @@ class StaggeredSet(Mapping[str, StaggeredWindow]):
                 f"s.coord({axis!r}): no numeric coordinate along {axis!r} at the output "
                 f"position; available: {tuple(self._coords)!r}")
         return self._coords[axis]
-
-
-def is_plain_set(x: Any) -> bool:
-    return isinstance(x, WindowSet)

@@ -16,15 +16,8 @@ from xstencil._errors import XStencilError
 from xstencil._labelled.core import coord_dims, unwrap
 from xstencil._labelled.kcache import table_of
 from xstencil._labelled.plan import infer_window
-from xstencil._labelled.staggered import (
-    Layout,
-    hidden_used,
-    layout,
-    restore,
-    returned,
-    wrap,
-    wrap_each,
-)
+from xstencil._labelled.staggered import Layout, layout
+from xstencil._labelled.staggered_wrap import hidden_used, restore, returned, wrap, wrap_each
 
 __all__ = ["FILL", "map_grid", "scan_grid", "GridMesh"]
 
