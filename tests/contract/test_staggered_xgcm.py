@@ -197,3 +197,15 @@ def test_grid_without_padding_needs_boundary(x64: None) -> None:
                                 boundary={"X": "periodic", "Y": "fill"})
     g2 = grid(ds, "periodic")
     close(out, g2.diff(ds.u, "X"))
+
+
+def test_fill_value_comes_from_the_grid(x64: None) -> None:
+    ds = c_grid()
+    with pytest.warns(DeprecationWarning, match="fill_value"):  # xgcm's own notice
+        g = xgcm.Grid(ds, coords=COORDS, padding="fill", fill_value=2.5,
+                      autoparse_metadata=False)
+    out = ds.stencil.map(lambda s: s.u(X=0.5) - s.u(X=-0.5) + s.v(Y=0.5) - s.v(Y=-0.5),
+                         grid=g, at={"X": "center", "Y": "center"})
+    close(out, g.diff(ds.u, "X") + g.diff(ds.v, "Y"))
+    assert out.isel(x_c=-1, y_c=0).item() == pytest.approx(
+        2.5 - ds.u.values[0, -1] + ds.v.values[1, -1] - ds.v.values[0, -1])
