@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     text = f"""## Staggered grids (`benchmarks/staggered.py`)
 
-C-grid relative vorticity at the corners, `ds.stencil.map(kernel, grid=G, at={{"X": "left",
-"Y": "left"}})` with an `xgcm.Grid` (periodic), {n}² float32.  Machine: {os.cpu_count()} CPU
+C-grid relative vorticity at the corners with an `xgcm.Grid` (periodic), {n}² float32:
+`ds.stencil.map(kernel, grid=G, at={{"X": "left", "Y": "left"}})`.  Machine: {os.cpu_count()} CPU
 cores, load average {load:.1f} (the columns are timed round-robin).  Medians of {runs} runs,
 compile excluded.
 
