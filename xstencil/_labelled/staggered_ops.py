@@ -173,7 +173,21 @@ class GridMesh:
     """A function mesh on a staggered grid (``ds.stencil.mesh(grid=G, at=...)``):
     regions by position (``m[{"Y": 0}]``), by coordinate label
     (``m.loc[{"y_g": 0.0}]``; axis names select the output's dim) or by a
-    boolean mask on the output's dims; kernels read by axis name in cells."""
+    boolean mask on the output's dims; kernels read by axis name in cells.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> ds = xr.Dataset({"h": (("x_c",), np.array([1.0, 2.0, 4.0]))},
+    ...                 coords={"x_c": [0.5, 1.5, 2.5], "x_g": [0.0, 1.0, 2.0]})
+    >>> grid = {"X": {"center": "x_c", "left": "x_g"}}
+    >>> m = ds.stencil.mesh(grid=grid, at={"X": "left"}, boundary="extend")
+    >>> m[...] = lambda s: s.h(X=0.5) - s.h(X=-0.5)
+    >>> m.loc[{"x_g": 0.0}] = lambda s: -1.0  # a wall face, by label
+    >>> out = m.map()
+    >>> out.dims, out.values
+    (('x_g',), array([-1.,  1.,  2.]))
+    """
 
     def __init__(self, make: Callable[..., Any], obj: Any, options: dict[str, Any]):
         call = _call(obj, "mesh")
