@@ -15,6 +15,7 @@ from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap,
 from xstencil._labelled.fastpath import lookup, remember, run, signature
 from xstencil._labelled.kcache import describe
 from xstencil._labelled.returns import check_new_vars, result_dims
+from xstencil._labelled.staggered_ops import FILL, map_grid
 from xstencil._shard import is_sharded
 
 __all__ = ["map"]
@@ -25,13 +26,15 @@ def map(  # noqa: A001 - the contract's name
     kernel: Callable[..., Any],
     *args: Any,
     window: Mapping[str, int | tuple[int, int]] | None = None,
-    boundary: str | Mapping[str, str] = "fill",
+    boundary: str | Mapping[str, str] = FILL,
     fill_value: Any = None,
     stride: int | Mapping[str, int] | None = None,
     output_dims: str | Sequence[str] | None = None,
     period: Mapping[str, float] | None = None,
     mesh: Any = None,
     new_vars: str | Sequence[str] | None = None,
+    grid: Any = None,
+    at: Mapping[str, str] | None = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Apply a stencil kernel at every point of a DataArray or Dataset.
@@ -62,6 +65,7 @@ def map(  # noqa: A001 - the contract's name
         One mode or ``{dim: mode}`` (unlisted dims get ``"fill"``): ``"fill"``,
         ``"extend"``, ``"periodic"``, ``"reflect"``, ``"symmetric"`` or
         ``"valid"`` (no halo: the output shrinks and its coords are trimmed).
+        Default ``"fill"``; on a grid, the grid's padding per axis.
     fill_value
         The halo value for ``"fill"``.  Defaults to NaN for float data, as in
         :meth:`xarray.DataArray.rolling`; integer data needs a value.
@@ -82,6 +86,13 @@ def map(  # noqa: A001 - the contract's name
         Names a Dataset kernel may return that are not data variables yet
         (new variables); any other unknown name raises, to catch typos.  See
         :doc:`/datasets` for the dims each result gets.
+    grid, at
+        A staggered grid (an ``xgcm.Grid``, ``{"X": {"center": "x_c", "left":
+        "x_g"}}``, or ``"comodo"`` to read the Dataset's ``axis`` and
+        ``c_grid_axis_shift`` attributes) and the output position per axis
+        (``{"X": "left"}``; omitted: the position all inputs share).  The
+        kernel reads by axis name in cells from the output point,
+        ``s["v"](X=0.5)``; see :doc:`/staggered`.
 
     Returns
     -------
@@ -119,6 +130,10 @@ def map(  # noqa: A001 - the contract's name
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(x=1) - u(x=-1)")
+    if grid is not None or at is not None:  # staggered: translated into a plain call
+        return map_grid(map, obj, kernel, args, kwargs, grid=grid, at=at, window=window,
+                        boundary=boundary, fill_value=fill_value, stride=stride,
+                        output_dims=output_dims, period=period, mesh=mesh)
     sig = None
     lifted = describe([kernel])  # the compile-cache key and closed-over arrays (kcache.py)
     if mesh is None:  # a repeated call: skip validation and planning (see fastpath.py)

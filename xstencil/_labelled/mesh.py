@@ -35,6 +35,7 @@ from xstencil._labelled.kcache import cached
 from xstencil._labelled.mesh_checks import align_mask, warn_empty
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.returns import check_new_vars, result_dims
+from xstencil._labelled.staggered_ops import GridMesh
 from xstencil._shard import is_sharded
 
 __all__ = ["mesh", "Mesh", "nearest"]
@@ -408,7 +409,7 @@ def _mesh_body(regions: Sequence[Slab | int]) -> Any:
     return body
 
 
-def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
+def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh | GridMesh:
     """A function mesh: different kernels on different regions.
 
     Parameters
@@ -417,8 +418,8 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
         The data.
     **options
         ``window``, ``boundary``, ``fill_value``, ``stride``, ``output_dims``,
-        ``period``, ``mesh`` (devices) and ``new_vars``, as for
-        :func:`xstencil.map`.
+        ``period``, ``mesh`` (devices) and ``new_vars``, as for :func:`xstencil.map`;
+        ``grid`` and ``at`` for a staggered grid (see :doc:`/staggered`).
 
     Returns
     -------
@@ -439,6 +440,8 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
     >>> m.map().values
     array([-1.,  2.,  4.,  6.,  7.])
     """
+    if options.get("grid") is not None or options.get("at") is not None:
+        return GridMesh(mesh, obj, {k: v for k, v in options.items() if v is not None})
     allowed = {"window", "boundary", "fill_value", "stride", "output_dims", "period", "mesh",
                "new_vars"}
     bad = set(options) - allowed

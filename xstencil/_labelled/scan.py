@@ -57,6 +57,7 @@ from xstencil._labelled.scan_setup import (
     time_coord,
 )
 from xstencil._labelled.scan_step import run_step
+from xstencil._labelled.staggered_ops import FILL, scan_grid
 
 __all__ = ["scan", "scan_mesh"]
 
@@ -106,7 +107,7 @@ def scan(
     dim: str = "time",
     *args: Any,
     window: Mapping[str, int | tuple[int, int]] | None = None,
-    boundary: str | Mapping[str, str] = "fill",
+    boundary: str | Mapping[str, str] = FILL,
     fill_value: Any = None,
     steps: int | None = None,
     dt: Any = None,
@@ -119,6 +120,8 @@ def scan(
     step: Callable[..., Any] | None = None,
     mesh: Mapping[str, str] | None = None,
     halo_every: int | None = None,
+    grid: Any = None,
+    at: Mapping[str, str] | None = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Scan a stencil kernel along a dim: explicit time stepping.
@@ -177,6 +180,10 @@ def scan(
         Scale-out: ``mesh={dim: axis}`` shards the data over JAX devices (see
         :doc:`/scaling`); for dask-backed or sharded data, ``halo_every=K``
         runs K steps per halo exchange (a halo K times as deep).
+    grid, at
+        A staggered grid and output position, as for :func:`xstencil.map`;
+        ``kernel`` may then be ``{name: kernel}``, each variable advanced at
+        its own position.  See :doc:`/staggered`.
 
     Returns
     -------
@@ -213,6 +220,15 @@ def scan(
     >>> round(float(out.values.sum()), 6)
     1.0
     """
+    if grid is not None or at is not None:  # staggered: translated into a plain scan
+        if step is not None:
+            raise XStencilError("ds.stencil.scan(..., grid=...): grid= goes to the maps inside "
+                                "step=, e.g. state.stencil.map(k, grid=G, at=...)")
+        return scan_grid(scan, obj, kernel, dim, args, kwargs, dict(
+            steps=steps, dt=dt, coord=coord, save_every=save_every, progress=progress,
+            checkpoint=checkpoint, check_finite=check_finite, mesh=mesh,
+            halo_every=halo_every), grid=grid, at=at, window=window, boundary=boundary,
+            fill_value=fill_value, period=period)
     call = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.scan(...)"
     o = _options(call, dim, window, boundary, fill_value, steps, dt, coord, save_every,
                  progress, checkpoint, check_finite, period)

@@ -1,0 +1,184 @@
+"""The kernel side of a staggered call (:mod:`xstencil._labelled.staggered`):
+the plain kernel that hands the user's kernel staggered windows, and the
+result renamed back onto the grid's dims."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import xarray as xr
+
+from xstencil._errors import XStencilError
+from xstencil._labelled.grid import OFFSET, Grid
+from xstencil._labelled.grid_window import Axes, StaggeredSet, StaggeredWindow
+from xstencil._labelled.kcache import canonical, table_of
+from xstencil._labelled.staggered import HIDDEN, Layout, Spec
+
+__all__ = ["windows", "wrap", "wrap_each", "returned", "hidden_used", "restore"]
+
+
+# -- the kernel's argument ---------------------------------------------------------------
+
+class _Lazy:
+    """A hidden variable's window, looked up when first read (and recorded in
+    ``used``), so that calls pass only the hidden variables a kernel reads."""
+
+    __slots__ = ("_s", "_name", "_used")
+
+    def __init__(self, s: Any, name: str, used: set[str]):
+        self._s, self._name, self._used = s, name, used
+
+    def __call__(self, **offsets: Any) -> Any:
+        self._used.add(self._name)
+        if self._name not in self._s:
+            raise XStencilError(
+                f"the kernel reads {self._name[len(HIDDEN):]!r} (a coordinate or metric) that "
+                f"it did not read on its first call with these inputs; kernels on a grid must "
+                f"read the same coordinates and metrics on every call (define a new kernel)")
+        return self._s[self._name](**offsets)
+
+
+def windows(s: Any, spec: Spec, used: set[str] | None = None) -> Any:
+    """The staggered windows for the plain WindowSet ``s``; the hidden
+    variables the kernel reads are added to ``used``."""
+    used = set() if used is None else used
+    at = dict(spec.axes.at)
+    iv = {a: _Lazy(s, n, used) for a, n in spec.index_vars}
+    cw: dict[tuple[str, str], Any] = {(a, p): _Lazy(s, n, used) for a, p, n in spec.coords}
+
+    def coords_of(pos: Mapping[str, str]) -> dict[str, tuple[Any, Any]]:
+        return {a: (cw[(a, p)], iv.get(a)) for a, p in pos.items() if (a, p) in cw}
+
+    def deltas(pos: Mapping[str, str]) -> dict[str, tuple[str, float]]:
+        return {a: (p, OFFSET[at[a]] - OFFSET[p]) for a, p in pos.items() if a in at}
+
+    wins = {}
+    for n, pos in spec.variables:
+        if n.startswith(HIDDEN) and n != spec.single:
+            continue
+        label = "u" if spec.single is not None else f"s[{n!r}]"
+        wins[n] = StaggeredWindow(s[n], deltas(dict(pos)), spec.axes, coords_of(dict(pos)),
+                                  label)
+    metrics: dict[frozenset[str], list[StaggeredWindow]] = {}
+    for axes, name, pos in spec.metrics:
+        metrics.setdefault(axes, []).append(
+            StaggeredWindow(_Lazy(s, name, used), deltas(dict(pos)), spec.axes,  # type: ignore[arg-type]
+                            label=f"metric {name[len(HIDDEN):]}"))
+    here = {a: (cw[(a, p)], iv.get(a)) for a, p in at.items() if (a, p) in cw}
+    coords = {a: _at_coord(here[a], a, spec.axes) for a in here}
+    ss = StaggeredSet(wins, metrics, coords)
+    if spec.single is not None:
+        return ss[spec.single]
+    return ss
+
+
+def _at_coord(cwiw: tuple[Any, Any], a: str, axes: Axes) -> Any:
+    w = StaggeredWindow(cwiw[0], {a: (dict(axes.at)[a], 0.0)}, axes, {a: cwiw}, label="s")
+    return w.coord(a)
+
+
+def wrap(kernel: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
+    """The plain kernel for a staggered ``kernel``, cached per kernel and spec
+    so that repeated calls reuse the compiled code."""
+    owner = canonical(kernel)
+    table = table_of(owner, create=True)
+    key = ("staggered", spec)
+    if table is not None and key in table:
+        return table[key]
+    ref = weakref.ref(owner) if table is not None else (lambda: owner)
+
+    def staggered(s: Any, *args: Any, **kwargs: Any) -> Any:
+        used: set[str] = set()
+        out = ref()(windows(s, spec, used), *args, **kwargs)
+        if table is not None:  # see returned() and hidden_used()
+            if isinstance(out, Mapping):
+                table[("names", spec)] = tuple(out)
+            table[("hidden", spec)] = table.get(("hidden", spec), frozenset()) | used
+        return out
+
+    staggered.__name__ = getattr(kernel, "__name__", "kernel")
+    staggered.__qualname__ = getattr(kernel, "__qualname__", staggered.__name__)
+    if table is not None:
+        table[key] = staggered
+    return staggered
+
+
+def returned(kernel: Callable[..., Any], spec: Spec) -> tuple[str, ...]:
+    """The names a dict-returning staggered kernel returned when traced."""
+    table = table_of(canonical(kernel))
+    return () if table is None else tuple(table.get(("names", spec), ()))
+
+
+def hidden_used(kernel: Callable[..., Any], spec: Spec) -> frozenset[str] | None:
+    """The hidden variables ``kernel`` read when traced (``None``: not yet traced)."""
+    table = table_of(canonical(kernel))
+    return None if table is None else table.get(("hidden", spec))
+
+
+def wrap_each(kernels: Mapping[str, Callable[..., Any]], specs: Mapping[str, Spec],
+              used: set[str]) -> Callable[..., Any]:
+    """One plain kernel returning ``{name: kernels[name](windows at name's
+    position)}``; the hidden variables read are added to ``used``."""
+    items = tuple((n, kernels[n], specs[n]) for n in kernels)
+
+    def staggered(s: Any, *args: Any, **kwargs: Any) -> Any:
+        return {n: k(windows(s, sp, used), *args, **kwargs) for n, k, sp in items}
+
+    return staggered
+
+
+# -- results ------------------------------------------------------------------------------
+
+def restore(lay: Layout, res: Any, targets: Mapping[str, Mapping[str, str]],
+            at: Mapping[str, str] | None = None) -> Any:
+    """The plain call's result on the grid's dims: each variable renamed back
+    to its position (``targets`` for outputs, its own for the rest; ``at``
+    for a DataArray result)."""
+    g = lay.grid
+    back = {d: a for a, d in lay.index.items()}
+    if isinstance(res, xr.DataArray):
+        res = _rename_back(res, back, at or {}, g)
+        if lay.single is not None:
+            res.name = lay.obj.name
+            res.attrs = dict(lay.obj.attrs)
+        return _with_coords(res, lay)
+    variables = {}
+    for n in res.data_vars:
+        if str(n).startswith(HIDDEN) and n != lay.single:
+            continue
+        pos = targets.get(str(n), lay.positions.get(str(n), {}))
+        variables[n] = _rename_back(res[n].reset_coords(drop=True), back, pos, g)
+    other = {k: v for k, v in res.coords.items() if not set(map(str, v.dims)) & set(back)}
+    out = xr.Dataset(variables, coords=other, attrs=res.attrs)
+    out = _with_coords(out, lay)
+    if lay.single is not None:
+        return out[lay.single].rename(lay.obj.name)
+    return out
+
+
+def _rename_back(da: xr.DataArray, back: Mapping[str, str], at: Mapping[str, str],
+                 g: Grid) -> xr.DataArray:
+    ren = {}
+    for d in da.dims:
+        if d in back:
+            a = back[str(d)]
+            target = g.axis(a).positions[at.get(a, g.where[str(d)][1])]
+            if target != d:
+                ren[d] = target
+    drop = [k for k, v in da.coords.items() if set(map(str, v.dims)) & set(ren)]
+    return da.drop_vars(drop).rename(ren) if ren else da
+
+
+def _with_coords(obj: Any, lay: Layout) -> Any:
+    dims = set(map(str, obj.dims))
+    grid_dims = set(lay.grid.where)
+    add = {k: v for k, v in lay.ds.coords.items()
+           if set(map(str, v.dims)) <= dims and set(map(str, v.dims)) & grid_dims
+           and k not in obj.coords}
+    src = lay.grid.source
+    if src is not None:  # dims only the grid's Dataset has coordinates for
+        add.update({k: v for k, v in src.coords.items() if v.dims == (k,) and str(k) in dims
+                    and str(k) not in set(map(str, lay.ds.dims)) and k not in obj.coords})
+    return obj.assign_coords(add) if add else obj
