@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
+import numpy as np
 import xarray as xr
 
 from xstencil._dask import any_dask
@@ -13,7 +15,7 @@ from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
 from xstencil._labelled.fastpath import lookup, remember, run, signature
-from xstencil._labelled.kcache import describe
+from xstencil._labelled.kcache import cached, describe
 from xstencil._labelled.returns import check_new_vars, result_dims
 from xstencil._labelled.staggered_ops import FILL, map_grid
 from xstencil._shard import is_sharded
@@ -147,9 +149,7 @@ def map(  # noqa: A001 - the contract's name
                    stride=stride, output_dims=output_dims, args=args, kwargs=kwargs)
     leaf_dims = None
     if f.names is not None:  # each result gets its own dims (returns.py)
-        dyn, static = split_static(call, (args, kwargs))
-        leaf_dims = result_dims(plan, f.obj, [kernel_caller(plan, kernel, static)], dyn,
-                                (f.arrays, args, kwargs), check_new_vars(call, new_vars))
+        leaf_dims = _leaf_dims(plan, f, kernel, lifted, args, kwargs, new_vars)
     elif new_vars is not None:
         raise XStencilError(f"{call}: new_vars={new_vars!r:.60} is for Dataset kernels that "
                             f"return a dict; a DataArray kernel returns one value")
@@ -173,3 +173,27 @@ def _body(kernels: Any, plan: Any, static: Any, arrays: Any, coords: Any, dyn: A
           dynamic: Any) -> Any:
     return evaluate(kernel_caller(plan, kernels[0], static), sources(plan, arrays, coords),
                     plan.geom, dyn)
+
+
+def _leaf_dims(plan: Any, f: Any, kernel: Any, lifted: Any, args: Any, kwargs: Any,
+               new_vars: Any) -> Any:
+    """The dims of each result of a Dataset kernel (returns.py), traced once per
+    kernel structure and data layout and then kept in the compile cache."""
+    dyn, static = split_static(plan.call, (args, kwargs))
+    names = check_new_vars(plan.call, new_vars)
+
+    def build() -> Any:
+        return result_dims(plan, f.obj, [kernel_caller(plan, kernel, static)], dyn,
+                           (f.arrays, args, kwargs), names)
+
+    obj = f.obj
+    layout = (tuple((str(n), tuple(str(d) for d in obj[n].dims)) for n in obj.data_vars),
+              tuple((str(n), tuple(str(d) for d in c.dims)) for n, c in obj.coords.items()),
+              tuple((np.shape(x), str(np.result_type(x)))
+                    for x in jax.tree_util.tree_leaves(dyn)))
+    key = ("result_dims", lifted.key, plan, static, names, layout)
+    try:
+        hash(key)
+    except TypeError:
+        return build()
+    return cached(key, build)
