@@ -12,6 +12,7 @@ import xarray as xr
 
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import mesh as _mesh
+from xstencil._labelled.scan import scan as _scan
 
 __all__ = ["StencilAccessor"]
 
@@ -46,8 +47,6 @@ class StencilAccessor:
 
     def scan(self, kernel: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Scan a kernel along a dim (time stepping); see :func:`xstencil.scan`."""
-        from xstencil._labelled.scan import scan as _scan
-
         return _scan(self._obj, kernel, *args, **kwargs)
 
 

@@ -1,7 +1,7 @@
 """Scans on blocks with a deep halo: K steps per halo exchange.
 
-Shared by the dask scan (:mod:`xstencil._dask_scan`, one task runs K steps of
-one chunk) and the sharded scan (:mod:`xstencil._shard_scan`, one ``ppermute``
+Shared by the dask scan (:mod:`xstencil._backends.dask_scan`, one task runs K steps of
+one chunk) and the sharded scan (:mod:`xstencil._backends.shard_scan`, one ``ppermute``
 exchange every K steps).  A block extended by ``K * lo`` / ``K * hi`` cells of
 neighbouring data along each split dim can advance K steps on its own: every
 step, the cells within one window reach of the extended block's edge read a
@@ -19,11 +19,12 @@ Boundary modes along split dims are applied exactly:
   devices rebuild their outer halo from their own cells in that mode after
   every step (a ``where`` on ``axis_index``).
 
-Scope: a DataArray or Dataset (see :mod:`xstencil._blockprep`) and one
-kernel or a function mesh (regions by position, label or mask; see
-:mod:`xstencil._blockmesh`).  The kernel may read coordinates, the scanned
-dim's included.  The scanned dim must not be split.  Saving follows
-:func:`xstencil.scan`: the ``k`` initial positions, then every
+Scope: a DataArray or Dataset (see :mod:`xstencil._labelled.blockprep`, which
+reduces it to a :class:`BlockJob`) and one kernel or a function mesh
+(regions by position, label or mask; see :mod:`xstencil._backends.blockmesh`).
+The kernel may read coordinates, the scanned dim's included.  The scanned
+dim must not be split.  Saving follows :func:`xstencil.scan`: the ``k`` initial
+positions, then every
 ``save_every``-th computed one, or the last only.
 """
 
@@ -35,17 +36,17 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-import xarray as xr
 from jax import lax
 
-from xstencil._blockmesh import BlockMesh, mesh_step
+from xstencil._backends.blockmesh import BlockMesh, mesh_step
+from xstencil._backends.jobs import Hooks
 from xstencil._engine.boundary import pad
+from xstencil._engine.coords import coord_dtype, coord_period, padded
 from xstencil._engine.lower import AxisGeom, Source, evaluate
-from xstencil._errors import XStencilError
-from xstencil._labelled.coords import numeric_coord, pad_coord
-from xstencil._labelled.plan import Plan
 
-__all__ = ["ScanSpec", "run_steps", "segments", "padded_coords", "time_padded", "scale_out"]
+Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
+
+__all__ = ["ScanSpec", "BlockJob", "run_steps", "segments", "padded_coords", "time_padded"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,42 @@ class ScanSpec:
         return self.dim in self.plan.coord_dims
 
 
+@dataclass(frozen=True, eq=False)
+class BlockJob:
+    """A dask-backed or sharded scan reduced to raw arrays (built by
+    ``xstencil._labelled.blockprep``); what the block backends receive.
+
+    ``datas`` holds per advanced variable its input with dim first, ``(n or
+    1, *space)``; ``consts`` the other variables without dim, ``(*space)``;
+    ``forcings`` those with dim (read, not advanced), ``(n, *space)``.
+    ``coords`` maps each spatial dim whose coordinate the kernel reads to
+    its numeric, unpadded values.  ``mesh`` and ``masks`` are a function
+    mesh's regions (``None`` and ``()`` for one kernel).  ``finite(position,
+    where)`` builds check_finite's error (``None``: no check).
+    """
+
+    call: str
+    spec: ScanSpec
+    hooks: Hooks
+    kernels: tuple[Callable[..., Any], ...]
+    owner: Any
+    datas: tuple[Any, ...]
+    consts: tuple[Any, ...]
+    forcings: tuple[Any, ...]
+    evolving: tuple[str, ...]
+    forced: tuple[str, ...]
+    static: Any
+    dyn: tuple[Any, ...]
+    tcoord: Any
+    coords: Mapping[str, np.ndarray]
+    period: Mapping[str, float] | None
+    mesh: BlockMesh | None
+    masks: tuple[np.ndarray, ...]
+    finite: Callable[[int, str], Exception] | None
+    progress: bool
+    checkpoint: bool
+
+
 def segments(spec: ScanSpec, K: int) -> list[tuple[int, int, bool]]:
     """``(first position, steps, saved after)`` per block of at most ``K`` steps."""
     out = []
@@ -98,8 +135,7 @@ def segments(spec: ScanSpec, K: int) -> list[tuple[int, int, bool]]:
     return out
 
 
-def padded_coords(spec: ScanSpec, obj: Any, width: Sequence[tuple[int, int]],
-                  period: Mapping[str, float] | None
+def padded_coords(job: BlockJob, width: Sequence[tuple[int, int]]
                   ) -> tuple[list[np.ndarray], tuple[float | None, ...]]:
     """The spatial coordinates read by the kernel, padded by ``width[axis]``
     ``(lo, hi)`` cells in the axis's boundary mode, and per coordinate its
@@ -111,24 +147,19 @@ def padded_coords(spec: ScanSpec, obj: Any, width: Sequence[tuple[int, int]],
     cells do in memory: :func:`run_steps` subtracts ``period`` times the
     cell's wrap count (see ``periods`` there).
     """
-    from xstencil._labelled.coords import coord_period
-    from xstencil._labelled.scan_setup import coord_dtype
-
-    plan = spec.plan
-    cdt = coord_dtype(plan)
-    out, periods = [], []
-    for d in spec.space_coords:
-        a = plan.axis(d)
-        c = numeric_coord(plan.call, d, np.asarray(obj[d].values))
-        mode = plan.specs[a].mode
-        per = None if period is None else period.get(d)
-        out.append(np.asarray(pad_coord(plan.call, d, c, width[a][0], width[a][1], mode, per),
-                              dtype=cdt))
-        periods.append(coord_period(plan.call, d, c, per) if mode == "periodic" else None)
-    return out, tuple(periods)
+    plan, call, per = job.spec.plan, job.call, job.period or {}
+    dims = job.spec.space_coords
+    values = {d: job.coords[d] for d in dims}
+    widths = {d: tuple(width[plan.axis(d)]) for d in dims}
+    modes = {d: plan.specs[plan.axis(d)].mode for d in dims}
+    out = padded(call, values, widths, modes, job.period, coord_dtype(plan.var_dtypes))
+    periods = tuple(coord_period(call, d, values[d], per.get(d)) if modes[d] == "periodic"
+                    else None for d in dims)
+    return list(out), periods
 
 
-def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any, n: int,
+def run_steps(spec: ScanSpec, hooks: Hooks, kernels: Sequence[Callable[..., Any]], static: Any,
+              n: int,
               hist: tuple[Any, ...], inp: Any, coords: Sequence[Any], dyn: Any,
               modes: Sequence[str], repad: Callable[[Any], Any] | None = None,
               mesh: BlockMesh | None = None, where: tuple[Any, Sequence[Any]] | None = None,
@@ -153,7 +184,7 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
     input at positions ``[t - k, t + n + ahead)``, ``(n + k + ahead, F,
     *block)``.
 
-    With a function ``mesh`` (see :mod:`xstencil._blockmesh`), ``kernels``
+    With a function ``mesh`` (see :mod:`xstencil._backends.blockmesh`), ``kernels``
     go with its regions, ``where`` is ``(t, origin)``: the position of the
     first step along dim and the global index of the block's first cell per
     spatial axis, and ``masks`` are the mask regions over the block,
@@ -176,11 +207,9 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
     window is stacked from their cells (a structural operation the lowering
     removes), so no slab is copied to build a window.
     """
-    from xstencil._labelled.core import identity_caller, kernel_caller
-
     plan, k, ahead = spec.plan, spec.k, spec.ahead
     names = plan.var_names
-    calls = [kernel_caller(plan, kn, static) for kn in kernels]
+    calls = [hooks.caller(plan, kn, static) for kn in kernels]
     # per variable of the plan: ("e", row) for an advanced one, ("f", j) for a
     # forcing (read along dim, not advanced), ("c", j) for a constant field
     order: list[tuple[str, int]] = [("e", 0)]
@@ -273,7 +302,7 @@ def run_steps(spec: ScanSpec, kernels: Sequence[Callable[..., Any]], static: Any
             t0, origin = where  # type: ignore[misc]
             now_masks = [lax.dynamic_index_in_dim(m, i, 0, False) if timed else m[0]
                          for m, timed in zip(masks, mesh.timed, strict=True)]
-            base = stacked(identity_caller(plan, calls[-1]))
+            base = stacked(hooks.identity(plan, calls[-1]))
             new = mesh_step(mesh, [stacked(c) for c in calls], base, srcs, geom, (dyn, tw),
                             t0 + i, origin, now_masks, dtype)
         if repad is not None:
@@ -307,32 +336,3 @@ def time_padded(spec: ScanSpec, data: Any) -> Any:
         return dsa.pad(data, widths, **kw)
     widths = [(0, spec.ahead)] + [(0, 0)] * (data.ndim - 1)
     return pad(jnp.asarray(data), widths, [mode] + ["fill"] * (data.ndim - 1), fill)
-
-
-def scale_out(obj: Any, kernel: Any, dim: str, args: Any, kwargs: Mapping[str, Any], *,
-              mesh: Any = None, halo_every: int | None = None,
-              function_mesh: Any = None) -> Any:
-    """The dask-backed or sharded scan of ``obj``, or ``None`` when it is in
-    memory on one device and ``mesh`` is not given (the caller scans then).
-
-    ``kwargs`` holds the scan options (``window``, ``boundary``, ...) and the
-    kernel's keyword arguments together, as :func:`xstencil.scan` receives them.
-    ``function_mesh`` is a :class:`~xstencil.Mesh` to scan instead of ``kernel``.
-    """
-    from xstencil._dask import any_dask
-    from xstencil._dask_scan import scan_dask
-    from xstencil._shard import is_sharded
-    from xstencil._shard_scan import scan_sharded
-
-    arrays = [v.data for v in obj.data_vars.values()] if isinstance(obj, xr.Dataset) \
-        else [getattr(obj, "data", None)]
-    if any_dask(arrays):
-        if mesh is not None:
-            raise XStencilError("da.stencil.scan(...): mesh= shards JAX arrays; the data is a "
-                                "dask array (drop mesh=, or .compute() the data first)")
-        return scan_dask(obj, kernel, dim, *args, halo_every=halo_every,
-                         function_mesh=function_mesh, **kwargs)
-    if mesh is not None or is_sharded(arrays):
-        return scan_sharded(obj, kernel, dim, *args, mesh=mesh, halo_every=halo_every or 1,
-                            function_mesh=function_mesh, **kwargs)
-    return None

@@ -1,7 +1,7 @@
 """Setting up a block scan (dask chunks, sharded devices) and labelling its result.
 
 :func:`setup` checks a scale-out scan and reduces it to a
-:class:`~xstencil._blockscan.ScanSpec` plus the arrays that travel: per
+:class:`~xstencil._backends.halo.ScanSpec` plus the arrays that travel: per
 variable that the kernels advance, its input with the scanned dim first; per
 other variable of a Dataset, a constant field.  :func:`rewrap` turns the
 saved slabs back into a DataArray or Dataset like the in-memory scan's.
@@ -24,8 +24,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from xstencil._blockscan import ScanSpec
+from xstencil._backends.halo import ScanSpec
+from xstencil._engine.call import precision, split_static
 from xstencil._errors import XStencilError
+from xstencil._labelled.core import Fields, prepare
+from xstencil._labelled.scan_setup import check_monotonic, grown_coord, padded_time, returned
 
 __all__ = ["Prepared", "setup", "saved_positions", "rewrap"]
 
@@ -100,10 +103,6 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
           period: Any = None, check_finite: bool = False, progress: bool = False,
           checkpoint: bool = False, **unsupported: Any) -> Prepared:
     """Validate a scale-out scan and reduce it to a :class:`ScanSpec`."""
-    from xstencil._engine.call import precision, split_static
-    from xstencil._labelled.core import Fields, prepare
-    from xstencil._labelled.scan_setup import check_monotonic, grown_coord, padded_time, returned
-
     bad = {k: v for k, v in unsupported.items() if v not in (None, False)}
     if bad:
         raise XStencilError(

@@ -15,10 +15,10 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import as_array, merge_static, precision, split_static
+from xstencil._engine.coords import numeric_coord, pad_coord
 from xstencil._engine.lower import Source
 from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
-from xstencil._labelled.coords import numeric_coord, pad_coord
 from xstencil._labelled.kcache import canonical, compiled
 from xstencil._labelled.plan import (
     Plan,

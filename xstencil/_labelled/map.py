@@ -7,12 +7,11 @@ from typing import Any
 
 import xarray as xr
 
-from xstencil._dask import any_dask
 from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
+from xstencil._labelled.dispatch import devices_arg, map_scaled
 from xstencil._labelled.fastpath import lookup, remember, run, signature
-from xstencil._shard import is_sharded
 
 __all__ = ["map"]
 
@@ -27,6 +26,7 @@ def map(  # noqa: A001 - the contract's name
     stride: int | Mapping[str, int] | None = None,
     output_dims: str | Sequence[str] | None = None,
     period: Mapping[str, float] | None = None,
+    devices: Any = None,
     mesh: Any = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
@@ -69,11 +69,13 @@ def map(  # noqa: A001 - the contract's name
     period
         ``{dim: period}`` of a periodic coordinate, for ``u.coord`` across the
         periodic seam; inferred from uniform spacing when omitted.
-    mesh
+    devices
         Run on several devices: ``{dim: mesh_axis_name}`` or a
         :class:`jax.sharding.Mesh` whose axes are named after dims.  Data that
         is already a sharded JAX array runs sharded without it.  See
         :doc:`/scaling`.
+    mesh
+        Deprecated spelling of ``devices`` (a DeprecationWarning says so).
 
     Returns
     -------
@@ -109,8 +111,9 @@ def map(  # noqa: A001 - the contract's name
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(x=1) - u(x=-1)")
+    devices = devices_arg(call, devices, mesh)
     sig = None
-    if mesh is None:  # a repeated call: skip validation and planning (see fastpath.py)
+    if devices is None:  # a repeated call: skip validation and planning (see fastpath.py)
         sig = signature(obj, (window, boundary, fill_value, stride, output_dims, period),
                         args, kwargs)
         entry = None if sig is None else lookup(kernel, sig, obj)
@@ -119,14 +122,9 @@ def map(  # noqa: A001 - the contract's name
     f = unwrap(call, obj)
     plan = prepare(call, f, [kernel], window=window, boundary=boundary, fill_value=fill_value,
                    stride=stride, output_dims=output_dims, args=args, kwargs=kwargs)
-    if any_dask(f.arrays):  # lazy: xstencil._dask builds a map_overlap graph
-        from xstencil._dask import map_dask
-
-        return rewrap(plan, f, map_dask(plan, f, [kernel], args, kwargs, period, mesh=mesh))
-    if mesh is not None or is_sharded(f.arrays):  # several devices: xstencil._shard
-        from xstencil._shard import map_sharded
-
-        return rewrap(plan, f, map_sharded(plan, f, [kernel], args, kwargs, period, mesh, kernel))
+    out = map_scaled(plan, f, [kernel], kernel, args, kwargs, period, devices)
+    if out is not None:  # dask-backed or sharded: the backend chosen by the arrays
+        return rewrap(plan, f, out)
     used: dict[str, Any] = {}
     out = call_engine(plan, f, kernel, None, _body, args, kwargs, period, used=used)
     remember(kernel, sig, obj, plan, f, period, args, kwargs, used)

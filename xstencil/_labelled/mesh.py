@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from xstencil._dask import any_dask
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._errors import LabelError, XStencilError
 from xstencil._labelled.core import (
@@ -30,8 +29,10 @@ from xstencil._labelled.core import (
     sources,
     unwrap,
 )
+from xstencil._labelled.dispatch import devices_arg, map_scaled
+from xstencil._labelled.options import MESH
 from xstencil._labelled.plan import Plan
-from xstencil._shard import is_sharded
+from xstencil._labelled.scan import scan_mesh
 
 __all__ = ["mesh", "Mesh", "nearest"]
 
@@ -291,18 +292,11 @@ class Mesh:
         plan, _ = self._plan(call=call, args=args, kwargs=kwargs)
         regions, masks = self.regions(plan)
         kernels = tuple(k for _, k in self._regions)
-        if any_dask(self._fields.arrays):  # lazy: xstencil._dask builds a map_overlap graph
-            from xstencil._dask import map_dask
-
-            return rewrap(plan, self._fields, map_dask(
-                plan, self._fields, kernels, args, kwargs, self._options.get("period"),
-                regions, masks, self._options.get("mesh")))
-        if self._options.get("mesh") is not None or is_sharded(self._fields.arrays):
-            from xstencil._shard import map_sharded
-
-            return rewrap(plan, self._fields, map_sharded(
-                plan, self._fields, kernels, args, kwargs, self._options.get("period"),
-                self._options.get("mesh"), self, regions, masks))
+        out = map_scaled(plan, self._fields, kernels, self, args, kwargs,
+                         self._options.get("period"), self._options.get("devices"), regions,
+                         masks)
+        if out is not None:  # dask-backed or sharded: the backend chosen by the arrays
+            return rewrap(plan, self._fields, out)
         out = call_engine(plan, self._fields, self, (kernels, tuple(regions)),
                           _mesh_body(kernels, regions), args, kwargs,
                           self._options.get("period"), masks)
@@ -310,8 +304,6 @@ class Mesh:
 
     def scan(self, *args: Any, **kwargs: Any) -> Any:
         """Run the mesh as a scan along a dim; see :func:`xstencil.scan`."""
-        from xstencil._labelled.scan import scan_mesh
-
         return scan_mesh(self, *args, **kwargs)
 
 
@@ -347,7 +339,8 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
         The data.
     **options
         ``window``, ``boundary``, ``fill_value``, ``stride``, ``output_dims``,
-        ``period`` and ``mesh`` (devices), as for :func:`xstencil.map`.
+        ``period`` and ``devices`` (``mesh`` is its deprecated spelling), as for
+        :func:`xstencil.map`.
 
     Returns
     -------
@@ -368,10 +361,12 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
     >>> m.map().values
     array([-1.,  2.,  4.,  6.,  7.])
     """
-    allowed = {"window", "boundary", "fill_value", "stride", "output_dims", "period", "mesh"}
+    allowed = set(MESH)
     bad = set(options) - allowed
+    call = "da.stencil.mesh(...)" if isinstance(obj, xr.DataArray) else "ds.stencil.mesh(...)"
+    if "mesh" in options:
+        options["devices"] = devices_arg(call, options.get("devices"), options.pop("mesh"))
     if bad:
-        call = "da.stencil.mesh(...)" if isinstance(obj, xr.DataArray) else "ds.stencil.mesh(...)"
         raise XStencilError(f"{call}: unknown option(s) {sorted(bad)!r}; "
                             f"accepted are {sorted(allowed)!r}")
     return Mesh(obj, **options)

@@ -13,7 +13,8 @@ import numpy as np
 import xarray as xr
 
 from xstencil import _progress
-from xstencil._dask import any_dask
+from xstencil._backends.dask import any_dask
+from xstencil._backends.shard import is_sharded
 from xstencil._engine.call import as_array, merge_static, precision, split_static
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
@@ -21,7 +22,6 @@ from xstencil._labelled.core import host64
 from xstencil._labelled.kcache import compiled
 from xstencil._labelled.scan_result import call_with_progress, finite
 from xstencil._labelled.scan_setup import Opts, grown_coord
-from xstencil._shard import is_sharded
 
 __all__ = ["run_step"]
 
