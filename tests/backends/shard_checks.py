@@ -12,6 +12,12 @@ import json
 import os
 import sys
 import traceback
+import types
+
+# kernex 0.2.1 (the bench group) installs a top-level ``tests`` package, which
+# would shadow this repository's tests/ (a namespace package) in a subprocess
+_tests = sys.modules.setdefault("tests", types.ModuleType("tests"))
+_tests.__path__ = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 

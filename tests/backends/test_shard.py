@@ -26,7 +26,7 @@ NAMES = ["devices", "modes_and_meshes", "output_sharding", "presharded_input",
 @pytest.fixture(scope="module")
 def results() -> dict[str, str]:
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-W", "error", str(SCRIPT)], capture_output=True,
                           text=True, env=env, timeout=300)

@@ -201,7 +201,7 @@ def _body(job: BlockJob, g: _Grid, block: Callable[..., Any], K: int,
             if report_every:  # a bar update each time a block passes a multiple of it
                 done = t + n - k
                 lax.cond(done // report_every > (t - k) // report_every,
-                         lambda: jax.debug.callback(_progress.report, token, done),
+                         lambda: jax.debug.callback(_progress.callback, token, done),
                          lambda: None)
             return hist, t + n, jnp.where(bad < 0, b, bad)
 

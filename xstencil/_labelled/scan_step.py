@@ -99,7 +99,7 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any) -> A
                     return tuple(new[i].astype(arrays[i].dtype) for i in evolving)
 
                 init = [[arrays[i]] for i in evolving]
-                prog = (_progress.report, token) if loop.progress_every else None
+                prog = (_progress.callback, token) if loop.progress_every else None
                 saved, bad = run_loop(stepf, init, loop, prog)
                 if loop.every:
                     saved = tuple(jnp.concatenate([arrays[i][None], x])
