@@ -60,6 +60,21 @@ def check_modes_and_meshes():
             same(da.stencil.map(lap, boundary=mode, devices=mesh), ref)
 
 
+def check_backend_mix():
+    """dask arrays and sharded JAX arrays in one call: no backend runs both."""
+    from xstencil._backends import backend_for
+
+    da = field()
+    x = jax.device_put(da.values, NamedSharding(make_mesh(("y", "x")), P("y", "x")))
+    lazy = da.chunk({"x": 25})
+    assert backend_for([x]) == "shard" and backend_for([lazy.data]) == "dask"
+    ds = xr.Dataset({"a": lazy, "b": da.copy(data=x)})
+    msg = r"array 0 is a dask array but array 1 is a JAX array sharded over devices"
+    _raises(lambda: ds.stencil.map(lambda s: s["a"](x=1) + s["b"]()), msg)
+    _raises(lambda: ds.stencil.scan(lambda s: {"a": s["a"](time=-1), "b": s["b"](time=-1)},
+                                    "time", steps=2), msg)
+
+
 def check_output_sharding():
     da = field()
     out = da.stencil.map(lap, boundary="periodic", devices={"y": "a", "x": "b"})

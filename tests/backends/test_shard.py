@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).with_name("shard_checks.py")
-NAMES = ["devices", "modes_and_meshes", "output_sharding", "presharded_input",
+NAMES = ["devices", "backend_mix", "modes_and_meshes", "output_sharding", "presharded_input",
          "hlo_collective_permute", "float64", "coords_stride_mesh_window", "bad_input",
          "dataset", "scan_modes_and_halo_depth", "scan_trajectory_last_float64",
          "scan_bad_input", "scan_hlo", "scan_coords", "scan_function_mesh",
