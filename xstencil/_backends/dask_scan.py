@@ -20,8 +20,10 @@ import numpy as np
 from xstencil._backends.blockmesh import BlockMesh
 from xstencil._backends.dask import _cached, _merged, _token, _traces, is_dask
 from xstencil._backends.halo import (
+    Block,
     BlockJob,
     ScanSpec,
+    Stepper,
     padded_coords,
     run_steps,
     segments,
@@ -101,6 +103,10 @@ class BlockScan:
                       for a, s in enumerate(spec.plan.specs) if a > 0)
 
         V = len(self.evolving)
+        own = tuple(slice(a, a + m) for a, m in cores)
+        stepper = Stepper(spec, self.hooks, self.kernels, static, modes, self.evolving,
+                          self.forced, self.mesh, self.periods,
+                          own if self.finite is not None else None)
 
         def run(hist: Any, inp: Any, coords: Any, dyn: Any, t: Any, origin: Any,
                 masks: Any, consts: Any, tcoord: Any, forcing: Any) -> Any:
@@ -110,14 +116,9 @@ class BlockScan:
                 inp = inp.reshape((-1, V) + inp.shape[1:])
             if forcing is not None:
                 forcing = forcing.reshape((-1, self.nforce) + forcing.shape[1:])
-            own = tuple(slice(a, a + m) for a, m in cores)
-            new, bad = run_steps(spec, self.hooks, self.kernels, static, n,
-                                 tuple(hist[j] for j in range(spec.k)), inp, coords, dyn,
-                                 modes, mesh=self.mesh, where=(t, list(origin)), masks=masks,
-                                 consts=consts, evolving=self.evolving,
-                                 check=own if self.finite is not None else None,
-                                 tcoord=tcoord, periods=self.periods,
-                                 forced=self.forced, forcing=forcing)
+            new, bad = run_steps(stepper, n, Block(
+                tuple(hist[j] for j in range(spec.k)), inp, coords, dyn, (t, list(origin)),
+                masks, consts, tcoord, forcing))
             new = jnp.concatenate(new)  # (k * V, *block)
             return new[(slice(None),) + own], bad
 

@@ -30,6 +30,7 @@ positions, then every
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,8 @@ from xstencil._engine.lower import AxisGeom, Source, evaluate
 
 Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
 
-__all__ = ["ScanSpec", "BlockJob", "run_steps", "segments", "padded_coords", "time_padded"]
+__all__ = ["ScanSpec", "BlockJob", "Stepper", "Block", "Role", "Slot", "slots", "run_steps",
+           "segments", "padded_coords", "time_padded"]
 
 
 @dataclass(frozen=True)
@@ -158,163 +160,223 @@ def padded_coords(job: BlockJob, width: Sequence[tuple[int, int]]
     return list(out), periods
 
 
-def run_steps(spec: ScanSpec, hooks: Hooks, kernels: Sequence[Callable[..., Any]], static: Any,
-              n: int,
-              hist: tuple[Any, ...], inp: Any, coords: Sequence[Any], dyn: Any,
-              modes: Sequence[str], repad: Callable[[Any], Any] | None = None,
-              mesh: BlockMesh | None = None, where: tuple[Any, Sequence[Any]] | None = None,
-              masks: Sequence[Any] = (), consts: Sequence[Any] = (),
-              evolving: Sequence[str] | None = None,
-              check: tuple[slice, ...] | None = None,
-              tcoord: Any = None,
-              periods: Sequence[float | None] = (),
-              forced: Sequence[str] = (), forcing: Any = None) -> tuple[tuple[Any, ...], Any]:
-    """Advance ``hist`` (the last ``k`` slabs, oldest first, each ``(V,
-    *block)``: one row per advanced variable) by ``n`` steps.  ``inp`` holds
-    the input slabs ``[t, t + n + ahead)``, ``(n + ahead, V, *block)``
-    (``None`` when growing: reads at offsets >= 0 then see the latest slab).
-    ``modes`` is the virtual padding per spatial axis; ``coords`` the spatial
-    coordinates with ``pad_lo``/``pad_hi`` extra cells; ``repad`` rebuilds a
-    new slab's outer halo (sharded edge devices).
+class Role(enum.Enum):
+    """What a variable of the plan is to a block step."""
 
-    For a Dataset, ``evolving`` names the advanced variables (the rows of a
-    slab) and ``consts`` holds the fields of the other variables without
-    dim over the block, in the plan's variable order.  ``forced`` names the
-    other variables with dim (read, not advanced); ``forcing`` holds their
-    input at positions ``[t - k, t + n + ahead)``, ``(n + k + ahead, F,
-    *block)``.
+    ADVANCED = "advanced"  # returned by the kernels: a row of the state
+    FORCED = "forced"  # read along dim, not advanced: a row of the forcing
+    CONST = "const"  # without dim: one field
 
-    With a function ``mesh`` (see :mod:`xstencil._backends.blockmesh`), ``kernels``
-    go with its regions, ``where`` is ``(t, origin)``: the position of the
-    first step along dim and the global index of the block's first cell per
-    spatial axis, and ``masks`` are the mask regions over the block,
-    ``(n or 1, *block)``.  Without one, ``kernels`` holds one kernel.
 
-    ``periods`` (from :func:`padded_coords`, with ``where``): a block cell
-    from across a periodic seam reads the coordinate shifted back by the
-    period times its wrap count, as that cell reads it in memory.
+@dataclass(frozen=True)
+class Slot:
+    """A variable of the plan: its role and its row among that role's variables."""
 
-    ``tcoord`` is the coordinate along dim padded by ``(k, ahead)``, when
-    the kernel reads it: the step at position ``t`` reads its window
-    ``tcoord[t:t + k + 1 + ahead]``.
+    role: Role
+    row: int
 
-    With ``check`` (the block's own cells: slices per spatial axis; the
-    halo's outer cells may read garbage), the first position whose new slab
-    holds a NaN or Inf there is returned as well (-1 if none): the result is
-    ``(hist, bad)``.
 
-    Each time offset is its own spatial :class:`Source`, and the kernel's time
-    window is stacked from their cells (a structural operation the lowering
-    removes), so no slab is copied to build a window.
-    """
-    plan, k, ahead = spec.plan, spec.k, spec.ahead
+def slots(plan: Plan, evolving: Sequence[str], forced: Sequence[str]) -> tuple[Slot, ...]:
+    """Per variable of the plan (one for a DataArray), its :class:`Slot`."""
     names = plan.var_names
-    calls = [hooks.caller(plan, kn, static) for kn in kernels]
-    # per variable of the plan: ("e", row) for an advanced one, ("f", j) for a
-    # forcing (read along dim, not advanced), ("c", j) for a constant field
-    order: list[tuple[str, int]] = [("e", 0)]
-    if names is not None:
-        const_names = [nm for nm in names if nm not in evolving and nm not in forced]
-        order = [("e", list(evolving).index(nm)) if nm in evolving  # type: ignore[arg-type]
-                 else ("f", list(forced).index(nm)) if nm in forced
-                 else ("c", const_names.index(nm)) for nm in names]
-    nvar = sum(kind == "e" for kind, _ in order)
-    nforce = len(forced)
-    width = k + 1 + ahead
-    block = hist[0].shape[1:]
-    space = tuple(range(len(block)))  # the step's field: the spatial axes only
-    wset = tuple(plan.axis(d) - 1 for d in plan.window_dims if d != spec.dim)
-    fill = 0 if plan.fill_value is None else plan.fill_value
-    pads = tuple((s.pad_lo, s.pad_hi) for s in plan.specs[1:])
-    geom = [AxisGeom(0, 1, nb, s.size) for nb, s in zip(block, plan.specs[1:], strict=True)]
-    csrc = [Source(c, (plan.axis(d) - 1,), (plan.axis(d) - 1,))
-            for d, c in zip(spec.space_coords, coords, strict=True)]
-    # per periodic coordinate: the cells' wrap count times the period, one value per cell
-    wraps = {}
-    for d, per in zip(spec.space_coords, periods, strict=False):
+    if names is None:
+        return (Slot(Role.ADVANCED, 0),)
+    consts = [nm for nm in names if nm not in evolving and nm not in forced]
+    return tuple(Slot(Role.ADVANCED, list(evolving).index(nm)) if nm in evolving
+                 else Slot(Role.FORCED, list(forced).index(nm)) if nm in forced
+                 else Slot(Role.CONST, consts.index(nm)) for nm in names)
+
+
+@dataclass(frozen=True, eq=False)
+class Stepper:
+    """What every step of a block scan shares (fixed at trace time).
+
+    ``modes`` is the virtual padding per spatial axis; ``evolving`` names the
+    advanced variables (the rows of a slab) and ``forced`` the variables read
+    along dim but not advanced.  ``mesh`` is a function mesh's regions (see
+    :mod:`xstencil._backends.blockmesh`); ``kernels`` go with its regions,
+    or hold one kernel without one.  ``periods`` (from
+    :func:`padded_coords`): a block cell from across a periodic seam reads
+    the coordinate shifted back by the period times its wrap count, as that
+    cell reads it in memory.  With ``check`` (the block's own cells: slices
+    per spatial axis; the halo's outer cells may read garbage), the first
+    position whose new slab holds a NaN or Inf there is reported.  ``repad``
+    rebuilds a new slab's outer halo (sharded edge devices).
+    """
+
+    spec: ScanSpec
+    hooks: Hooks
+    kernels: tuple[Callable[..., Any], ...]
+    static: Any
+    modes: tuple[str, ...]
+    evolving: tuple[str, ...] = ("",)
+    forced: tuple[str, ...] = ()
+    mesh: BlockMesh | None = None
+    periods: tuple[float | None, ...] = ()
+    check: tuple[slice, ...] | None = None
+    repad: Callable[[Any], Any] | None = None
+
+    @property
+    def width(self) -> int:
+        """The time window: ``k`` earlier positions, the current one, ``ahead`` later."""
+        return self.spec.k + 1 + self.spec.ahead
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """The arrays of one block (traced inside the backend's compiled code).
+
+    ``hist`` holds the last ``k`` slabs, oldest first, each ``(V, *block)``;
+    ``inp`` the input slabs ``[t, t + n + ahead)``, ``(n + ahead, V,
+    *block)`` (``None`` when growing: reads at offsets >= 0 then see the
+    latest slab); ``coords`` the spatial coordinates with ``pad_lo``/``pad_hi``
+    extra cells; ``where`` is ``(t, origin)``: the position of the first step
+    along dim and the global index of the block's first cell per spatial
+    axis.  ``masks`` are the mask regions over the block, ``(n or 1,
+    *block)``; ``consts`` the constant fields over the block, in the plan's
+    variable order; ``forcing`` the forced variables at positions ``[t - k,
+    t + n + ahead)``, ``(n + k + ahead, F, *block)``; ``tcoord`` the
+    coordinate along dim padded by ``(k, ahead)``, when the kernel reads it.
+    """
+
+    hist: tuple[Any, ...]
+    inp: Any
+    coords: Sequence[Any]
+    dyn: Any
+    where: tuple[Any, Sequence[Any]] | None = None
+    masks: Sequence[Any] = ()
+    consts: Sequence[Any] = ()
+    tcoord: Any = None
+    forcing: Any = None
+
+
+def _coord_sources(st: Stepper, b: Block, block: Sequence[int]) -> list[Source]:
+    """The spatial coordinates as sources, then per periodic coordinate the
+    cells' wrap count times the period (one value per cell)."""
+    plan, spec = st.spec.plan, st.spec
+    srcs = [Source(c, (plan.axis(d) - 1,), (plan.axis(d) - 1,))
+            for d, c in zip(spec.space_coords, b.coords, strict=True)]
+    wraps = []
+    for d, per in zip(spec.space_coords, st.periods, strict=False):
         if per is not None:
             a = plan.axis(d) - 1
-            p = where[1][a] + lax.iota(np.int32, block[a])  # type: ignore[index]
-            cdt = coords[0].dtype
+            p = b.where[1][a] + lax.iota(np.int32, block[a])  # type: ignore[index]
+            cdt = b.coords[0].dtype
             shift = jnp.floor_divide(p, plan.shape[a + 1]).astype(cdt) * jnp.asarray(per, cdt)
-            wraps[d] = Source(shift, (a,), ())
-    csrc += list(wraps.values())
-    nsrc = k if inp is None else width  # growing: the latest slab stands for offsets >= 0
+            wraps.append(Source(shift, (a,), ()))
+    return srcs + wraps
 
-    def stacked(call: Callable[..., Any]) -> Callable[..., Any]:
-        """``call`` on cells laid out as the step's sources: per advanced
-        variable its ``nsrc`` time cells, per forcing its ``width`` time
-        cells, then the constants, the spatial coordinates and their wrap
-        shifts; returns one output per advanced variable."""
-        def run(cells: Sequence[Any], dyn: Any) -> Any:
-            windows = []
-            nf = nvar * nsrc  # the forcings' cells start here, then the constants'
-            for kind, j in order:
-                if kind == "c":
-                    windows.append(cells[nf + nforce * width + j])
-                    continue
-                if kind == "f":
-                    time_cells = list(cells[nf + j * width:nf + (j + 1) * width])
-                else:
-                    own = cells[j * nsrc:(j + 1) * nsrc]
-                    time_cells = list(own) + [own[k - 1]] * (width - nsrc)
-                windows.append(lax.concatenate([lax.expand_dims(c, (0,)) for c in time_cells],
-                                               0))
-            udyn, tw = dyn
-            rest = iter(cells[nf + nforce * width + len(consts):])
-            spatial = {d: next(rest) for d in spec.space_coords}
-            for d in wraps:
-                spatial[d] = spatial[d] - next(rest)
-            cs = [tw if d == spec.dim else spatial[d] for d in plan.coord_dims]
-            out = call(windows + cs, udyn)
-            return (out,) if names is None else tuple(out[nm] for nm in evolving)
 
-        return run
+def _stacked(st: Stepper, call: Callable[..., Any], nsrc: int, nconst: int
+             ) -> Callable[..., Any]:
+    """``call`` on cells laid out as the step's sources: per advanced
+    variable its ``nsrc`` time cells, per forcing its ``width`` time cells,
+    then the constants, the spatial coordinates and their wrap shifts;
+    returns one output per advanced variable.  Each variable's time window
+    is stacked from its cells (a structural operation the lowering removes),
+    so no slab is copied to build a window."""
+    spec, width, k = st.spec, st.width, st.spec.k
+    plan = spec.plan
+    order = slots(plan, st.evolving, st.forced)
+    nvar = sum(s.role is Role.ADVANCED for s in order)
+    nforce = len(st.forced)
+    wrapped = [d for d, per in zip(spec.space_coords, st.periods, strict=False)
+               if per is not None]
 
-    def source(x: Any) -> Source:
-        # inside a loop, one explicitly padded slab beats the interior/shell split,
-        # whose dynamic-update-slices force copies of the loop carry
-        if any(lo or hi for lo, hi in pads):
-            x = lax.optimization_barrier(pad(x, pads, modes, fill))
-        return Source(x, space, wset)
+    def window(cells: Sequence[Any], s: Slot) -> Any:
+        nf = nvar * nsrc  # the forcings' cells start here, then the constants'
+        if s.role is Role.CONST:
+            return cells[nf + nforce * width + s.row]
+        if s.role is Role.FORCED:
+            time_cells = list(cells[nf + s.row * width:nf + (s.row + 1) * width])
+        else:
+            own = cells[s.row * nsrc:(s.row + 1) * nsrc]
+            time_cells = list(own) + [own[k - 1]] * (width - nsrc)
+        return lax.concatenate([lax.expand_dims(c, (0,)) for c in time_cells], 0)
 
-    const_srcs = [source(c) for c in consts]
+    def run(cells: Sequence[Any], dyn: Any) -> Any:
+        windows = [window(cells, s) for s in order]
+        udyn, tw = dyn
+        rest = iter(cells[nvar * nsrc + nforce * width + nconst:])
+        spatial = {d: next(rest) for d in spec.space_coords}
+        for d in wrapped:
+            spatial[d] = spatial[d] - next(rest)
+        cs = [tw if d == spec.dim else spatial[d] for d in plan.coord_dims]
+        out = call(windows + cs, udyn)
+        return (out,) if plan.var_names is None else tuple(out[nm] for nm in st.evolving)
+
+    return run
+
+
+def _source(st: Stepper, x: Any) -> Source:
+    """A spatial slab as a source of the step's field (the spatial axes)."""
+    plan = st.spec.plan
+    pads = tuple((s.pad_lo, s.pad_hi) for s in plan.specs[1:])
+    wset = tuple(plan.axis(d) - 1 for d in plan.window_dims if d != st.spec.dim)
+    # inside a loop, one explicitly padded slab beats the interior/shell split,
+    # whose dynamic-update-slices force copies of the loop carry
+    if any(lo or hi for lo, hi in pads):
+        fill = 0 if plan.fill_value is None else plan.fill_value
+        x = lax.optimization_barrier(pad(x, pads, st.modes, fill))
+    return Source(x, tuple(range(x.ndim)), wset)
+
+
+def _new_slab(st: Stepper, b: Block, i: Any, srcs: list[Source], geom: list[AxisGeom],
+              tw: Any, dtype: Any, nsrc: int) -> tuple[Any, ...]:
+    """The kernels (or the mesh's kernels on their regions) at step ``i``."""
+    plan = st.spec.plan
+    calls = [st.hooks.caller(plan, kn, st.static) for kn in st.kernels]
+    nconst = len(b.consts)
+    if st.mesh is None:
+        new = evaluate(_stacked(st, calls[0], nsrc, nconst), srcs, geom, (b.dyn, tw))
+        return tuple(x.astype(dtype) for x in new)
+    t0, origin = b.where  # type: ignore[misc]
+    now_masks = [lax.dynamic_index_in_dim(m, i, 0, False) if timed else m[0]
+                 for m, timed in zip(b.masks, st.mesh.timed, strict=True)]
+    base = _stacked(st, st.hooks.identity(plan, calls[-1]), nsrc, nconst)
+    return mesh_step(st.mesh, [_stacked(st, c, nsrc, nconst) for c in calls], base, srcs,
+                     geom, (b.dyn, tw), t0 + i, origin, now_masks, dtype)
+
+
+def run_steps(st: Stepper, n: int, b: Block) -> tuple[tuple[Any, ...], Any]:
+    """Advance ``b.hist`` by ``n`` steps: ``(hist, bad)``, the last ``k``
+    slabs and the first position whose new slab held a NaN or Inf in the
+    block's own cells (-1 if none, or without ``st.check``).
+
+    Each time offset is its own spatial :class:`Source`, and the kernel's time
+    window is stacked from their cells, so no slab is copied to build a window.
+    """
+    spec, width, ahead = st.spec, st.width, st.spec.ahead
+    nvar, nforce = len(st.evolving), len(st.forced)
+    block = b.hist[0].shape[1:]
+    geom = [AxisGeom(0, 1, nb, s.size) for nb, s in zip(block, spec.plan.specs[1:],
+                                                         strict=True)]
+    csrc = _coord_sources(st, b, block)
+    nsrc = spec.k if b.inp is None else width  # growing: the latest slab stands for offsets >= 0
+    const_srcs = [_source(st, c) for c in b.consts]
 
     def step(i: Any, carry: tuple[Any, Any]) -> tuple[Any, Any]:
         hist, bad = carry
-        if inp is None:
-            now = []
-        else:
-            now = [lax.dynamic_index_in_dim(inp, i + j, axis=0, keepdims=False)
-                   for j in range(1 + ahead)]
-        tw = None if tcoord is None else lax.dynamic_slice_in_dim(
-            tcoord, where[0] + i, width)  # type: ignore[index]
-        srcs = [source(x[v]) for v in range(nvar) for x in list(hist) + now]
+        now = [] if b.inp is None else [
+            lax.dynamic_index_in_dim(b.inp, i + j, axis=0, keepdims=False)
+            for j in range(1 + ahead)]
+        tw = None if b.tcoord is None else lax.dynamic_slice_in_dim(
+            b.tcoord, b.where[0] + i, width)  # type: ignore[index]
+        srcs = [_source(st, x[v]) for v in range(nvar) for x in list(hist) + now]
         if nforce:
-            fx = lax.dynamic_slice_in_dim(forcing, i, width, axis=0)
-            srcs += [source(fx[j, f]) for f in range(nforce) for j in range(width)]
-        srcs += const_srcs + csrc
-        dtype = hist[0].dtype
-        if mesh is None:
-            new = evaluate(stacked(calls[0]), srcs, geom, (dyn, tw))
-            new = tuple(x.astype(dtype) for x in new)
-        else:
-            t0, origin = where  # type: ignore[misc]
-            now_masks = [lax.dynamic_index_in_dim(m, i, 0, False) if timed else m[0]
-                         for m, timed in zip(masks, mesh.timed, strict=True)]
-            base = stacked(hooks.identity(plan, calls[-1]))
-            new = mesh_step(mesh, [stacked(c) for c in calls], base, srcs, geom, (dyn, tw),
-                            t0 + i, origin, now_masks, dtype)
-        if repad is not None:
-            new = tuple(repad(x) for x in new)
+            fx = lax.dynamic_slice_in_dim(b.forcing, i, width, axis=0)
+            srcs += [_source(st, fx[j, f]) for f in range(nforce) for j in range(width)]
+        new = _new_slab(st, b, i, srcs + const_srcs + csrc, geom, tw, hist[0].dtype, nsrc)
+        if st.repad is not None:
+            new = tuple(st.repad(x) for x in new)
         new = jnp.stack(new)
-        if check is not None and jnp.issubdtype(new.dtype, jnp.inexact):
-            ok = jnp.all(jnp.isfinite(new[(slice(None),) + check]))
-            at = jnp.asarray(where[0] + i, jnp.int32)  # type: ignore[index]
+        if st.check is not None and jnp.issubdtype(new.dtype, jnp.inexact):
+            ok = jnp.all(jnp.isfinite(new[(slice(None),) + st.check]))
+            at = jnp.asarray(b.where[0] + i, jnp.int32)  # type: ignore[index]
             bad = jnp.where((bad < 0) & ~ok, at, bad)
         return hist[1:] + (new,), bad
 
-    carry = (tuple(hist), jnp.asarray(-1, jnp.int32))
+    carry = (tuple(b.hist), jnp.asarray(-1, jnp.int32))
     return step(0, carry) if n == 1 else lax.fori_loop(0, n, step, carry)
 
 

@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from xstencil import _progress
-from xstencil._backends.halo import BlockJob, padded_coords, run_steps, time_padded
+from xstencil._backends.halo import Block, BlockJob, Stepper, padded_coords, run_steps, time_padded
 from xstencil._backends.shard import Layout, exchange, layout
 from xstencil._engine.boundary import pad
 from xstencil._engine.call import as_array
@@ -169,12 +169,12 @@ def _block(job: BlockJob, g: _Grid, periods: Any) -> Callable[..., Any]:
             (-1, F) + ext[nin - 1].shape[1:])
         own = tuple(slice(deep[a][0], deep[a][0] + local[a]) if a in split else slice(None)
                     for a in range(1, len(plan.dims)))
-        new, bad = run_steps(spec, job.hooks, job.kernels, job.static, n, tuple(ext[:k]), now,
-                             cs, dyn, modes, repad if split else None, mesh=job.mesh,
-                             where=(t, origin), masks=ext[nin:nin + nm],
-                             consts=[c[0] for c in ext[nin + nm:]], evolving=job.evolving,
-                             check=own if job.finite is not None else None, tcoord=tcoord,
-                             periods=periods, forced=job.forced, forcing=forced)
+        stepper = Stepper(spec, job.hooks, job.kernels, job.static, modes, job.evolving,
+                          job.forced, job.mesh, tuple(periods),
+                          own if job.finite is not None else None, repad if split else None)
+        new, bad = run_steps(stepper, n, Block(
+            tuple(ext[:k]), now, cs, dyn, (t, origin), ext[nin:nin + nm],
+            [c[0] for c in ext[nin + nm:]], tcoord, forced))
         for a in split:
             new = tuple(lax.slice_in_dim(x, deep[a][0], deep[a][0] + local[a], axis=a)
                         for x in new)
