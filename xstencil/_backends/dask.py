@@ -49,7 +49,7 @@ from xstencil._engine.boundary import pad
 from xstencil._engine.call import precision, split_static
 from xstencil._engine.coords import coord_dtype, padded
 from xstencil._engine.lower import AxisGeom, Source, evaluate
-from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
+from xstencil._engine.mesh import Slab, branches, mesh_evaluate
 from xstencil._errors import XStencilError
 
 Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
@@ -274,9 +274,8 @@ class BlockMap:
                 out = evaluate(hooks.caller(plan, kernels[0], static), srcs, geom, dyn)
             else:
                 calls = [hooks.caller(plan, k, static) for k in kernels]
-                branches = [(r if isinstance(r, Slab) else Mask(masks[r]), c)
-                            for r, c in zip(regions, calls, strict=True)]
-                out = mesh_evaluate(branches, hooks.identity(plan, calls[-1]), srcs, geom, dyn)
+                out = mesh_evaluate(branches(regions, masks, calls),
+                                    hooks.identity(plan, calls[-1]), srcs, geom, dyn)
             return _stack(out, len(geom)) if stacked else out
 
         return jax.jit(run)
