@@ -368,5 +368,5 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
         options["devices"] = devices_arg(call, options.get("devices"), options.pop("mesh"))
     if bad:
         raise XStencilError(f"{call}: unknown option(s) {sorted(bad)!r}; "
-                            f"accepted are {sorted(allowed)!r}")
+                            f"accepted are {sorted(allowed - {'mesh'})!r}")
     return Mesh(obj, **options)
