@@ -11,6 +11,9 @@ never import xarray, and the module graph has no cycle.  ``lint-imports``
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -143,7 +146,34 @@ def test_lower_layers_do_not_reach_xarray_through_other_modules():
                     todo.append(name)
 
 
-def test_the_checks_catch_a_violation(tmp_path):
+# `import xstencil` registers the accessor (xarray); as in tests/test_packaging.py, an
+# empty `xstencil` package object stands in for it, then every backend module is imported.
+_BACKENDS_IMPORT_SCRIPT = textwrap.dedent(
+    """
+    import importlib, importlib.util, pkgutil, sys
+
+    spec = importlib.util.find_spec("xstencil")
+    sys.modules["xstencil"] = importlib.util.module_from_spec(spec)
+    backends = importlib.import_module("xstencil._backends")
+    names = ["xstencil._progress", "xstencil._backends"] + [
+        info.name for info in pkgutil.walk_packages(backends.__path__, "xstencil._backends.")]
+    for name in names:
+        importlib.import_module(name)
+        if "xarray" in sys.modules:
+            sys.exit(f"importing {name} imported xarray")
+    print(len(names))
+    """
+)
+
+
+def test_importing_the_backends_does_not_import_xarray() -> None:
+    result = subprocess.run([sys.executable, "-c", _BACKENDS_IMPORT_SCRIPT],
+                            capture_output=True, text=True, check=False, cwd=PKG.parent)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) >= 8
+
+
+def test_the_checks_catch_a_violation():
     """The walk reports an upward import and a function-level one."""
     tree = ast.parse("import os\ndef f():\n    from xstencil._labelled import scan\n")
     imps = _imports(tree)
