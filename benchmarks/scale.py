@@ -84,7 +84,7 @@ def dask_map(n: int, chunk: int, runs: int) -> dict[str, Any]:
     import xarray as xr
 
     import xstencil  # noqa: F401
-    import xstencil._dask as xd
+    import xstencil._backends.dask as xd
 
     rng = np.random.default_rng(0)
     host = rng.random((n, n), dtype=np.float32)
@@ -183,8 +183,8 @@ def _scan_child(n: int, steps: int, runs: int) -> dict[str, Any]:
     import xarray as xr
 
     import xstencil  # noqa: F401
+    from xstencil._labelled.scale import scan_sharded
     from xstencil._labelled.scan import scan
-    from xstencil._shard_scan import scan_sharded
 
     assert jax.device_count() == 4, jax.devices()
     rng = np.random.default_rng(0)
@@ -209,7 +209,7 @@ def _scan_child(n: int, steps: int, runs: int) -> dict[str, Any]:
         if mesh is None:
             return lambda: jax.block_until_ready(scan(u0, heat, dim="time", **kw).data)
         return lambda: jax.block_until_ready(
-            scan_sharded(u0, heat, "time", mesh=mesh, halo_every=K, **kw).data)
+            scan_sharded(u0, heat, "time", devices=mesh, halo_every=K, **kw).data)
 
     times = _medians([runner(m, K) for m, K, _ in configs], runs)
     rows = []
@@ -218,8 +218,8 @@ def _scan_child(n: int, steps: int, runs: int) -> dict[str, Any]:
             rows.append({"name": label, "devices": 1, "K": None, "t": t, "mem": mem1(),
                          "halo": 0, "exchanges": 0, "err": 0.0})
             continue
-        out = np.asarray(scan_sharded(u0, heat, "time", mesh=mesh, halo_every=K, **kw).data)
-        exe = scan_sharded(u0, heat, "time", mesh=mesh, halo_every=K, hlo="compiled", **kw)
+        out = np.asarray(scan_sharded(u0, heat, "time", devices=mesh, halo_every=K, **kw).data)
+        exe = scan_sharded(u0, heat, "time", devices=mesh, halo_every=K, hlo="compiled", **kw)
         m = exe.memory_analysis()
         per_dev = int(m.argument_size_in_bytes + m.output_size_in_bytes
                       + m.temp_size_in_bytes - m.alias_size_in_bytes)

@@ -92,7 +92,7 @@ def test_fresh_lambdas_do_not_grow_memory() -> None:
     """A fresh lambda whose closed-over number changes on every call cannot
     share a cache entry (see kcache.py), so each call compiles it (~10-50 ms);
     after a warm-up the resident set stays flat and the cache stays bounded."""
-    from xstencil._labelled.kcache import _TABLE, SIZE
+    from xstencil._engine.kcache import _TABLE, SIZE
 
     da = xr.DataArray(np.arange(16.0, dtype=np.float32), dims="x")
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from xstencil import _demo
+
 BENCHMARKS = ("engine.py", "scan.py")
 
 
@@ -42,8 +44,6 @@ def _bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m xstencil`` argument parser."""
-    from xstencil import _demo
-
     p = argparse.ArgumentParser(
         prog="python -m xstencil",
         description="xstencil: stencil kernels on labelled xarray data, run with JAX.",

@@ -13,6 +13,7 @@ import xarray as xr
 from xstencil._labelled.iterate import iterate as _iterate
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import mesh as _mesh
+from xstencil._labelled.scan import scan as _scan
 from xstencil._labelled.solve import solve as _solve
 
 __all__ = ["StencilAccessor"]
@@ -56,8 +57,6 @@ class StencilAccessor:
 
     def scan(self, kernel: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Scan a kernel along a dim (time stepping); see :func:`xstencil.scan`."""
-        from xstencil._labelled.scan import scan as _scan
-
         return _scan(self._obj, kernel, *args, **kwargs)
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from xstencil._dask import clear_cache as _clear_dask
-from xstencil._labelled.kcache import clear as _clear_kernels
+from xstencil._backends.dask import clear_cache as _clear_dask
+from xstencil._engine.kcache import clear as _clear_kernels
 
 __all__ = ["clear_caches"]
 

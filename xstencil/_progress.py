@@ -54,6 +54,21 @@ def report(token: Any, done: Any) -> None:
             bar.update(done - bar.n)
 
 
+def callback(token: Any, done: Any) -> None:
+    """What compiled loops call back: :func:`report`, noting on the bar a
+    Ctrl-C that arrives inside it (the runtime re-raises it wrapped in its own
+    error; :attr:`Progress.interrupted` tells the caller to raise a
+    KeyboardInterrupt instead)."""
+    try:
+        report(token, done)
+    except KeyboardInterrupt:
+        with _LOCK:
+            bar = _OPEN.get(int(token))
+        if bar is not None:
+            bar.interrupted = True
+        raise
+
+
 class Progress:
     """A tqdm bar of ``total`` steps, open for the duration of a ``with`` block.
 
@@ -85,6 +100,11 @@ class Progress:
         with _LOCK:
             _OPEN[self.token] = self.bar
         return self
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether a KeyboardInterrupt arrived inside a progress callback."""
+        return bool(getattr(self.bar, "interrupted", False))
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
                  tb: TracebackType | None) -> None:

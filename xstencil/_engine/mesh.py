@@ -24,8 +24,8 @@ from jax import lax
 from xstencil._engine.call import promote
 from xstencil._engine.lower import AxisGeom, KernelCall, Source, evaluate
 
-__all__ = ["Slab", "Mask", "mesh_evaluate", "slab_geometry", "region_values", "write_region",
-           "write_slab"]
+__all__ = ["Slab", "Mask", "branches", "mesh_evaluate", "slab_geometry", "region_values",
+           "write_region", "write_slab"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,14 @@ class Mask:
     """A boolean array of the output's field shape."""
 
     array: Any
+
+
+def branches(regions: Sequence[Slab | int], masks: Sequence[Any],
+             calls: Sequence[KernelCall]) -> list[tuple[Slab | Mask, KernelCall]]:
+    """A function mesh's ``(region, call)`` branches for :func:`mesh_evaluate`:
+    each region is a :class:`Slab`, or the index of its mask in ``masks``."""
+    return [(r if isinstance(r, Slab) else Mask(masks[r]), c)
+            for r, c in zip(regions, calls, strict=True)]
 
 
 def slab_geometry(geom: Sequence[AxisGeom], slab: Slab) -> list[AxisGeom]:

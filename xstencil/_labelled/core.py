@@ -14,11 +14,8 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import as_array, merge_static, precision, split_static
-from xstencil._engine.lower import Source
-from xstencil._engine.window import Window, WindowSet
-from xstencil._errors import KernelError, WindowIndexError, XStencilError
-from xstencil._labelled.coords import numeric_coord, pad_coord, warn_repeated_endpoint
-from xstencil._labelled.kcache import (
+from xstencil._engine.coords import numeric_coord, pad_coord, warn_repeated_endpoint
+from xstencil._engine.kcache import (
     Lifted,
     cached,
     compiled,
@@ -28,6 +25,9 @@ from xstencil._labelled.kcache import (
     rebuild,
     settle,
 )
+from xstencil._engine.lower import Source
+from xstencil._engine.window import Window, WindowSet
+from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.kernel_checks import (
     check_extra_args,
     check_known_chunks,
@@ -362,7 +362,7 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
     """Run ``body(kernels, plan, static, arrays, coords, dyn, dynamic)`` under jit.
 
     The compiled function is shared by every call whose kernels have the same
-    :func:`~xstencil._labelled.kcache.describe` key; the arrays the kernels
+    :func:`~xstencil._engine.kcache.describe` key; the arrays the kernels
     close over travel as dynamic inputs (``body`` gets copies of the kernels
     that read them).  ``used``, if given, receives the compiled function
     (``"fn"``), the padded coordinate arrays (``"coords"``) and the lifted

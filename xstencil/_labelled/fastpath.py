@@ -1,5 +1,5 @@
 """The repeat-call fast path of ``map``: per-call work cached per kernel
-structure (the :func:`~xstencil._labelled.kcache.describe` key).
+structure (the :func:`~xstencil._engine.kcache.describe` key).
 
 A labelled call validates its options, infers the window, builds a plan,
 pads the coordinates and looks up the compiled function: about a hundred
@@ -28,8 +28,8 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import is_wide, precision, split_static
+from xstencil._engine.kcache import Lifted, peek, put
 from xstencil._labelled.core import Fields, coord_arrays, host64, replace_data, rewrap
-from xstencil._labelled.kcache import Lifted, peek, put
 from xstencil._labelled.plan import Plan
 
 __all__ = ["Entry", "signature", "lookup", "run", "remember"]

@@ -13,9 +13,9 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import as_array, merge_static, precision, split_static
+from xstencil._engine.kcache import canonical, compiled
 from xstencil._errors import ConvergenceWarning, XStencilError
 from xstencil._labelled.core import host64
-from xstencil._labelled.kcache import canonical, compiled
 from xstencil._labelled.mesh import Mesh
 from xstencil._labelled.operator import State, cached_body, step_function, weak
 

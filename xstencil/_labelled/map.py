@@ -9,16 +9,15 @@ import jax
 import numpy as np
 import xarray as xr
 
-from xstencil._dask import any_dask
 from xstencil._engine.call import split_static
+from xstencil._engine.kcache import cached, describe
 from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
+from xstencil._labelled.dispatch import devices_arg, map_scaled
 from xstencil._labelled.fastpath import lookup, remember, run, signature
-from xstencil._labelled.kcache import cached, describe
 from xstencil._labelled.returns import check_new_vars, result_dims
 from xstencil._labelled.staggered_ops import FILL, map_grid
-from xstencil._shard import is_sharded
 
 __all__ = ["map"]
 
@@ -33,6 +32,7 @@ def map(  # noqa: A001 - the contract's name
     stride: int | Mapping[str, int] | None = None,
     output_dims: str | Sequence[str] | None = None,
     period: Mapping[str, float] | None = None,
+    devices: Any = None,
     mesh: Any = None,
     new_vars: str | Sequence[str] | None = None,
     grid: Any = None,
@@ -79,7 +79,7 @@ def map(  # noqa: A001 - the contract's name
     period
         ``{dim: period}`` of a periodic coordinate, for ``u.coord`` across the
         periodic seam; inferred from uniform spacing when omitted.
-    mesh
+    devices
         Run on several devices: ``{dim: mesh_axis_name}`` or a
         :class:`jax.sharding.Mesh` whose axes are named after dims.  Data that
         is already a sharded JAX array runs sharded without it.  See
@@ -95,6 +95,8 @@ def map(  # noqa: A001 - the contract's name
         (``{"X": "left"}``; omitted: the position all inputs share).  The
         kernel reads by axis name in cells from the output point,
         ``s["v"](X=0.5)``; see :doc:`/staggered`.
+    mesh
+        Deprecated spelling of ``devices`` (a DeprecationWarning says so).
 
     Returns
     -------
@@ -132,13 +134,14 @@ def map(  # noqa: A001 - the contract's name
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(x=1) - u(x=-1)")
+    devices = devices_arg(call, devices, mesh)
     if grid is not None or at is not None:  # staggered: translated into a plain call
         return map_grid(map, obj, kernel, args, kwargs, grid=grid, at=at, window=window,
                         boundary=boundary, fill_value=fill_value, stride=stride,
-                        output_dims=output_dims, period=period, mesh=mesh)
+                        output_dims=output_dims, period=period, mesh=devices)
     sig = None
     lifted = describe([kernel])  # the compile-cache key and closed-over arrays (kcache.py)
-    if mesh is None:  # a repeated call: skip validation and planning (see fastpath.py)
+    if devices is None:  # a repeated call: skip validation and planning (see fastpath.py)
         sig = signature(obj, (window, boundary, fill_value, stride, output_dims, period),
                         args, kwargs)
         entry = None if sig is None else lookup(lifted, sig, obj)
@@ -153,16 +156,9 @@ def map(  # noqa: A001 - the contract's name
     elif new_vars is not None:
         raise XStencilError(f"{call}: new_vars={new_vars!r:.60} is for Dataset kernels that "
                             f"return a dict; a DataArray kernel returns one value")
-    if any_dask(f.arrays):  # lazy: xstencil._dask builds a map_overlap graph
-        from xstencil._dask import map_dask
-
-        return rewrap(plan, f, map_dask(plan, f, [kernel], args, kwargs, period, mesh=mesh),
-                      leaf_dims)
-    if mesh is not None or is_sharded(f.arrays):  # several devices: xstencil._shard
-        from xstencil._shard import map_sharded
-
-        return rewrap(plan, f, map_sharded(plan, f, [kernel], args, kwargs, period, mesh, kernel),
-                      leaf_dims)
+    out = map_scaled(plan, f, [kernel], kernel, args, kwargs, period, devices)
+    if out is not None:  # dask-backed or sharded: the backend chosen by the arrays
+        return rewrap(plan, f, out, leaf_dims)
     used: dict[str, Any] = {}
     out = call_engine(plan, f, lifted, None, _body, args, kwargs, period, used=used)
     remember(lifted, sig, obj, plan, f, period, args, kwargs, used)

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from xstencil._dask import any_dask
 from xstencil._engine.call import split_static
+from xstencil._engine.kcache import cached
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._errors import LabelError, XStencilError
 from xstencil._labelled.core import (
@@ -31,12 +31,13 @@ from xstencil._labelled.core import (
     sources,
     unwrap,
 )
-from xstencil._labelled.kcache import cached
+from xstencil._labelled.dispatch import devices_arg, map_scaled
 from xstencil._labelled.mesh_checks import align_mask, warn_empty
+from xstencil._labelled.options import MESH
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.returns import check_new_vars, result_dims
+from xstencil._labelled.scan import scan_mesh
 from xstencil._labelled.staggered_ops import GridMesh
-from xstencil._shard import is_sharded
 
 __all__ = ["mesh", "Mesh", "nearest"]
 
@@ -349,18 +350,11 @@ class Mesh:
                 plan, self._fields.obj, [kernel_caller(plan, k, static) for k in kernels], dyn,
                 (self._fields.arrays, args, kwargs),
                 check_new_vars(call, self._options.get("new_vars")), self._region_dims())
-        if any_dask(self._fields.arrays):  # lazy: xstencil._dask builds a map_overlap graph
-            from xstencil._dask import map_dask
-
-            return rewrap(plan, self._fields, map_dask(
-                plan, self._fields, kernels, args, kwargs, self._options.get("period"),
-                regions, masks, self._options.get("mesh")), leaf_dims)
-        if self._options.get("mesh") is not None or is_sharded(self._fields.arrays):
-            from xstencil._shard import map_sharded
-
-            return rewrap(plan, self._fields, map_sharded(
-                plan, self._fields, kernels, args, kwargs, self._options.get("period"),
-                self._options.get("mesh"), self, regions, masks), leaf_dims)
+        out = map_scaled(plan, self._fields, kernels, self, args, kwargs,
+                         self._options.get("period"), self._options.get("devices"), regions,
+                         masks)
+        if out is not None:  # dask-backed or sharded: the backend chosen by the arrays
+            return rewrap(plan, self._fields, out, leaf_dims)
         out = call_engine(plan, self._fields, kernels, ("mesh", tuple(regions)),
                           _mesh_body(regions), args, kwargs,
                           self._options.get("period"), masks)
@@ -380,8 +374,6 @@ class Mesh:
 
     def scan(self, *args: Any, **kwargs: Any) -> Any:
         """Run the mesh as a scan along a dim; see :func:`xstencil.scan`."""
-        from xstencil._labelled.scan import scan_mesh
-
         self._current()
         return scan_mesh(self, *args, **kwargs)
 
@@ -418,8 +410,9 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh | GridMesh:
         The data.
     **options
         ``window``, ``boundary``, ``fill_value``, ``stride``, ``output_dims``,
-        ``period``, ``mesh`` (devices) and ``new_vars``, as for :func:`xstencil.map`;
-        ``grid`` and ``at`` for a staggered grid (see :doc:`/staggered`).
+        ``period``, ``devices`` (``mesh`` is its deprecated spelling) and
+        ``new_vars``, as for :func:`xstencil.map`; ``grid`` and ``at`` for a
+        staggered grid (see :doc:`/staggered`).
 
     Returns
     -------
@@ -442,11 +435,12 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh | GridMesh:
     """
     if options.get("grid") is not None or options.get("at") is not None:
         return GridMesh(mesh, obj, {k: v for k, v in options.items() if v is not None})
-    allowed = {"window", "boundary", "fill_value", "stride", "output_dims", "period", "mesh",
-               "new_vars"}
+    allowed = set(MESH)
     bad = set(options) - allowed
+    call = "da.stencil.mesh(...)" if isinstance(obj, xr.DataArray) else "ds.stencil.mesh(...)"
+    if "mesh" in options:
+        options["devices"] = devices_arg(call, options.get("devices"), options.pop("mesh"))
     if bad:
-        call = "da.stencil.mesh(...)" if isinstance(obj, xr.DataArray) else "ds.stencil.mesh(...)"
         raise XStencilError(f"{call}: unknown option(s) {sorted(bad)!r}; "
-                            f"accepted are {sorted(allowed)!r}")
+                            f"accepted are {sorted(allowed - {'mesh'})!r}")
     return Mesh(obj, **options)

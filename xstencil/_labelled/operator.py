@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from xstencil._engine.kcache import canonical
 from xstencil._errors import XStencilError
-from xstencil._labelled.kcache import canonical
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
 

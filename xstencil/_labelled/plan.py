@@ -9,6 +9,7 @@ before anything is traced.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,7 @@ from xstencil._engine.spec import AxisSpec, geometry
 from xstencil._engine.window import Window, WindowSet, positional_read
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.kernel_checks import check_returned, traced_error
+from xstencil._labelled.options import options_for
 
 __all__ = ["Plan", "make_plan", "infer_window", "check_options", "with_call"]
 
@@ -367,12 +369,6 @@ def with_call(call: str, kernel: Any, e: Exception) -> Exception:
     return type(e)(f"{call}: kernel {name!r}: {msg}")
 
 
-#: Keyword options of the labelled calls, to recognise a misspelled one.
-OPTIONS = ("window", "boundary", "fill_value", "stride", "output_dims", "period", "dim",
-           "steps", "dt", "coord", "save_every", "progress", "checkpoint", "check_finite",
-           "step", "mesh", "halo_every", "new_vars")
-
-
 def unknown_keyword(call: str, kernel: Any, e: Exception,
                     kwargs: Mapping[str, Any]) -> XStencilError | None:
     """A misspelled option (``bondary=...``) is passed on to the kernel, which
@@ -382,13 +378,12 @@ def unknown_keyword(call: str, kernel: Any, e: Exception,
     bad = [k for k in kwargs if repr(k) in str(e)]
     if not bad:
         return None
-    import difflib
-
     name = getattr(kernel, "__name__", repr(kernel))
-    close = difflib.get_close_matches(bad[0], OPTIONS, n=1)
+    options = options_for(call)
+    close = difflib.get_close_matches(bad[0], options, n=1)
     hint = ("" if not close else f"{bad[0]}= is not an option of this call; " if close[0] ==
             bad[0] else f"did you mean {close[0]}=...? ")
     return XStencilError(
         f"{call}: unknown keyword {bad[0]}={kwargs[bad[0]]!r:.40}: extra keywords are passed "
         f"to the kernel, and kernel {name!r} does not take {bad[0]!r}; {hint}the options are "
-        f"{OPTIONS!r}")
+        f"{options!r}")

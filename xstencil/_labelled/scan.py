@@ -37,13 +37,15 @@ import xarray as xr
 from xstencil import _progress
 from xstencil._engine.boundary import canonical_mode
 from xstencil._engine.call import as_array, precision, split_static
+from xstencil._engine.kcache import cached, describe, rebuild, settle
 from xstencil._engine.lower import AxisGeom, Source
 from xstencil._engine.mesh import Mask, Slab
 from xstencil._engine.tscan import Var, run_loop, stencil_step, time_reads
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
-from xstencil._labelled.kcache import cached, describe, rebuild, settle
+from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.plan import Plan
+from xstencil._labelled.scale import scale_out
 from xstencil._labelled.scan_result import call_with_progress, finite, rewrap
 from xstencil._labelled.scan_setup import (
     Opts,
@@ -118,10 +120,11 @@ def scan(
     check_finite: bool = False,
     period: Mapping[str, float] | None = None,
     step: Callable[..., Any] | None = None,
-    mesh: Mapping[str, str] | None = None,
+    devices: Any = None,
     halo_every: int | None = None,
     grid: Any = None,
     at: Mapping[str, str] | None = None,
+    mesh: Any = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Scan a stencil kernel along a dim: explicit time stepping.
@@ -176,14 +179,16 @@ def scan(
         :func:`xstencil.map` (``state.stencil.map(...)``) any number of times,
         so multi-stage schemes (Runge-Kutta) are written as in numpy.  Needs
         ``steps=N``.
-    mesh, halo_every
-        Scale-out: ``mesh={dim: axis}`` shards the data over JAX devices (see
+    devices, halo_every
+        Scale-out: ``devices={dim: axis}`` shards the data over JAX devices (see
         :doc:`/scaling`); for dask-backed or sharded data, ``halo_every=K``
         runs K steps per halo exchange (a halo K times as deep).
     grid, at
         A staggered grid and output position, as for :func:`xstencil.map`;
         ``kernel`` may then be ``{name: kernel}``, each variable advanced at
         its own position.  See :doc:`/staggered`.
+    mesh
+        Deprecated spelling of ``devices`` (a DeprecationWarning says so).
 
     Returns
     -------
@@ -230,6 +235,7 @@ def scan(
             halo_every=halo_every), grid=grid, at=at, window=window, boundary=boundary,
             fill_value=fill_value, period=period)
     call = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.scan(...)"
+    devices = devices_arg(call, devices, mesh)
     o = _options(call, dim, window, boundary, fill_value, steps, dt, coord, save_every,
                  progress, checkpoint, check_finite, period)
     if step is not None:
@@ -239,13 +245,11 @@ def scan(
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(time=-1) + ..., or step=fn")
-    from xstencil._blockscan import scale_out
-
     out = scale_out(obj, kernel, dim, args, dict(
         window=window, boundary=boundary, fill_value=fill_value, steps=steps, dt=dt,
         coord=coord, save_every=save_every, period=period, progress=progress,
         checkpoint=checkpoint, check_finite=check_finite, **kwargs),
-        mesh=mesh, halo_every=halo_every)
+        devices=devices, halo_every=halo_every)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
     return _run(call, obj, [kernel], kernel, None, o, args, kwargs)
@@ -269,10 +273,8 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                  opts.get("period"))
     if not m._regions:
         raise XStencilError(f"{call}: the mesh has no regions; assign kernels with m[...] = f")
-    from xstencil._blockscan import scale_out
-
-    out = scale_out(m._obj, None, dim, args, {**opts, **kwargs}, mesh=m._options.get("mesh"),
-                    halo_every=halo_every, function_mesh=m)
+    out = scale_out(m._obj, None, dim, args, {**opts, **kwargs},
+                    devices=m._options.get("devices"), halo_every=halo_every, function_mesh=m)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
     kernels = [k for _, k in m._regions]
@@ -349,7 +351,7 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
                       for d, c in zip(spatial.coord_dims, coords, strict=True)]
                 stepf = stencil_step(branches, base, variables, arrays, ex, geom, t_ax, tcoord,
                                      udyn, loop, s.total)
-                prog = (_progress.report, token) if loop.progress_every else None
+                prog = (_progress.callback, token) if loop.progress_every else None
                 saved, bad = run_loop(stepf, init, loop, prog)
                 outs = []
                 for h, x in zip(init, saved, strict=True):

@@ -32,7 +32,7 @@ def call_with_progress(fn: Any, runargs: Any, every: int, steps: int, call: str)
             jax.block_until_ready(out)
         except jax.errors.JaxRuntimeError as e:
             # Ctrl-C inside the progress callback surfaces wrapped by the runtime
-            if "KeyboardInterrupt" in str(e):
+            if p.interrupted:
                 raise KeyboardInterrupt from e
             raise
     return out

@@ -15,9 +15,9 @@ import numpy as np
 import xarray as xr
 
 from xstencil import _progress
+from xstencil._engine.coords import numeric_coord, pad_coord
 from xstencil._engine.tscan import Loop, Var
 from xstencil._errors import XStencilError
-from xstencil._labelled.coords import numeric_coord, pad_coord
 from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
 from xstencil._labelled.plan import Plan
 

@@ -13,15 +13,15 @@ import numpy as np
 import xarray as xr
 
 from xstencil import _progress
-from xstencil._dask import any_dask
+from xstencil._backends.dask import any_dask
+from xstencil._backends.shard import is_sharded
 from xstencil._engine.call import as_array, merge_static, precision, split_static
+from xstencil._engine.kcache import compiled
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
-from xstencil._labelled.kcache import compiled
 from xstencil._labelled.scan_result import call_with_progress, finite
 from xstencil._labelled.scan_setup import Opts, grown_coord
-from xstencil._shard import is_sharded
 
 __all__ = ["run_step"]
 
@@ -99,7 +99,7 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any) -> A
                     return tuple(new[i].astype(arrays[i].dtype) for i in evolving)
 
                 init = [[arrays[i]] for i in evolving]
-                prog = (_progress.report, token) if loop.progress_every else None
+                prog = (_progress.callback, token) if loop.progress_every else None
                 saved, bad = run_loop(stepf, init, loop, prog)
                 if loop.every:
                     saved = tuple(jnp.concatenate([arrays[i][None], x])

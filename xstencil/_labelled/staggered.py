@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from xstencil._engine.coords import numeric_coord
 from xstencil._errors import XStencilError
-from xstencil._labelled.coords import numeric_coord
 from xstencil._labelled.grid import Grid, parse_grid
 from xstencil._labelled.grid_window import Axes
 

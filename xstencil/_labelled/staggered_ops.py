@@ -12,9 +12,9 @@ from typing import Any
 
 import xarray as xr
 
+from xstencil._engine.kcache import table_of
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import coord_dims, unwrap
-from xstencil._labelled.kcache import table_of
 from xstencil._labelled.plan import infer_window
 from xstencil._labelled.staggered import Layout, layout
 from xstencil._labelled.staggered_wrap import hidden_used, restore, returned, wrap, wrap_each
@@ -192,7 +192,7 @@ class GridMesh:
     def __init__(self, make: Callable[..., Any], obj: Any, options: dict[str, Any]):
         call = _call(obj, "mesh")
         grid, at = options.pop("grid", None), options.pop("at", None)
-        if options.get("mesh") is not None:
+        if options.get("mesh", options.get("devices")) is not None:
             raise XStencilError(f"{call}: mesh= (devices) is not supported with grid= yet")
         self._lay, self._at = layout(call, obj, grid, at, options.pop("boundary", None),
                                      options.pop("fill_value", None), options.get("period"))

@@ -10,10 +10,10 @@ from typing import Any
 
 import xarray as xr
 
+from xstencil._engine.kcache import canonical, table_of
 from xstencil._errors import XStencilError
 from xstencil._labelled.grid import OFFSET, Grid
 from xstencil._labelled.grid_window import Axes, StaggeredSet, StaggeredWindow
-from xstencil._labelled.kcache import canonical, table_of
 from xstencil._labelled.staggered import HIDDEN, Layout, Spec
 
 __all__ = ["windows", "wrap", "wrap_each", "returned", "hidden_used", "restore"]

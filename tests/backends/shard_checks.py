@@ -12,6 +12,12 @@ import json
 import os
 import sys
 import traceback
+import types
+
+# kernex 0.2.1 (the bench group) installs a top-level ``tests`` package, which
+# would shadow this repository's tests/ (a namespace package) in a subprocess
+_tests = sys.modules.setdefault("tests", types.ModuleType("tests"))
+_tests.__path__ = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
@@ -25,7 +31,8 @@ import xstencil  # noqa: E402, F401
 from tests import fields  # noqa: E402
 from tests.fields import heat, same  # noqa: E402
 from xstencil import XStencilError  # noqa: E402
-from xstencil._shard import make_mesh, sharded_hlo  # noqa: E402
+from xstencil._backends.shard import make_mesh  # noqa: E402
+from xstencil._labelled.dispatch import sharded_hlo  # noqa: E402
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
@@ -50,12 +57,27 @@ def check_modes_and_meshes():
     for mode in MODES:
         ref = da.stencil.map(lap, boundary=mode)
         for mesh in MESHES:
-            same(da.stencil.map(lap, boundary=mode, mesh=mesh), ref)
+            same(da.stencil.map(lap, boundary=mode, devices=mesh), ref)
+
+
+def check_backend_mix():
+    """dask arrays and sharded JAX arrays in one call: no backend runs both."""
+    from xstencil._backends import backend_for
+
+    da = field()
+    x = jax.device_put(da.values, NamedSharding(make_mesh(("y", "x")), P("y", "x")))
+    lazy = da.chunk({"x": 25})
+    assert backend_for([x]) == "shard" and backend_for([lazy.data]) == "dask"
+    ds = xr.Dataset({"a": lazy, "b": da.copy(data=x)})
+    msg = r"array 0 is a dask array but array 1 is a JAX array sharded over devices"
+    _raises(lambda: ds.stencil.map(lambda s: s["a"](x=1) + s["b"]()), msg)
+    _raises(lambda: ds.stencil.scan(lambda s: {"a": s["a"](time=-1), "b": s["b"](time=-1)},
+                                    "time", steps=2), msg)
 
 
 def check_output_sharding():
     da = field()
-    out = da.stencil.map(lap, boundary="periodic", mesh={"y": "a", "x": "b"})
+    out = da.stencil.map(lap, boundary="periodic", devices={"y": "a", "x": "b"})
     sh = out.data.sharding
     assert isinstance(sh, NamedSharding) and sh.spec == P("a", "b"), sh
     assert len(out.data.addressable_shards) == 4
@@ -74,7 +96,7 @@ def check_presharded_input():
 def check_hlo_collective_permute():
     da = field()
     for mode in ("periodic", "extend"):
-        hlo = sharded_hlo(da, lap, boundary=mode, mesh={"y": "a", "x": "b"})
+        hlo = sharded_hlo(da, lap, boundary=mode, devices={"y": "a", "x": "b"})
         assert "collective-permute" in hlo, mode
         assert "all-gather" not in hlo and "all-reduce" not in hlo, mode
 
@@ -82,7 +104,7 @@ def check_hlo_collective_permute():
 def check_float64():
     da = field(np.float64)
     for mode in ("periodic", "symmetric"):
-        out = da.stencil.map(lap, boundary=mode, mesh={"x": "i"})
+        out = da.stencil.map(lap, boundary=mode, devices={"x": "i"})
         assert out.dtype == np.float64
         same(out, da.stencil.map(lap, boundary=mode), rtol=1e-12)
 
@@ -97,13 +119,13 @@ def check_coords_stride_mesh_window():
 
     for mode in ("extend", "periodic", "reflect"):
         kw = dict(boundary=mode, period={"x": 5.0})
-        same(nonuniform.stencil.map(ddx, mesh={"x": "i"}, **kw),
+        same(nonuniform.stencil.map(ddx, devices={"x": "i"}, **kw),
              nonuniform.stencil.map(ddx, **kw), rtol=1e-5)
     kw = dict(boundary="extend", stride={"x": 2, "y": 4})
-    same(da.stencil.map(lap, mesh={"y": "a", "x": "b"}, **kw), da.stencil.map(lap, **kw))
+    same(da.stencil.map(lap, devices={"y": "a", "x": "b"}, **kw), da.stencil.map(lap, **kw))
     w = np.arange(9, dtype=np.float32).reshape(3, 3)
     kw = dict(window={"y": 3, "x": 3}, boundary={"y": "reflect", "x": "periodic"})
-    same(da.stencil.map(lambda u: (u * w).sum(), mesh={"y": "a", "x": "b"}, **kw),
+    same(da.stencil.map(lambda u: (u * w).sum(), devices={"y": "a", "x": "b"}, **kw),
          da.stencil.map(lambda u: (u * w).sum(), **kw))
 
     def regions(m):
@@ -113,7 +135,7 @@ def check_coords_stride_mesh_window():
         m[da > 0.9] = lambda u: -u()
         return m.map()
 
-    same(regions(da.stencil.mesh(boundary="extend", mesh={"y": "a", "x": "b"})),
+    same(regions(da.stencil.mesh(boundary="extend", devices={"y": "a", "x": "b"})),
          regions(da.stencil.mesh(boundary="extend")))
 
 
@@ -125,7 +147,7 @@ def check_dataset():
         return {"u": s["h"](x=1) - s["h"](x=-1), "h": 2 * s["u"](y=1)}
 
     ref = ds.stencil.map(k, boundary="periodic")
-    out = ds.stencil.map(k, boundary="periodic", mesh={"y": "a", "x": "b"})
+    out = ds.stencil.map(k, boundary="periodic", devices={"y": "a", "x": "b"})
     for n in ("u", "h"):
         same(out[n], ref[n])
         assert out[n].data.sharding.spec == P("a", "b")
@@ -134,22 +156,22 @@ def check_dataset():
 def check_bad_input():
     da = field()
     cases = [
-        (dict(mesh={"z": "i"}), r"mesh=\{'z': 'i'\}: dimension 'z' not found"),
-        (dict(mesh="x"), r"must map dim names to mesh axis names"),
-        (dict(mesh={"x": "i"}, boundary="valid"), r"'valid' along the sharded dim 'x'"),
+        (dict(devices={"z": "i"}), r"devices=\{'z': 'i'\}: dimension 'z' not found"),
+        (dict(devices="x"), r"must map dim names to mesh axis names"),
+        (dict(devices={"x": "i"}, boundary="valid"), r"'valid' along the sharded dim 'x'"),
     ]
     for kw, match in cases:
         _raises(lambda kw=kw: da.stencil.map(lap, **kw), match)
-    _raises(lambda: da.isel(x=slice(0, 47)).stencil.map(lap, mesh={"x": "i"}),
+    _raises(lambda: da.isel(x=slice(0, 47)).stencil.map(lap, devices={"x": "i"}),
             r"47 points, which does not divide evenly over the 4 devices of mesh axis 'i'")
     _raises(lambda: da.isel(x=slice(0, 4)).stencil.map(lambda u: u(x=2), boundary="reflect",
-                                                       mesh={"x": "i"}),
+                                                       devices={"x": "i"}),
             r"each device holds 1 points of 'x'")
 
 
 def check_scan_modes_and_halo_depth():
+    from xstencil._labelled.scale import scan_sharded
     from xstencil._labelled.scan import scan
-    from xstencil._shard_scan import scan_sharded
 
     u0 = field()
     for mode, mesh, k in (("periodic", {"x": "i"}, 1), ("extend", {"y": "a", "x": "b"}, 4),
@@ -157,23 +179,23 @@ def check_scan_modes_and_halo_depth():
                           ("fill", {"x": "i"}, 5)):
         kw = dict(steps=10, boundary=mode, save_every=5, fill_value=0.0 if mode == "fill"
                   else None)
-        out = scan_sharded(u0, heat, "time", mesh=mesh, halo_every=k, **kw)
+        out = scan_sharded(u0, heat, "time", devices=mesh, halo_every=k, **kw)
         same(out, scan(u0, heat, dim="time", **kw), rtol=1e-5)
         names = tuple(mesh.get(d) for d in ("y", "x"))
         assert out.data.sharding.spec == P(None, *names), out.data.sharding
 
 
 def check_scan_hlo():
-    from xstencil._shard_scan import scan_sharded
+    from xstencil._labelled.scale import scan_sharded
 
     hlo = scan_sharded(field(), heat, "time", steps=8, save_every="last", boundary="extend",
-                       mesh={"y": "a", "x": "b"}, halo_every=4, hlo=True)
+                       devices={"y": "a", "x": "b"}, halo_every=4, hlo=True)
     assert "collective-permute" in hlo and "all-gather" not in hlo
 
 
 def check_scan_coords():
+    from xstencil._labelled.scale import scan_sharded
     from xstencil._labelled.scan import scan
-    from xstencil._shard_scan import scan_sharded
 
     u0 = field(np.float64).assign_coords(x=np.linspace(0.0, 1.0, 48) ** 2)
 
@@ -184,13 +206,13 @@ def check_scan_coords():
 
     for mode, mesh, steps in (("periodic", {"x": "i"}, 2), ("reflect", {"y": "a", "x": "b"}, 3)):
         kw = dict(steps=6, boundary=mode, period={"x": 1.5})
-        same(scan_sharded(u0, k, "time", mesh=mesh, halo_every=steps, **kw),
+        same(scan_sharded(u0, k, "time", devices=mesh, halo_every=steps, **kw),
              scan(u0, k, dim="time", **kw), rtol=1e-12)
 
 
 def check_scan_trajectory_last_float64():
+    from xstencil._labelled.scale import scan_sharded
     from xstencil._labelled.scan import scan
-    from xstencil._shard_scan import scan_sharded
 
     u0 = field(np.float64)
     traj = xr.concat([u0] + [0.5 * u0] * 5, "time").assign_coords(time=np.arange(6.0))
@@ -198,10 +220,10 @@ def check_scan_trajectory_last_float64():
     def k(u):
         return u(time=-1) + 0.1 * (u(time=-1, x=1) - u(time=-1)) + 0.01 * u(time=1)
 
-    same(scan_sharded(traj, k, "time", mesh={"x": "i"}, halo_every=2, boundary="periodic"),
+    same(scan_sharded(traj, k, "time", devices={"x": "i"}, halo_every=2, boundary="periodic"),
          scan(traj, k, dim="time", boundary="periodic"), rtol=1e-12)
     kw = dict(steps=9, save_every="last", boundary="extend")
-    out = scan_sharded(u0, heat, "time", mesh={"y": "a", "x": "b"}, halo_every=3, **kw)
+    out = scan_sharded(u0, heat, "time", devices={"y": "a", "x": "b"}, halo_every=3, **kw)
     assert out.dtype == np.float64 and out.data.sharding.spec == P("a", "b")
     same(out, scan(u0, heat, dim="time", **kw), rtol=1e-12)
 
@@ -209,7 +231,7 @@ def check_scan_trajectory_last_float64():
 def _scan_mesh(obj, devices, boundary):
     """A function mesh with a position slab, a label slab, a strided line, a
     mask and (over a trajectory) a time window."""
-    m = xstencil.mesh(obj, boundary=boundary, mesh=devices)
+    m = xstencil.mesh(obj, boundary=boundary, devices=devices)
     m[...] = heat
     m[{"x": slice(0, 5)}] = lambda u: 0.5 * u(time=-1)
     m.loc[{"y": slice(0.3, 0.5)}] = lambda u: u(time=-1) + 1.0
@@ -258,7 +280,7 @@ def check_scan_dataset():
         for devices, mode, k in (({"x": "i"}, "periodic", 2),
                                  ({"y": "a", "x": "b"}, {"x": "periodic", "y": "reflect"}, 3)):
             ref = obj.stencil.scan(kernel, "time", boundary=mode, **kw)
-            out = obj.stencil.scan(kernel, "time", boundary=mode, mesh=devices, halo_every=k,
+            out = obj.stencil.scan(kernel, "time", boundary=mode, devices=devices, halo_every=k,
                                    **kw)
             assert list(out.data_vars) == list(ref.data_vars) and out.attrs == ref.attrs
             for n in ref.data_vars:
@@ -267,8 +289,8 @@ def check_scan_dataset():
 
 
 def check_scan_check_finite():
+    from xstencil._labelled.scale import scan_sharded
     from xstencil._labelled.scan import scan
-    from xstencil._shard_scan import scan_sharded
 
     def unstable(u):
         return u(time=-1) + 0.9 * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
@@ -282,11 +304,11 @@ def check_scan_check_finite():
     except XStencilError as e:
         want = str(e).split("position ")[1].split(" ")[0]
     for devices, k in (({"x": "i"}, 1), ({"y": "a", "x": "b"}, 4)):
-        _raises(lambda devices=devices, k=k: scan_sharded(u0, unstable, "time", mesh=devices,
+        _raises(lambda devices=devices, k=k: scan_sharded(u0, unstable, "time", devices=devices,
                                                           halo_every=k, **kw),
                 rf"first appeared at position {want} along 'time'")
     out = scan_sharded(u0, heat, "time", steps=6, boundary="extend", check_finite=True,
-                       mesh={"x": "i"}, halo_every=3)
+                       devices={"x": "i"}, halo_every=3)
     assert np.isfinite(np.asarray(out.data)).all()
 
 
@@ -295,8 +317,8 @@ def check_scan_time_coord():
     seam with a deep halo."""
     import jax.numpy as jnp
 
+    from xstencil._labelled.scale import scan_sharded
     from xstencil._labelled.scan import scan
-    from xstencil._shard_scan import scan_sharded
 
     def forced(u):
         t, x = u.coord("time"), u.coord("x")
@@ -307,7 +329,7 @@ def check_scan_time_coord():
     for kw in (dict(steps=9, dt=0.3), dict(steps=8, save_every="last")):
         for devices, k in (({"x": "i"}, 3), ({"y": "a", "x": "b"}, 2)):
             kw2 = dict(kw, boundary="periodic")
-            same(scan_sharded(u0, forced, "time", mesh=devices, halo_every=k, **kw2),
+            same(scan_sharded(u0, forced, "time", devices=devices, halo_every=k, **kw2),
                  scan(u0, forced, dim="time", **kw2), rtol=1e-12)
 
 
@@ -315,8 +337,8 @@ def check_scan_progress():
     """progress=True: a bar fed from inside the sharded loop (every device
     reports; the bar only moves forward) and completed at the end."""
     from xstencil import _progress
+    from xstencil._labelled.scale import scan_sharded
     from xstencil._labelled.scan import scan
-    from xstencil._shard_scan import scan_sharded
 
     seen = []
     report, cells = _progress.report, _progress.CELLS_PER_UPDATE
@@ -324,7 +346,7 @@ def check_scan_progress():
     _progress.CELLS_PER_UPDATE = 1  # update as often as 25 times per run
     try:
         kw = dict(steps=40, boundary="periodic", save_every="last")
-        out = scan_sharded(field(), heat, "time", mesh={"x": "i"}, halo_every=4,
+        out = scan_sharded(field(), heat, "time", devices={"x": "i"}, halo_every=4,
                            progress=True, **kw)
     finally:
         _progress.report, _progress.CELLS_PER_UPDATE = report, cells
@@ -351,7 +373,7 @@ def check_scan_gradients_and_checkpoint():
     ref = jax.grad(loss)(nu)
     temps = {}
     for ck in (False, True):
-        f = jax.jit(jax.grad(lambda nu, ck=ck: loss(nu, mesh={"x": "i"}, halo_every=6,
+        f = jax.jit(jax.grad(lambda nu, ck=ck: loss(nu, devices={"x": "i"}, halo_every=6,
                                                     checkpoint=ck)))
         np.testing.assert_allclose(np.asarray(f(nu)), np.asarray(ref), rtol=1e-5)
         temps[ck] = f.lower(nu).compile().memory_analysis().temp_size_in_bytes
@@ -359,15 +381,15 @@ def check_scan_gradients_and_checkpoint():
 
 
 def check_scan_bad_input():
-    from xstencil._shard_scan import scan_sharded
+    from xstencil._labelled.scale import scan_sharded
 
     u0 = field()
-    _raises(lambda: scan_sharded(u0, heat, "time", steps=4, mesh={"z": "i"}),
+    _raises(lambda: scan_sharded(u0, heat, "time", steps=4, devices={"z": "i"}),
             r"dimension 'z' not found")
-    _raises(lambda: scan_sharded(u0, heat, "time", steps=4, mesh={"x": "i"}, halo_every=13),
+    _raises(lambda: scan_sharded(u0, heat, "time", steps=4, devices={"x": "i"}, halo_every=13),
             r"each device holds 12 points of 'x', fewer than a halo of halo_every=13")
     _raises(lambda: scan_sharded(u0.isel(x=slice(0, 46)), heat, "time", steps=4,
-                                 mesh={"x": "i"}), r"46 points, which does not divide evenly")
+                                 devices={"x": "i"}), r"46 points, which does not divide evenly")
     sharded = u0.copy(data=jax.device_put(u0.values, NamedSharding(make_mesh({"i": 4}),
                                                                    P(None, "i"))))
     _raises(lambda: xstencil.scan(sharded, step=lambda s: s, steps=2),

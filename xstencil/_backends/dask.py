@@ -25,8 +25,10 @@ How a block is computed
   windows (``u.coord``, sliced per block with its halo) are all exact across
   chunk borders.
 
-Scans over dask data (:func:`~xstencil._dask_scan.scan_dask`) live in
-:mod:`xstencil._dask_scan` and share this module's compile cache.
+Scans over dask data (:func:`~xstencil._backends.dask_scan.scan_dask`) live in
+:mod:`xstencil._backends.dask_scan` and share this module's compile cache.
+No xarray here: the labelled layer passes the raw arrays, the numeric
+coordinates and the kernel adapter (:class:`~xstencil._backends.jobs.Hooks`).
 """
 
 from __future__ import annotations
@@ -34,23 +36,24 @@ from __future__ import annotations
 import math
 import sys
 import threading
-import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import numpy as np
 
+from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._engine.boundary import pad
 from xstencil._engine.call import precision, split_static
+from xstencil._engine.coords import coord_dtype, padded
+from xstencil._engine.ktoken import token_parts
 from xstencil._engine.lower import AxisGeom, Source, evaluate
-from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
+from xstencil._engine.mesh import Slab, branches, mesh_evaluate
 from xstencil._errors import XStencilError
-from xstencil._labelled.coords import numeric_coord, pad_coord
-from xstencil._labelled.ktoken import token_parts
-from xstencil._labelled.plan import Plan
+
+Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
 
 __all__ = ["is_dask", "any_dask", "map_dask", "compile_count", "clear_cache"]
 
@@ -82,7 +85,7 @@ def any_dask(arrays: Sequence[Any]) -> bool:
 def compile_count() -> int:
     """How many block functions this process has traced (and so compiled).
 
-    Run it on workers with ``client.run(xstencil._dask.compile_count)`` to
+    Run it on workers with ``client.run(xstencil._backends.dask.compile_count)`` to
     check that a graph compiles once per block geometry, not once per task.
     """
     return _traces[0]
@@ -108,14 +111,30 @@ def _cached(key: Any, build: Callable[[], Callable[..., Any]]) -> Callable[..., 
     return fn
 
 
-def _token(*parts: Any) -> str:
-    try:
-        from dask.base import tokenize
+def _token(call: str, *parts: Any) -> str:
+    """A deterministic name for the graph and the compile cache.
 
-        # kernels by what they read (a module-level kernel is tokenized by name)
-        return tokenize(*[token_parts(p) for p in parts])
-    except Exception:  # an unpicklable or untokenizable kernel: one token per call
-        return uuid.uuid4().hex
+    dask tokenizes functions by pickling them; an object it cannot tokenize
+    deterministically (an unpicklable kernel, say one closing over a lock)
+    would get a random token, so every call would recompile and name a new
+    graph.  That is an error here, not a silent slowdown.  Kernels are
+    tokenized by what they read (:func:`~xstencil._engine.ktoken.token_parts`):
+    dask tokenizes a module-level function by its name, which would miss a
+    changed global it reads.
+    """
+    import dask
+    from dask.base import tokenize
+
+    try:
+        with dask.config.set({"tokenize.ensure-deterministic": True}):
+            return tokenize(*[token_parts(p) for p in parts])
+    except Exception as e:  # dask raises RuntimeError, or the pickler's own error
+        raise XStencilError(
+            f"{call}: the kernel or its arguments cannot be tokenized deterministically by "
+            f"dask ({type(e).__name__}: {e}), so the compiled code could not be reused and "
+            f"the graph would get a new name on every call; make the kernel picklable (a "
+            f"module-level function, closing over picklable values), or .compute() the data "
+            f"and run in memory") from e
 
 
 # -- per-axis layout -------------------------------------------------------------------
@@ -198,6 +217,7 @@ class BlockMap:
 
     token: str
     plan: Plan
+    hooks: Hooks
     kernels: tuple[Callable[..., Any], ...]
     regions: tuple[Slab | int, ...] | None  # None: a plain map
     static: Any
@@ -237,9 +257,7 @@ class BlockMap:
 
     def _build(self, geom: list[AxisGeom], edges: list[tuple[int, int]],
                regions: list[Slab | int]) -> Callable[..., Any]:
-        from xstencil._labelled.core import identity_caller, kernel_caller
-
-        plan, static, stacked = self.plan, self.static, self.stacked
+        plan, static, stacked, hooks = self.plan, self.static, self.stacked, self.hooks
         kernels, axes = self.kernels, self.axes
         is_mesh = self.regions is not None
         wset = {plan.axis(d) for d in plan.window_dims}
@@ -257,13 +275,11 @@ class BlockMap:
                 a = plan.axis(d)
                 srcs.append(Source(c, (a,), (a,)))
             if not is_mesh:
-                out = evaluate(kernel_caller(plan, kernels[0], static), srcs, geom, dyn)
+                out = evaluate(hooks.caller(plan, kernels[0], static), srcs, geom, dyn)
             else:
-                calls = [kernel_caller(plan, k, static) for k in kernels]
-                branches = [(r if isinstance(r, Slab) else Mask(masks[r]), c)
-                            for r, c in zip(regions, calls, strict=True)]
-                out = mesh_evaluate(branches, identity_caller(plan, calls[-1]), srcs, geom,
-                                    dyn)
+                calls = [hooks.caller(plan, k, static) for k in kernels]
+                out = mesh_evaluate(branches(regions, masks, calls),
+                                    hooks.identity(plan, calls[-1]), srcs, geom, dyn)
             return _stack(out, len(geom)) if stacked else out
 
         return jax.jit(run)
@@ -296,31 +312,19 @@ def _stack(out: Any, nfield: int) -> Any:
 # -- building the graph ----------------------------------------------------------------
 
 
-def _coords(plan: Plan, f: Any, axes: Sequence[_Axis],
-            period: Mapping[str, float] | None) -> tuple[np.ndarray, ...]:
-    cdt = np.result_type(*[dt if np.dtype(dt).kind in "fc" else np.float32
-                           for dt in plan.var_dtypes])
-    if np.dtype(cdt).kind == "c":
-        cdt = np.float64 if np.dtype(cdt).itemsize == 16 else np.float32
-    out = []
-    variables = f.obj.coords.variables
-    for d in plan.coord_dims:
-        k = plan.axis(d)
-        s, depth = plan.specs[k], axes[k].depth
-        c = numeric_coord(plan.call, d, np.asarray(variables[d].values))
-        mode = s.mode if s.mode != "valid" else "fill"
-        p = pad_coord(plan.call, d, c, depth, depth, mode,
-                      None if period is None else period.get(d))
-        out.append(np.asarray(p, dtype=cdt))
-    return tuple(out)
+def _coords(job: MapJob, axes: Sequence[_Axis]) -> tuple[np.ndarray, ...]:
+    """The coordinates the kernel reads, padded by each axis's halo depth."""
+    plan = job.plan
+    depth = {d: (axes[plan.axis(d)].depth,) * 2 for d in plan.coord_dims}
+    modes = {d: plan.specs[plan.axis(d)].mode for d in plan.coord_dims}
+    return padded(plan.call, job.coords, depth, modes, job.period, coord_dtype(plan.var_dtypes))
 
 
-def _leaf_shapes(plan: Plan, kernel: Callable[..., Any], static: Any, dyn: Sequence[Any],
-                 arrays: Sequence[Any], coords: Sequence[np.ndarray]) -> Any:
+def _leaf_shapes(job: MapJob, static: Any, dyn: Sequence[Any], arrays: Sequence[Any],
+                 coords: Sequence[np.ndarray]) -> Any:
     """The kernel's per-point output structure (shapes and dtypes), from one
     per-cell trace on the client."""
-    from xstencil._labelled.core import kernel_caller
-
+    plan = job.plan
     cells = []
     for x, vdims in zip(arrays, plan.var_dims, strict=True):
         shape = tuple(plan.specs[plan.axis(d)].size for d in vdims if d in plan.window_dims)
@@ -328,40 +332,26 @@ def _leaf_shapes(plan: Plan, kernel: Callable[..., Any], static: Any, dyn: Seque
     for c, d in zip(coords, plan.coord_dims, strict=True):
         cells.append(jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), c.dtype))
     with precision(list(arrays), list(dyn)):
-        return jax.eval_shape(kernel_caller(plan, kernel, static), cells, list(dyn))
+        return jax.eval_shape(job.hooks.caller(plan, job.kernels[-1], static), cells, list(dyn))
 
 
-def map_dask(plan: Plan, f: Any, kernels: Sequence[Callable[..., Any]], args: Any,
-             kwargs: Any, period: Mapping[str, float] | None,
-             regions: Sequence[Slab | int] | None = None,
-             masks: Sequence[np.ndarray] = (), mesh: Any = None) -> Any:
+def map_dask(job: MapJob) -> Any:
     """A lazy map (or mesh map) of dask-backed fields: the engine output as
     dask arrays (a dict of them for a Dataset kernel returning a dict)."""
     import dask.array as dsa
 
-    if mesh is not None:
-        raise XStencilError(
-            f"{plan.call}: mesh={mesh!r} shards JAX arrays over devices, but the data is a "
-            f"dask array; drop mesh= (dask distributes the chunks), or load the data with "
-            f".compute() to shard it")
-
-    for vdims, name in zip(f.var_dims, f.names or (None,), strict=True):
-        if vdims != f.dims:
-            raise XStencilError(
-                f"{plan.call}: variable {name!r} has dims {vdims!r} but the Dataset's field "
-                f"has {f.dims!r}; with dask-backed data every variable must span every dim "
-                f"(broadcast them first, e.g. ds = xr.broadcast(ds)[0])"
-            )
-    arrays = [x if is_dask(x) else dsa.from_array(np.asarray(x)) for x in f.arrays]
+    plan, kernels, regions, masks = job.plan, job.kernels, job.regions, job.masks
+    job.check_full("with dask-backed data")
+    arrays = [x if is_dask(x) else dsa.from_array(np.asarray(x)) for x in job.arrays]
     if len(arrays) > 1:
         arrays = list(dsa.core.unify_chunks(
             *[a for x in arrays for a in (x, tuple(range(x.ndim)))], warn=False)[1])
     chunks = arrays[0].chunks
     axes = _axes(plan, chunks)
-    dyn, static = split_static(plan.call, (args, kwargs))
+    dyn, static = split_static(plan.call, (job.args, job.kwargs))
     dyn = tuple(np.asarray(x) for x in dyn)
-    coords = _coords(plan, f, axes, period)
-    shapes = _leaf_shapes(plan, kernels[-1], static, dyn, arrays, coords)
+    coords = _coords(job, axes)
+    shapes = _leaf_shapes(job, static, dyn, arrays, coords)
     leaves, treedef = jax.tree_util.tree_flatten(shapes)
     stacked = len(leaves) > 1
     nfield = len(plan.dims)
@@ -373,10 +363,11 @@ def map_dask(plan: Plan, f: Any, kernels: Sequence[Callable[..., Any]], args: An
     else:
         dtype = np.dtype(leaves[0].dtype)
         extra = tuple((n,) for n in leaves[0].shape)
-    token = _token("xstencil-map", tuple(kernels), plan, static, tuple(regions or ()),
-                   [x.name for x in arrays], dyn, coords)
-    fn = BlockMap(token, plan, tuple(kernels), None if regions is None else tuple(regions),
-                  static, dyn, coords, tuple(axes), len(arrays), stacked)
+    token = _token(plan.call, "xstencil-map", tuple(kernels), plan, static,
+                   tuple(regions or ()), [x.name for x in arrays], dyn, coords)
+    fn = BlockMap(token, plan, job.hooks, tuple(kernels),
+                  None if regions is None else tuple(regions), static, dyn, coords,
+                  tuple(axes), len(arrays), stacked)
     depth = {k: ax.depth for k, ax in enumerate(axes)}
     boundary = _dask_boundary(plan)
     margs = list(arrays) + [dsa.from_array(np.asarray(m), chunks=out_chunks) for m in masks]

@@ -1,5 +1,5 @@
 """dask-backed DataArrays: lazy maps and scans identical to in-memory ones
-(xstencil._dask, xstencil._dask_scan)."""
+(xstencil._backends.dask, xstencil._backends.dask_scan)."""
 
 from __future__ import annotations
 
@@ -128,8 +128,8 @@ def test_lazy_until_computed():
 
 
 def test_mesh_option_on_dask_data():
-    with pytest.raises(XStencilError, match=r"mesh=\{'x': 'i'\} shards JAX arrays.*dask array"):
-        field().chunk({"x": 10}).stencil.map(lap, mesh={"x": "i"})
+    with pytest.raises(XStencilError, match=r"devices=\{'x': 'i'\} shards JAX arrays.*dask array"):
+        field().chunk({"x": 10}).stencil.map(lap, devices={"x": "i"})
 
 
 def test_chunks_smaller_than_halo():
@@ -141,8 +141,8 @@ def test_chunks_smaller_than_halo():
 
 def test_distributed_local_cluster():
     distributed = pytest.importorskip("distributed")
-    import xstencil._dask as xd
-    from xstencil._dask_scan import scan_dask
+    import xstencil._backends.dask as xd
+    from xstencil._labelled.scale import scan_dask
 
     da = field(shape=(64, 64))
     refs = {m: da.stencil.map(lap, boundary=m) for m in ("periodic", "reflect")}
@@ -186,7 +186,7 @@ def memory_scan(obj, kernel, **kw):
     ("fill", {"y": 15}, 3),
 ])
 def test_scan_matches_memory(mode, chunks, k):
-    from xstencil._dask_scan import scan_dask
+    from xstencil._labelled.scale import scan_dask
 
     u0 = field(shape=(30, 44))
     kw = dict(dim="time", steps=10, boundary=mode, save_every=5,
@@ -197,7 +197,7 @@ def test_scan_matches_memory(mode, chunks, k):
 
 
 def test_scan_trajectory_reads_input_and_float64():
-    from xstencil._dask_scan import scan_dask
+    from xstencil._labelled.scale import scan_dask
 
     u0 = field(np.float64, shape=(20, 30))
     traj = xr.concat([u0] + [0.5 * u0] * 7, "time").assign_coords(time=np.arange(8.0))
@@ -217,7 +217,7 @@ def test_scan_trajectory_reads_input_and_float64():
 
 
 def test_scan_coords_per_block():
-    from xstencil._dask_scan import scan_dask
+    from xstencil._labelled.scale import scan_dask
 
     u0 = field(np.float64, shape=(20, 30)).assign_coords(x=np.linspace(0.0, 1.0, 30) ** 2)
 
@@ -425,7 +425,7 @@ def test_scan_reads_time_and_absolute_coords(kw, boundary):
 
 
 def test_scan_is_lazy_and_rejects_chunked_scan_dim():
-    from xstencil._dask_scan import scan_dask
+    from xstencil._labelled.scale import scan_dask
 
     u0 = field()
     bomb = bomb_of(u0, (10, 25))
@@ -441,7 +441,7 @@ def test_scan_is_lazy_and_rejects_chunked_scan_dim():
 
 
 def test_scale_out_dispatch():
-    from xstencil._blockscan import scale_out
+    from xstencil._labelled.scale import scale_out
 
     u0 = field(shape=(20, 30))
     kw = dict(steps=4, boundary="periodic", save_every=2)

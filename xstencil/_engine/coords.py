@@ -17,13 +17,16 @@ timedelta coordinates float seconds.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
-__all__ = ["numeric_coord", "coord_period", "pad_coord", "warn_repeated_endpoint"]
+__all__ = ["numeric_coord", "coord_period", "pad_coord", "coord_dtype", "padded",
+           "warn_repeated_endpoint"]
 
 #: spans that are a full period on their own: a periodic coordinate spanning
 #: one of these from its first to its last label repeats its endpoint
@@ -104,3 +107,28 @@ def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,
         m_hi = c[-1] + (c[-1] - c[-2]) / 2
         left, right = 2 * m_lo - c[idx], 2 * m_hi - c[idx]
     return np.where(p < 0, left, np.where(p >= n, right, c[idx]))
+
+
+def coord_dtype(var_dtypes: Sequence[Any]) -> np.dtype:
+    """The float dtype coordinates are read in: the variables' float (or
+    complex's real) dtype, float32 for integer data."""
+    cdt = np.result_type(*[dt if np.dtype(dt).kind in "fc" else np.float32
+                           for dt in var_dtypes])
+    if np.dtype(cdt).kind == "c":
+        cdt = np.float64 if np.dtype(cdt).itemsize == 16 else np.float32
+    return np.dtype(cdt)
+
+
+def padded(call: str, values: Mapping[str, np.ndarray], widths: Mapping[str, tuple[int, int]],
+           modes: Mapping[str, str], period: Mapping[str, float] | None,
+           dtype: Any) -> tuple[np.ndarray, ...]:
+    """Each numeric coordinate in ``values`` (in its order) padded by
+    ``widths[dim]`` cells in ``modes[dim]`` (``valid`` pads like ``fill``),
+    as ``dtype``: the one coordinate padding shared by every backend."""
+    out = []
+    for d, c in values.items():
+        lo, hi = widths[d]
+        mode = "fill" if modes[d] == "valid" else modes[d]
+        p = pad_coord(call, d, c, lo, hi, mode, None if period is None else period.get(d))
+        out.append(np.asarray(p, dtype=dtype))
+    return tuple(out)

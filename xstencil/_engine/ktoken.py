@@ -1,9 +1,9 @@
-"""A deterministic dask token for kernels (see :mod:`xstencil._labelled.kcache`).
+"""A deterministic dask token for kernels (see :mod:`xstencil._engine.kcache`).
 
 dask tokenizes an importable module-level function by its name, so a graph
 of a kernel reading a changed module global would keep its name, and the
 per-process compiled block function keyed by it would be stale.  Kernels are
-therefore tokenized by their :func:`~xstencil._labelled.kcache.describe` key
+therefore tokenized by their :func:`~xstencil._engine.kcache.describe` key
 and the arrays they close over.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from xstencil._labelled.kcache import SIZE, _Id, describe
+from xstencil._engine.kcache import SIZE, _Id, describe
 
 __all__ = ["token_parts"]
 

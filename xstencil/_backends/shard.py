@@ -1,7 +1,7 @@
 """JAX arrays sharded across devices: maps under :func:`jax.shard_map`.
 
 When the data is a JAX array sharded with a :class:`~jax.sharding.NamedSharding`
-or the call passes ``mesh={dim: axis_name}``, each device evaluates the kernel
+or the call passes ``devices={dim: axis_name}``, each device evaluates the kernel
 on its own block.  The halo comes from the neighbouring devices through
 ``lax.ppermute`` along the mesh axis that the dim is sharded over (keyed by
 dim name), so no device ever sees the whole field:
@@ -16,8 +16,8 @@ dim on the already-extended block, so corner cells come from diagonal
 neighbours without extra messages.  Dims that are not sharded keep the
 engine's virtual padding.  The output has the input's sharding.
 
-Sharded scans (:func:`~xstencil._shard_scan.scan_sharded`) live in
-:mod:`xstencil._shard_scan`.
+Sharded scans (:func:`~xstencil._backends.shard_scan.scan_sharded`) live in
+:mod:`xstencil._backends.shard_scan`.
 """
 
 from __future__ import annotations
@@ -34,14 +34,17 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._engine.boundary import pad
 from xstencil._engine.call import as_array, precision, split_static
+from xstencil._engine.coords import coord_dtype, padded
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._errors import XStencilError
-from xstencil._labelled.plan import Plan
 
-__all__ = ["Layout", "is_sharded", "layout", "make_mesh", "map_sharded", "sharded_hlo",
+Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
+
+__all__ = ["Layout", "is_sharded", "layout", "make_mesh", "map_sharded", "prepared",
            "exchange"]
 
 
@@ -95,7 +98,7 @@ def make_mesh(axes: Mapping[str, int] | Sequence[str], devices: Sequence[Any] | 
 
 
 def layout(call: str, dims: tuple[str, ...], arrays: Sequence[Any], mesh: Any) -> Layout:
-    """The layout of a call: from ``mesh=`` (a ``{dim: axis}`` dict or a
+    """The layout of a call: from ``devices=`` (a ``{dim: axis}`` dict or a
     ``jax.sharding.Mesh`` whose axes are named after dims), or from the
     sharding of the data."""
     data_mesh, data_names = None, None
@@ -119,20 +122,20 @@ def layout(call: str, dims: tuple[str, ...], arrays: Sequence[Any], mesh: Any) -
         for name in mesh.axis_names:
             if name not in dims:
                 raise XStencilError(
-                    f"{call}: mesh={mesh!r} has axis {name!r}, which is not a dim of the data "
-                    f"{dims!r}; name the axes after the dims, or pass mesh={{dim: axis}}")
+                    f"{call}: devices={mesh!r} has axis {name!r}, which is not a dim of the data "
+                    f"{dims!r}; name the axes after the dims, or pass devices={{dim: axis}}")
         return Layout(mesh, tuple(d if d in mesh.axis_names else None for d in dims))
     if not isinstance(mesh, Mapping) or not all(isinstance(v, str) for v in mesh.values()):
         raise XStencilError(
-            f"{call}: mesh={mesh!r} must map dim names to mesh axis names, such as "
+            f"{call}: devices={mesh!r} must map dim names to mesh axis names, such as "
             f"{{{dims[-1]!r}: 'i'}}, or be a jax.sharding.Mesh whose axes are named after dims")
     for d in mesh:
         if d not in dims:
             raise XStencilError(
-                f"{call}: mesh={dict(mesh)!r}: dimension {d!r} not found; available dims are "
+                f"{call}: devices={dict(mesh)!r}: dimension {d!r} not found; available dims are "
                 f"{dims!r}")
     if len(set(mesh.values())) != len(mesh):
-        raise XStencilError(f"{call}: mesh={dict(mesh)!r} shards two dims over one mesh axis; "
+        raise XStencilError(f"{call}: devices={dict(mesh)!r} shards two dims over one mesh axis; "
                             f"give each dim its own axis")
     if data_mesh is not None and all(v in data_mesh.axis_names for v in mesh.values()):
         devmesh = data_mesh
@@ -223,10 +226,8 @@ def _global_masks(plan: Plan, regions: Sequence[Slab | int], masks: Sequence[np.
     return out
 
 
-def _body(plan: Plan, lay: Layout, kernels: Sequence[Callable[..., Any]], static: Any,
-          is_mesh: bool) -> Callable[..., Any]:
-    from xstencil._labelled.core import identity_caller, kernel_caller
-
+def _body(plan: Plan, lay: Layout, hooks: Hooks, kernels: Sequence[Callable[..., Any]],
+          static: Any, is_mesh: bool) -> Callable[..., Any]:
     local = [n // lay.size(k) for k, n in enumerate(plan.shape)]
     wset = tuple(plan.axis(d) for d in plan.window_dims)
     fill = 0 if plan.fill_value is None else plan.fill_value
@@ -256,95 +257,51 @@ def _body(plan: Plan, lay: Layout, kernels: Sequence[Callable[..., Any]], static
                 geom.append(g)
             else:
                 geom.append(AxisGeom(0, s.stride, local[k] // s.stride, s.size))
-        calls = [kernel_caller(plan, k, static) for k in kernels]
+        calls = [hooks.caller(plan, k, static) for k in kernels]
         if not is_mesh:
             return evaluate(calls[0], srcs, geom, dyn)
         branches = [(Mask(m), c) for m, c in zip(masks, calls, strict=True)]
-        return mesh_evaluate(branches, identity_caller(plan, calls[-1]), srcs, geom, dyn)
+        return mesh_evaluate(branches, hooks.identity(plan, calls[-1]), srcs, geom, dyn)
 
     return body
 
 
-def _prepared(plan: Plan, f: Any, kernels: Sequence[Callable[..., Any]], args: Any,
-              kwargs: Any, period: Mapping[str, float] | None, mesh: Any, owner: Any,
-              regions: Sequence[Slab | int] | None, masks: Sequence[np.ndarray]
-              ) -> tuple[Callable[..., Any], tuple[Any, ...], Any]:
-    from xstencil._labelled.core import coord_arrays
-    from xstencil._labelled.kcache import compiled
-
-    for vdims, name in zip(f.var_dims, f.names or (None,), strict=True):
-        if vdims != f.dims:
-            raise XStencilError(
-                f"{plan.call}: variable {name!r} has dims {vdims!r} but the field has "
-                f"{f.dims!r}; sharded Datasets need every variable over every dim (broadcast "
-                f"them first)")
-    lay = layout(plan.call, plan.dims, f.arrays, mesh)
+def prepared(job: MapJob) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The compiled ``shard_map`` function of a map and its inputs (call it
+    under ``precision``); its ``.lower(*inputs)`` gives the HLO."""
+    plan, regions = job.plan, job.regions
+    job.check_full("sharded Datasets need")
+    lay = layout(plan.call, plan.dims, job.arrays, job.devices)
     _check(plan, lay)
     is_mesh = regions is not None
-    gmasks = _global_masks(plan, regions, masks) if is_mesh else []
+    gmasks = _global_masks(plan, regions, job.masks) if is_mesh else []
     nout = len(plan.output_dims)
-    dyn, static = split_static(plan.call, (args, kwargs))
+    dyn, static = split_static(plan.call, (job.args, job.kwargs))
     data_sharding = NamedSharding(lay.mesh, lay.spec())
     arrays = [jax.device_put(as_array(plan.call, "the data", x), data_sharding)
-              for x in f.arrays]
+              for x in job.arrays]
     gm = [jax.device_put(m, data_sharding) for m in gmasks]
-    coords = [np.asarray(c) for c in coord_arrays(plan, f, period)]
+    pads = {d: (plan.specs[plan.axis(d)].pad_lo, plan.specs[plan.axis(d)].pad_hi)
+            for d in plan.coord_dims}
+    modes = {d: plan.specs[plan.axis(d)].mode for d in plan.coord_dims}
+    coords = list(padded(plan.call, job.coords, pads, modes, job.period,
+                         coord_dtype(plan.var_dtypes)))
     key = ("shard", plan, static, lay, is_mesh, tuple(regions or ()))
 
     def build() -> Callable[..., Any]:
-        body = _body(plan, lay, kernels, static, is_mesh)
+        body = _body(plan, lay, job.hooks, job.kernels, static, is_mesh)
         mapped = jax.shard_map(body, mesh=lay.mesh,
                                in_specs=(lay.spec(), P(), P(), lay.spec()),
                                out_specs=lay.spec(nout), check_vma=False)
         return jax.jit(mapped)
 
-    fn = compiled(owner, key, build)
-    return fn, (arrays, coords, list(dyn), gm), (f.arrays, args, kwargs)
+    fn = job.hooks.compiled(job.owner, key, build)
+    return fn, (arrays, coords, list(dyn), gm)
 
 
-def map_sharded(plan: Plan, f: Any, kernels: Sequence[Callable[..., Any]], args: Any,
-                kwargs: Any, period: Mapping[str, float] | None, mesh: Any, owner: Any,
-                regions: Sequence[Slab | int] | None = None,
-                masks: Sequence[np.ndarray] = ()) -> Any:
+def map_sharded(job: MapJob) -> Any:
     """Run a map (or mesh map) under ``shard_map``; the output keeps the
     input's sharding."""
-    with precision(f.arrays, args, kwargs):
-        fn, inputs, _ = _prepared(plan, f, kernels, args, kwargs, period, mesh, owner, regions,
-                                  masks)
+    with precision(job.arrays, job.args, job.kwargs):
+        fn, inputs = prepared(job)
         return fn(*inputs)
-
-
-def sharded_hlo(obj: Any, kernel: Callable[..., Any], *args: Any, mesh: Any = None,
-                **options: Any) -> str:
-    """The optimized HLO text of a sharded ``map`` call, to inspect its
-    communication (``collective-permute`` for halos, no ``all-gather``).
-
-    Takes the same arguments as :func:`xstencil.map`; extra keyword
-    arguments that are not map options are passed to the kernel.
-    """
-    from xstencil._labelled.core import prepare, unwrap
-
-    names = {"window", "boundary", "fill_value", "stride", "output_dims", "period"}
-    opts = {k: options.pop(k) for k in list(options) if k in names}
-    call = "xstencil._shard.sharded_hlo(...)"
-    f = unwrap(call, obj)
-    plan = prepare(call, f, [kernel], window=opts.get("window"),
-                   boundary=opts.get("boundary", "fill"), fill_value=opts.get("fill_value"),
-                   stride=opts.get("stride"), output_dims=opts.get("output_dims"), args=args,
-                   kwargs=options)
-    with precision(f.arrays, args, options):
-        fn, inputs, _ = _prepared(plan, f, [kernel], args, options, opts.get("period"), mesh,
-                                  kernel, None, ())
-        return fn.lower(*inputs).compile().as_text()
-
-
-# -- scan options, shared by the dask and sharded scans --------------------------------
-
-SCAN_OPTIONS = ("window", "boundary", "fill_value", "steps", "dt", "coord", "save_every",
-                "period", "progress", "checkpoint", "check_finite", "step")
-
-
-def split_options(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(scan options, kernel keyword arguments)."""
-    opts = {k: v for k, v in kwargs.items() if k in SCAN_OPTIONS}
-    return opts, {k: v for k, v in kwargs.items() if k not in SCAN_OPTIONS}

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).with_name("shard_checks.py")
-NAMES = ["devices", "modes_and_meshes", "output_sharding", "presharded_input",
+NAMES = ["devices", "backend_mix", "modes_and_meshes", "output_sharding", "presharded_input",
          "hlo_collective_permute", "float64", "coords_stride_mesh_window", "bad_input",
          "dataset", "scan_modes_and_halo_depth", "scan_trajectory_last_float64",
          "scan_bad_input", "scan_hlo", "scan_coords", "scan_function_mesh",
@@ -26,7 +26,7 @@ NAMES = ["devices", "modes_and_meshes", "output_sharding", "presharded_input",
 @pytest.fixture(scope="module")
 def results() -> dict[str, str]:
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-W", "error", str(SCRIPT)], capture_output=True,
                           text=True, env=env, timeout=300)

@@ -43,10 +43,12 @@ class BlockMesh:
     k: int  # the first computed position along dim
 
 
-def block_mesh(mesh: Any, plan: Any, dim: str, total: int) -> tuple[BlockMesh, list[np.ndarray]]:
-    """The regions of a :class:`~xstencil.Mesh` over the block scan's plan
-    (dims ``(dim, *space)``) and its masks, shaped ``(total or 1, *space)``."""
-    out, masks = mesh.regions(plan, dim)
+def block_mesh(regions: Sequence[Slab | int], masks: Sequence[Any], plan: Any,
+               total: int) -> tuple[BlockMesh, list[np.ndarray]]:
+    """A function mesh's ``regions`` over the block scan's plan (dims ``(dim,
+    *space)``; from ``Mesh.regions(plan, dim)`` in the labelled layer) and
+    its masks, shaped ``(total or 1, *space)``."""
+    out = list(regions)
     masks = [np.ascontiguousarray(m, dtype=bool) for m in masks]
     periodic = tuple(s.mode == "periodic" for s in plan.specs[1:])
     bm = BlockMesh(tuple(out), tuple(m.shape[0] > 1 for m in masks),

@@ -1,9 +1,10 @@
-"""dask-backed DataArrays and Datasets: lazy scans, K steps of one chunk per task.
+"""dask arrays: lazy scans, K steps of one chunk per task.
 
 :func:`scan_dask` builds one layer of :func:`dask.array.map_overlap` tasks
 per ``halo_every`` (K) steps; each task advances its chunk K steps with the
-shared block scan of :mod:`xstencil._blockscan`.  The jitted task functions
-use the per-process compile cache of :mod:`xstencil._dask`.
+shared block scan of :mod:`xstencil._backends.halo`.  The jitted task functions
+use the per-process compile cache of :mod:`xstencil._backends.dask`.  The
+labelled front end is :func:`xstencil._labelled.scale.scan_dask`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xstencil._blockmesh import block_mesh
-from xstencil._dask import _cached, _merged, _token, _traces, is_dask
+from xstencil._backends.blockmesh import BlockMesh
+from xstencil._backends.dask import _cached, _merged, _token, _traces, is_dask
+from xstencil._backends.halo import (
+    Block,
+    BlockJob,
+    ScanSpec,
+    Stepper,
+    padded_coords,
+    run_steps,
+    segments,
+    time_padded,
+)
+from xstencil._backends.jobs import Hooks
 from xstencil._engine.call import precision
 from xstencil._errors import XStencilError
 
@@ -29,9 +41,10 @@ class BlockScan:
     """One dask task of a scan: ``n`` steps of one chunk with a deep halo."""
 
     token: str
-    spec: Any  # xstencil._blockscan.ScanSpec
+    spec: ScanSpec
+    hooks: Hooks
     kernels: tuple[Callable[..., Any], ...]  # one, or one per region of ``mesh``
-    mesh: Any  # xstencil._blockmesh.BlockMesh, or None
+    mesh: BlockMesh | None
     static: Any
     dyn: tuple[Any, ...]
     coords: tuple[np.ndarray, ...]  # padded by width[axis]
@@ -47,7 +60,7 @@ class BlockScan:
     nmask: int
     evolving: tuple[str, ...]  # the advanced variables: rows j * V + v of the state
     forced: tuple[str, ...]
-    finite: tuple[str, str, Any] | None  # check_finite: (call, dim, dim's coordinate)
+    finite: Callable[[int, str], Exception] | None  # check_finite's error, or None
     tcoord: np.ndarray | None  # dim's coordinate padded by (k, ahead), if the kernel reads it
 
     def __call__(self, hist: Any, *others: Any, block_info: Any = None) -> np.ndarray:
@@ -79,22 +92,21 @@ class BlockScan:
             out, bad = fn(hist, inp, coords, list(self.dyn), np.int32(self.t), origin, masks,
                           consts, self.tcoord, forcing)
         if self.finite is not None and int(bad) >= 0:
-            from xstencil._labelled.scan_result import not_finite
-
             first = ", ".join(f"{d}[{self.starts[a][loc[a]]}:]" for a, d in
                               enumerate(spec.plan.dims) if a and len(self.starts[a]) > 1)
-            raise not_finite(*self.finite, int(bad), f" in the chunk at {first}" if first
-                             else "")
+            raise self.finite(int(bad), f" in the chunk at {first}" if first else "")
         return np.asarray(out)
 
     def _build(self, cores: tuple[tuple[int, int], ...], grown: bool) -> Callable[..., Any]:
-        from xstencil._blockscan import run_steps
-
         spec, static, n = self.spec, self.static, self.n
         modes = tuple("extend" if self.depth[a] and self.periodic[a] else s.mode
                       for a, s in enumerate(spec.plan.specs) if a > 0)
 
         V = len(self.evolving)
+        own = tuple(slice(a, a + m) for a, m in cores)
+        stepper = Stepper(spec, self.hooks, self.kernels, static, modes, self.evolving,
+                          self.forced, self.mesh, self.periods,
+                          own if self.finite is not None else None)
 
         def run(hist: Any, inp: Any, coords: Any, dyn: Any, t: Any, origin: Any,
                 masks: Any, consts: Any, tcoord: Any, forcing: Any) -> Any:
@@ -104,14 +116,9 @@ class BlockScan:
                 inp = inp.reshape((-1, V) + inp.shape[1:])
             if forcing is not None:
                 forcing = forcing.reshape((-1, self.nforce) + forcing.shape[1:])
-            own = tuple(slice(a, a + m) for a, m in cores)
-            new, bad = run_steps(spec, self.kernels, static, n,
-                                 tuple(hist[j] for j in range(spec.k)), inp, coords, dyn,
-                                 modes, mesh=self.mesh, where=(t, list(origin)), masks=masks,
-                                 consts=consts, evolving=self.evolving,
-                                 check=own if self.finite is not None else None,
-                                 tcoord=tcoord, periods=self.periods,
-                                 forced=self.forced, forcing=forcing)
+            new, bad = run_steps(stepper, n, Block(
+                tuple(hist[j] for j in range(spec.k)), inp, coords, dyn, (t, list(origin)),
+                masks, consts, tcoord, forcing))
             new = jnp.concatenate(new)  # (k * V, *block)
             return new[(slice(None),) + own], bad
 
@@ -138,103 +145,8 @@ def default_halo_every(reach: int, chunks: Sequence[int], steps: int) -> int:
     return max(1, min(32, steps, min(chunks) // (8 * reach)))
 
 
-def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *args: Any,
-              halo_every: int | None = None, function_mesh: Any = None, **kwargs: Any) -> Any:
-    """Scan a kernel along ``dim`` over a dask-backed DataArray or Dataset, lazily.
-
-    ``dim`` must be a single chunk; the other dims may be chunked.  Each task
-    advances one chunk by ``halo_every`` (K) steps, reading a halo K times the
-    window's reach deep from its neighbours, so the graph has one layer of
-    tasks per K steps.  The result equals the in-memory :func:`xstencil.scan`.
-
-    Parameters
-    ----------
-    obj
-        A dask-backed DataArray or Dataset: the initial state (with
-        ``steps=N``) or the trajectory, as for :func:`xstencil.scan` (see
-        :mod:`xstencil._blockprep` for what a Dataset may hold).
-    kernel, dim, *args
-        As for :func:`xstencil.scan`.
-    halo_every
-        Steps per task (K).  Defaults to the largest K (at most 32) whose
-        halo is at most an eighth of the smallest split chunk.
-    function_mesh
-        A :class:`~xstencil.Mesh` over ``obj`` (``kernel`` is then
-        ``None``): its kernels on its regions, as ``mesh.scan(dim)`` does
-        in memory.
-    **kwargs
-        ``window``, ``boundary``, ``fill_value``, ``steps``, ``dt``,
-        ``coord``, ``save_every`` and ``period`` as for :func:`xstencil.scan`;
-        other keywords go to the kernel.
-
-    Returns
-    -------
-    DataArray or Dataset
-        Backed by lazy dask arrays, one chunk per saved position along
-        ``dim`` and the input's chunks along the other dims.
-
-    Examples
-    --------
-    >>> import numpy as np, xarray as xr, xstencil
-    >>> from xstencil._dask_scan import scan_dask
-    >>> u0 = xr.DataArray(np.eye(8)[0], dims="x").chunk({"x": 4})
-    >>> heat = lambda u: u(time=-1) + 0.25 * (u(time=-1, x=1) - 2 * u(time=-1)
-    ...                                       + u(time=-1, x=-1))
-    >>> out = scan_dask(u0, heat, "time", steps=2, boundary="periodic", halo_every=2)
-    >>> out.chunks
-    ((1, 1, 1), (4, 4))
-    >>> out.isel(time=1).values
-    array([0.5 , 0.25, 0.  , 0.  , 0.  , 0.  , 0.  , 0.25])
-    """
-    import dask.array as dsa
-    import xarray as xr
-
-    from xstencil._blockprep import rewrap, setup
-    from xstencil._blockscan import padded_coords, segments, time_padded
-    from xstencil._shard import split_options
-
-    call = f"{'ds' if isinstance(obj, xr.Dataset) else 'da'}.stencil.scan(...)"
-    opts, kw = split_options(kwargs)
-    if not isinstance(obj, xr.DataArray | xr.Dataset):
-        raise XStencilError(f"{call}: expected a DataArray or Dataset, got "
-                            f"{type(obj).__name__}")
-    for v in [obj] if isinstance(obj, xr.DataArray) else obj.data_vars.values():
-        if dim in v.dims and is_dask(v.data) and len(v.chunks[v.get_axis_num(dim)]) > 1:
-            raise XStencilError(
-                f"{call}: the data is chunked along the scanned dim {dim!r} "
-                f"({len(v.chunks[v.get_axis_num(dim)])} chunks); positions along it are "
-                f"computed in order, so it must be one chunk: rechunk with "
-                f".chunk({{{dim!r}: -1}}) and chunk the other dims instead")
-    kernels = (kernel,) if function_mesh is None else tuple(k for _, k in function_mesh._regions)
-    if opts.get("progress"):
-        raise XStencilError(
-            f"{call}: progress=True needs a compiled loop to report from; a dask-backed scan "
-            f"is a lazy graph: compute it inside `with dask.diagnostics.ProgressBar():` (or "
-            f"watch the distributed dashboard)")
-    if opts.get("checkpoint"):
-        raise XStencilError(
-            f"{call}: checkpoint=True saves memory in gradients, but a dask-backed scan is "
-            f"not differentiable; differentiate an in-memory or sharded scan instead")
-    prep = setup(call, obj, kernels, dim, args, kw, **opts)
-    spec = prep.spec
-    plan = spec.plan
-    bmesh, masks = (None, []) if function_mesh is None else block_mesh(
-        function_mesh, plan, dim, spec.total)
-    # the advanced variables interleaved along dim: row j * V + v is position j of variable v
-    V = len(prep.evolving)
-    fields = [d if is_dask(d) else dsa.from_array(np.asarray(d)) for d in prep.datas]
-    fields = [fields[0]] + [f.rechunk(fields[0].chunks) for f in fields[1:]]
-    data = _interleave(fields)
-    chunks = fields[0].chunks
-    split = [a for a in range(1, data.ndim) if len(chunks[a]) > 1
-             and max(plan.specs[a].lo, plan.specs[a].hi)]
-    reach = max([max(plan.specs[a].lo, plan.specs[a].hi) for a in split], default=0)
-    K = default_halo_every(reach, [c for a in split for c in chunks[a]], spec.steps_per_save) \
-        if halo_every is None else int(halo_every)
-    if K < 1:
-        raise XStencilError(f"{call}: halo_every={halo_every!r} must be an int >= 1")
-    depth = tuple(K * max(plan.specs[a].lo, plan.specs[a].hi) if a in split else 0
-                  for a in range(data.ndim))
+def _check_chunks(call: str, plan: Any, chunks: Any, split: Sequence[int],
+                  depth: Sequence[int], K: int) -> None:
     for a in split:
         if min(chunks[a]) < depth[a]:
             raise XStencilError(
@@ -242,32 +154,68 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
                 f"than the halo of {depth[a]} that halo_every={K} steps need; use a smaller "
                 f"halo_every or larger chunks, e.g. .chunk({{{plan.dims[a]!r}: "
                 f"{_merged(tuple(chunks[a]), depth[a])!r}}})")
+
+
+def _as_dask(x: Any, chunks: Any = None) -> Any:
+    import dask.array as dsa
+
+    x = x if is_dask(x) else dsa.from_array(np.asarray(x))
+    return x if chunks is None else x.rechunk(chunks)
+
+
+def scan_dask(job: BlockJob, halo_every: int | None = None) -> list[Any]:
+    """Scan the fields of ``job`` lazily: the saved trajectory (or last state)
+    of each advanced variable, as dask arrays with dim first.
+
+    ``dim`` must be a single chunk; the other dims may be chunked.  Each task
+    advances one chunk by ``halo_every`` (K) steps, reading a halo K times the
+    window's reach deep from its neighbours, so the graph has one layer of
+    tasks per K steps.  ``halo_every`` defaults to the largest K (at most
+    32) whose halo is at most an eighth of the smallest split chunk.
+    """
+    import dask.array as dsa
+
+    call, spec = job.call, job.spec
+    plan = spec.plan
+    bmesh, masks = job.mesh, job.masks
+    # the advanced variables interleaved along dim: row j * V + v is position j of variable v
+    V = len(job.evolving)
+    fields = [_as_dask(d) for d in job.datas]
+    fields = [fields[0]] + [f.rechunk(fields[0].chunks) for f in fields[1:]]
+    data = _interleave(fields)
+    chunks = fields[0].chunks
+    reach_of = [max(s.lo, s.hi) for s in plan.specs]
+    split = [a for a in range(1, data.ndim) if len(chunks[a]) > 1 and reach_of[a]]
+    reach = max([reach_of[a] for a in split], default=0)
+    K = default_halo_every(reach, [c for a in split for c in chunks[a]], spec.steps_per_save) \
+        if halo_every is None else int(halo_every)
+    if K < 1:
+        raise XStencilError(f"{call}: halo_every={halo_every!r} must be an int >= 1")
+    depth = tuple(K * reach_of[a] if a in split else 0 for a in range(data.ndim))
+    _check_chunks(call, plan, chunks, split, depth, K)
     periodic = tuple(s.mode == "periodic" for s in plan.specs)
     width = tuple((depth[a] + s.pad_lo, depth[a] + s.pad_hi) for a, s in enumerate(plan.specs))
-    coords, periods = padded_coords(spec, prep.obj, width, opts.get("period"))
-    coords = tuple(coords)
+    coords, periods = padded_coords(job, width)
     starts = tuple(tuple(int(v) for v in np.cumsum((0,) + tuple(c))[:-1]) for c in chunks)
-    dyn = tuple(np.asarray(x) for x in prep.dyn)
-    token = _token("xstencil-scan", kernels, bmesh, masks, spec, prep.static, dyn, coords,
-                   depth, data.name, prep.evolving, prep.check_finite)
+    dyn = tuple(np.asarray(x) for x in job.dyn)
+    token = _token(call, "xstencil-scan", job.kernels, bmesh, masks, spec, job.static, dyn,
+                   tuple(coords), depth, data.name, job.evolving, job.finite is not None)
     boundary = {a: "periodic" if periodic[a] and depth[a] else "none"
                 for a in range(data.ndim)}
     dd = {a: depth[a] for a in range(data.ndim)}
     state = data[:spec.k * V].rechunk({0: -1})
     inp = None if spec.grown else _interleave([time_padded(spec, f) for f in fields])
-    F = len(prep.forced)
-    forcing = None if not F else _interleave([
-        time_padded(spec, (f if is_dask(f) else dsa.from_array(np.asarray(f))).rechunk(chunks))
-        for f in prep.forcings])
+    F = len(job.forced)
+    forcing = None if not F else _interleave([time_padded(spec, _as_dask(f, chunks))
+                                              for f in job.forcings])
     dmasks = [dsa.from_array(m, chunks=((m.shape[0],),) + tuple(chunks[1:])) for m in masks]
-    dconsts = [(c if is_dask(c) else dsa.from_array(np.asarray(c))).rechunk(chunks[1:])[None]
-               for c in prep.consts]
+    dconsts = [_as_dask(c, chunks[1:])[None] for c in job.consts]
     saved = []
     for t, n, save in segments(spec, K):
-        fn = BlockScan(token, spec, kernels, bmesh, prep.static, dyn, coords, periods, width,
-                       depth, periodic, starts, t, n, inp is not None, F, len(dmasks),
-                       prep.evolving, prep.forced,
-                       (call, dim, prep.labels) if prep.check_finite else None, prep.tcoord)
+        fn = BlockScan(token, spec, job.hooks, job.kernels, bmesh, job.static, dyn,
+                       tuple(coords), periods, width, depth, periodic, starts, t, n,
+                       inp is not None, F, len(dmasks), job.evolving, job.forced, job.finite,
+                       job.tcoord)
         margs = [state] if inp is None else [state, inp[t * V:(t + n + spec.ahead) * V]]
         if forcing is not None:  # positions [t - k, t + n + ahead)
             margs.append(forcing[(t - spec.k) * F:(t + n + spec.ahead) * F])
@@ -282,6 +230,6 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
         if save:
             saved.append(state[-V:])
     if spec.every == 0:
-        return rewrap(prep, [state[-V + v] for v in range(V)])
+        return [state[-V + v] for v in range(V)]
     traj = dsa.concatenate([data[:spec.k * V]] + saved, axis=0)
-    return rewrap(prep, [traj[v::V] for v in range(V)])
+    return [traj[v::V] for v in range(V)]

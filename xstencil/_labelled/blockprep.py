@@ -1,7 +1,7 @@
 """Setting up a block scan (dask chunks, sharded devices) and labelling its result.
 
 :func:`setup` checks a scale-out scan and reduces it to a
-:class:`~xstencil._blockscan.ScanSpec` plus the arrays that travel: per
+:class:`~xstencil._backends.halo.ScanSpec` plus the arrays that travel: per
 variable that the kernels advance, its input with the scanned dim first; per
 other variable of a Dataset, a constant field.  :func:`rewrap` turns the
 saved slabs back into a DataArray or Dataset like the in-memory scan's.
@@ -24,8 +24,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from xstencil._blockscan import ScanSpec
+from xstencil._backends.halo import ScanSpec
+from xstencil._engine.call import precision, split_static
 from xstencil._errors import XStencilError
+from xstencil._labelled.core import Fields, prepare
+from xstencil._labelled.scan_setup import check_monotonic, grown_coord, padded_time, returned
 
 __all__ = ["Prepared", "setup", "saved_positions", "rewrap"]
 
@@ -94,89 +97,70 @@ def _field(obj: Any, name: str | None, dim: str, space: Sequence[str]) -> Any:
     return v.transpose(*space).data
 
 
-def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, args: Any,
-          kwargs: Any, *, window: Any = None, boundary: Any = "fill", fill_value: Any = None,
-          steps: Any = None, dt: Any = None, coord: Any = None, save_every: Any = 1,
-          period: Any = None, check_finite: bool = False, progress: bool = False,
-          checkpoint: bool = False, **unsupported: Any) -> Prepared:
-    """Validate a scale-out scan and reduce it to a :class:`ScanSpec`."""
-    from xstencil._engine.call import precision, split_static
-    from xstencil._labelled.core import Fields, prepare
-    from xstencil._labelled.scan_setup import check_monotonic, grown_coord, padded_time, returned
-
+def _check_call(call: str, kernels: Sequence[Callable[..., Any]], dim: Any, steps: Any,
+                unsupported: Mapping[str, Any]) -> int | None:
+    """The call's own arguments; returns ``steps`` as an int (or None)."""
     bad = {k: v for k, v in unsupported.items() if v not in (None, False)}
     if bad:
         raise XStencilError(
             f"{call}: {sorted(bad)!r} are not available for dask-backed or sharded scans; "
-            f"run in memory (.compute() the data, or drop mesh=) to use them")
+            f"run in memory (.compute() the data, or drop devices=) to use them")
     for kernel in kernels:
         if not callable(kernel):
             raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable")
     if not isinstance(dim, str):
         raise XStencilError(f"{call}: dim={dim!r} must be a dim name (str)")
-    every = _save_every(call, save_every)
-    names, space = _variables(call, obj, dim)
-    has_dim = dim in obj.dims
-    n0 = obj.sizes[dim] if has_dim else 0
-    if steps is not None:
-        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
-            raise XStencilError(f"{call}: steps={steps!r} must be an int >= 1")
-        steps = int(steps)
-    dims = (dim,) + space
-    b = dict(boundary) if isinstance(boundary, Mapping) else dict.fromkeys(dims, boundary)
-    tmode = b.get(dim, "fill")
-    b[dim] = "extend"
-    guess = (n0 or 1) + (steps or 0)
-    template = obj
-    if steps is not None:  # the grown trajectory's coords (dim's values come later;
-        # without dt= or coord= they are positions, as in memory)
-        coords = {str(n): v.variable for n, v in obj.coords.items() if dim not in v.dims}
-        coords[dim] = xr.Variable(dim, np.arange(guess, dtype=float))
-        template = xr.Dataset(coords=coords)
-    keys = names or (None,)
-    sizes = tuple(obj.sizes[d] for d in space)
+    if steps is None:
+        return None
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+        raise XStencilError(f"{call}: steps={steps!r} must be an int >= 1")
+    return int(steps)
 
-    def plan_for(evolve: Sequence[Any]) -> Any:
-        fields = [_field(obj, n, dim, space) for n in keys]
-        # growing: the advanced variables gain dim; scanning a trajectory: as they are
-        var_dims = tuple(dims if (n in evolve if steps is not None else
-                                  dim in (obj if n is None else obj[n]).dims)
-                         else space for n in keys)
-        arrays = [f if len(vd) == f.ndim else f[None] for f, vd in zip(fields, var_dims,
-                                                                        strict=True)]
-        f = Fields(template, dims, (guess,) + sizes, names, arrays, var_dims,
-                   tuple(np.dtype(a.dtype) for a in arrays))
-        return prepare(call, f, list(kernels), window=window, boundary=b, fill_value=fill_value,
-                       stride=None, output_dims=None, args=args, kwargs=kwargs)
 
-    plan = plan_for(keys)
+def _template(obj: Any, dim: str, steps: int | None, guess: int) -> Any:
+    """What the plan reads coordinates from: the input, or for a grown
+    trajectory its coords (dim's values come later; without dt= or coord=
+    they are positions, as in memory)."""
+    if steps is None:
+        return obj
+    coords = {str(n): v.variable for n, v in obj.coords.items() if dim not in v.dims}
+    coords[dim] = xr.Variable(dim, np.arange(guess, dtype=float))
+    return xr.Dataset(coords=coords)
+
+
+def _evolving(call: str, obj: Any, names: tuple[str, ...], plan: Any,
+              kernels: Sequence[Callable[..., Any]], dim: str, steps: int | None, args: Any,
+              kwargs: Any) -> tuple[str, ...]:
+    """The Dataset variables the kernels return (advance), checked."""
     dyn, static = split_static(call, (args, kwargs))
-    evolving: tuple[Any, ...] = (None,)
-    if names is not None:
-        with precision([obj[n].data for n in names], args, kwargs):
-            got = returned(call, plan, kernels, static, dyn)
-        evolving = tuple(got or ())
-        fixed = [n for n in names if n not in evolving]
-        timed = [n for n in fixed if dim in obj[n].dims]
-        if timed and steps is not None:
-            raise XStencilError(
-                f"{call}: {timed[0]!r} has dim {dim!r} but the kernel does not return it, and "
-                f"steps= grows the trajectory past its input; drop {dim!r} from it (a "
-                f"constant field), or scan a trajectory that holds it at every position")
-        lacking = [n for n in evolving if has_dim and dim not in obj[n].dims]
-        if lacking:
-            raise XStencilError(
-                f"{call}: the kernel advances {lacking[0]!r}, which has no {dim!r}; give it "
-                f"{dim!r} like the other advanced variables")
-        dtypes = {str(np.dtype(obj[n].dtype)) for n in evolving}
-        if len(dtypes) > 1:
-            raise XStencilError(
-                f"{call}: the advanced variables have dtypes {sorted(dtypes)!r}; dask-backed "
-                f"and sharded scans stack them, so give them one dtype (.astype(...))")
-        if steps is not None and len(evolving) < len(names):
-            plan = plan_for(evolving)
-    ts = plan.specs[0]
-    k, ahead = ts.lo, ts.hi
+    with precision([obj[n].data for n in names], args, kwargs):
+        got = returned(call, plan, kernels, static, dyn)
+    evolving = tuple(got or ())
+    fixed = [n for n in names if n not in evolving]
+    timed = [n for n in fixed if dim in obj[n].dims]
+    if timed and steps is not None:
+        raise XStencilError(
+            f"{call}: {timed[0]!r} has dim {dim!r} but the kernel does not return it, and "
+            f"steps= grows the trajectory past its input; drop {dim!r} from it (a "
+            f"constant field), or scan a trajectory that holds it at every position")
+    lacking = [n for n in evolving if dim in obj.dims and dim not in obj[n].dims]
+    if lacking:
+        raise XStencilError(
+            f"{call}: the kernel advances {lacking[0]!r}, which has no {dim!r}; give it "
+            f"{dim!r} like the other advanced variables")
+    dtypes = {str(np.dtype(obj[n].dtype)) for n in evolving}
+    if len(dtypes) > 1:
+        raise XStencilError(
+            f"{call}: the advanced variables have dtypes {sorted(dtypes)!r}; dask-backed "
+            f"and sharded scans stack them, so give them one dtype (.astype(...))")
+    return evolving
+
+
+def _positions(call: str, plan: Any, dim: str, space: tuple[str, ...], n0: int,
+               steps: int | None, every: int) -> tuple[int, int]:
+    """``(total, nsave)``: the positions along dim, initial ones included,
+    and the saved positions after the initial ones; checked."""
+    k = plan.specs[0].lo
     if k == 0:
         raise XStencilError(
             f"{call}: the kernel reads no earlier position along {dim!r} (such as "
@@ -207,21 +191,73 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
     if every and steps is not None and steps % every:
         raise XStencilError(f"{call}: steps={steps} is not a multiple of "
                             f"save_every={every}")
-    nsave = 1 if every == 0 else n_comp // every
-    plan = dataclasses.replace(plan, shape=(total,) + plan.shape[1:])
-    spec = ScanSpec(plan, dim, k, ahead, total, steps is not None, every, nsave, tmode)
+    return total, 1 if every == 0 else n_comp // every
+
+
+def _time(call: str, spec: ScanSpec, obj: Any, coord: Any, dt: Any, steps: int | None,
+          n0: int) -> tuple[dict[str, Any], Any]:
+    """The trajectory's coordinate along dim (if any) and, when the kernel
+    reads it, that coordinate padded as the kernel reads it."""
+    dim, plan = spec.dim, spec.plan
     if spec.grown:
-        coords = {dim: grown_coord(call, obj, dim, coord, dt, steps, n0, total)}
+        coords = {dim: grown_coord(call, obj, dim, coord, dt, steps, n0, spec.total)}
     else:
         coords = {dim: obj[dim].values} if dim in obj.coords else {}
-    tcoord = None
-    if spec.reads_time:
-        if dim not in coords:
-            raise XStencilError(
-                f"{call}: the kernel reads u.coord({dim!r}) but the trajectory has no {dim!r} "
-                f"coordinate; give the input one")
-        check_monotonic(call, dim, coords[dim])
-        tcoord = padded_time(call, plan, dim, coords[dim], k, ahead, tmode)
+    if not spec.reads_time:
+        return coords, None
+    if dim not in coords:
+        raise XStencilError(
+            f"{call}: the kernel reads u.coord({dim!r}) but the trajectory has no {dim!r} "
+            f"coordinate; give the input one")
+    check_monotonic(call, dim, coords[dim])
+    return coords, padded_time(call, plan, dim, coords[dim], spec.k, spec.ahead, spec.tmode)
+
+
+def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, args: Any,
+          kwargs: Any, *, window: Any = None, boundary: Any = "fill", fill_value: Any = None,
+          steps: Any = None, dt: Any = None, coord: Any = None, save_every: Any = 1,
+          period: Any = None, check_finite: bool = False, progress: bool = False,
+          checkpoint: bool = False, **unsupported: Any) -> Prepared:
+    """Validate a scale-out scan and reduce it to a :class:`ScanSpec`."""
+    steps = _check_call(call, kernels, dim, steps, unsupported)
+    every = _save_every(call, save_every)
+    names, space = _variables(call, obj, dim)
+    has_dim = dim in obj.dims
+    n0 = obj.sizes[dim] if has_dim else 0
+    dims = (dim,) + space
+    b = dict(boundary) if isinstance(boundary, Mapping) else dict.fromkeys(dims, boundary)
+    tmode = b.get(dim, "fill")
+    b[dim] = "extend"
+    guess = (n0 or 1) + (steps or 0)
+    template = _template(obj, dim, steps, guess)
+    keys = names or (None,)
+    sizes = tuple(obj.sizes[d] for d in space)
+
+    def plan_for(evolve: Sequence[Any]) -> Any:
+        fields = [_field(obj, n, dim, space) for n in keys]
+        # growing: the advanced variables gain dim; scanning a trajectory: as they are
+        var_dims = tuple(dims if (n in evolve if steps is not None else
+                                  dim in (obj if n is None else obj[n]).dims)
+                         else space for n in keys)
+        arrays = [f if len(vd) == f.ndim else f[None] for f, vd in zip(fields, var_dims,
+                                                                        strict=True)]
+        f = Fields(template, dims, (guess,) + sizes, names, arrays, var_dims,
+                   tuple(np.dtype(a.dtype) for a in arrays))
+        return prepare(call, f, list(kernels), window=window, boundary=b, fill_value=fill_value,
+                       stride=None, output_dims=None, args=args, kwargs=kwargs)
+
+    plan = plan_for(keys)
+    dyn, static = split_static(call, (args, kwargs))
+    evolving: tuple[Any, ...] = (None,)
+    if names is not None:
+        evolving = _evolving(call, obj, names, plan, kernels, dim, steps, args, kwargs)
+        if steps is not None and len(evolving) < len(names):
+            plan = plan_for(evolving)
+    total, nsave = _positions(call, plan, dim, space, n0, steps, every)
+    plan = dataclasses.replace(plan, shape=(total,) + plan.shape[1:])
+    ts = plan.specs[0]
+    spec = ScanSpec(plan, dim, ts.lo, ts.hi, total, steps is not None, every, nsave, tmode)
+    coords, tcoord = _time(call, spec, obj, coord, dt, steps, n0)
     datas = [_field(obj, n, dim, space) for n in evolving]
     datas = [d if has_dim else d[None] for d in datas]
     others = [n for n in (names or ()) if n not in evolving]
