@@ -43,21 +43,27 @@ from xstencil._errors import XStencilError
 from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
 from xstencil._labelled.kcache import compiled
 from xstencil._labelled.plan import Plan
-from xstencil._labelled.scan_result import call_with_progress, finite, rewrap
+from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite, rewrap
 from xstencil._labelled.scan_setup import (
     Opts,
     Setup,
+    check_dt,
     check_monotonic,
     engine_vars,
     evolving_indices,
     make_loop,
     returned,
     setup,
+    size_text,
     time_coord,
 )
 from xstencil._labelled.scan_step import run_step
 
-__all__ = ["scan", "scan_mesh"]
+__all__ = ["scan", "scan_mesh", "MAX_STEPS"]
+
+#: The most steps one scan runs: loop positions are int32 on the device.
+MAX_STEPS = 2**31 - 2**16
+
 
 
 def _options(call: str, dim: Any, window: Any, boundary: Any, fill_value: Any, steps: Any,
@@ -70,6 +76,13 @@ def _options(call: str, dim: Any, window: Any, boundary: Any, fill_value: Any, s
             raise XStencilError(f"{call}: steps={steps!r} must be an int >= 1 (the number of "
                                 f"new positions to compute along {dim!r})")
         steps = int(steps)
+        if steps > MAX_STEPS:
+            raise XStencilError(
+                f"{call}: steps={steps!r} is more than a scan can run: the loop counts "
+                f"positions in int32, so at most {MAX_STEPS} steps, and the {dim!r} "
+                f"coordinate alone would need {size_text(8 * (steps + 1))} (int64); split the "
+                f"run into several scans of at most {MAX_STEPS} steps (save_every='last' "
+                f"each, continuing from the last state)")
     if save_every == "last":
         every = 0
     elif isinstance(save_every, numbers.Integral) and not isinstance(save_every, bool):
@@ -92,6 +105,8 @@ def _options(call: str, dim: Any, window: Any, boundary: Any, fill_value: Any, s
                             f"trajectory; they need steps=N")
     if dt is not None and coord is not None:
         raise XStencilError(f"{call}: pass dt= or coord=, not both")
+    if dt is not None:
+        check_dt(call, dt)
     return Opts(dim, window, boundary, fill_value, steps, dt, coord, every, bool(progress),
                  bool(checkpoint), bool(check_finite), period)
 
@@ -283,6 +298,8 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
         loop = make_loop(s, o)
         arrays = [_input(x, vd, dim) for x, vd in zip(s.f.arrays, plan.var_dims, strict=True)]
         init = [_initial(arrays[i], s, variables[i]) for i in evolving]
+        if o.check_finite:
+            initial_finite(call, init, dim, s.k)
         slab_avals = [jax.ShapeDtypeStruct(
             tuple(plan.shape[plan.axis(d)] for d in vd if d != dim), np.dtype(dt))
             for vd, dt in zip(plan.var_dims, plan.var_dtypes, strict=True)]

@@ -6,6 +6,8 @@ kernel advances, and the engine's :class:`~xstencil._engine.tscan.Var` and
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,7 +25,31 @@ from xstencil._labelled.plan import Plan
 
 __all__ = ["Opts", "Setup", "grown_coord", "setup", "engine_vars", "returned",
            "evolving_indices", "time_coord", "padded_time", "coord_dtype", "check_monotonic",
-           "make_loop"]
+           "make_loop", "check_dt", "size_text", "check_size"]
+
+
+def size_text(n: float) -> str:
+    """``n`` bytes in words: ``"7.3 TiB"``."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def check_dt(call: str, dt: Any) -> None:
+    """``dt=`` must be one positive, finite real number or timedelta."""
+    ok = False
+    if isinstance(dt, np.timedelta64 | datetime.timedelta):
+        td = np.timedelta64(dt)
+        ok = not np.isnat(td) and td > np.timedelta64(0, td.dtype.str[-2:-1] or "s")
+    elif isinstance(dt, numbers.Real) and not isinstance(dt, bool):
+        ok = bool(np.isfinite(dt) and dt > 0)
+    if not ok:
+        raise XStencilError(
+            f"{call}: dt={dt!r:.60} must be one positive, finite spacing between positions: "
+            f"a real number (e.g. dt=0.5) or a timedelta for a datetime coordinate (e.g. "
+            f"dt=np.timedelta64(6, 'h')); for irregular positions pass coord= instead")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,30 +81,45 @@ def _time_boundary(boundary: Any, dim: str) -> tuple[Any, str]:
 def grown_coord(call: str, obj: Any, dim: str, coord: Any, dt: Any, steps: int, n0: int,
                 total: int) -> np.ndarray:
     """The coordinate along ``dim`` of a trajectory grown by ``steps=``: from
-    ``coord=``, from ``dt=``, continuing the input's spacing, or positions."""
+    ``coord=``, from ``dt=``, continuing the input's spacing, or positions.
+
+    A scalar coordinate ``dim`` (as left by ``obj.isel(time=-1)``) labels the
+    initial position, so the new positions continue from it."""
     have = obj[dim].values if n0 and dim in obj.coords else None
+    if not n0 and dim in obj.coords and obj[dim].ndim == 0:
+        have = np.asarray(obj[dim].values)[None]
+    n_have = 0 if have is None else len(have)
     if coord is not None:
         c = np.asarray(coord)
-        if c.ndim != 1 or len(c) not in (total, total - n0) or (len(c) == total - n0
-                                                                and n0 and have is None):
+        if c.ndim != 1 or len(c) not in (total, total - n_have) or (
+                len(c) == total - n0 and n0 and have is None):
             raise XStencilError(
                 f"{call}: coord= has shape {c.shape}; give {total} values (the initial "
-                f"position(s) and steps={steps}) or {total - n0} values for the new ones")
-        return c if len(c) == total else np.concatenate([have, c]) if n0 else c
+                f"position(s) and steps={steps}) or {total - n_have} values for the new ones")
+        return c if len(c) == total else np.concatenate([have, c]) if n_have else c
     if dt is not None:
+        kind = None if have is None else have.dtype.kind
+        timed = isinstance(dt, np.timedelta64 | datetime.timedelta)
+        if kind is not None and (kind in "Mm") != timed:
+            want = ("a timedelta, e.g. dt=np.timedelta64(6, 'h')" if kind in "Mm" else
+                    "a number, e.g. dt=0.5")
+            raise XStencilError(
+                f"{call}: dt={dt!r:.60} does not fit the {dim!r} coordinate of dtype "
+                f"{have.dtype}; pass {want}")
+        if timed:
+            dt = np.timedelta64(dt)
         if have is not None:
-            start = have[-1]
-            return np.concatenate([have, start + dt * np.arange(1, total - n0 + 1)])
-        base = np.zeros((), dtype=np.asarray(dt).dtype) if isinstance(
-            dt, np.timedelta64) else 0
+            new = have[-1] + dt * np.arange(1, total - n_have + 1)
+            return np.concatenate([have, new])
+        base = np.zeros((), dtype=dt.dtype) if timed else 0
         return base + dt * np.arange(total)
     if have is not None:
-        if n0 < 2:
+        if n_have < 2:
             raise XStencilError(
                 f"{call}: the input has a {dim!r} coordinate; pass dt= (a spacing) or coord= "
                 f"(values) to continue it for steps={steps}")
         d = have[-1] - have[-2]
-        return np.concatenate([have, have[-1] + d * np.arange(1, total - n0 + 1)])
+        return np.concatenate([have, have[-1] + d * np.arange(1, total - n_have + 1)])
     return np.arange(total)  # step numbers
 
 
@@ -156,10 +197,29 @@ def setup(call: str, obj: Any, kernels: Sequence[Any], o: Opts, args: Any,
                            fill_value=o.fill_value, stride=None, output_dims=None,
                            args=args, kwargs=kwargs)
     total = f.shape[f.dims.index(dim)]
+    if o.steps is None and k == 0:
+        raise XStencilError(
+            f"{call}: the kernel reads no earlier position along {dim!r} (such as "
+            f"u({dim}=-1)); there is nothing to scan. Read the previous value u({dim}=-1), "
+            f"or use .stencil.map(...) for a kernel that does not step along {dim!r}")
     if o.steps is None and total < k:
         raise XStencilError(
             f"{call}: the window reaches {k} positions back along {dim!r}, which has only "
             f"{total}; the first {k} positions are the initial conditions")
+    n_comp = total - k
+    if o.steps is None and o.save_every and o.save_every > n_comp:
+        raise XStencilError(
+            f"{call}: save_every={o.save_every} is larger than the {n_comp} positions to "
+            f"compute along {dim!r}, so nothing would be computed; use "
+            f"save_every<={n_comp} or save_every='last'")
+    if o.steps is None and o.save_every and n_comp % o.save_every:
+        fit = max(e for e in range(1, o.save_every + 1) if n_comp % e == 0)
+        raise XStencilError(
+            f"{call}: the {n_comp} positions to compute along {dim!r} (positions {k}.."
+            f"{total - 1}) are not a multiple of save_every={o.save_every}, so the last "
+            f"{n_comp % o.save_every} would be neither computed nor returned; use "
+            f"save_every={fit} or 'last', or trim the input (obj.isel({dim}=slice(0, "
+            f"{total - n_comp % o.save_every})))")
     if tmode not in ("fill", "extend") or spec.hi and tmode == "fill":
         b = dict(o.boundary) if isinstance(o.boundary, Mapping) else dict.fromkeys(
             f.dims, o.boundary)
