@@ -12,16 +12,28 @@ such as ``x(x=1) - x(x=-1)`` stay meaningful at the edges:
 
 Datetime coordinates become float seconds since their first value, and
 timedelta coordinates float seconds.
+
+Precision: every value, halo and period is computed here in float64.  A
+kernel reads coordinates in the data's float dtype; below float64 (or with
+JAX's x64 off) each value travels as a float32 pair ``hi + lo`` (packed in a
+complex64, see :func:`pack_coord`), so the difference of two reads is exact
+to float32 precision (about 1e-7 relative), however large the values are.
+A dim with a single position has no spacing: its halo is NaN, and a kernel
+read off the centre raises (:class:`xstencil._engine.window.CoordWindow`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import jax
 import numpy as np
 
 from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
-__all__ = ["numeric_coord", "coord_period", "pad_coord"]
+__all__ = ["numeric_coord", "coord_period", "pad_coord", "read_dtype", "pack_coord"]
 
 
 def numeric_coord(call: str, dim: str, values: np.ndarray) -> np.ndarray | None:
@@ -47,7 +59,7 @@ def coord_period(call: str, dim: str, c: np.ndarray, period: float | None) -> fl
             f"{call}: coordinate {dim!r} is not uniformly spaced, so its period across "
             f"the periodic boundary cannot be inferred; pass period={{{dim!r}: ...}}"
         )
-    return float(len(c) * d[0]) if len(d) else 1.0
+    return float(len(c) * d[0]) if len(d) else float("nan")  # one position: no period
 
 
 def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,
@@ -58,8 +70,9 @@ def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,
         return c
     p = np.arange(-lo, n + hi)
     if mode in ("fill", "extend", "valid") or n == 1:
-        d_lo = c[1] - c[0] if n > 1 else 1.0
-        d_hi = c[-1] - c[-2] if n > 1 else 1.0
+        one = period if n == 1 and mode == "periodic" and period is not None else np.nan
+        d_lo = c[1] - c[0] if n > 1 else one  # one position: no spacing to extend by
+        d_hi = c[-1] - c[-2] if n > 1 else one
         return np.where(p < 0, c[0] + p * d_lo,
                         np.where(p >= n, c[-1] + (p - n + 1) * d_hi, c[np.clip(p, 0, n - 1)]))
     idx = source_index(p, n, mode)
@@ -73,3 +86,27 @@ def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,
         m_hi = c[-1] + (c[-1] - c[-2]) / 2
         left, right = 2 * m_lo - c[idx], 2 * m_hi - c[idx]
     return np.where(p < 0, left, np.where(p >= n, right, c[idx]))
+
+
+def read_dtype(var_dtypes: Sequence[Any]) -> np.dtype:
+    """The float dtype a kernel reads coordinates in: the data's float dtype
+    (float32 for integer data; the real dtype of complex data)."""
+    cdt = np.result_type(*[dt if np.dtype(dt).kind in "fc" else np.float32
+                           for dt in var_dtypes])
+    if np.dtype(cdt).kind == "c":
+        cdt = np.float64 if np.dtype(cdt).itemsize == 16 else np.float32
+    return np.dtype(cdt)
+
+
+def pack_coord(values: np.ndarray, dtype: Any) -> np.ndarray:
+    """Coordinate ``values`` (float64) as the kernel's coordinate source for
+    reads in ``dtype``: float64 itself when the device holds float64, else the
+    float32 pair ``hi + 1j * lo`` with ``hi + lo == values`` to float64
+    precision, so that differences of reads stay exact."""
+    c = np.asarray(values, np.float64)
+    if np.dtype(dtype).itemsize >= 8 and jax.config.read("jax_enable_x64"):
+        return c
+    hi = c.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        lo = np.where(np.isfinite(c), c - hi.astype(np.float64), 0.0).astype(np.float32)
+    return (hi + 1j * lo).astype(np.complex64)

@@ -19,7 +19,7 @@ import xarray as xr
 from xstencil import _progress
 from xstencil._engine.tscan import Loop, Var
 from xstencil._errors import XStencilError
-from xstencil._labelled.coords import numeric_coord, pad_coord
+from xstencil._labelled.coords import numeric_coord, pack_coord, pad_coord, read_dtype
 from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
 from xstencil._labelled.plan import Plan
 
@@ -265,7 +265,8 @@ def returned(call: str, plan: Plan, kernels: Sequence[Any], static: Any,
     cells = [jax.ShapeDtypeStruct(
         tuple(plan.specs[plan.axis(d)].size for d in vd if d in plan.window_dims), np.dtype(dt))
         for vd, dt in zip(plan.var_dims, plan.var_dtypes, strict=True)]
-    cells += [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), coord_dtype(plan))
+    cdt = pack_coord(np.zeros(0), coord_dtype(plan)).dtype
+    cells += [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), cdt)
               for d in plan.coord_dims]
     names: list[str] | None = None
     for kn in kernels:
@@ -327,16 +328,12 @@ def padded_time(call: str, plan: Plan, dim: str, values: Any, lo: int, hi: int,
     (extended linearly unless the dim's boundary is ``fill``)."""
     c = numeric_coord(call, dim, np.asarray(values))
     mode = tmode if tmode in ("fill", "extend") else "extend"
-    return np.asarray(pad_coord(call, dim, c, lo, hi, mode), dtype=coord_dtype(plan))
+    return pack_coord(pad_coord(call, dim, c, lo, hi, mode), coord_dtype(plan))
 
 
 def coord_dtype(plan: Plan) -> Any:
     """The float dtype coordinates are read in (as in :func:`coord_arrays`)."""
-    cdt = np.result_type(*[dt if np.dtype(dt).kind in "fc" else np.float32
-                           for dt in plan.var_dtypes])
-    if np.dtype(cdt).kind == "c":
-        cdt = np.float64 if np.dtype(cdt).itemsize == 16 else np.float32
-    return np.dtype(cdt)
+    return read_dtype(plan.var_dtypes)
 
 
 def check_monotonic(call: str, dim: str, tvals: Any) -> None:
