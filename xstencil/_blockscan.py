@@ -42,7 +42,7 @@ from xstencil._blockmesh import BlockMesh, mesh_step
 from xstencil._engine.boundary import pad
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._errors import XStencilError
-from xstencil._labelled.coords import numeric_coord, pad_coord
+from xstencil._labelled.coords import numeric_coord, pack_coord, pad_coord
 from xstencil._labelled.plan import Plan
 
 __all__ = ["ScanSpec", "run_steps", "segments", "padded_coords", "time_padded", "scale_out"]
@@ -122,8 +122,8 @@ def padded_coords(spec: ScanSpec, obj: Any, width: Sequence[tuple[int, int]],
         c = numeric_coord(plan.call, d, np.asarray(obj[d].values))
         mode = plan.specs[a].mode
         per = None if period is None else period.get(d)
-        out.append(np.asarray(pad_coord(plan.call, d, c, width[a][0], width[a][1], mode, per),
-                              dtype=cdt))
+        out.append(pack_coord(pad_coord(plan.call, d, c, width[a][0], width[a][1], mode, per),
+                              cdt))
         periods.append(coord_period(plan.call, d, c, per) if mode == "periodic" else None)
     return out, tuple(periods)
 

@@ -48,7 +48,7 @@ from xstencil._engine.call import precision, split_static
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._errors import XStencilError
-from xstencil._labelled.coords import numeric_coord, pad_coord
+from xstencil._labelled.coords import numeric_coord, pack_coord, pad_coord
 from xstencil._labelled.plan import Plan
 
 __all__ = ["is_dask", "any_dask", "map_dask", "compile_count", "clear_cache"]
@@ -309,7 +309,7 @@ def _coords(plan: Plan, f: Any, axes: Sequence[_Axis],
         mode = s.mode if s.mode != "valid" else "fill"
         p = pad_coord(plan.call, d, c, depth, depth, mode,
                       None if period is None else period.get(d))
-        out.append(np.asarray(p, dtype=cdt))
+        out.append(pack_coord(p, cdt))
     return tuple(out)
 
 

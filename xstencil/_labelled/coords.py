@@ -14,8 +14,7 @@ Datetime coordinates become float seconds since their first value, and
 timedelta coordinates float seconds.
 
 Precision: every value, halo and period is computed here in float64.  A
-kernel reads coordinates in the data's float dtype; below float64 (or with
-JAX's x64 off) each value travels as a float32 pair ``hi + lo`` (packed in a
+kernel reads coordinates in the data's float dtype; below float64 each value travels as a float32 pair ``hi + lo`` (packed in a
 complex64, see :func:`pack_coord`), so the difference of two reads is exact
 to float32 precision (about 1e-7 relative), however large the values are.
 A dim with a single position has no spacing: its halo is NaN, and a kernel
@@ -27,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from xstencil._engine.boundary import source_index
@@ -100,11 +98,11 @@ def read_dtype(var_dtypes: Sequence[Any]) -> np.dtype:
 
 def pack_coord(values: np.ndarray, dtype: Any) -> np.ndarray:
     """Coordinate ``values`` (float64) as the kernel's coordinate source for
-    reads in ``dtype``: float64 itself when the device holds float64, else the
+    reads in ``dtype``: float64 itself for float64 reads, else the
     float32 pair ``hi + 1j * lo`` with ``hi + lo == values`` to float64
     precision, so that differences of reads stay exact."""
     c = np.asarray(values, np.float64)
-    if np.dtype(dtype).itemsize >= 8 and jax.config.read("jax_enable_x64"):
+    if np.dtype(dtype).itemsize >= 8:  # float64 data computes in float64 (x64 scoped on)
         return c
     hi = c.astype(np.float32)
     with np.errstate(invalid="ignore"):
