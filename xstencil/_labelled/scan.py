@@ -56,6 +56,7 @@ from xstencil._labelled.scan_setup import (
     setup,
     size_text,
     time_coord,
+    time_placeholder,
 )
 from xstencil._labelled.scan_step import run_step
 
@@ -293,7 +294,8 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
         spatial = dataclasses.replace(plan, coord_dims=tuple(d for d in plan.coord_dims
                                                              if d != dim))
         coords = [jnp.asarray(c) for c in coord_arrays(spatial, s.f, o.period)]
-        tcoord = time_coord(call, s, o)
+        # the padded time coordinate is as long as the trajectory: built only if read
+        tcoord = time_placeholder(s, o)
         variables = engine_vars(s, dim, evolving)
         loop = make_loop(s, o)
         arrays = [_input(x, vd, dim) for x, vd in zip(s.f.arrays, plan.var_dims, strict=True)]
@@ -324,6 +326,7 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
                     f"there is no input there; read the previous value {what}({dim}=-1)")
         if t_used:
             check_monotonic(call, dim, s.tvals)
+            tcoord = time_coord(call, s, o)
         if mesh is not None:
             regions, masks = mesh.regions(plan, dim)
         else:

@@ -4,6 +4,7 @@ positions as a DataArray or Dataset."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,12 +30,19 @@ def call_with_progress(fn: Any, runargs: Any, every: int, steps: int, call: str)
     with _progress.Progress(steps, call.split("(")[0]) as p:
         try:
             out = fn(*runargs, jnp.asarray(p.token, jnp.int32))
+            # wait in Python, not inside the runtime, so that a Ctrl-C runs its handler
+            # (which the next progress update turns into an abort of the loop)
+            leaves = [x for x in jax.tree_util.tree_leaves(out) if hasattr(x, "is_ready")]
+            while not all(x.is_ready() for x in leaves):
+                time.sleep(0.02)
             jax.block_until_ready(out)
         except jax.errors.JaxRuntimeError as e:
-            # Ctrl-C inside the progress callback surfaces wrapped by the runtime
-            if "KeyboardInterrupt" in str(e):
+            # Ctrl-C: the progress callback aborted the loop (see xstencil._progress)
+            if p.interrupted:
                 raise KeyboardInterrupt from e
             raise
+        if p.interrupted:  # Ctrl-C after the last update: the run finished anyway
+            raise KeyboardInterrupt
     return out
 
 

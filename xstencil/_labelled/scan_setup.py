@@ -22,19 +22,11 @@ from xstencil._errors import XStencilError
 from xstencil._labelled.coords import numeric_coord, pack_coord, pad_coord, read_dtype
 from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
 from xstencil._labelled.plan import Plan
+from xstencil._labelled.sizes import check_fits, check_inputs, size_text
 
 __all__ = ["Opts", "Setup", "grown_coord", "setup", "engine_vars", "returned",
            "evolving_indices", "time_coord", "padded_time", "coord_dtype", "check_monotonic",
-           "make_loop", "check_dt", "size_text", "check_size"]
-
-
-def size_text(n: float) -> str:
-    """``n`` bytes in words: ``"7.3 TiB"``."""
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
+           "make_loop", "time_placeholder", "check_dt", "size_text"]
 
 
 def check_dt(call: str, dt: Any) -> None:
@@ -226,6 +218,16 @@ def setup(call: str, obj: Any, kernels: Sequence[Any], o: Opts, args: Any,
         b[dim] = tmode
         plan = prepare(call, f, kernels, window=o.window, boundary=b, fill_value=o.fill_value,
                        stride=None, output_dims=None, args=args, kwargs=kwargs)
+    check_inputs(call, f.names or (None,), f.arrays)
+    every = o.save_every
+    saves = 1 if not every else k + (total - k) // every
+    slab = sum(int(np.prod([n for d, n in zip(f.dims, f.shape, strict=True)
+                            if d in plan.var_dims[i] and d != dim]))
+               * np.dtype(plan.var_dtypes[i]).itemsize for i in range(len(plan.var_dims))
+               if dim in plan.var_dims[i])
+    check_fits(call, saves * slab, f"the saved trajectory ({saves} positions along {dim!r})",
+               "save fewer positions (save_every=..., or 'last'), or run the scan on "
+               "dask-backed data (.chunk(...)) or in shorter pieces")
     for d, s in zip(plan.dims, plan.specs, strict=True):
         if s.mode == "valid" and d != dim and (s.lo or s.hi):
             raise XStencilError(
@@ -319,6 +321,17 @@ def time_coord(call: str, s: Setup, o: Opts) -> Any:
         return None
     spec = plan.specs[plan.axis(o.dim)]
     return jnp.asarray(padded_time(call, plan, o.dim, s.tvals, spec.lo, spec.hi, s.tmode))
+
+
+def time_placeholder(s: Setup, o: Opts) -> Any:
+    """A stand-in for :func:`time_coord` (``None`` where that is ``None``), one
+    window long, for a kernel that does not read the time coordinate."""
+    plan = s.plan
+    if o.dim not in plan.coord_dims or s.tvals is None:
+        return None
+    spec = plan.specs[plan.axis(o.dim)]
+    cdt = pack_coord(np.zeros(0), coord_dtype(plan)).dtype
+    return jnp.zeros((spec.lo + spec.hi + 1,), cdt)
 
 
 def padded_time(call: str, plan: Plan, dim: str, values: Any, lo: int, hi: int,
