@@ -19,6 +19,7 @@ from xstencil._errors import KernelError as KernelError
 from xstencil._errors import LabelError as LabelError
 from xstencil._errors import WindowIndexError as WindowIndexError
 from xstencil._errors import XStencilError as XStencilError
+from xstencil import _fork as _fork
 from xstencil._labelled import pytree as _pytree
 from xstencil._labelled.map import map as map
 from xstencil._labelled.mesh import Mesh as Mesh
