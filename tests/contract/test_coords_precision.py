@@ -103,3 +103,33 @@ def test_size_one_dim_invents_no_spacing():
     out = a.stencil.map(lambda u: u.coord("y")() + u.coord("x")(x=1) - u.coord("x")(),
                         window={"y": 3, "x": 3}, boundary="periodic")
     np.testing.assert_allclose(out.values, 46.0)
+
+
+TZ_TIMES = pd.date_range("2000-01-01", periods=4, freq="6h", tz="Europe/Paris")
+
+
+def test_timezone_aware_time_coordinate_reads_as_seconds():
+    """Used to fail with a TypeError inside coords.py."""
+    a = xr.DataArray(np.zeros((4, 2), np.float32), dims=("time", "x"),
+                     coords={"time": TZ_TIMES})
+    d = a.stencil.map(forward_difference("time"), window={"time": (0, 1)}, boundary="extend")
+    np.testing.assert_allclose(d.values, 21600.0)
+    out = a.stencil.scan(lambda u: u(time=-1) + u.coord("time")(), dim="time")
+    np.testing.assert_allclose(out.values[:, 0], np.cumsum([0.0, 21600, 43200, 64800]))
+
+
+def test_timezone_aware_time_coordinate_is_not_grown_silently():
+    a = xr.DataArray(np.zeros((4, 2)), dims=("time", "x"), coords={"time": TZ_TIMES})
+    with pytest.raises(XStencilError, match=r"'time' coordinate is timezone-aware; continuing "
+                                            r"it with steps= would silently drop the timezone"
+                                            r".*tz_convert\(None\)"):
+        a.isel(time=[-1]).stencil.scan(lambda u: u(time=-1) + 1, dim="time", steps=2,
+                                       dt=np.timedelta64(6, "h"))
+
+
+def test_a_coordinate_that_is_not_numeric_is_named():
+    a = xr.DataArray(np.zeros((3, 2)), dims=("time", "x"),
+                     coords={"time": np.array([1, 2, 3], object)})
+    a["time"] = ("time", np.array(["a", "b", "c"], object))
+    out = a.stencil.map(lambda u: u(time=1), boundary="extend")  # not read: fine
+    np.testing.assert_allclose(out.values, 0.0)

@@ -23,20 +23,36 @@ read off the centre raises (:class:`xstencil._engine.window.CoordWindow`).
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
-__all__ = ["numeric_coord", "coord_period", "pad_coord", "read_dtype", "pack_coord"]
+__all__ = ["coord_values", "numeric_coord", "coord_period", "pad_coord", "read_dtype", "pack_coord"]
+
+
+def coord_values(v: Any) -> np.ndarray:
+    """A coordinate variable's values as numpy; a timezone-aware datetime
+    index as UTC datetime64 (without pandas' deprecated ``.values``)."""
+    if getattr(v.dtype, "tz", None) is not None:
+        idx = v.to_index() if getattr(v, "ndim", 1) == 1 else pd.DatetimeIndex([v.item()])
+        out = idx.tz_convert(None).to_numpy()
+        return out if getattr(v, "ndim", 1) == 1 else out[0]
+    return np.asarray(v.values)
 
 
 def numeric_coord(call: str, dim: str, values: np.ndarray) -> np.ndarray | None:
     """The coordinate as float64, or ``None`` if it is not numeric."""
     values = np.asarray(values)
+    if values.dtype.kind == "O" and values.size and all(
+            isinstance(v, datetime.datetime) for v in values.ravel()):
+        # a timezone-aware index: xarray gives naive UTC datetimes
+        values = values.astype("datetime64[us]")
     if values.dtype.kind == "M":
         return (values - values[0]) / np.timedelta64(1, "s")
     if values.dtype.kind == "m":
@@ -63,6 +79,11 @@ def coord_period(call: str, dim: str, c: np.ndarray, period: float | None) -> fl
 def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,
               period: float | None = None) -> np.ndarray:
     """The coordinate ``c`` with ``lo``/``hi`` halo points for ``mode``."""
+    if c is None:
+        raise XStencilError(
+            f"{call}: coordinate {dim!r} cannot be read as numbers by u.coord({dim!r}) "
+            f"(numbers, datetimes and timedeltas can); convert it (e.g. to datetime64 or to "
+            f"float seconds) with obj.assign_coords({dim}=...)")
     n = len(c)
     if lo == 0 and hi == 0:
         return c

@@ -18,7 +18,13 @@ from xstencil._engine.call import as_array, merge_static, precision, split_stati
 from xstencil._engine.lower import Source
 from xstencil._engine.window import CoordWindow, Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
-from xstencil._labelled.coords import numeric_coord, pack_coord, pad_coord, read_dtype
+from xstencil._labelled.coords import (
+    coord_values,
+    numeric_coord,
+    pack_coord,
+    pad_coord,
+    read_dtype,
+)
 from xstencil._labelled.kcache import canonical, compiled
 from xstencil._labelled.plan import (
     Plan,
@@ -166,7 +172,7 @@ def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> l
     variables = f.obj.coords.variables
     for d in plan.coord_dims:
         s = plan.specs[plan.axis(d)]
-        c = numeric_coord(plan.call, d, variables[d].values)
+        c = numeric_coord(plan.call, d, coord_values(variables[d]))
         p = pad_coord(plan.call, d, c, s.pad_lo, s.pad_hi, s.mode,
                       None if period is None else period.get(d))
         out.append(pack_coord(p, cdt))

@@ -27,6 +27,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import is_wide, precision, split_static
+from xstencil._labelled.coords import coord_values
 from xstencil._labelled.core import Fields, coord_arrays, host64, replace_data, rewrap
 from xstencil._labelled.kcache import table_of
 from xstencil._labelled.plan import Plan
@@ -102,7 +103,7 @@ def lookup(kernel: Any, sig: Hashable, obj: xr.DataArray) -> Entry | None:
             variables = obj.coords.variables
             for d, old in zip(entry.plan.coord_dims, entry.values, strict=True):
                 v = variables.get(d)
-                if v is None or v.dims != (d,) or not np.array_equal(v.values, old):
+                if v is None or v.dims != (d,) or not np.array_equal(coord_values(v), old):
                     return None
             entry = entry._replace(sources=now)
             table[("fast", sig)] = entry
@@ -139,7 +140,7 @@ def remember(kernel: Any, sig: Hashable | None, obj: Any, plan: Plan, f: Fields,
         with precision(f.arrays, args, kwargs):  # keep host copies, never leak tracers
             coords = [np.asarray(c) for c in coord_arrays(plan, f, period)]
     variables = obj.coords.variables
-    values = tuple(np.asarray(variables[d].values) for d in plan.coord_dims)
+    values = tuple(coord_values(variables[d]) for d in plan.coord_dims)
     index = plan.input_index()
     simple = not plan.output_dims and all(
         s == slice(0, n, 1) for s, n in zip(index.values(), plan.shape, strict=True))

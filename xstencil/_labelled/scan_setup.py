@@ -19,7 +19,13 @@ import xarray as xr
 from xstencil import _progress
 from xstencil._engine.tscan import Loop, Var
 from xstencil._errors import XStencilError
-from xstencil._labelled.coords import numeric_coord, pack_coord, pad_coord, read_dtype
+from xstencil._labelled.coords import (
+    coord_values,
+    numeric_coord,
+    pack_coord,
+    pad_coord,
+    read_dtype,
+)
 from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.sizes import check_fits, check_inputs, size_text
@@ -77,9 +83,9 @@ def grown_coord(call: str, obj: Any, dim: str, coord: Any, dt: Any, steps: int, 
 
     A scalar coordinate ``dim`` (as left by ``obj.isel(time=-1)``) labels the
     initial position, so the new positions continue from it."""
-    have = obj[dim].values if n0 and dim in obj.coords else None
+    have = coord_values(obj[dim].variable) if n0 and dim in obj.coords else None
     if not n0 and dim in obj.coords and obj[dim].ndim == 0:
-        have = np.asarray(obj[dim].values)[None]
+        have = np.asarray(coord_values(obj[dim].variable))[None]
     n_have = 0 if have is None else len(have)
     if coord is not None:
         c = np.asarray(coord)
@@ -89,6 +95,13 @@ def grown_coord(call: str, obj: Any, dim: str, coord: Any, dt: Any, steps: int, 
                 f"{call}: coord= has shape {c.shape}; give {total} values (the initial "
                 f"position(s) and steps={steps}) or {total - n_have} values for the new ones")
         return c if len(c) == total else np.concatenate([have, c]) if n_have else c
+    if dim in obj.coords and _tz_aware(obj[dim]):
+        fix = (f"obj.assign_coords({dim}=obj.indexes[{dim!r}].tz_convert(None))"
+               if dim in obj.indexes else f"obj.assign_coords({dim}=<UTC datetime64 values>)")
+        raise XStencilError(
+            f"{call}: the {dim!r} coordinate is timezone-aware; continuing it with steps= "
+            f"would silently drop the timezone. Convert it to UTC first ({fix}), or pass "
+            f"coord= with the new values")
     if dt is not None:
         kind = None if have is None else have.dtype.kind
         timed = isinstance(dt, np.timedelta64 | datetime.timedelta)
@@ -113,6 +126,14 @@ def grown_coord(call: str, obj: Any, dim: str, coord: Any, dt: Any, steps: int, 
         d = have[-1] - have[-2]
         return np.concatenate([have, have[-1] + d * np.arange(1, total - n_have + 1)])
     return np.arange(total)  # step numbers
+
+
+def _tz_aware(c: Any) -> bool:
+    """A timezone-aware datetime coordinate (xarray reads it as objects)."""
+    if getattr(c.dtype, "tz", None) is not None:
+        return True
+    v = coord_values(c.variable).ravel()
+    return c.dtype.kind == "O" and bool(v.size) and isinstance(v[0], datetime.datetime)
 
 
 @dataclasses.dataclass
@@ -140,7 +161,7 @@ def _fields(call: str, obj: Any, o: Opts, evolve: Sequence[str] | None,
             raise XStencilError(
                 f"{call}: dimension {dim!r} not found; available dims are {f.dims!r} (to grow "
                 f"a trajectory from an initial state without {dim!r}, pass steps=N)")
-        tv = obj[dim].values if dim in obj.coords else None
+        tv = coord_values(obj[dim].variable) if dim in obj.coords else None
         return f, f.shape[f.dims.index(dim)], tv
     n0 = f.shape[f.dims.index(dim)] if dim in f.dims else 0
     tvals = grown_coord(call, obj, dim, o.coord, o.dt, o.steps, n0, total)
