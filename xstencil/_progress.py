@@ -43,9 +43,11 @@ _LOCK = threading.Lock()
 #: 2-D heat benchmark (512², 5,000 steps) paid +7% for its 13 updates.
 CELLS_PER_UPDATE = 1_000_000_000
 
-#: At most this many cell updates (about a second of such work) between two
-#: updates, however long the run, so that Ctrl-C is honoured promptly.
-MAX_CELLS_PER_UPDATE = 4 * CELLS_PER_UPDATE
+#: At most this many cell updates between two updates, however long the run
+#: (the 25-update cap would otherwise space them by minutes), so that Ctrl-C,
+#: which takes effect at the next update, is honoured within about that much
+#: work.
+MAX_CELLS_PER_UPDATE = CELLS_PER_UPDATE
 
 #: A step's fixed cost (loop overhead, a few microseconds) in cell updates.
 STEP_CELLS = 20_000
