@@ -6,6 +6,7 @@
 kernex 0.2.
 """
 
+from xstencil import _fork as _fork
 from xstencil._accessor import StencilAccessor as StencilAccessor
 from xstencil._accessor import register as _register
 from xstencil._engine.kernex import KernelMesh as KernelMesh
@@ -19,7 +20,6 @@ from xstencil._errors import KernelError as KernelError
 from xstencil._errors import LabelError as LabelError
 from xstencil._errors import WindowIndexError as WindowIndexError
 from xstencil._errors import XStencilError as XStencilError
-from xstencil import _fork as _fork
 from xstencil._labelled import pytree as _pytree
 from xstencil._labelled.map import map as map
 from xstencil._labelled.mesh import Mesh as Mesh

@@ -56,7 +56,9 @@ STEP_CELLS = 20_000
 def every(steps: int, cells: int = 1, updates: int = 25) -> int:
     """Steps between updates: at most ``updates`` over the run, and no more
     often than every :data:`CELLS_PER_UPDATE` cell updates (``cells`` per
-    step), but at least every :data:`MAX_CELLS_PER_UPDATE`.  The bar is completed when the call returns in any case."""
+    step), but at least every :data:`MAX_CELLS_PER_UPDATE` (plus
+    :data:`STEP_CELLS` per step).  The bar is completed when the call returns
+    in any case."""
     by_count = -(-steps // updates)
     by_work = -(-CELLS_PER_UPDATE // max(cells, 1))
     by_time = -(-MAX_CELLS_PER_UPDATE // (max(cells, 1) + STEP_CELLS))

@@ -14,9 +14,10 @@ Datetime coordinates become float seconds since their first value, and
 timedelta coordinates float seconds.
 
 Precision: every value, halo and period is computed here in float64.  A
-kernel reads coordinates in the data's float dtype; below float64 each value travels as a float32 pair ``hi + lo`` (packed in a
-complex64, see :func:`pack_coord`), so the difference of two reads is exact
-to float32 precision (about 1e-7 relative), however large the values are.
+kernel reads coordinates in the data's float dtype; below float64 each value
+travels as a float32 pair ``hi + lo`` (packed in a complex64, see
+:func:`pack_coord`), so the difference of two reads is exact to float32
+precision (about 1e-7 relative), however large the values are.
 A dim with a single position has no spacing: its halo is NaN, and a kernel
 read off the centre raises (:class:`xstencil._engine.window.CoordWindow`).
 """
