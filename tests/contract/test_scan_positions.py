@@ -148,6 +148,8 @@ def test_broadcast_input_of_huge_logical_size_refused_before_the_copy():
     with pytest.raises(XStencilError, match=r"the data \(shape .* a broadcast view is copied "
                                             r"whole\) would need .*GiB"):
         big.stencil.scan(lambda u: u(time=-1), steps=2, boundary="periodic")
+    with pytest.raises(XStencilError, match=r"da\.stencil\.map\(\.\.\.\): the data .* would need"):
+        big.stencil.map(lambda u: u(x=1), boundary="periodic")
 
 
 @pytest.mark.parametrize("kw", [dict(kernel=lambda u: u(time=-1) * 0.5),

@@ -12,6 +12,7 @@ from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
 from xstencil._labelled.fastpath import lookup, remember, run, signature
+from xstencil._labelled.sizes import check_inputs
 from xstencil._shard import is_sharded
 
 __all__ = ["map"]
@@ -117,6 +118,7 @@ def map(  # noqa: A001 - the contract's name
         if entry is not None:
             return run(entry, obj, args, kwargs)
     f = unwrap(call, obj)
+    check_inputs(call, f.names or (None,), f.arrays)  # e.g. a huge broadcast view
     plan = prepare(call, f, [kernel], window=window, boundary=boundary, fill_value=fill_value,
                    stride=stride, output_dims=output_dims, args=args, kwargs=kwargs)
     if any_dask(f.arrays):  # lazy: xstencil._dask builds a map_overlap graph
