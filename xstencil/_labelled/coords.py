@@ -19,7 +19,7 @@ travels as a float32 pair ``hi + lo`` (packed in a complex64, see
 :func:`pack_coord`), so the difference of two reads is exact to float32
 precision (about 1e-7 relative), however large the values are.
 A dim with a single position has no spacing: its halo is NaN, and a kernel
-read off the centre raises (:class:`xstencil._engine.window.CoordWindow`).
+read off the centre raises (:class:`xstencil._engine.coordwindow.CoordWindow`).
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import as_array, merge_static, precision, split_static
+from xstencil._engine.coordwindow import CoordWindow
 from xstencil._engine.lower import Source
-from xstencil._engine.window import CoordWindow, Window, WindowSet
+from xstencil._engine.window import Window, WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.coords import (
     coord_values,
