@@ -6,6 +6,7 @@
 kernex 0.2.
 """
 
+from xstencil import _fork as _fork
 from xstencil._accessor import StencilAccessor as StencilAccessor
 from xstencil._accessor import register as _register
 from xstencil._caches import clear_caches as clear_caches

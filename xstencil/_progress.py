@@ -7,18 +7,27 @@ not depend on which bar is open and is reused between calls.  Bars are
 registered only while their call runs; the bar is closed, and unregistered,
 when the call returns, fails or is interrupted (``KeyboardInterrupt``), after
 ``jax.effects_barrier()`` has flushed every pending callback.
+
+Ctrl-C: while a bar is open in the main thread, SIGINT only sets the bar's
+``interrupted`` flag; the next :func:`report` from the loop then raises
+:class:`Interrupted`, which aborts the compiled call (within one update
+interval, instead of at the end of the run), and the caller turns the failed
+call into ``KeyboardInterrupt`` by that flag (never by an error's text).  A
+second Ctrl-C interrupts at once, as Python does by default.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import signal
 import threading
 from types import TracebackType
 from typing import Any
 
 import jax
 
-__all__ = ["Progress", "report", "every"]
+__all__ = ["Progress", "Interrupted", "report", "callback", "every"]
 
 # open bars by token; entries live only inside a ``with Progress(...)`` block
 _OPEN: dict[int, Any] = {}
@@ -34,21 +43,52 @@ _LOCK = threading.Lock()
 #: 2-D heat benchmark (512², 5,000 steps) paid +7% for its 13 updates.
 CELLS_PER_UPDATE = 1_000_000_000
 
+#: At most this many cell updates between two updates, however long the run
+#: (the 25-update cap would otherwise space them by minutes), so that Ctrl-C,
+#: which takes effect at the next update, is honoured within about that much
+#: work.
+MAX_CELLS_PER_UPDATE = CELLS_PER_UPDATE
+
+#: A step's fixed cost (loop overhead, a few microseconds) in cell updates.
+STEP_CELLS = 20_000
+
 
 def every(steps: int, cells: int = 1, updates: int = 25) -> int:
     """Steps between updates: at most ``updates`` over the run, and no more
     often than every :data:`CELLS_PER_UPDATE` cell updates (``cells`` per
-    step).  The bar is completed when the call returns in any case."""
+    step), but at least every :data:`MAX_CELLS_PER_UPDATE` (plus
+    :data:`STEP_CELLS` per step).  The bar is completed when the call returns
+    in any case."""
     by_count = -(-steps // updates)
     by_work = -(-CELLS_PER_UPDATE // max(cells, 1))
-    return max(1, by_count, by_work)
+    by_time = -(-MAX_CELLS_PER_UPDATE // (max(cells, 1) + STEP_CELLS))
+    return max(1, min(max(by_count, by_work), by_time))
+
+
+class Interrupted(Exception):
+    """Raised from a progress callback to abort a compiled loop after Ctrl-C."""
+
+
+class _QuietInterrupt(logging.Filter):
+    """Drop JAX's log of the :class:`Interrupted` raised to abort a loop."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, Interrupted)
+
+
+logging.getLogger("jax._src.debugging").addFilter(_QuietInterrupt())
 
 
 def report(token: Any, done: Any) -> None:
-    """Move bar ``token`` to ``done`` steps (called from compiled code)."""
+    """Move bar ``token`` to ``done`` steps (called from compiled code); raise
+    :class:`Interrupted` if Ctrl-C was pressed while the bar was open."""
     with _LOCK:
-        bar = _OPEN.get(int(token))
-    if bar is not None:
+        prog = _OPEN.get(int(token))
+    if prog is not None:
+        if prog.interrupted:
+            raise Interrupted("interrupted by Ctrl-C")
+        bar = prog.bar
         done = int(done)
         if done > bar.n:
             bar.update(done - bar.n)
@@ -63,9 +103,9 @@ def callback(token: Any, done: Any) -> None:
         report(token, done)
     except KeyboardInterrupt:
         with _LOCK:
-            bar = _OPEN.get(int(token))
-        if bar is not None:
-            bar.interrupted = True
+            prog = _OPEN.get(int(token))
+        if prog is not None:
+            prog.interrupted = True
         raise
 
 
@@ -88,6 +128,8 @@ class Progress:
         self.token = next(_TOKENS)
         self.bar: Any = None
         self.closed = False
+        self.interrupted = False
+        self._handler: Any = None
 
     def __enter__(self) -> Progress:
         from tqdm.auto import tqdm
@@ -98,23 +140,29 @@ class Progress:
         self.bar = _Bar(total=self.total, desc=self.desc, unit="step", disable=self.disable,
                         leave=True)
         with _LOCK:
-            _OPEN[self.token] = self.bar
+            _OPEN[self.token] = self
+        if threading.current_thread() is threading.main_thread():
+            self._handler = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, self._sigint)
         return self
 
-    @property
-    def interrupted(self) -> bool:
-        """Whether a KeyboardInterrupt arrived inside a progress callback."""
-        return bool(getattr(self.bar, "interrupted", False))
+    def _sigint(self, signum: int, frame: Any) -> None:
+        if self.interrupted:  # a second Ctrl-C: at once
+            raise KeyboardInterrupt
+        self.interrupted = True
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
-            if kind is None:
+            if kind is None and not self.interrupted:
                 jax.effects_barrier()
                 if self.bar.n < self.total:
                     self.bar.update(self.total - self.bar.n)
         finally:
             with _LOCK:
                 _OPEN.pop(self.token, None)
+            if self._handler is not None:
+                signal.signal(signal.SIGINT, self._handler)
+                self._handler = None
             self.bar.close()
             self.closed = True

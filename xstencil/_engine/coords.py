@@ -12,21 +12,31 @@ such as ``x(x=1) - x(x=-1)`` stay meaningful at the edges:
 
 Datetime coordinates become float seconds since their first value, and
 timedelta coordinates float seconds.
+
+Precision: every value, halo and period is computed here in float64.  A
+kernel reads coordinates in the data's float dtype; below float64 each value
+travels as a float32 pair ``hi + lo`` (packed in a complex64, see
+:func:`pack_coord`), so the difference of two reads is exact to float32
+precision (about 1e-7 relative), however large the values are.
+A dim with a single position has no spacing: its halo is NaN, and a kernel
+read off the centre raises (:class:`xstencil._engine.coordwindow.CoordWindow`).
 """
 
 from __future__ import annotations
 
+import datetime
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
-__all__ = ["numeric_coord", "coord_period", "pad_coord", "coord_dtype", "padded",
-           "warn_repeated_endpoint"]
+__all__ = ["coord_values", "numeric_coord", "coord_period", "pad_coord", "read_dtype",
+           "coord_dtype", "pack_coord", "padded", "warn_repeated_endpoint"]
 
 #: spans that are a full period on their own: a periodic coordinate spanning
 #: one of these from its first to its last label repeats its endpoint
@@ -57,9 +67,23 @@ def warn_repeated_endpoint(call: str, dim: str, c: np.ndarray | None,
 
 
 
+def coord_values(v: Any) -> np.ndarray:
+    """A coordinate variable's values as numpy; a timezone-aware datetime
+    index as UTC datetime64 (without pandas' deprecated ``.values``)."""
+    if getattr(v.dtype, "tz", None) is not None:
+        idx = v.to_index() if getattr(v, "ndim", 1) == 1 else pd.DatetimeIndex([v.item()])
+        out = idx.tz_convert(None).to_numpy()
+        return out if getattr(v, "ndim", 1) == 1 else out[0]
+    return np.asarray(v.values)
+
+
 def numeric_coord(call: str, dim: str, values: np.ndarray) -> np.ndarray | None:
     """The coordinate as float64, or ``None`` if it is not numeric."""
     values = np.asarray(values)
+    if values.dtype.kind == "O" and values.size and all(
+            isinstance(v, datetime.datetime) for v in values.ravel()):
+        # a timezone-aware index: xarray gives naive UTC datetimes
+        values = values.astype("datetime64[us]")
     if values.dtype.kind == "M":
         return (values - values[0]) / np.timedelta64(1, "s")
     if values.dtype.kind == "m":
@@ -81,19 +105,25 @@ def coord_period(call: str, dim: str, c: np.ndarray, period: float | None) -> fl
             f"{call}: coordinate {dim!r} is not uniformly spaced, so its period across "
             f"the periodic boundary cannot be inferred; pass period={{{dim!r}: ...}}"
         )
-    return float(len(c) * d[0]) if len(d) else 1.0
+    return float(len(c) * d[0]) if len(d) else float("nan")  # one position: no period
 
 
 def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,
               period: float | None = None) -> np.ndarray:
     """The coordinate ``c`` with ``lo``/``hi`` halo points for ``mode``."""
+    if c is None:
+        raise XStencilError(
+            f"{call}: coordinate {dim!r} cannot be read as numbers by u.coord({dim!r}) "
+            f"(numbers, datetimes and timedeltas can); convert it (e.g. to datetime64 or to "
+            f"float seconds) with obj.assign_coords({dim}=...)")
     n = len(c)
     if lo == 0 and hi == 0:
         return c
     p = np.arange(-lo, n + hi)
     if mode in ("fill", "extend", "valid") or n == 1:
-        d_lo = c[1] - c[0] if n > 1 else 1.0
-        d_hi = c[-1] - c[-2] if n > 1 else 1.0
+        one = period if n == 1 and mode == "periodic" and period is not None else np.nan
+        d_lo = c[1] - c[0] if n > 1 else one  # one position: no spacing to extend by
+        d_hi = c[-1] - c[-2] if n > 1 else one
         return np.where(p < 0, c[0] + p * d_lo,
                         np.where(p >= n, c[-1] + (p - n + 1) * d_hi, c[np.clip(p, 0, n - 1)]))
     idx = source_index(p, n, mode)
@@ -109,9 +139,9 @@ def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,
     return np.where(p < 0, left, np.where(p >= n, right, c[idx]))
 
 
-def coord_dtype(var_dtypes: Sequence[Any]) -> np.dtype:
-    """The float dtype coordinates are read in: the variables' float (or
-    complex's real) dtype, float32 for integer data."""
+def read_dtype(var_dtypes: Sequence[Any]) -> np.dtype:
+    """The float dtype a kernel reads coordinates in: the data's float dtype
+    (float32 for integer data; the real dtype of complex data)."""
     cdt = np.result_type(*[dt if np.dtype(dt).kind in "fc" else np.float32
                            for dt in var_dtypes])
     if np.dtype(cdt).kind == "c":
@@ -130,5 +160,23 @@ def padded(call: str, values: Mapping[str, np.ndarray], widths: Mapping[str, tup
         lo, hi = widths[d]
         mode = "fill" if modes[d] == "valid" else modes[d]
         p = pad_coord(call, d, c, lo, hi, mode, None if period is None else period.get(d))
-        out.append(np.asarray(p, dtype=dtype))
+        out.append(pack_coord(p, dtype))
     return tuple(out)
+
+
+def pack_coord(values: np.ndarray, dtype: Any) -> np.ndarray:
+    """Coordinate ``values`` (float64) as the kernel's coordinate source for
+    reads in ``dtype``: float64 itself for float64 reads, else the
+    float32 pair ``hi + 1j * lo`` with ``hi + lo == values`` to float64
+    precision, so that differences of reads stay exact."""
+    c = np.asarray(values, np.float64)
+    if np.dtype(dtype).itemsize >= 8:  # float64 data computes in float64 (x64 scoped on)
+        return c
+    hi = c.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        lo = np.where(np.isfinite(c), c - hi.astype(np.float64), 0.0).astype(np.float32)
+    return (hi + 1j * lo).astype(np.complex64)
+
+
+#: the name the backends use for :func:`read_dtype`
+coord_dtype = read_dtype

@@ -188,6 +188,13 @@ def _positions(call: str, plan: Any, dim: str, space: tuple[str, ...], n0: int,
     if every and every > n_comp:
         raise XStencilError(f"{call}: save_every={every} is larger than the {n_comp} "
                             f"positions to compute; use save_every='last'")
+    if every and steps is None and n_comp % every:
+        raise XStencilError(
+            f"{call}: the {n_comp} positions to compute along {dim!r} (positions {k}.."
+            f"{total - 1}) are not a multiple of save_every={every}, so the last "
+            f"{n_comp % every} would be neither computed nor returned; use save_every='last' "
+            f"or another save_every, or trim the input (obj.isel({dim}=slice(0, "
+            f"{total - n_comp % every})))")
     if every and steps is not None and steps % every:
         raise XStencilError(f"{call}: steps={steps} is not a multiple of "
                             f"save_every={every}")

@@ -14,7 +14,15 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import as_array, merge_static, precision, split_static
-from xstencil._engine.coords import numeric_coord, pad_coord, warn_repeated_endpoint
+from xstencil._engine.coords import (
+    coord_values,
+    numeric_coord,
+    pack_coord,
+    pad_coord,
+    read_dtype,
+    warn_repeated_endpoint,
+)
+from xstencil._engine.coordwindow import CoordWindow
 from xstencil._engine.kcache import (
     Lifted,
     cached,
@@ -198,17 +206,14 @@ def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> l
     """Padded coordinate values for the window dims that have coordinates."""
     _check_period(plan.call, period, plan.dims)
     out = []
-    cdt = np.result_type(*[dt if np.dtype(dt).kind in "fc" else np.float32
-                           for dt in plan.var_dtypes])
-    if np.dtype(cdt).kind == "c":
-        cdt = np.float64 if np.dtype(cdt).itemsize == 16 else np.float32
+    cdt = read_dtype(plan.var_dtypes)
     variables = f.obj.coords.variables
     for d in plan.coord_dims:
         s = plan.specs[plan.axis(d)]
-        c = numeric_coord(plan.call, d, variables[d].values)
+        c = numeric_coord(plan.call, d, coord_values(variables[d]))
         p = pad_coord(plan.call, d, c, s.pad_lo, s.pad_hi, s.mode,
                       None if period is None else period.get(d))
-        out.append(np.asarray(p, dtype=cdt))
+        out.append(pack_coord(p, cdt))
     return out
 
 
@@ -259,8 +264,10 @@ def windows(plan: Plan, cells: Sequence[Any]) -> Any:
     nvar = len(plan.var_dims)
     coords = {}
     for k, d in enumerate(plan.coord_dims):
-        coords[d] = Window(cells[nvar + k], (d,), (plan.specs[plan.axis(d)].lo,), field=field,
-                           label=f"u.coord({d!r})")
+        coords[d] = CoordWindow(cells[nvar + k], (d,), (plan.specs[plan.axis(d)].lo,),
+                                field=field, label=f"u.coord({d!r})",
+                                read_dtype=read_dtype(plan.var_dtypes),
+                                single=(d,) if plan.shape[plan.axis(d)] == 1 else ())
     wins = []
     for k, vdims in enumerate(plan.var_dims):
         wd = tuple(d for d in vdims if d in plan.window_dims)

@@ -28,6 +28,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import is_wide, precision, split_static
+from xstencil._engine.coords import coord_values
 from xstencil._engine.kcache import Lifted, peek, put
 from xstencil._labelled.core import Fields, coord_arrays, host64, replace_data, rewrap
 from xstencil._labelled.plan import Plan
@@ -100,7 +101,7 @@ def lookup(lifted: Lifted, sig: Hashable, obj: xr.DataArray) -> Entry | None:
             variables = obj.coords.variables
             for d, old in zip(entry.plan.coord_dims, entry.values, strict=True):
                 v = variables.get(d)
-                if v is None or v.dims != (d,) or not np.array_equal(v.values, old):
+                if v is None or v.dims != (d,) or not np.array_equal(coord_values(v), old):
                     return None
             entry = entry._replace(sources=now)
             put(("fast", lifted.key, sig), entry)
@@ -136,7 +137,7 @@ def remember(lifted: Lifted, sig: Hashable | None, obj: Any, plan: Plan, f: Fiel
         with precision(f.arrays, args, kwargs):  # keep host copies, never leak tracers
             coords = [np.asarray(c) for c in coord_arrays(plan, f, period)]
     variables = obj.coords.variables
-    values = tuple(np.asarray(variables[d].values) for d in plan.coord_dims)
+    values = tuple(coord_values(variables[d]) for d in plan.coord_dims)
     index = plan.input_index()
     simple = not plan.output_dims and all(
         s == slice(0, n, 1) for s, n in zip(index.values(), plan.shape, strict=True))

@@ -17,6 +17,7 @@ from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap,
 from xstencil._labelled.dispatch import devices_arg, map_scaled
 from xstencil._labelled.fastpath import lookup, remember, run, signature
 from xstencil._labelled.returns import check_new_vars, result_dims
+from xstencil._labelled.sizes import check_inputs
 from xstencil._labelled.staggered_ops import FILL, map_grid
 
 __all__ = ["map"]
@@ -148,6 +149,7 @@ def map(  # noqa: A001 - the contract's name
         if entry is not None:
             return run(entry, obj, args, kwargs, lifted)
     f = unwrap(call, obj)
+    check_inputs(call, f.names or (None,), f.arrays)  # e.g. a huge broadcast view
     plan = prepare(call, f, [kernel], window=window, boundary=boundary, fill_value=fill_value,
                    stride=stride, output_dims=output_dims, args=args, kwargs=kwargs)
     leaf_dims = None

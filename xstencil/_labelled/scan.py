@@ -46,22 +46,29 @@ from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.scale import scale_out
-from xstencil._labelled.scan_result import call_with_progress, finite, rewrap
+from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite, rewrap
 from xstencil._labelled.scan_setup import (
     Opts,
     Setup,
+    check_dt,
     check_monotonic,
     engine_vars,
     evolving_indices,
     make_loop,
     returned,
     setup,
+    size_text,
     time_coord,
+    time_placeholder,
 )
 from xstencil._labelled.scan_step import run_step
 from xstencil._labelled.staggered_ops import FILL, scan_grid
 
-__all__ = ["scan", "scan_mesh"]
+__all__ = ["scan", "scan_mesh", "MAX_STEPS"]
+
+#: The most steps one scan runs: loop positions are int32 on the device.
+MAX_STEPS = 2**31 - 2**16
+
 
 
 def _options(call: str, dim: Any, window: Any, boundary: Any, fill_value: Any, steps: Any,
@@ -74,6 +81,13 @@ def _options(call: str, dim: Any, window: Any, boundary: Any, fill_value: Any, s
             raise XStencilError(f"{call}: steps={steps!r} must be an int >= 1 (the number of "
                                 f"new positions to compute along {dim!r})")
         steps = int(steps)
+        if steps > MAX_STEPS:
+            raise XStencilError(
+                f"{call}: steps={steps!r} is more than a scan can run: the loop counts "
+                f"positions in int32, so at most {MAX_STEPS} steps, and the {dim!r} "
+                f"coordinate alone would need {size_text(8 * (steps + 1))} (int64); split the "
+                f"run into several scans of at most {MAX_STEPS} steps (save_every='last' "
+                f"each, continuing from the last state)")
     if save_every == "last":
         every = 0
     elif isinstance(save_every, numbers.Integral) and not isinstance(save_every, bool):
@@ -99,6 +113,8 @@ def _options(call: str, dim: Any, window: Any, boundary: Any, fill_value: Any, s
     # scipy.ndimage/numpy names ('wrap', 'nearest', ...) become xstencil's
     boundary = ({d: canonical_mode(m) for d, m in boundary.items()}
                 if isinstance(boundary, Mapping) else canonical_mode(boundary))
+    if dt is not None:
+        check_dt(call, dt)
     return Opts(dim, window, boundary, fill_value, steps, dt, coord, every, bool(progress),
                  bool(checkpoint), bool(check_finite), period)
 
@@ -300,11 +316,14 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
         spatial = dataclasses.replace(plan, coord_dims=tuple(d for d in plan.coord_dims
                                                              if d != dim))
         coords = [jnp.asarray(c) for c in coord_arrays(spatial, s.f, o.period)]
-        tcoord = time_coord(call, s, o)
+        # the padded time coordinate is as long as the trajectory: built only if read
+        tcoord = time_placeholder(s, o)
         variables = engine_vars(s, dim, evolving)
         loop = make_loop(s, o)
         arrays = [_input(x, vd, dim) for x, vd in zip(s.f.arrays, plan.var_dims, strict=True)]
         init = [_initial(arrays[i], s, variables[i]) for i in evolving]
+        if o.check_finite:
+            initial_finite(call, init, dim, s.k)
         slab_avals = [jax.ShapeDtypeStruct(
             tuple(plan.shape[plan.axis(d)] for d in vd if d != dim), np.dtype(dt))
             for vd, dt in zip(plan.var_dims, plan.var_dtypes, strict=True)]
@@ -329,6 +348,7 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
                     f"there is no input there; read the previous value {what}({dim}=-1)")
         if t_used:
             check_monotonic(call, dim, s.tvals)
+            tcoord = time_coord(call, s, o)
         if mesh is not None:
             regions, masks = mesh.regions(plan, dim)
         else:

@@ -4,6 +4,7 @@ positions as a DataArray or Dataset."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
 from xstencil._labelled.scan_setup import Opts, Setup, make_loop
 
-__all__ = ["call_with_progress", "finite", "not_finite", "rewrap"]
+__all__ = ["call_with_progress", "finite", "initial_finite", "not_finite", "rewrap"]
 
 
 def call_with_progress(fn: Any, runargs: Any, every: int, steps: int, call: str) -> Any:
@@ -29,12 +30,19 @@ def call_with_progress(fn: Any, runargs: Any, every: int, steps: int, call: str)
     with _progress.Progress(steps, call.split("(")[0]) as p:
         try:
             out = fn(*runargs, jnp.asarray(p.token, jnp.int32))
+            # wait in Python, not inside the runtime, so that a Ctrl-C runs its handler
+            # (which the next progress update turns into an abort of the loop)
+            leaves = [x for x in jax.tree_util.tree_leaves(out) if hasattr(x, "is_ready")]
+            while not all(x.is_ready() for x in leaves):
+                time.sleep(0.02)
             jax.block_until_ready(out)
         except jax.errors.JaxRuntimeError as e:
-            # Ctrl-C inside the progress callback surfaces wrapped by the runtime
+            # Ctrl-C: the progress callback aborted the loop (see xstencil._progress)
             if p.interrupted:
                 raise KeyboardInterrupt from e
             raise
+        if p.interrupted:  # Ctrl-C after the last update: the run finished anyway
+            raise KeyboardInterrupt
     return out
 
 
@@ -45,6 +53,23 @@ def finite(call: str, bad: Any, tvals: Any, dim: str) -> None:
         return
     if int(bad) >= 0:
         raise not_finite(call, dim, tvals, int(bad))
+
+
+def initial_finite(call: str, init: Sequence[Sequence[Any]], dim: str, k: int) -> None:
+    """Raise for ``check_finite=True`` when the initial state (the first
+    ``k`` positions along ``dim``, given in ``init``) already holds a NaN or
+    Inf: the scan did not produce it, so the time step is not to blame."""
+    for slabs in init:
+        for x in slabs:
+            if isinstance(x, jax.core.Tracer) or not jnp.issubdtype(x.dtype, jnp.inexact):
+                continue
+            if not bool(jnp.all(jnp.isfinite(x))):
+                where = f"position 0 along {dim!r}" if k <= 1 else \
+                    f"the first {k} positions along {dim!r}"
+                raise XStencilError(
+                    f"{call}: check_finite=True: the initial state ({where}) already holds "
+                    f"a NaN or Inf, before any step; fix the input (e.g. "
+                    f"obj.fillna(...) or a mask) rather than the time step")
 
 
 def not_finite(call: str, dim: str, tvals: Any, position: int, where: str = "") -> XStencilError:
@@ -87,7 +112,7 @@ def rewrap(s: Setup, o: Opts, outs: Sequence[Any], evolving: Sequence[int]) -> A
         if s.grown:
             rest = rest.drop_vars([n for n, v in rest.variables.items() if dim in v.dims])
             rest = rest.assign_coords(coords.coords)
-        else:
+        elif dim in rest.dims:  # without: every variable along dim is advanced
             rest = rest.isel({dim: pos})
         for i, n in zip(evolving, names, strict=True):
             da = xr.DataArray(datas[i], dims=plan.var_dims[i], attrs=dict(obj[n].attrs))

@@ -6,6 +6,8 @@ kernel advances, and the engine's :class:`~xstencil._engine.tscan.Var` and
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,15 +17,37 @@ import numpy as np
 import xarray as xr
 
 from xstencil import _progress
-from xstencil._engine.coords import numeric_coord, pad_coord
+from xstencil._engine.coords import (
+    coord_values,
+    numeric_coord,
+    pack_coord,
+    pad_coord,
+    read_dtype,
+)
 from xstencil._engine.tscan import Loop, Var
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
 from xstencil._labelled.plan import Plan
+from xstencil._labelled.sizes import check_fits, check_inputs, size_text
 
 __all__ = ["Opts", "Setup", "grown_coord", "setup", "engine_vars", "returned",
            "evolving_indices", "time_coord", "padded_time", "coord_dtype", "check_monotonic",
-           "make_loop"]
+           "make_loop", "time_placeholder", "check_dt", "size_text"]
+
+
+def check_dt(call: str, dt: Any) -> None:
+    """``dt=`` must be one positive, finite real number or timedelta."""
+    ok = False
+    if isinstance(dt, np.timedelta64 | datetime.timedelta):
+        td = np.timedelta64(dt)
+        ok = not np.isnat(td) and td > np.timedelta64(0, td.dtype.str[-2:-1] or "s")
+    elif isinstance(dt, numbers.Real) and not isinstance(dt, bool):
+        ok = bool(np.isfinite(dt) and dt > 0)
+    if not ok:
+        raise XStencilError(
+            f"{call}: dt={dt!r:.60} must be one positive, finite spacing between positions: "
+            f"a real number (e.g. dt=0.5) or a timedelta for a datetime coordinate (e.g. "
+            f"dt=np.timedelta64(6, 'h')); for irregular positions pass coord= instead")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,31 +79,61 @@ def _time_boundary(boundary: Any, dim: str) -> tuple[Any, str]:
 def grown_coord(call: str, obj: Any, dim: str, coord: Any, dt: Any, steps: int, n0: int,
                 total: int) -> np.ndarray:
     """The coordinate along ``dim`` of a trajectory grown by ``steps=``: from
-    ``coord=``, from ``dt=``, continuing the input's spacing, or positions."""
-    have = obj[dim].values if n0 and dim in obj.coords else None
+    ``coord=``, from ``dt=``, continuing the input's spacing, or positions.
+
+    A scalar coordinate ``dim`` (as left by ``obj.isel(time=-1)``) labels the
+    initial position, so the new positions continue from it."""
+    have = coord_values(obj[dim].variable) if n0 and dim in obj.coords else None
+    if not n0 and dim in obj.coords and obj[dim].ndim == 0:
+        have = np.asarray(coord_values(obj[dim].variable))[None]
+    n_have = 0 if have is None else len(have)
     if coord is not None:
         c = np.asarray(coord)
-        if c.ndim != 1 or len(c) not in (total, total - n0) or (len(c) == total - n0
-                                                                and n0 and have is None):
+        if c.ndim != 1 or len(c) not in (total, total - n_have) or (
+                len(c) == total - n0 and n0 and have is None):
             raise XStencilError(
                 f"{call}: coord= has shape {c.shape}; give {total} values (the initial "
-                f"position(s) and steps={steps}) or {total - n0} values for the new ones")
-        return c if len(c) == total else np.concatenate([have, c]) if n0 else c
+                f"position(s) and steps={steps}) or {total - n_have} values for the new ones")
+        return c if len(c) == total else np.concatenate([have, c]) if n_have else c
+    if dim in obj.coords and _tz_aware(obj[dim]):
+        fix = (f"obj.assign_coords({dim}=obj.indexes[{dim!r}].tz_convert(None))"
+               if dim in obj.indexes else f"obj.assign_coords({dim}=<UTC datetime64 values>)")
+        raise XStencilError(
+            f"{call}: the {dim!r} coordinate is timezone-aware; continuing it with steps= "
+            f"would silently drop the timezone. Convert it to UTC first ({fix}), or pass "
+            f"coord= with the new values")
     if dt is not None:
+        kind = None if have is None else have.dtype.kind
+        timed = isinstance(dt, np.timedelta64 | datetime.timedelta)
+        if kind is not None and (kind in "Mm") != timed:
+            want = ("a timedelta, e.g. dt=np.timedelta64(6, 'h')" if kind in "Mm" else
+                    "a number, e.g. dt=0.5")
+            raise XStencilError(
+                f"{call}: dt={dt!r:.60} does not fit the {dim!r} coordinate of dtype "
+                f"{have.dtype}; pass {want}")
+        if timed:
+            dt = np.timedelta64(dt)
         if have is not None:
-            start = have[-1]
-            return np.concatenate([have, start + dt * np.arange(1, total - n0 + 1)])
-        base = np.zeros((), dtype=np.asarray(dt).dtype) if isinstance(
-            dt, np.timedelta64) else 0
+            new = have[-1] + dt * np.arange(1, total - n_have + 1)
+            return np.concatenate([have, new])
+        base = np.zeros((), dtype=dt.dtype) if timed else 0
         return base + dt * np.arange(total)
     if have is not None:
-        if n0 < 2:
+        if n_have < 2:
             raise XStencilError(
                 f"{call}: the input has a {dim!r} coordinate; pass dt= (a spacing) or coord= "
                 f"(values) to continue it for steps={steps}")
         d = have[-1] - have[-2]
-        return np.concatenate([have, have[-1] + d * np.arange(1, total - n0 + 1)])
+        return np.concatenate([have, have[-1] + d * np.arange(1, total - n_have + 1)])
     return np.arange(total)  # step numbers
+
+
+def _tz_aware(c: Any) -> bool:
+    """A timezone-aware datetime coordinate (xarray reads it as objects)."""
+    if getattr(c.dtype, "tz", None) is not None:
+        return True
+    v = coord_values(c.variable).ravel()
+    return c.dtype.kind == "O" and bool(v.size) and isinstance(v[0], datetime.datetime)
 
 
 @dataclasses.dataclass
@@ -107,7 +161,7 @@ def _fields(call: str, obj: Any, o: Opts, evolve: Sequence[str] | None,
             raise XStencilError(
                 f"{call}: dimension {dim!r} not found; available dims are {f.dims!r} (to grow "
                 f"a trajectory from an initial state without {dim!r}, pass steps=N)")
-        tv = obj[dim].values if dim in obj.coords else None
+        tv = coord_values(obj[dim].variable) if dim in obj.coords else None
         return f, f.shape[f.dims.index(dim)], tv
     n0 = f.shape[f.dims.index(dim)] if dim in f.dims else 0
     tvals = grown_coord(call, obj, dim, o.coord, o.dt, o.steps, n0, total)
@@ -156,16 +210,45 @@ def setup(call: str, obj: Any, kernels: Sequence[Any], o: Opts, args: Any,
                            fill_value=o.fill_value, stride=None, output_dims=None,
                            args=args, kwargs=kwargs)
     total = f.shape[f.dims.index(dim)]
+    if o.steps is None and k == 0:
+        raise XStencilError(
+            f"{call}: the kernel reads no earlier position along {dim!r} (such as "
+            f"u({dim}=-1)); there is nothing to scan. Read the previous value u({dim}=-1), "
+            f"or use .stencil.map(...) for a kernel that does not step along {dim!r}")
     if o.steps is None and total < k:
         raise XStencilError(
             f"{call}: the window reaches {k} positions back along {dim!r}, which has only "
             f"{total}; the first {k} positions are the initial conditions")
+    n_comp = total - k
+    if o.steps is None and o.save_every and o.save_every > n_comp:
+        raise XStencilError(
+            f"{call}: save_every={o.save_every} is larger than the {n_comp} positions to "
+            f"compute along {dim!r}, so nothing would be computed; use "
+            f"save_every<={n_comp} or save_every='last'")
+    if o.steps is None and o.save_every and n_comp % o.save_every:
+        fit = max(e for e in range(1, o.save_every + 1) if n_comp % e == 0)
+        raise XStencilError(
+            f"{call}: the {n_comp} positions to compute along {dim!r} (positions {k}.."
+            f"{total - 1}) are not a multiple of save_every={o.save_every}, so the last "
+            f"{n_comp % o.save_every} would be neither computed nor returned; use "
+            f"save_every={fit} or 'last', or trim the input (obj.isel({dim}=slice(0, "
+            f"{total - n_comp % o.save_every})))")
     if tmode not in ("fill", "extend") or spec.hi and tmode == "fill":
         b = dict(o.boundary) if isinstance(o.boundary, Mapping) else dict.fromkeys(
             f.dims, o.boundary)
         b[dim] = tmode
         plan = prepare(call, f, kernels, window=o.window, boundary=b, fill_value=o.fill_value,
                        stride=None, output_dims=None, args=args, kwargs=kwargs)
+    check_inputs(call, f.names or (None,), f.arrays)
+    every = o.save_every
+    saves = 1 if not every else k + (total - k) // every
+    slab = sum(int(np.prod([n for d, n in zip(f.dims, f.shape, strict=True)
+                            if d in plan.var_dims[i] and d != dim]))
+               * np.dtype(plan.var_dtypes[i]).itemsize for i in range(len(plan.var_dims))
+               if dim in plan.var_dims[i])
+    check_fits(call, saves * slab, f"the saved trajectory ({saves} positions along {dim!r})",
+               "save fewer positions (save_every=..., or 'last'), or run the scan on "
+               "dask-backed data (.chunk(...)) or in shorter pieces")
     for d, s in zip(plan.dims, plan.specs, strict=True):
         if s.mode == "valid" and d != dim and (s.lo or s.hi):
             raise XStencilError(
@@ -205,7 +288,8 @@ def returned(call: str, plan: Plan, kernels: Sequence[Any], static: Any,
     cells = [jax.ShapeDtypeStruct(
         tuple(plan.specs[plan.axis(d)].size for d in vd if d in plan.window_dims), np.dtype(dt))
         for vd, dt in zip(plan.var_dims, plan.var_dtypes, strict=True)]
-    cells += [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), coord_dtype(plan))
+    cdt = pack_coord(np.zeros(0), coord_dtype(plan)).dtype
+    cells += [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), cdt)
               for d in plan.coord_dims]
     names: list[str] | None = None
     for kn in kernels:
@@ -260,6 +344,17 @@ def time_coord(call: str, s: Setup, o: Opts) -> Any:
     return jnp.asarray(padded_time(call, plan, o.dim, s.tvals, spec.lo, spec.hi, s.tmode))
 
 
+def time_placeholder(s: Setup, o: Opts) -> Any:
+    """A stand-in for :func:`time_coord` (``None`` where that is ``None``), one
+    window long, for a kernel that does not read the time coordinate."""
+    plan = s.plan
+    if o.dim not in plan.coord_dims or s.tvals is None:
+        return None
+    spec = plan.specs[plan.axis(o.dim)]
+    cdt = pack_coord(np.zeros(0), coord_dtype(plan)).dtype
+    return jnp.zeros((spec.lo + spec.hi + 1,), cdt)
+
+
 def padded_time(call: str, plan: Plan, dim: str, values: Any, lo: int, hi: int,
                 tmode: str) -> np.ndarray:
     """The coordinate along ``dim`` as a kernel reads it (``u.coord(dim)``):
@@ -267,16 +362,12 @@ def padded_time(call: str, plan: Plan, dim: str, values: Any, lo: int, hi: int,
     (extended linearly unless the dim's boundary is ``fill``)."""
     c = numeric_coord(call, dim, np.asarray(values))
     mode = tmode if tmode in ("fill", "extend") else "extend"
-    return np.asarray(pad_coord(call, dim, c, lo, hi, mode), dtype=coord_dtype(plan))
+    return pack_coord(pad_coord(call, dim, c, lo, hi, mode), coord_dtype(plan))
 
 
 def coord_dtype(plan: Plan) -> Any:
     """The float dtype coordinates are read in (as in :func:`coord_arrays`)."""
-    cdt = np.result_type(*[dt if np.dtype(dt).kind in "fc" else np.float32
-                           for dt in plan.var_dtypes])
-    if np.dtype(cdt).kind == "c":
-        cdt = np.float64 if np.dtype(cdt).itemsize == 16 else np.float32
-    return np.dtype(cdt)
+    return read_dtype(plan.var_dtypes)
 
 
 def check_monotonic(call: str, dim: str, tvals: Any) -> None:

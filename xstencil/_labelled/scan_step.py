@@ -20,7 +20,7 @@ from xstencil._engine.kcache import compiled
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
-from xstencil._labelled.scan_result import call_with_progress, finite
+from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite
 from xstencil._labelled.scan_setup import Opts, grown_coord
 
 __all__ = ["run_step"]
@@ -108,6 +108,8 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any) -> A
 
             return jax.jit(run)
 
+        if o.check_finite:
+            initial_finite(call, [[arrays[i]] for i in evolving], dim, 1)
         run = compiled(fn, key, build)
         outs, bad = call_with_progress(run, (arrays, udyn), loop.progress_every,
                                        loop.steps, call)
