@@ -20,7 +20,8 @@ import numpy as np
 
 from xstencil._errors import XStencilError
 
-__all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static", "promote"]
+__all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static", "promote",
+           "settled"]
 
 
 def _dtype(x: Any) -> Any:
@@ -111,3 +112,16 @@ def promote(*xs: Any) -> Any:
     ``jax_numpy_dtype_promotion`` setting (library-internal merging only)."""
     with jax.numpy_dtype_promotion("standard"):
         return jnp.result_type(*xs)
+
+
+def settled(out: Any, inputs: Any) -> Any:
+    """``out``, computed before returning when any of ``inputs`` is a numpy
+    array.
+
+    jit may read a numpy input in place (no copy on the CPU) and runs
+    asynchronously, so a caller that changed its array right after the call
+    (``w[...] = 2``) could otherwise change a result it already holds.
+    """
+    if any(isinstance(x, np.ndarray) for x in jax.tree_util.tree_leaves(inputs)):
+        jax.block_until_ready(out)
+    return out

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.call import as_array, merge_static, precision, split_static
+from xstencil._engine.call import as_array, merge_static, precision, settled, split_static
 from xstencil._engine.coords import (
     coord_values,
     numeric_coord,
@@ -396,7 +396,8 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
         fn = cached(key, build)
         if used is not None:
             used.update(fn=fn, coords=coords, lifted=lifted)
-        out = fn(arrays, coords, dyn, list(dynamic), list(lifted.leaves))
+        out = settled(fn(arrays, coords, dyn, list(dynamic), list(lifted.leaves)),
+                      (arrays, dyn, list(dynamic), list(lifted.leaves)))
         settle(lifted)  # lists the trace wrote to (trace counters) stop being keyed
         return out
 

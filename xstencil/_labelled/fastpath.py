@@ -27,7 +27,7 @@ import jax
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.call import is_wide, precision, split_static
+from xstencil._engine.call import is_wide, precision, settled, split_static
 from xstencil._engine.coords import coord_values
 from xstencil._engine.kcache import Lifted, peek, put
 from xstencil._labelled.core import Fields, coord_arrays, host64, replace_data, rewrap
@@ -115,10 +115,10 @@ def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any,
     leaves = list(lifted.leaves)
     if entry.wide and not jax.config.read("jax_enable_x64"):
         with jax.enable_x64(True):
-            out = entry.fn([data], entry.coords, dyn, [], leaves)
+            out = settled(entry.fn([data], entry.coords, dyn, [], leaves), (data, dyn, leaves))
         out = host64(out)
     else:
-        out = entry.fn([data], entry.coords, dyn, [], leaves)
+        out = settled(entry.fn([data], entry.coords, dyn, [], leaves), (data, dyn, leaves))
     if entry.simple:
         return replace_data(obj, out)
     f = Fields(obj, entry.plan.dims, entry.plan.shape, None, [data], entry.plan.var_dims,

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.call import as_array, merge_static, precision, split_static
+from xstencil._engine.call import as_array, merge_static, precision, settled, split_static
 from xstencil._engine.kcache import canonical, compiled
 from xstencil._errors import ConvergenceWarning, XStencilError
 from xstencil._labelled.core import host64
@@ -231,7 +231,8 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
 
         fn = compiled(owner, key, build)
         lim = jnp.asarray([min_steps, max_steps], jnp.int32)
-        xs, i, r, ok = fn(arrays, dyn, jnp.asarray(tol, jnp.real(arrays[0]).dtype), lim)
+        xs, i, r, ok = settled(fn(arrays, dyn, jnp.asarray(tol, jnp.real(arrays[0]).dtype), lim),
+                               (arrays, dyn))
     xs = host64(xs)
     field = state.wrap(xs)
     return report(call, Converged(field, i, r, ok), None if fixed else tol)

@@ -14,6 +14,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil import _progress
+from xstencil._engine.call import settled
 from xstencil._engine.tscan import Loop
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
@@ -26,10 +27,10 @@ def call_with_progress(fn: Any, runargs: Any, every: int, steps: int, call: str)
     """``fn(*runargs, token)``, under a progress bar of ``steps`` steps when the
     loop reports every ``every`` steps (0: no bar, token 0)."""
     if not every:
-        return fn(*runargs, jnp.asarray(0, jnp.int32))
+        return settled(fn(*runargs, jnp.asarray(0, jnp.int32)), runargs)
     with _progress.Progress(steps, call.split("(")[0]) as p:
         try:
-            out = fn(*runargs, jnp.asarray(p.token, jnp.int32))
+            out = settled(fn(*runargs, jnp.asarray(p.token, jnp.int32)), runargs)
             # wait in Python, not inside the runtime, so that a Ctrl-C runs its handler
             # (which the next progress update turns into an abort of the loop)
             leaves = [x for x in jax.tree_util.tree_leaves(out) if hasattr(x, "is_ready")]

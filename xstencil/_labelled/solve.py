@@ -11,7 +11,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine import multigrid as mg
-from xstencil._engine.call import as_array, merge_static, precision, split_static
+from xstencil._engine.call import as_array, merge_static, precision, settled, split_static
 from xstencil._engine.kcache import compiled
 from xstencil._engine.krylov import KRYLOV
 from xstencil._errors import XStencilError
@@ -136,7 +136,8 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
                bkey, tuple(sorted((k, repr(v)) for k, v in options.items())))
         fn = compiled(owner, key, lambda: _build(call, resolve, state, options, static,
                                                  method, op, int(maxiter), int(restart)))
-        x, i, r, ok = fn(b, guess, dyn, jnp.asarray(tol, jnp.real(b).dtype))
+        x, i, r, ok = settled(fn(b, guess, dyn, jnp.asarray(tol, jnp.real(b).dtype)),
+                              (b, guess, dyn))
     field = state.wrap([host64(x)])
     return report(call, Converged(field, i, r, ok), tol)
 
