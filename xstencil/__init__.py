@@ -20,6 +20,7 @@ from xstencil._errors import LabelError as LabelError
 from xstencil._errors import WindowIndexError as WindowIndexError
 from xstencil._errors import XStencilError as XStencilError
 from xstencil._labelled import pytree as _pytree
+from xstencil._labelled.dtypes import PrecisionWarning as PrecisionWarning
 from xstencil._labelled.map import map as map
 from xstencil._labelled.mesh import Mesh as Mesh
 from xstencil._labelled.mesh import mesh as mesh
@@ -33,6 +34,7 @@ __all__ = [
     "KernelMesh",
     "LabelError",
     "Mesh",
+    "PrecisionWarning",
     "StencilAccessor",
     "Window",
     "WindowIndexError",

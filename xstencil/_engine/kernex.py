@@ -22,7 +22,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from xstencil._engine.call import as_array, merge_static, precision, promote, split_static
+from xstencil._engine.call import (
+    as_array,
+    is_weak,
+    merge_static,
+    precision,
+    promote,
+    split_static,
+)
 from xstencil._engine.kscan import kscan_array
 from xstencil._engine.kxargs import (
     MAX_HALO,
@@ -189,9 +196,9 @@ class KernelMesh:
                     )
                 if scanning or self._kind == "smap":
                     return out.astype(x.dtype)  # written back into the input's array
-                # kmap keeps the kernel's precision, promoted with the input's so
-                # that mesh regions and uncovered cells (which keep the input) agree
-                return out.astype(promote(x.dtype, out))
+                # kmap keeps the kernel's dtype (as the labelled map does); a
+                # Python scalar (weakly typed) takes the input's, as in JAX
+                return out.astype(promote(x.dtype, out)) if is_weak(out) else out
 
             return kernel_call
 

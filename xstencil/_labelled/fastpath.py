@@ -27,7 +27,14 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import is_wide, precision, split_static
-from xstencil._labelled.core import Fields, coord_arrays, host64, replace_data, rewrap
+from xstencil._labelled.core import (
+    Fields,
+    coord_arrays,
+    dtype_probe,
+    host64,
+    replace_data,
+    rewrap,
+)
 from xstencil._labelled.kcache import table_of
 from xstencil._labelled.plan import Plan
 
@@ -144,4 +151,4 @@ def remember(kernel: Any, sig: Hashable | None, obj: Any, plan: Plan, f: Fields,
     simple = not plan.output_dims and all(
         s == slice(0, n, 1) for s, n in zip(index.values(), plan.shape, strict=True))
     table[("fast", sig)] = Entry(plan, fn, coords, _coord_sources(obj, plan), values,
-                                 is_wide(f.arrays, args, kwargs), simple)
+                                 is_wide(f.arrays, args, kwargs, dtype_probe(plan)), simple)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import xarray as xr
@@ -11,6 +12,7 @@ from xstencil._dask import any_dask
 from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
+from xstencil._labelled.dtypes import out_dtype
 from xstencil._labelled.fastpath import lookup, remember, run, signature
 from xstencil._shard import is_sharded
 
@@ -28,6 +30,7 @@ def map(  # noqa: A001 - the contract's name
     output_dims: str | Sequence[str] | None = None,
     period: Mapping[str, float] | None = None,
     mesh: Any = None,
+    dtype: Any = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Apply a stencil kernel at every point of a DataArray or Dataset.
@@ -74,12 +77,18 @@ def map(  # noqa: A001 - the contract's name
         :class:`jax.sharding.Mesh` whose axes are named after dims.  Data that
         is already a sharded JAX array runs sharded without it.  See
         :doc:`/scaling`.
+    dtype
+        Cast the results to this dtype.  By default the result has the dtype
+        the kernel returns (numpy's and JAX's rule; see :doc:`/dtypes`).
 
     Returns
     -------
     DataArray or Dataset
         With the input's dims, dim order, coords, attrs and name, holding a
-        JAX array of the input's dtype (float64 stays float64).
+        JAX array of the dtype the kernel returns: a sum over a uint8 or bool
+        window is an integer of JAX's default width, a kernel that computes
+        in float32 returns float32, and a Python scalar takes the data's
+        dtype.  float64 data stays float64 when JAX's x64 flag is off.
 
     Notes
     -----
@@ -111,14 +120,16 @@ def map(  # noqa: A001 - the contract's name
                             f"of one window, e.g. lambda u: u(x=1) - u(x=-1)")
     sig = None
     if mesh is None:  # a repeated call: skip validation and planning (see fastpath.py)
-        sig = signature(obj, (window, boundary, fill_value, stride, output_dims, period),
-                        args, kwargs)
+        sig = signature(obj, (window, boundary, fill_value, stride, output_dims, period,
+                              str(dtype) if dtype is not None else None), args, kwargs)
         entry = None if sig is None else lookup(kernel, sig, obj)
         if entry is not None:
             return run(entry, obj, args, kwargs)
+    result = out_dtype(call, dtype)
     f = unwrap(call, obj)
     plan = prepare(call, f, [kernel], window=window, boundary=boundary, fill_value=fill_value,
                    stride=stride, output_dims=output_dims, args=args, kwargs=kwargs)
+    plan = replace(plan, out_dtype=result)
     if any_dask(f.arrays):  # lazy: xstencil._dask builds a map_overlap graph
         from xstencil._dask import map_dask
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from xstencil._labelled.core import (
     sources,
     unwrap,
 )
+from xstencil._labelled.dtypes import out_dtype
 from xstencil._labelled.plan import Plan
 from xstencil._shard import is_sharded
 
@@ -285,10 +286,17 @@ class Mesh:
                 out.append(Slab(tuple(ranges)))  # type: ignore[arg-type]
         return out, masks
 
-    def map(self, *args: Any, **kwargs: Any) -> xr.DataArray | xr.Dataset:
-        """Run the mesh over the data; extra arguments go to every kernel."""
+    def map(self, *args: Any, dtype: Any = None, **kwargs: Any) -> xr.DataArray | xr.Dataset:
+        """Run the mesh over the data; extra arguments go to every kernel.
+
+        The result has the promoted dtype of the kernels' results (and of the
+        input, where points no region covers keep it); ``dtype=`` (here or in
+        :func:`mesh`) casts explicitly.
+        """
         call = self._call.replace("mesh(...)", "mesh(...).map()")
+        result = out_dtype(call, self._options.get("dtype") if dtype is None else dtype)
         plan, _ = self._plan(call=call, args=args, kwargs=kwargs)
+        plan = replace(plan, out_dtype=result)
         regions, masks = self.regions(plan)
         kernels = tuple(k for _, k in self._regions)
         if any_dask(self._fields.arrays):  # lazy: xstencil._dask builds a map_overlap graph
@@ -347,7 +355,8 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
         The data.
     **options
         ``window``, ``boundary``, ``fill_value``, ``stride``, ``output_dims``,
-        ``period`` and ``mesh`` (devices), as for :func:`xstencil.map`.
+        ``period``, ``mesh`` (devices) and ``dtype``, as for
+        :func:`xstencil.map`.
 
     Returns
     -------
@@ -368,7 +377,8 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
     >>> m.map().values
     array([-1.,  2.,  4.,  6.,  7.])
     """
-    allowed = {"window", "boundary", "fill_value", "stride", "output_dims", "period", "mesh"}
+    allowed = {"window", "boundary", "fill_value", "stride", "output_dims", "period", "mesh",
+               "dtype"}
     bad = set(options) - allowed
     if bad:
         call = "da.stencil.mesh(...)" if isinstance(obj, xr.DataArray) else "ds.stencil.mesh(...)"

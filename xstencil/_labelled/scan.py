@@ -41,6 +41,7 @@ from xstencil._engine.mesh import Mask, Slab
 from xstencil._engine.tscan import Var, run_loop, stencil_step, time_reads
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
+from xstencil._labelled.dtypes import state_dtype
 from xstencil._labelled.kcache import compiled
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.scan_result import call_with_progress, finite, rewrap
@@ -115,6 +116,7 @@ def scan(
     step: Callable[..., Any] | None = None,
     mesh: Mapping[str, str] | None = None,
     halo_every: int | None = None,
+    dtype: Any = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Scan a stencil kernel along a dim: explicit time stepping.
@@ -173,6 +175,11 @@ def scan(
         Scale-out: ``mesh={dim: axis}`` shards the data over JAX devices (see
         :doc:`/scaling`); for dask-backed or sharded data, ``halo_every=K``
         runs K steps per halo exchange (a halo K times as deep).
+    dtype
+        The state's dtype: the input is cast to it and each step's result is
+        cast to it.  By default the state takes the promoted dtype of the
+        input and the kernel's result (so a uint8 sum does not wrap and a
+        float32 kernel on int data gives float32); see :doc:`/dtypes`.
 
     Returns
     -------
@@ -221,6 +228,7 @@ def scan(
                             f"of one window, e.g. lambda u: u(time=-1) + ..., or step=fn")
     from xstencil._blockscan import scale_out
 
+    obj = state_dtype(call, obj, [kernel], kernel, o, args, kwargs, dtype)
     out = scale_out(obj, kernel, dim, args, dict(
         window=window, boundary=boundary, fill_value=fill_value, steps=steps, dt=dt,
         coord=coord, save_every=save_every, period=period, progress=progress,
@@ -240,6 +248,7 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
     known = {"window", "boundary", "fill_value", "steps", "dt", "coord", "save_every",
              "progress", "checkpoint", "check_finite", "period"}
     halo_every = options.pop("halo_every", None)
+    dtype = options.pop("dtype", m._options.get("dtype"))
     kwargs = {k: v for k, v in options.items() if k not in known}
     opts.update({k: v for k, v in options.items() if k in known})
     o = _options(call, dim, opts.get("window"), opts.get("boundary", "fill"),
@@ -251,12 +260,13 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
         raise XStencilError(f"{call}: the mesh has no regions; assign kernels with m[...] = f")
     from xstencil._blockscan import scale_out
 
-    out = scale_out(m._obj, None, dim, args, {**opts, **kwargs}, mesh=m._options.get("mesh"),
+    kernels = [k for _, k in m._regions]
+    obj = state_dtype(call, m._obj, kernels, m, o, args, kwargs, dtype)
+    out = scale_out(obj, None, dim, args, {**opts, **kwargs}, mesh=m._options.get("mesh"),
                     halo_every=halo_every, function_mesh=m)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
-    kernels = [k for _, k in m._regions]
-    return _run(call, m._obj, kernels, m, m, o, args, kwargs)
+    return _run(call, obj, kernels, m, m, o, args, kwargs)
 
 
 # -- running ----------------------------------------------------------------------------
