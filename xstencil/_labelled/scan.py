@@ -41,7 +41,7 @@ from xstencil._engine.mesh import Mask, Slab
 from xstencil._engine.tscan import Var, run_loop, stencil_step, time_reads
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
-from xstencil._labelled.dtypes import state_dtype
+from xstencil._labelled.dtypes import out_dtype, state_dtype
 from xstencil._labelled.kcache import compiled
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.scan_result import call_with_progress, finite, rewrap
@@ -222,7 +222,9 @@ def scan(
     if step is not None:
         if kernel is not None:
             raise XStencilError(f"{call}: pass a kernel or step=, not both")
-        return run_step(call, obj, step, o, args, kwargs)
+        if dtype is not None:
+            obj = obj.astype(out_dtype(call, dtype))
+        return run_step(call, obj, step, o, args, kwargs, dtype)
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(time=-1) + ..., or step=fn")
