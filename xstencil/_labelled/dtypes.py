@@ -112,7 +112,8 @@ def state_dtype(call: str, obj: Any, kernels: Sequence[Any], owner: Any, o: Opts
         udyn, static = split_static(call, (args, kwargs))
         shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in udyn)
         cdt = coord_dtype(plan)
-        found = compiled(owner, ("carry", plan, static, shapes, tuple(kernels), str(cdt)),
+        found = compiled(owner, ("carry", plan, static, shapes, tuple(kernels), str(cdt),
+                                 bool(jax.config.read("jax_enable_x64"))),
                          lambda: carry_dtypes(call, plan, kernels, args, kwargs, cdt).copy)()
         casts = {i: d for i, d in found.items() if i in s.evolving}
     return cast_state(obj, casts, plan.var_names)
