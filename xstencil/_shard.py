@@ -308,7 +308,7 @@ def map_sharded(plan: Plan, f: Any, kernels: Sequence[Callable[..., Any]], args:
                 masks: Sequence[np.ndarray] = ()) -> Any:
     """Run a map (or mesh map) under ``shard_map``; the output keeps the
     input's sharding."""
-    with precision(f.arrays, args, kwargs):
+    with precision(f.arrays, args, kwargs, plan.dtype_probe()):
         fn, inputs, _ = _prepared(plan, f, kernels, args, kwargs, period, mesh, owner, regions,
                                   masks)
         return fn(*inputs)

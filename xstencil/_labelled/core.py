@@ -226,11 +226,8 @@ def _out_dtype(plan: Plan, name: str | None) -> Any:
 
 
 def dtype_probe(plan: Plan) -> Any:
-    """A zero-size array of an explicit ``dtype=`` (so that a requested
-    float64 runs under x64, see :func:`~xstencil._engine.call.precision`)."""
-    if isinstance(plan.out_dtype, np.dtype):
-        return np.zeros(0, plan.out_dtype)
-    return None
+    """See :meth:`Plan.dtype_probe`."""
+    return plan.dtype_probe()
 
 
 def result_dtype(plan: Plan, name: str | None, v: Any) -> Any:

@@ -53,6 +53,12 @@ class Plan:
     #: a ``numpy.dtype``, an explicit ``dtype=`` cast
     out_dtype: Any = None
 
+    def dtype_probe(self) -> Any:
+        """A zero-size array of an explicit ``dtype=`` (``None`` without one),
+        for :func:`~xstencil._engine.call.precision`: a requested float64 runs
+        under x64."""
+        return np.zeros(0, self.out_dtype) if isinstance(self.out_dtype, np.dtype) else None
+
     @property
     def geom(self) -> list[AxisGeom]:
         return geometry(self.shape, self.specs)
