@@ -257,3 +257,21 @@ def test_inexact_decimal_and_fraction_fill_values_raise(fill: Any) -> None:
     da = xr.DataArray(np.ones(3, np.float32), dims="x")
     with pytest.raises(XStencilError, match=r"fill_value=.* has no exact int or float value"):
         da.stencil.map(lambda u: u(x=1), fill_value=fill)
+
+
+def test_dask_backed_map_and_scan_follow_the_rule() -> None:
+    """The lazy (dask) backend gives the same dtypes and values as memory."""
+    pytest.importorskip("dask")
+    a = xr.DataArray(np.full((6, 6), 255, np.uint8), dims=("y", "x"))
+    k = lambda u: u.sum()  # noqa: E731
+    lazy = a.chunk({"y": 3}).stencil.map(k, window={"y": 3, "x": 3}, boundary="reflect")
+    mem = a.stencil.map(k, window={"y": 3, "x": 3}, boundary="reflect")
+    assert lazy.dtype == mem.dtype == np.uint32
+    np.testing.assert_array_equal(lazy.compute().values, _box(a.values))
+    cast = a.chunk({"y": 3}).stencil.map(k, window={"y": 3, "x": 3}, boundary="reflect",
+                                         dtype=np.float64)
+    assert cast.dtype == np.float64 and cast.compute().dtype == np.float64
+    s = xr.DataArray(np.full(4, 200, np.uint8), dims="x").chunk({"x": 2})
+    out = s.stencil.scan(lambda u: u(time=-1) * 0.5, steps=2, boundary="periodic")
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out.compute().values[:, 0], [200, 100, 50])
