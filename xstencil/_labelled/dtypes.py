@@ -104,19 +104,63 @@ def state_dtype(call: str, obj: Any, kernels: Sequence[Any], owner: Any, o: Opts
     if given, else the promoted dtype of the input and the kernels' results
     (:func:`carry_dtypes`; a no-op when the kernels keep the input's dtype)."""
     explicit = None if dtype is None else out_dtype(call, dtype)
-    s = setup(call, obj, kernels, o, args, kwargs)
-    plan = s.plan
-    if explicit is not None:
-        casts = {i: explicit for i in s.evolving if np.dtype(plan.var_dtypes[i]) != explicit}
+    udyn, static = split_static(call, (args, kwargs))
+    shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in udyn)
+    x64 = bool(jax.config.read("jax_enable_x64"))
+    # a repeated call with the same layout skips the setup (as map's fast path)
+    sig: Any = ("carry-call", _layout(obj), _freeze(o.__dict__), static, shapes,
+                tuple(kernels), x64, None if explicit is None else str(explicit))
+    try:
+        hash(sig)
+    except TypeError:
+        sig = None
+
+    def decide() -> Any:
+        s = setup(call, obj, kernels, o, args, kwargs)
+        plan = s.plan
+        if explicit is not None:
+            casts = {i: explicit for i in s.evolving
+                     if np.dtype(plan.var_dtypes[i]) != explicit}
+        else:
+            cdt = coord_dtype(plan)
+            found = compiled(owner, ("carry", plan, static, shapes, tuple(kernels), str(cdt),
+                                     x64),
+                             lambda: carry_dtypes(call, plan, kernels, args, kwargs, cdt).copy)()
+            casts = {i: d for i, d in found.items() if i in s.evolving}
+        names = plan.var_names
+        return lambda: (dict(casts), names)
+
+    if sig is None:
+        casts, names = decide()()
     else:
-        udyn, static = split_static(call, (args, kwargs))
-        shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in udyn)
-        cdt = coord_dtype(plan)
-        found = compiled(owner, ("carry", plan, static, shapes, tuple(kernels), str(cdt),
-                                 bool(jax.config.read("jax_enable_x64"))),
-                         lambda: carry_dtypes(call, plan, kernels, args, kwargs, cdt).copy)()
-        casts = {i: d for i, d in found.items() if i in s.evolving}
-    return cast_state(obj, casts, plan.var_names)
+        casts, names = compiled(owner, sig, decide)()
+    return cast_state(obj, casts, names)
+
+
+def _freeze(x: Any) -> Any:
+    """A hashable stand-in for option values (mappings, sequences, arrays)."""
+    if isinstance(x, Mapping):
+        return ("<map>",) + tuple((k, _freeze(v)) for k, v in x.items())
+    if isinstance(x, list | tuple):
+        return (type(x).__name__,) + tuple(_freeze(v) for v in x)
+    if isinstance(x, np.ndarray):
+        return ("<array>", x.dtype.str, x.shape, x.tobytes())
+    return (type(x), x)
+
+
+def _layout(obj: Any) -> Any:
+    """What decides a scan's plan and dtypes, apart from the options: the
+    type, each variable's dims, shape and dtype, and the coordinates' dims
+    and dtypes."""
+    if isinstance(obj, xr.DataArray):
+        variables: Any = [(None, obj.variable)]
+    elif isinstance(obj, xr.Dataset):
+        variables = [(str(n), obj[n].variable) for n in obj.data_vars]
+    else:
+        return ("other", id(obj))
+    coords = tuple((str(k), v.dims, str(v.dtype)) for k, v in obj.coords.variables.items())
+    return (type(obj).__name__, tuple((n, v.dims, v.shape, str(v.dtype)) for n, v in variables),
+            coords)
 
 
 def cast_state(obj: Any, casts: Mapping[int, Any], names: Sequence[str] | None) -> Any:
