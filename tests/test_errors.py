@@ -204,7 +204,7 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      XStencilError, E(f"{DSM}: boundary 'fill' on int16 data needs fill_value=...")),
     # -- mesh -------------------------------------------------------------------
     ("mesh-unknown-option", lambda: DA.stencil.mesh(bndry="fill"), XStencilError,
-     E("unknown option(s) ['bndry']; accepted are ['boundary', 'devices', 'fill_value'")),
+     E("unknown option(s) ['bndry']; accepted are ['at', 'boundary', 'devices', 'dtype'")),
     ("mesh-no-regions", lambda: DA.stencil.mesh().map(), XStencilError,
      E(f"{MESH}: the mesh has no regions; assign kernels with m[...] = f")),
     ("mesh-bad-key", lambda: _mesh_assign(3), XStencilError,

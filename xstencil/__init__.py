@@ -23,6 +23,7 @@ from xstencil._errors import LabelError as LabelError
 from xstencil._errors import WindowIndexError as WindowIndexError
 from xstencil._errors import XStencilError as XStencilError
 from xstencil._labelled import pytree as _pytree
+from xstencil._labelled.dtypes import PrecisionWarning as PrecisionWarning
 from xstencil._labelled.iterate import Converged as Converged
 from xstencil._labelled.iterate import iterate as iterate
 from xstencil._labelled.map import map as map
@@ -41,6 +42,7 @@ __all__ = [
     "KernelMesh",
     "LabelError",
     "Mesh",
+    "PrecisionWarning",
     "StencilAccessor",
     "Window",
     "WindowIndexError",

@@ -251,7 +251,7 @@ class BlockMap:
         key = (self.token, tuple(geom), tuple(edges), tuple(regions),
                tuple((x.shape, str(x.dtype)) for x in arrays))
         fn = _cached(key, lambda: self._build(geom, edges, regions))
-        with precision(arrays, self.dyn):
+        with precision(arrays, self.dyn, self.plan.dtype_probe()):
             out = fn(list(arrays), coords, list(self.dyn), list(masks))
         return np.asarray(out)
 
@@ -331,7 +331,7 @@ def _leaf_shapes(job: MapJob, static: Any, dyn: Sequence[Any], arrays: Sequence[
         cells.append(jax.ShapeDtypeStruct(shape, x.dtype))
     for c, d in zip(coords, plan.coord_dims, strict=True):
         cells.append(jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), c.dtype))
-    with precision(list(arrays), list(dyn)):
+    with precision(list(arrays), list(dyn), plan.dtype_probe()):
         return jax.eval_shape(job.hooks.caller(plan, job.kernels[-1], static), cells, list(dyn))
 
 

@@ -302,6 +302,6 @@ def prepared(job: MapJob) -> tuple[Callable[..., Any], tuple[Any, ...]]:
 def map_sharded(job: MapJob) -> Any:
     """Run a map (or mesh map) under ``shard_map``; the output keeps the
     input's sharding."""
-    with precision(job.arrays, job.args, job.kwargs):
+    with precision(job.arrays, job.args, job.kwargs, job.plan.dtype_probe()):
         fn, inputs = prepared(job)
         return fn(*inputs)

@@ -21,7 +21,24 @@ import numpy as np
 from xstencil._errors import XStencilError
 
 __all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static", "promote",
-           "settled"]
+           "dtype_kind", "is_weak", "settled"]
+
+
+def dtype_kind(dtype: Any) -> str:
+    """numpy's one-letter kind of ``dtype``, with JAX's extra floats
+    (bfloat16, float8_*: numpy kind ``"V"``) reported as ``"f"``."""
+    dt = np.dtype(dtype)
+    if dt.kind == "V" and jnp.issubdtype(dt, jnp.floating):
+        return "f"
+    return dt.kind
+
+
+def is_weak(x: Any) -> bool:
+    """Whether ``x`` is weakly typed (a Python scalar's type in JAX)."""
+    try:
+        return bool(jax.typeof(x).weak_type)
+    except TypeError:
+        return False
 
 
 def _dtype(x: Any) -> Any:
@@ -57,7 +74,7 @@ def as_array(call: str, arg: str, x: Any) -> Any:
     if isinstance(x, jax.Array | jax.core.Tracer):
         return x
     if isinstance(x, np.ndarray | np.generic):
-        if x.dtype.kind not in "biufc":
+        if dtype_kind(x.dtype) not in "biufc":
             raise XStencilError(
                 f"{call}: {arg} has dtype {x.dtype}, which is not numeric; stencils run on "
                 f"bool, int, float or complex data (convert with .astype(float))"

@@ -24,7 +24,14 @@ import jax
 import numpy as np
 
 from xstencil._engine.advice import TRACED_ADVICE, is_traced_error
-from xstencil._engine.call import as_array, merge_static, precision, promote, split_static
+from xstencil._engine.call import (
+    as_array,
+    is_weak,
+    merge_static,
+    precision,
+    promote,
+    split_static,
+)
 from xstencil._engine.kscan import kscan_array
 from xstencil._engine.kxargs import (
     MAX_HALO,
@@ -196,11 +203,12 @@ class KernelMesh:
                     )
                 if scanning or self._kind == "smap":
                     return out.astype(x.dtype)  # written back into the input's array
-                if keep_input:
-                    # uncovered cells keep the input: promote with its dtype so
-                    # that mesh regions and uncovered cells agree
+                if keep_input or is_weak(out):
+                    # uncovered cells keep the input, or a Python scalar (weakly
+                    # typed): promote with the input's dtype, as in JAX, so that
+                    # mesh regions and uncovered cells agree
                     return out.astype(promote(x.dtype, out))
-                return out  # kmap follows the kernel's dtype, as kernex does
+                return out  # kmap keeps the kernel's dtype (as the labelled map does)
 
             return kernel_call
 

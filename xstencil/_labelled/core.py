@@ -13,7 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.call import as_array, merge_static, precision, settled, split_static
+from xstencil._engine.call import (
+    as_array,
+    dtype_kind,
+    is_weak,
+    merge_static,
+    precision,
+    promote,
+    settled,
+    split_static,
+)
 from xstencil._engine.coords import (
     coord_values,
     numeric_coord,
@@ -71,7 +80,7 @@ class Fields:
 
 
 def _check_dtype(call: str, name: str, dtype: Any) -> None:
-    if np.dtype(dtype).kind not in "biufc":
+    if dtype_kind(dtype) not in "biufc":
         raise XStencilError(
             f"{call}: {name} has dtype {np.dtype(dtype)}, which is not numeric; stencils run "
             f"on bool, int, float or complex data (convert with .astype(float))"
@@ -255,7 +264,26 @@ def sources(plan: Plan, arrays: Sequence[Any], coords: Sequence[Any]) -> list[So
 def _out_dtype(plan: Plan, name: str | None) -> Any:
     if plan.var_names is not None and name in plan.var_names:
         return plan.var_dtypes[plan.var_names.index(name)]
-    return np.result_type(*plan.var_dtypes)
+    return promote(*plan.var_dtypes)
+
+
+def dtype_probe(plan: Plan) -> Any:
+    """See :meth:`Plan.dtype_probe`."""
+    return plan.dtype_probe()
+
+
+def result_dtype(plan: Plan, name: str | None, v: Any) -> Any:
+    """The dtype of a kernel result ``v`` for variable ``name`` (see
+    ``Plan.out_dtype``): the kernel's own dtype, a Python scalar's (weakly
+    typed) resolved against the data's dtype as JAX would; the state's dtype
+    (scans); or an explicit ``dtype=``."""
+    if plan.out_dtype is None:
+        return _out_dtype(plan, name)
+    if isinstance(plan.out_dtype, np.dtype):
+        return plan.out_dtype
+    if is_weak(v):
+        return promote(v, _out_dtype(plan, name))
+    return v.dtype
 
 
 def windows(plan: Plan, cells: Sequence[Any]) -> Any:
@@ -311,15 +339,15 @@ def normalize(plan: Plan, name: str, out: Any) -> Any:
             if not isinstance(k, str):
                 raise XStencilError(f"{plan.call}: kernel {name!r} returned a dict with key "
                                     f"{k!r}; keys must be variable names (str)")
-            res[k] = _leaf(plan, name, v, _out_dtype(plan, k))
+            res[k] = _leaf(plan, name, v, k)
         return res
     if isinstance(out, Mapping):
         raise XStencilError(
             f"{plan.call}: kernel {name!r} returned a dict, which only a Dataset kernel may do")
-    return _leaf(plan, name, out, _out_dtype(plan, None))
+    return _leaf(plan, name, out, None)
 
 
-def _leaf(plan: Plan, name: str, v: Any, dtype: Any) -> Any:
+def _leaf(plan: Plan, name: str, v: Any, var: str | None) -> Any:
     v = jnp.asarray(v)
     if v.ndim != len(plan.output_dims):
         if not plan.output_dims:
@@ -332,7 +360,7 @@ def _leaf(plan: Plan, name: str, v: Any, dtype: Any) -> Any:
             f"{plan.call}: kernel {name!r} returned shape {v.shape} per point, which does not "
             f"match output_dims={plan.output_dims!r}"
         )
-    return v.astype(dtype)
+    return v.astype(result_dtype(plan, var, v))
 
 
 def identity_caller(plan: Plan, like: Callable[..., Any]) -> Callable[..., Any]:
@@ -352,12 +380,23 @@ def identity_caller(plan: Plan, like: Callable[..., Any]) -> Callable[..., Any]:
                         f"{plan.call}: a mesh kernel returned {n!r}, which is not a data "
                         f"variable, so uncovered points have no input value to keep")
                 c = centres[plan.var_names.index(n)]
-                out[n] = jnp.broadcast_to(c[(...,) + (None,) * sd.ndim], sd.shape).astype(sd.dtype)
+                out[n] = jnp.broadcast_to(c[(...,) + (None,) * sd.ndim], sd.shape).astype(
+                    _kept_dtype(plan, c, sd))
             return out
         c = centres[0]
-        return jnp.broadcast_to(c, shapes.shape).astype(shapes.dtype)
+        return jnp.broadcast_to(c, shapes.shape).astype(_kept_dtype(plan, c, shapes))
 
     return keep
+
+
+def _kept_dtype(plan: Plan, centre: Any, shape: Any) -> Any:
+    """The dtype of kept input values: the input's own (promoted with the
+    kernels' results by the mesh), the state's (scans) or ``dtype=``."""
+    if plan.out_dtype is None:
+        return shape.dtype
+    if isinstance(plan.out_dtype, np.dtype):
+        return plan.out_dtype
+    return centre.dtype
 
 
 # -- compile cache: see kcache.py ------------------------------------------------------
@@ -376,7 +415,7 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
     kernels (``"lifted"``), for the repeat-call fast path.
     """
     lifted = kernels if isinstance(kernels, Lifted) else describe(kernels)
-    with precision(f.arrays, args, kwargs):
+    with precision(f.arrays, args, kwargs, dtype_probe(plan)):
         # numpy data goes to the compiled function as it is (jit moves it once)
         arrays = [x if isinstance(x, np.ndarray) and x.dtype.kind in "biufc"
                   else as_array(plan.call, "the data", x) for x in f.arrays]

@@ -30,7 +30,14 @@ import xarray as xr
 from xstencil._engine.call import is_wide, precision, settled, split_static
 from xstencil._engine.coords import coord_values
 from xstencil._engine.kcache import Lifted, peek, put
-from xstencil._labelled.core import Fields, coord_arrays, host64, replace_data, rewrap
+from xstencil._labelled.core import (
+    Fields,
+    coord_arrays,
+    dtype_probe,
+    host64,
+    replace_data,
+    rewrap,
+)
 from xstencil._labelled.plan import Plan
 
 __all__ = ["Entry", "signature", "lookup", "run", "remember"]
@@ -142,4 +149,5 @@ def remember(lifted: Lifted, sig: Hashable | None, obj: Any, plan: Plan, f: Fiel
     simple = not plan.output_dims and all(
         s == slice(0, n, 1) for s, n in zip(index.values(), plan.shape, strict=True))
     put(("fast", lifted.key, sig), Entry(plan, fn, coords, _coord_sources(obj, plan), values,
-                                         is_wide(f.arrays, args, kwargs), simple))
+                                         is_wide(f.arrays, args, kwargs, dtype_probe(plan)),
+                                         simple))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import jax
@@ -15,6 +16,7 @@ from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
 from xstencil._labelled.dispatch import devices_arg, map_scaled
+from xstencil._labelled.dtypes import out_dtype
 from xstencil._labelled.fastpath import lookup, remember, run, signature
 from xstencil._labelled.returns import check_new_vars, result_dims
 from xstencil._labelled.sizes import check_inputs
@@ -38,6 +40,7 @@ def map(  # noqa: A001 - the contract's name
     new_vars: str | Sequence[str] | None = None,
     grid: Any = None,
     at: Mapping[str, str] | None = None,
+    dtype: Any = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Apply a stencil kernel at every point of a DataArray or Dataset.
@@ -98,12 +101,18 @@ def map(  # noqa: A001 - the contract's name
         ``s["v"](X=0.5)``; see :doc:`/staggered`.
     mesh
         Deprecated spelling of ``devices`` (a DeprecationWarning says so).
+    dtype
+        Cast the results to this dtype.  By default the result has the dtype
+        the kernel returns (numpy's and JAX's rule; see :doc:`/dtypes`).
 
     Returns
     -------
     DataArray or Dataset
         With the input's dims, dim order, coords, attrs and name, holding a
-        JAX array of the input's dtype (float64 stays float64).
+        JAX array of the dtype the kernel returns: a sum over a uint8 or bool
+        window is an integer of JAX's default width, a kernel that computes
+        in float32 returns float32, and a Python scalar takes the data's
+        dtype.  float64 data stays float64 when JAX's x64 flag is off.
 
     Notes
     -----
@@ -137,21 +146,24 @@ def map(  # noqa: A001 - the contract's name
                             f"of one window, e.g. lambda u: u(x=1) - u(x=-1)")
     devices = devices_arg(call, devices, mesh)
     if grid is not None or at is not None:  # staggered: translated into a plain call
-        return map_grid(map, obj, kernel, args, kwargs, grid=grid, at=at, window=window,
-                        boundary=boundary, fill_value=fill_value, stride=stride,
-                        output_dims=output_dims, period=period, mesh=devices)
+        res = map_grid(map, obj, kernel, args, kwargs, grid=grid, at=at, window=window,
+                       boundary=boundary, fill_value=fill_value, stride=stride,
+                       output_dims=output_dims, period=period, mesh=devices)
+        return res if dtype is None else res.astype(out_dtype(call, dtype))
     sig = None
     lifted = describe([kernel])  # the compile-cache key and closed-over arrays (kcache.py)
     if devices is None:  # a repeated call: skip validation and planning (see fastpath.py)
-        sig = signature(obj, (window, boundary, fill_value, stride, output_dims, period),
-                        args, kwargs)
+        sig = signature(obj, (window, boundary, fill_value, stride, output_dims, period,
+                              str(dtype) if dtype is not None else None), args, kwargs)
         entry = None if sig is None else lookup(lifted, sig, obj)
         if entry is not None:
             return run(entry, obj, args, kwargs, lifted)
+    result = out_dtype(call, dtype)
     f = unwrap(call, obj)
     check_inputs(call, f.names or (None,), f.arrays)  # e.g. a huge broadcast view
     plan = prepare(call, f, [kernel], window=window, boundary=boundary, fill_value=fill_value,
                    stride=stride, output_dims=output_dims, args=args, kwargs=kwargs)
+    plan = replace(plan, out_dtype=result)
     leaf_dims = None
     if f.names is not None:  # each result gets its own dims (returns.py)
         leaf_dims = _leaf_dims(plan, f, kernel, lifted, args, kwargs, new_vars)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from xstencil._labelled.core import (
     unwrap,
 )
 from xstencil._labelled.dispatch import devices_arg, map_scaled
+from xstencil._labelled.dtypes import out_dtype
 from xstencil._labelled.mesh_checks import align_mask, warn_empty
 from xstencil._labelled.options import MESH
 from xstencil._labelled.plan import Plan
@@ -336,11 +337,18 @@ class Mesh:
                 out.append(Slab(tuple(ranges)))  # type: ignore[arg-type]
         return out, masks
 
-    def map(self, *args: Any, **kwargs: Any) -> xr.DataArray | xr.Dataset:
-        """Run the mesh over the data; extra arguments go to every kernel."""
+    def map(self, *args: Any, dtype: Any = None, **kwargs: Any) -> xr.DataArray | xr.Dataset:
+        """Run the mesh over the data; extra arguments go to every kernel.
+
+        The result has the promoted dtype of the kernels' results (and of the
+        input, where points no region covers keep it); ``dtype=`` (here or in
+        :func:`mesh`) casts explicitly.
+        """
         call = self._call.replace("mesh(...)", "mesh(...).map()")
         self._current()
+        result = out_dtype(call, self._options.get("dtype") if dtype is None else dtype)
         plan, _ = self._plan(call=call, args=args, kwargs=kwargs)
+        plan = replace(plan, out_dtype=result)
         regions, masks = self.regions(plan)
         kernels = tuple(k for _, k in self._regions)
         leaf_dims = None
@@ -410,9 +418,9 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh | GridMesh:
         The data.
     **options
         ``window``, ``boundary``, ``fill_value``, ``stride``, ``output_dims``,
-        ``period``, ``devices`` (``mesh`` is its deprecated spelling) and
-        ``new_vars``, as for :func:`xstencil.map`; ``grid`` and ``at`` for a
-        staggered grid (see :doc:`/staggered`).
+        ``period``, ``devices`` (``mesh`` is its deprecated spelling),
+        ``new_vars`` and ``dtype``, as for :func:`xstencil.map`; ``grid`` and
+        ``at`` for a staggered grid (see :doc:`/staggered`).
 
     Returns
     -------

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from xstencil._engine.boundary import MODE_HELP, MODES, canonical_mode
+from xstencil._engine.call import dtype_kind
 from xstencil._engine.lower import AxisGeom
 from xstencil._engine.spec import AxisSpec, geometry
 from xstencil._engine.window import Window, WindowSet, positional_read
@@ -49,6 +51,16 @@ class Plan:
     var_dtypes: tuple[Any, ...]
     coord_dims: tuple[str, ...]
     output_dims: tuple[str, ...] = ()
+    #: the dtype of the results: ``None``, each variable's own (a scan's
+    #: state); ``"kernel"``, the dtype the kernel returns (map and mesh);
+    #: a ``numpy.dtype``, an explicit ``dtype=`` cast
+    out_dtype: Any = None
+
+    def dtype_probe(self) -> Any:
+        """A zero-size array of an explicit ``dtype=`` (``None`` without one),
+        for :func:`~xstencil._engine.call.precision`: a requested float64 runs
+        under x64."""
+        return np.zeros(0, self.out_dtype) if isinstance(self.out_dtype, np.dtype) else None
 
     @property
     def geom(self) -> list[AxisGeom]:
@@ -176,13 +188,14 @@ def fill_for(call: str, fill_value: Any, dtypes: Sequence[Any], needed: bool,
         if not needed:
             return None
         for k, dt in enumerate(dtypes):
-            if np.dtype(dt).kind not in "fc":
+            if dtype_kind(dt) not in "fc":
                 raise XStencilError(
                     f"{call}: boundary 'fill' on {np.dtype(dt)} data needs fill_value=...; the "
                     f"default NaN has no {np.dtype(dt)} value{what(k)} (pass e.g. fill_value=0, or "
                     f"another boundary mode)"
                 )
         return math.nan
+    fill_value = exact_fill(call, fill_value)
     for k, dt in enumerate(dtypes):
         if not fits(fill_value, dt):
             raise XStencilError(
@@ -202,6 +215,36 @@ def check_fill(call: str, fill_value: Any) -> None:
             fill_value, numbers.Number | np.generic) or np.ndim(fill_value) != 0):
         raise XStencilError(
             f"{call}: fill_value={fill_value!r:.60} must be a number, such as fill_value=0.0")
+    exact_fill(call, fill_value)
+
+
+def exact_fill(call: str, fill_value: Any) -> Any:
+    """``fill_value`` as a Python or numpy number: other numbers (``Decimal``,
+    ``Fraction``) are converted when the conversion is exact, else raise."""
+    if fill_value is None or isinstance(fill_value, np.generic | int | float | complex):
+        return fill_value
+    for kind in (int, float):
+        try:
+            v = kind(fill_value)
+        except (TypeError, ValueError, OverflowError, ArithmeticError):
+            continue
+        try:
+            same = bool(v == fill_value)
+        except (TypeError, ArithmeticError):
+            same = False
+        if same:
+            return v
+    raise XStencilError(
+        f"{call}: fill_value={fill_value!r:.60} ({type(fill_value).__name__}) has no exact "
+        f"int or float value; pass a Python int or float, e.g. fill_value="
+        f"{_approx(fill_value)!r}")
+
+
+def _approx(v: Any) -> Any:
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError, ArithmeticError):
+        return 0.0
 
 
 def fits(value: Any, dtype: Any) -> bool:
@@ -217,6 +260,10 @@ def fits(value: Any, dtype: Any) -> bool:
         return bool(info.min <= v <= info.max)
     if dt.kind == "b":
         return v in (0, 1)
+    if dtype_kind(dt) in "fc":  # a finite value beyond the dtype's range would become inf
+        big = float(jnp.finfo(dt).max)
+        parts = (v.real, v.imag) if isinstance(v, complex) else (v,)
+        return all(not math.isfinite(p) or abs(p) <= big for p in parts)
     return True
 
 

@@ -18,6 +18,12 @@ object has lost that dim): rename and reassign them, e.g.
 not arrays (placeholders JAX uses internally) are kept aside and returned
 unchanged by the next flatten.
 
+A 64-bit leaf that comes back 32-bit inside a transform (JAX's x64 flag is
+off, so ``jax.jit`` and the ``lax`` loops convert it at their boundary) warns
+with :class:`~xstencil._labelled.dtypes.PrecisionWarning`: the static part
+records which leaves were 64-bit (not compared, so loop carries keep one
+structure).
+
 If another library registered either type first, xstencil keeps that
 registration and warns with :class:`PytreeRegistrationWarning`: JAX allows one
 registration per type, and the other library's rules then apply.
@@ -32,6 +38,8 @@ from typing import Any
 import jax
 import numpy as np
 import xarray as xr
+
+from xstencil._labelled.dtypes import warn_narrowed
 
 __all__ = ["LabelledStatic", "PytreeRegistrationWarning", "register"]
 
@@ -71,7 +79,7 @@ class LabelledStatic:
     """
 
     __slots__ = ("kind", "names", "dims", "attrs", "obj_attrs", "name", "coords", "indexes",
-                 "_hash")
+                 "_hash", "wide")
 
     def __init__(self, kind: str, names: tuple[Hashable, ...], dims: tuple[tuple[Any, ...], ...],
                  attrs: tuple[dict[Any, Any], ...], obj_attrs: dict[Any, Any], name: Hashable,
@@ -79,6 +87,7 @@ class LabelledStatic:
         self.kind, self.names, self.dims, self.attrs = kind, names, dims, attrs
         self.obj_attrs, self.name = obj_attrs, name
         self.coords, self.indexes = coords, indexes
+        self.wide: tuple[Any, ...] = ()  # per leaf: its dtype if 64-bit (not compared)
         shapes = tuple((k, v.dims, v.shape) for k, v in coords.items())
         self._hash = hash((kind, names, dims, name, shapes))
 
@@ -166,6 +175,15 @@ def _leaf(var: xr.Variable) -> tuple[Any, dict[Any, Any]]:
     return var.data, attrs
 
 
+def _wide(leaf: Any) -> Any:
+    """The leaf's dtype if it is a concrete 64-bit array, else None."""
+    if isinstance(leaf, np.ndarray | np.generic | jax.Array) \
+            and not isinstance(leaf, jax.core.Tracer) and leaf.dtype.itemsize >= 8 \
+            and leaf.dtype.kind in "iufc":
+        return leaf.dtype
+    return None
+
+
 def _static_coords(obj: xr.DataArray | xr.Dataset) -> tuple[dict[Hashable, xr.Variable],
                                                             dict[Hashable, Any]]:
     return dict(obj.coords.variables), dict(obj.xindexes)
@@ -175,11 +193,14 @@ def flatten_dataarray(da: xr.DataArray) -> tuple[tuple[Any], LabelledStatic]:
     leaf, attrs = _leaf(da.variable)
     static = LabelledStatic("DataArray", (), (tuple(da.dims),), (attrs,), {}, da.name,
                             *_static_coords(da))
+    static.wide = (_wide(leaf),)
     return (leaf,), static
 
 
 def unflatten_dataarray(static: LabelledStatic, leaves: Any) -> xr.DataArray:
     (leaf,) = leaves
+    if static.wide:
+        warn_narrowed(static.wide[0], leaf)
     var = _variable(leaf, static.dims[0], static.attrs[0])
     coords, indexes, consistent = _coords_for(static, dict(zip(var.dims, var.shape,
                                                                strict=True)))
@@ -203,10 +224,13 @@ def flatten_dataset(ds: xr.Dataset) -> tuple[tuple[Any, ...], LabelledStatic]:
         dims.append(tuple(variables[n].dims))
     static = LabelledStatic("Dataset", names, tuple(dims), tuple(attrs), dict(ds.attrs), None,
                             *_static_coords(ds))
+    static.wide = tuple(_wide(leaf) for leaf in leaves)
     return tuple(leaves), static
 
 
 def unflatten_dataset(static: LabelledStatic, leaves: Any) -> xr.Dataset:
+    for dt, leaf in zip(static.wide, leaves, strict=False):
+        warn_narrowed(dt, leaf)
     variables = {n: _variable(leaf, d, a) for n, leaf, d, a in
                  zip(static.names, leaves, static.dims, static.attrs, strict=True)}
     sizes: dict[Any, int] = {}

@@ -44,6 +44,7 @@ from xstencil._engine.tscan import Var, run_loop, stencil_step, time_reads
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
 from xstencil._labelled.dispatch import devices_arg
+from xstencil._labelled.dtypes import out_dtype, state_dtype
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.scale import scale_out
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite, rewrap
@@ -141,6 +142,7 @@ def scan(
     grid: Any = None,
     at: Mapping[str, str] | None = None,
     mesh: Any = None,
+    dtype: Any = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Scan a stencil kernel along a dim: explicit time stepping.
@@ -205,6 +207,11 @@ def scan(
         its own position.  See :doc:`/staggered`.
     mesh
         Deprecated spelling of ``devices`` (a DeprecationWarning says so).
+    dtype
+        The state's dtype: the input is cast to it and each step's result is
+        cast to it.  By default the state takes the promoted dtype of the
+        input and the kernel's result (so a uint8 sum does not wrap and a
+        float32 kernel on int data gives float32); see :doc:`/dtypes`.
 
     Returns
     -------
@@ -257,10 +264,13 @@ def scan(
     if step is not None:
         if kernel is not None:
             raise XStencilError(f"{call}: pass a kernel or step=, not both")
-        return run_step(call, obj, step, o, args, kwargs)
+        if dtype is not None:
+            obj = obj.astype(out_dtype(call, dtype))
+        return run_step(call, obj, step, o, args, kwargs, dtype)
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(time=-1) + ..., or step=fn")
+    obj = state_dtype(call, obj, [kernel], kernel, o, args, kwargs, dtype)
     out = scale_out(obj, kernel, dim, args, dict(
         window=window, boundary=boundary, fill_value=fill_value, steps=steps, dt=dt,
         coord=coord, save_every=save_every, period=period, progress=progress,
@@ -280,6 +290,7 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
     known = {"window", "boundary", "fill_value", "steps", "dt", "coord", "save_every",
              "progress", "checkpoint", "check_finite", "period"}
     halo_every = options.pop("halo_every", None)
+    dtype = options.pop("dtype", m._options.get("dtype"))
     kwargs = {k: v for k, v in options.items() if k not in known}
     opts.update({k: v for k, v in options.items() if k in known})
     o = _options(call, dim, opts.get("window"), opts.get("boundary", "fill"),
@@ -289,12 +300,13 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                  opts.get("period"))
     if not m._regions:
         raise XStencilError(f"{call}: the mesh has no regions; assign kernels with m[...] = f")
-    out = scale_out(m._obj, None, dim, args, {**opts, **kwargs},
+    kernels = [k for _, k in m._regions]
+    obj = state_dtype(call, m._obj, kernels, m, o, args, kwargs, dtype)
+    out = scale_out(obj, None, dim, args, {**opts, **kwargs},
                     devices=m._options.get("devices"), halo_every=halo_every, function_mesh=m)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
-    kernels = [k for _, k in m._regions]
-    return _run(call, m._obj, kernels, m, m, o, args, kwargs)
+    return _run(call, obj, kernels, m, m, o, args, kwargs)
 
 
 # -- running ----------------------------------------------------------------------------

@@ -51,6 +51,17 @@ def finite(call: str, bad: Any, tvals: Any, dim: str) -> None:
     """Raise for ``check_finite=True`` when the loop reported the first
     position ``bad`` (>= 0) holding a NaN or Inf; ``tvals`` labels it."""
     if isinstance(bad, jax.core.Tracer):
+        # inside jax.jit/vmap/grad/lax loops: check when the values exist, from a
+        # callback; the error reaches the caller wrapped in a JaxRuntimeError
+        # that carries this message (as equinox's error_if does)
+        def check(b: Any) -> None:
+            b = np.asarray(b).ravel()
+            hit = b[b >= 0]
+            if hit.size:
+                raise not_finite(call, dim, tvals, int(hit.min()),
+                                 " (raised inside a JAX transform)")
+
+        jax.debug.callback(check, bad)
         return
     if int(bad) >= 0:
         raise not_finite(call, dim, tvals, int(bad))

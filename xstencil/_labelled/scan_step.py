@@ -15,7 +15,7 @@ import xarray as xr
 from xstencil import _progress
 from xstencil._backends.dask import any_dask
 from xstencil._backends.shard import is_sharded
-from xstencil._engine.call import as_array, merge_static, precision, split_static
+from xstencil._engine.call import as_array, merge_static, precision, promote, split_static
 from xstencil._engine.kcache import compiled
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
@@ -26,8 +26,12 @@ from xstencil._labelled.scan_setup import Opts, grown_coord
 __all__ = ["run_step"]
 
 
-def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any) -> Any:
-    """``scan(obj, step=fn, steps=N)``: ``fn`` maps the previous state to the next."""
+def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any,
+             dtype: Any = None) -> Any:
+    """``scan(obj, step=fn, steps=N)``: ``fn`` maps the previous state to the next.
+
+    The state has the promoted dtype of the input and the step's result, or
+    ``dtype`` (already applied to ``obj``), to which each result is cast."""
     dim = o.dim
     if o.steps is None:
         raise XStencilError(f"{call}: step= grows a trajectory from an initial state; pass "
@@ -81,6 +85,16 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any) -> A
             return _step_result(call, new, names, template, datas)
 
         shapes = jax.eval_shape(apply, arrays, udyn)
+        for _ in range(4):  # the state takes the promoted dtype of input and result
+            wider = [promote(x.dtype, sd.dtype) if sd is not None and dtype is None
+                     else x.dtype for x, sd in zip(arrays, shapes, strict=True)]
+            if all(w == x.dtype for w, x in zip(wider, arrays, strict=True)):
+                break
+            arrays = [x.astype(w) for x, w in zip(arrays, wider, strict=True)]
+            shapes = jax.eval_shape(apply, arrays, udyn)
+        else:
+            raise XStencilError(f"{call}: the step's result dtype keeps widening from step "
+                                f"to step; pass dtype=... to fix the state's dtype")
         evolving = [i for i, (x, sd) in enumerate(zip(arrays, shapes, strict=True))
                     if sd is not None]
         loop = Loop(1, o.steps, o.save_every, 1, 0, 0, "fill", o.checkpoint,
