@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import pytest
 import xarray as xr
 
 import xstencil
@@ -195,3 +196,20 @@ def test_scans_compile_once() -> None:
         h = h - 0.1 * (h - np.roll(h, 1, 1))
     np.testing.assert_allclose(outs[1].h.values, h, rtol=1e-12)
     np.testing.assert_allclose(outs[1].u.values, ds.u.values, rtol=1e-12)
+
+
+def test_new_vars_reach_the_grid_call() -> None:
+    """A dict result with a new name needs ``new_vars`` on a grid too (it
+    used to be dropped, so the error's advice could not be followed)."""
+    ds = c_grid()
+    kernel = lambda s: {"hu": 0.5 * (s.h(X=-0.5) + s.h(X=0.5))}  # noqa: E731
+    at = {"X": "left", "Y": "center"}
+    with pytest.raises(xstencil.XStencilError, match=r"returned 'hu'.*new_vars=\('hu',\)"):
+        ds.stencil.map(kernel, grid=GRID, at=at, boundary="periodic")
+    out = ds.stencil.map(kernel, grid=GRID, at=at, boundary="periodic", new_vars=("hu",))
+    h = ds.h.values
+    assert out.hu.dims == ("y_c", "x_g")
+    np.testing.assert_allclose(out.hu.values, 0.5 * (np.roll(h, 1, 1) + h), rtol=1e-12)
+    with pytest.raises(xstencil.XStencilError, match=r"new_vars=.*is for Dataset kernels"):
+        ds.h.stencil.map(lambda u: u(X=0), grid=GRID, at=CENTRE, boundary="periodic",
+                         new_vars=("hu",))

@@ -135,7 +135,7 @@ def map(  # noqa: A001 - the contract's name
     if grid is not None or at is not None:  # staggered: translated into a plain call
         return map_grid(map, obj, kernel, args, kwargs, grid=grid, at=at, window=window,
                         boundary=boundary, fill_value=fill_value, stride=stride,
-                        output_dims=output_dims, period=period, mesh=mesh)
+                        output_dims=output_dims, period=period, mesh=mesh, new_vars=new_vars)
     sig = None
     lifted = describe([kernel])  # the compile-cache key and closed-over arrays (kcache.py)
     if mesh is None:  # a repeated call: skip validation and planning (see fastpath.py)

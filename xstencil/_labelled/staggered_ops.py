@@ -139,13 +139,16 @@ def _check_kernel(call: str, kernel: Any) -> None:
 
 def map_grid(run: Callable[..., Any], obj: Any, kernel: Any, args: Any, kwargs: Any, *,
              grid: Any, at: Any, window: Any, boundary: Any, fill_value: Any, stride: Any,
-             output_dims: Any, period: Any, mesh: Any) -> Any:
+             output_dims: Any, period: Any, mesh: Any, new_vars: Any = None) -> Any:
     """``map`` on a staggered grid; ``run`` is :func:`xstencil.map`."""
     call = _call(obj, "map")
     _check_kernel(call, kernel)
     if mesh is not None:
         raise XStencilError(f"{call}: mesh= (devices) is not supported with grid= yet; run "
                             f"in memory or on dask-backed data")
+    if new_vars is not None and isinstance(obj, xr.DataArray):
+        raise XStencilError(f"{call}: new_vars={new_vars!r:.60} is for Dataset kernels that "
+                            f"return a dict; a DataArray kernel returns one value")
     lay, out_at = layout(call, obj, grid, at, None if boundary is FILL else boundary,
                          fill_value, period, cache=True)
     spec = lay.spec(out_at)
@@ -153,7 +156,7 @@ def map_grid(run: Callable[..., Any], obj: Any, kernel: Any, args: Any, kwargs: 
     res = run(lay.plain, wrap(kernel, spec), *args, window=_by_axis(lay, window, "window"),
               boundary=lay.boundary, fill_value=lay.fill_value,
               stride=_by_axis(lay, stride, "stride"), output_dims=output_dims,
-              period=_period(lay, period), **kwargs)
+              period=_period(lay, period), new_vars=new_vars, **kwargs)
     return restore(lay, res, dict.fromkeys(names, out_at), out_at)
 
 
