@@ -176,7 +176,7 @@ def test_attrs_and_dataset_outputs(x64: None) -> None:
     ds = c_grid()
     g = grid(ds, "periodic")
     out = ds.stencil.map(lambda s: {"u": 2 * s.u(), "hu": 0.5 * (s.h(X=-0.5) + s.h(X=0.5))},
-                         grid=g, at={"X": "left", "Y": "center"})
+                         grid=g, at={"X": "left", "Y": "center"}, new_vars=("hu",))
     assert out["u"].attrs == {"units": "m/s"}
     assert out.attrs == ds.attrs
     assert out["hu"].dims == ("y_c", "x_g")

@@ -148,7 +148,8 @@ def map(  # noqa: A001 - the contract's name
     if grid is not None or at is not None:  # staggered: translated into a plain call
         res = map_grid(map, obj, kernel, args, kwargs, grid=grid, at=at, window=window,
                        boundary=boundary, fill_value=fill_value, stride=stride,
-                       output_dims=output_dims, period=period, mesh=devices)
+                       output_dims=output_dims, period=period, mesh=devices,
+                       new_vars=new_vars)
         return res if dtype is None else res.astype(out_dtype(call, dtype))
     sig = None
     lifted = describe([kernel])  # the compile-cache key and closed-over arrays (kcache.py)

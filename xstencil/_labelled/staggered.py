@@ -32,6 +32,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.coords import numeric_coord
+from xstencil._engine.kcache import peek, put
 from xstencil._errors import XStencilError
 from xstencil._labelled.grid import Grid, parse_grid
 from xstencil._labelled.grid_window import Axes
@@ -42,9 +43,14 @@ HIDDEN = "__xs_"
 _POS = ("center", "left", "right")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Spec:
-    """What the kernel wrapper needs to build the staggered windows (hashable)."""
+    """What the kernel wrapper needs to build the staggered windows (hashable).
+
+    Slotted, so the compile cache keys the wrapper that closes over it by its
+    value (:func:`~xstencil._engine.kcache.describe`), not by identity: a
+    new but equal spec on every call still reuses the compiled code.
+    """
 
     axes: Axes
     variables: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # name -> (axis, pos)
@@ -238,12 +244,24 @@ def _freeze(x: Any) -> Any:
     return x
 
 
+def _exact(v: Any) -> Any:
+    """``v`` for a cache key, told apart from equal values of another type or
+    sign (``0``, ``0.0``, ``-0.0``, ``False``)."""
+    if isinstance(v, np.generic):
+        return (type(v), v.tobytes())
+    if isinstance(v, float):
+        return (type(v), v.hex())
+    if isinstance(v, complex):
+        return (type(v), v.real.hex(), v.imag.hex())
+    return (type(v), v)
+
+
 def _static_key(call: str, ds: xr.Dataset, grid: Any, at: Any, boundary: Any,
                 fill_value: Any, period: Any, own: bool) -> Any:
     g = _freeze(grid) if grid is None or isinstance(grid, str | Mapping) else ("id", id(grid))
     variables = ds.variables
     try:
-        key = ("staggered-layout", call, g, _freeze(at), _freeze(boundary), fill_value,
+        key = ("staggered-layout", call, g, _freeze(at), _freeze(boundary), _exact(fill_value),
                _freeze(period), own,
                tuple((n, variables[n].dims, variables[n].dtype.str) for n in ds.data_vars),
                tuple(ds.sizes.items()), tuple(ds.coords))
@@ -255,11 +273,12 @@ def _static_key(call: str, ds: xr.Dataset, grid: Any, at: Any, boundary: Any,
 
 def layout(call: str, obj: xr.DataArray | xr.Dataset, grid: Any, at: Any, boundary: Any,
            fill_value: Any, period: Any, *, own_positions: bool = False,
-           cache: dict[Any, Any] | None = None) -> tuple[Layout, dict[str, str]]:
+           cache: bool = False) -> tuple[Layout, dict[str, str]]:
     """Translate ``obj`` for a staggered call; returns the layout and the
     output position (``{}`` when ``own_positions``: each variable stays at
-    its own, and the index dims are the centre dims).  ``cache`` (a kernel's
-    cache table) keeps the structural part between calls."""
+    its own, and the index dims are the centre dims).  ``cache``: keep the
+    structural part between calls, in the compile cache (it does not depend
+    on the kernel; it is checked against the coordinates and grid on reuse)."""
     single = None
     if isinstance(obj, xr.DataArray):
         single = str(obj.name) if obj.name is not None else f"{HIDDEN}data"
@@ -269,13 +288,13 @@ def layout(call: str, obj: xr.DataArray | xr.Dataset, grid: Any, at: Any, bounda
     else:
         raise XStencilError(f"{call}: expected a DataArray or Dataset, got "
                             f"{type(obj).__name__}")
-    key = None if cache is None else _static_key(call, ds, grid, at, boundary, fill_value,
-                                                  period, own_positions)
-    st = None if key is None else cache.get(key)  # type: ignore[union-attr]
+    key = None if not cache else _static_key(call, ds, grid, at, boundary, fill_value,
+                                              period, own_positions)
+    st = None if key is None else peek(key)
     if st is None or not st.valid(ds, grid):
         st = _static(call, ds, grid, at, boundary, fill_value, period, own_positions)
         if key is not None:
-            cache[key] = st  # type: ignore[index]
+            put(key, st)
     g = st.grid
     variables: dict[str, xr.Variable] = {}
     for n in ds.data_vars:

@@ -10,14 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
-from xstencil._engine.kcache import table_of
+from xstencil._engine.call import split_static
+from xstencil._engine.kcache import describe, peek, put, settle
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import coord_dims, unwrap
 from xstencil._labelled.plan import infer_window
-from xstencil._labelled.staggered import Layout, layout
-from xstencil._labelled.staggered_wrap import hidden_used, restore, returned, wrap, wrap_each
+from xstencil._labelled.staggered import Layout, Spec, layout
+from xstencil._labelled.staggered_wrap import recording, restore, wrap, wrap_each
 
 __all__ = ["FILL", "map_grid", "scan_grid", "GridMesh"]
 
@@ -70,16 +72,51 @@ def _probe(lay: Layout, plain: Any, args: Any, kwargs: Any, dim: str | None = No
                  kwargs)
 
 
-def _include(lay: Layout, kernels: Any, spec: Any, args: Any, kwargs: Any,
-             dim: str | None = None) -> None:
+def _include(lay: Layout, kernels: Any, spec: Spec, args: Any, kwargs: Any,
+             dim: str | None = None) -> tuple[str, ...]:
     """Pass only the hidden variables that ``kernels`` read (a dask scan needs
-    every variable on the same dims, and fewer inputs are cheaper)."""
-    used = [hidden_used(k, spec) for k in kernels]
-    if any(u is None for u in used):
-        for k in kernels:
-            _probe(lay, wrap(k, spec), args, kwargs, dim)
-        used = [hidden_used(k, spec) for k in kernels]
-    lay.include = frozenset().union(*[u or frozenset() for u in used])
+    every variable on the same dims, and fewer inputs are cheaper); returns
+    the names the kernels' dict results have."""
+    sides = [_side(lay, {None: k}, {None: spec}, args, kwargs, dim) for k in kernels]
+    lay.include = frozenset().union(*[used for _, used in sides])
+    return tuple(dict.fromkeys(n for names, _ in sides for n in names))
+
+
+def _side(lay: Layout, kernels: Mapping[str | None, Any], specs: Mapping[str | None, Spec],
+          args: Any, kwargs: Any, dim: str | None) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The names of one kernel's dict result and the hidden variables the
+    kernels read (``kernels`` as :func:`~xstencil._labelled.staggered_wrap.recording`
+    takes them), found by one probe trace per kernel structure (their
+    :func:`~xstencil._engine.kcache.describe` key, so a changed global or
+    closure value is traced again), specs, data layout and static arguments,
+    and kept in the compile cache."""
+    lifted = describe(list(kernels.values()))
+    key = _side_key(lay, lifted.key, specs, args, kwargs, dim)
+    got = None if key is None else peek(key)
+    if got is None:
+        used: set[str] = set()
+        names: list[tuple[str, ...]] = []
+        _probe(lay, recording(kernels, specs, used, names), args, kwargs, dim)
+        got = (names[-1] if names else (), frozenset(used))
+        settle(lifted)  # a list the trace wrote to is keyed by identity from now on,
+        key = _side_key(lay, describe(list(kernels.values())).key, specs, args, kwargs, dim)
+        if key is not None:  # so key what the next call will look up
+            put(key, got)
+    return got
+
+
+def _side_key(lay: Layout, kkey: Any, specs: Mapping[str | None, Spec], args: Any,
+              kwargs: Any, dim: str | None) -> Any:
+    dyn, static = split_static(lay.call, (args, kwargs))
+    key = ("staggered-side", kkey, tuple(specs.items()), dim, static,
+           tuple((n, v.dims, v.dtype.str) for n, v in lay.variables.items()),
+           tuple(lay.ds.sizes.items()), tuple(lay.keep),
+           tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in dyn))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _check_scan_outputs(lay: Layout, names: Any, out_at: Mapping[str, str]) -> None:
@@ -102,22 +139,25 @@ def _check_kernel(call: str, kernel: Any) -> None:
 
 def map_grid(run: Callable[..., Any], obj: Any, kernel: Any, args: Any, kwargs: Any, *,
              grid: Any, at: Any, window: Any, boundary: Any, fill_value: Any, stride: Any,
-             output_dims: Any, period: Any, mesh: Any) -> Any:
+             output_dims: Any, period: Any, mesh: Any, new_vars: Any = None) -> Any:
     """``map`` on a staggered grid; ``run`` is :func:`xstencil.map`."""
     call = _call(obj, "map")
     _check_kernel(call, kernel)
     if mesh is not None:
         raise XStencilError(f"{call}: mesh= (devices) is not supported with grid= yet; run "
                             f"in memory or on dask-backed data")
+    if new_vars is not None and isinstance(obj, xr.DataArray):
+        raise XStencilError(f"{call}: new_vars={new_vars!r:.60} is for Dataset kernels that "
+                            f"return a dict; a DataArray kernel returns one value")
     lay, out_at = layout(call, obj, grid, at, None if boundary is FILL else boundary,
-                         fill_value, period, cache=table_of(kernel, create=True))
+                         fill_value, period, cache=True)
     spec = lay.spec(out_at)
-    _include(lay, [kernel], spec, args, kwargs)
+    names = _include(lay, [kernel], spec, args, kwargs)
     res = run(lay.plain, wrap(kernel, spec), *args, window=_by_axis(lay, window, "window"),
               boundary=lay.boundary, fill_value=lay.fill_value,
               stride=_by_axis(lay, stride, "stride"), output_dims=output_dims,
-              period=_period(lay, period), **kwargs)
-    return restore(lay, res, dict.fromkeys(returned(kernel, spec), out_at), out_at)
+              period=_period(lay, period), new_vars=new_vars, **kwargs)
+    return restore(lay, res, dict.fromkeys(names, out_at), out_at)
 
 
 def scan_grid(run: Callable[..., Any], obj: Any, kernel: Any, dim: str, args: Any,
@@ -135,7 +175,7 @@ def scan_grid(run: Callable[..., Any], obj: Any, kernel: Any, dim: str, args: An
             raise XStencilError(f"{call}: with one kernel per variable, each variable stays "
                                 f"at its own position; drop at=")
         lay, _ = layout(call, obj, grid, None, boundary, fill_value, period,
-                        own_positions=True)
+                        own_positions=True, cache=True)
         specs, targets = {}, {}
         for n, k in kernel.items():
             if n not in lay.positions:
@@ -144,24 +184,20 @@ def scan_grid(run: Callable[..., Any], obj: Any, kernel: Any, dim: str, args: An
             _check_kernel(call, k)
             targets[n] = {a: lay.positions[n].get(a, "center") for a in lay.index}
             specs[n] = lay.spec(targets[n])
-        used: set[str] = set()
-        plain = wrap_each(kernel, specs, used)
-        _probe(lay, plain, args, kwargs, dim)
-        lay.include = frozenset(used)
+        plain = wrap_each(kernel, specs)
+        lay.include = _side(lay, kernel, specs, args, kwargs, dim)[1]
         out_at: dict[str, str] = {}
     else:
         _check_kernel(call, kernel)
-        lay, out_at = layout(call, obj, grid, at, boundary, fill_value, period)
+        lay, out_at = layout(call, obj, grid, at, boundary, fill_value, period, cache=True)
         spec = lay.spec(out_at)
         plain = wrap(kernel, spec)
-        _include(lay, [kernel], spec, args, kwargs, dim)
-        _check_scan_outputs(lay, returned(kernel, spec), out_at)
-        targets = {}
+        names = _include(lay, [kernel], spec, args, kwargs, dim)
+        _check_scan_outputs(lay, names, out_at)
+        targets = dict.fromkeys(names, out_at)
     res = run(lay.plain, plain, dim, *args, window=_by_axis(lay, window, "window"),
               boundary=lay.boundary, fill_value=lay.fill_value, period=_period(lay, period),
               **options, **kwargs)
-    if not isinstance(kernel, Mapping):
-        targets = dict.fromkeys(returned(kernel, spec), out_at)
     return restore(lay, res, targets, out_at)
 
 
@@ -204,6 +240,7 @@ class GridMesh:
         self._spec = lay.spec(self._at)
         self._make, self._options = make, options
         self._assigned: list[tuple[bool, Any, Any]] = []  # (by label, key, kernel)
+        self._names: tuple[str, ...] = ()  # of the kernels' dict results (set by _build)
 
     def __repr__(self) -> str:
         return f"<xstencil grid mesh at {self._at}, {len(self._assigned)} region(s)>"
@@ -217,8 +254,8 @@ class GridMesh:
                dim: str | None = None) -> Any:
         lay = self._lay
         if probe:
-            _include(lay, [k for _, _, k in self._assigned], self._spec, args, kwargs or {},
-                     dim)
+            self._names = _include(lay, [k for _, _, k in self._assigned], self._spec, args,
+                                   kwargs or {}, dim)
         m = self._make(lay.plain, boundary=lay.boundary, fill_value=lay.fill_value,
                        **self._options)
         for by_label, key, kernel in self._assigned:
@@ -237,8 +274,7 @@ class GridMesh:
         return _GridLoc(self)
 
     def _restore(self, res: Any) -> Any:
-        names = {n for _, _, k in self._assigned for n in returned(k, self._spec)}
-        return restore(self._lay, res, dict.fromkeys(names, self._at), self._at)
+        return restore(self._lay, res, dict.fromkeys(self._names, self._at), self._at)
 
     def map(self, *args: Any, **kwargs: Any) -> Any:
         """Run the mesh; see :meth:`xstencil.Mesh.map`."""
@@ -249,8 +285,7 @@ class GridMesh:
         dim = args[0] if args else kwargs.get("dim", "time")
         extra = {k: v for k, v in kwargs.items() if k not in _SCAN_OPTIONS}
         m = self._build(True, args[1:], extra, dim)
-        _check_scan_outputs(self._lay, {n for _, _, k in self._assigned
-                                        for n in returned(k, self._spec)}, self._at)
+        _check_scan_outputs(self._lay, self._names, self._at)
         return self._restore(m.scan(*args, **kwargs))
 
 

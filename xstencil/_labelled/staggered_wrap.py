@@ -4,19 +4,17 @@ result renamed back onto the grid's dims."""
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import xarray as xr
 
-from xstencil._engine.kcache import canonical, table_of
 from xstencil._errors import XStencilError
 from xstencil._labelled.grid import OFFSET, Grid
 from xstencil._labelled.grid_window import Axes, StaggeredSet, StaggeredWindow
 from xstencil._labelled.staggered import HIDDEN, Layout, Spec
 
-__all__ = ["windows", "wrap", "wrap_each", "returned", "hidden_used", "restore"]
+__all__ = ["windows", "wrap", "wrap_each", "recording", "restore"]
 
 
 # -- the kernel's argument ---------------------------------------------------------------
@@ -80,52 +78,56 @@ def _at_coord(cwiw: tuple[Any, Any], a: str, axes: Axes) -> Any:
 
 
 def wrap(kernel: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
-    """The plain kernel for a staggered ``kernel``, cached per kernel and spec
-    so that repeated calls reuse the compiled code."""
-    owner = canonical(kernel)
-    table = table_of(owner, create=True)
-    key = ("staggered", spec)
-    if table is not None and key in table:
-        return table[key]
-    ref = weakref.ref(owner) if table is not None else (lambda: owner)
+    """The plain kernel for a staggered ``kernel``.
+
+    A new function on every call, closing over only ``kernel`` and the
+    hashable ``spec``: the compile cache's :func:`~xstencil._engine.kcache.describe`
+    walks it into ``kernel`` (its code, closures, globals), so repeated calls
+    with kernels of the same structure share the compiled code, and a changed
+    value the kernel reads compiles again.  Nothing mutable is closed over
+    (what a trace finds out is recorded by :func:`recording` instead).
+    """
 
     def staggered(s: Any, *args: Any, **kwargs: Any) -> Any:
-        used: set[str] = set()
-        out = ref()(windows(s, spec, used), *args, **kwargs)
-        if table is not None:  # see returned() and hidden_used()
-            if isinstance(out, Mapping):
-                table[("names", spec)] = tuple(out)
-            table[("hidden", spec)] = table.get(("hidden", spec), frozenset()) | used
-        return out
+        return kernel(windows(s, spec), *args, **kwargs)
 
     staggered.__name__ = getattr(kernel, "__name__", "kernel")
     staggered.__qualname__ = getattr(kernel, "__qualname__", staggered.__name__)
-    if table is not None:
-        table[key] = staggered
     return staggered
 
 
-def returned(kernel: Callable[..., Any], spec: Spec) -> tuple[str, ...]:
-    """The names a dict-returning staggered kernel returned when traced."""
-    table = table_of(canonical(kernel))
-    return () if table is None else tuple(table.get(("names", spec), ()))
-
-
-def hidden_used(kernel: Callable[..., Any], spec: Spec) -> frozenset[str] | None:
-    """The hidden variables ``kernel`` read when traced (``None``: not yet traced)."""
-    table = table_of(canonical(kernel))
-    return None if table is None else table.get(("hidden", spec))
-
-
-def wrap_each(kernels: Mapping[str, Callable[..., Any]], specs: Mapping[str, Spec],
-              used: set[str]) -> Callable[..., Any]:
+def wrap_each(kernels: Mapping[str, Callable[..., Any]], specs: Mapping[str, Spec]
+              ) -> Callable[..., Any]:
     """One plain kernel returning ``{name: kernels[name](windows at name's
-    position)}``; the hidden variables read are added to ``used``."""
+    position)}`` (closing over the kernels and specs only, as :func:`wrap`)."""
     items = tuple((n, kernels[n], specs[n]) for n in kernels)
 
     def staggered(s: Any, *args: Any, **kwargs: Any) -> Any:
+        return {n: k(windows(s, sp), *args, **kwargs) for n, k, sp in items}
+
+    return staggered
+
+
+def recording(kernels: Mapping[str | None, Callable[..., Any]],
+              specs: Mapping[str | None, Spec], used: set[str],
+              names: list[tuple[str, ...]]) -> Callable[..., Any]:
+    """For a probe trace only (never cached: it closes over the record): the
+    plain kernel of :func:`wrap` (``kernels`` keyed by ``None``) or of
+    :func:`wrap_each`, adding the hidden variables read to ``used`` and the
+    names of a dict result (one kernel) to ``names``."""
+    items = tuple((n, kernels[n], specs[n]) for n in kernels)
+
+    def staggered(s: Any, *args: Any, **kwargs: Any) -> Any:
+        if items[0][0] is None:
+            _, k, sp = items[0]
+            out = k(windows(s, sp, used), *args, **kwargs)
+            if isinstance(out, Mapping):
+                names.append(tuple(out))
+            return out
         return {n: k(windows(s, sp, used), *args, **kwargs) for n, k, sp in items}
 
+    staggered.__name__ = getattr(items[0][1], "__name__", "kernel")
+    staggered.__qualname__ = getattr(items[0][1], "__qualname__", staggered.__name__)
     return staggered
 
 
