@@ -9,7 +9,7 @@ import xarray as xr
 
 from xstencil._dask import any_dask
 from xstencil._engine.lower import evaluate
-from xstencil._errors import XStencilError
+from xstencil._errors import XStencilError, raised_here
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
 from xstencil._labelled.fastpath import lookup, remember, run, signature
 from xstencil._shard import is_sharded
@@ -17,6 +17,7 @@ from xstencil._shard import is_sharded
 __all__ = ["map"]
 
 
+@raised_here
 def map(  # noqa: A001 - the contract's name
     obj: xr.DataArray | xr.Dataset,
     kernel: Callable[..., Any],

@@ -9,6 +9,7 @@ assigned kernels.  Rectangular regions are computed over their own slab only.
 
 from __future__ import annotations
 
+import html
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import xarray as xr
 
 from xstencil._dask import any_dask
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
-from xstencil._errors import LabelError, XStencilError
+from xstencil._errors import LabelError, XStencilError, raised_here
 from xstencil._labelled.core import (
     Fields,
     call_engine,
@@ -62,11 +63,19 @@ class nearest:  # noqa: N801 - reads as a function at the call site
 
 
 class _Loc:
+    """``m.loc[{dim: label}] = kernel``: assign by coordinate label."""
+
     def __init__(self, mesh: Mesh):
         self._mesh = mesh
 
+    def __repr__(self) -> str:
+        return (f"<{self._mesh._call[:-5]}.loc: assign by coordinate label, "
+                f"m.loc[{{dim: label}}] = f>")
+
+    @raised_here
     def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
         self._mesh._assign(self._mesh._by_label(key), kernel, key)
+        self._mesh._keys[-1] = f".loc[{key!r}]"
 
 
 class Mesh:
@@ -80,15 +89,39 @@ class Mesh:
         self._fields: Fields = unwrap(self._call, obj)
         self._regions: list[tuple[dict[str, np.ndarray] | np.ndarray | None,
                                   Callable[..., Any]]] = []
+        self._keys: list[str] = []  # how each region was selected, for the repr
+
+    def _summary(self) -> tuple[str, list[tuple[str, str]]]:
+        sizes = ", ".join(f"{d}: {n}" for d, n in self._obj.sizes.items())
+        opts = "".join(f", {k}={v!r}" for k, v in self._options.items())
+        head = f"xstencil.Mesh over a {type(self._obj).__name__} ({sizes}){opts}"
+        rows = [(k, getattr(f, "__name__", None) or repr(f))
+                for k, (_, f) in zip(self._keys, self._regions, strict=True)]
+        return head, rows
 
     def __repr__(self) -> str:
-        return f"<xstencil.Mesh over {dict(self._obj.sizes)} with {len(self._regions)} regions>"
+        head, rows = self._summary()
+        if not rows:
+            return f"<{head}: no regions; assign with m[...] = f>"
+        width = max(len(k) for k, _ in rows) + 2
+        lines = [f"<{head}: {len(rows)} region{'s' if len(rows) > 1 else ''}, later wins"]
+        lines += [f"  m{k:<{width}}= {f}" for k, f in rows]
+        return "\n".join(lines) + ">"
+
+    def _repr_html_(self) -> str:
+        head, rows = self._summary()
+        cells = "".join(f"<tr><td><code>m{html.escape(k)}</code></td>"
+                        f"<td><code>{html.escape(f)}</code></td></tr>" for k, f in rows)
+        table = (f"<table><tr><th>region (later wins)</th><th>kernel</th></tr>{cells}</table>"
+                 if rows else "<p>no regions; assign with <code>m[...] = f</code></p>")
+        return f"<div><strong>{html.escape(head)}</strong>{table}</div>"
 
     @property
     def loc(self) -> _Loc:
         """Assign by coordinate label: ``m.loc[{"x": slice(1.5, None)}] = f``."""
         return _Loc(self)
 
+    @raised_here
     def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
         if key is Ellipsis:
             self._assign(None, kernel, key)
@@ -110,6 +143,8 @@ class Mesh:
                 f"as lambda u: u(x=-1)"
             )
         self._regions.append((region, kernel))
+        self._keys.append("[...]" if key is Ellipsis else f"[{key}]" if isinstance(key, str)
+                          else f"[{key!r}]")
 
     def _check_dims(self, key: Mapping[str, Any], how: str) -> None:
         for d in key:
@@ -285,6 +320,7 @@ class Mesh:
                 out.append(Slab(tuple(ranges)))  # type: ignore[arg-type]
         return out, masks
 
+    @raised_here
     def map(self, *args: Any, **kwargs: Any) -> xr.DataArray | xr.Dataset:
         """Run the mesh over the data; extra arguments go to every kernel."""
         call = self._call.replace("mesh(...)", "mesh(...).map()")
@@ -308,6 +344,7 @@ class Mesh:
                           self._options.get("period"), masks)
         return rewrap(plan, self._fields, out)
 
+    @raised_here
     def scan(self, *args: Any, **kwargs: Any) -> Any:
         """Run the mesh as a scan along a dim; see :func:`xstencil.scan`."""
         from xstencil._labelled.scan import scan_mesh
@@ -338,6 +375,7 @@ def _mesh_body(kernels: Sequence[Callable[..., Any]], regions: Sequence[Slab | i
     return body
 
 
+@raised_here
 def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh:
     """A function mesh: different kernels on different regions.
 

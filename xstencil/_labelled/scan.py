@@ -40,7 +40,7 @@ from xstencil._engine.call import as_array, precision, split_static
 from xstencil._engine.lower import AxisGeom, Source
 from xstencil._engine.mesh import Mask, Slab
 from xstencil._engine.tscan import Var, run_loop, stencil_step, time_reads
-from xstencil._errors import XStencilError
+from xstencil._errors import XStencilError, raised_here
 from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
 from xstencil._labelled.kcache import compiled
 from xstencil._labelled.plan import Plan
@@ -100,6 +100,7 @@ def _options(call: str, dim: Any, window: Any, boundary: Any, fill_value: Any, s
                  bool(checkpoint), bool(check_finite), period)
 
 
+@raised_here
 def scan(
     obj: xr.DataArray | xr.Dataset,
     kernel: Callable[..., Any] | None = None,
