@@ -334,7 +334,7 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
                       for d, c in zip(spatial.coord_dims, coords, strict=True)]
                 stepf = stencil_step(branches, base, variables, arrays, ex, geom, t_ax, tcoord,
                                      udyn, loop, s.total)
-                prog = (_progress.report, token) if loop.progress_every else None
+                prog = (_progress.advance, token) if loop.progress_every else None
                 saved, bad = run_loop(stepf, init, loop, prog)
                 outs = []
                 for h, x in zip(init, saved, strict=True):

@@ -26,7 +26,7 @@ def call_with_progress(fn: Any, runargs: Any, every: int, steps: int, call: str)
     loop reports every ``every`` steps (0: no bar, token 0)."""
     if not every:
         return fn(*runargs, jnp.asarray(0, jnp.int32))
-    with _progress.Progress(steps, call.split("(")[0]) as p:
+    with _progress.Progress(steps, _progress.label(call)) as p:
         try:
             out = fn(*runargs, jnp.asarray(p.token, jnp.int32))
             jax.block_until_ready(out)
