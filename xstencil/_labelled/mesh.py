@@ -79,7 +79,33 @@ class _Loc:
 
 
 class Mesh:
-    """A function mesh over a DataArray or Dataset (see :func:`mesh`)."""
+    """A function mesh over a DataArray or Dataset; make one with
+    :func:`xstencil.mesh` or ``da.stencil.mesh(...)``.
+
+    Assign kernels to regions, then run them all at once:
+
+    * ``m[...] = f``: everywhere;
+    * ``m[{"x": 0}] = f``: by position (:meth:`xarray.DataArray.isel` semantics);
+    * ``m.loc[{"x": 0.0}] = f``: by coordinate label
+      (:meth:`xarray.DataArray.sel` semantics, label slices include both ends;
+      ``m.loc[xstencil.nearest(x=0.3)]`` snaps to the nearest label);
+    * ``m[mask] = f``: by a boolean DataArray.
+
+    Later assignments win where regions overlap; cells no region covers keep
+    their input.  ``m.map()`` runs the mesh once, ``m.scan(dim=...)`` steps it
+    along a dim (see :func:`xstencil.scan`).  ``repr(m)`` lists the regions in
+    the order they were assigned.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> da = xr.DataArray(np.arange(5.0), dims="x", coords={"x": np.linspace(0, 1, 5)})
+    >>> m = da.stencil.mesh(boundary="extend")
+    >>> m[...] = lambda u: u(x=1) + u(x=-1)
+    >>> m.loc[{"x": 0.0}] = lambda u: -1.0
+    >>> m.map().values
+    array([-1.,  2.,  4.,  6.,  7.])
+    """
 
     def __init__(self, obj: xr.DataArray | xr.Dataset, **options: Any):
         self._obj = obj
