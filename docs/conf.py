@@ -148,6 +148,9 @@ sphinx_gallery_conf = {
     "within_subsection_order": "FileNameSortKey",
     "download_all_examples": False,
     "show_signature": False,
+    # no stray reprs (<matplotlib.legend.Legend ...>) after a block's last line;
+    # what an example prints still shows
+    "capture_repr": (),
     "write_computation_times": True,
     "min_reported_time": 10**6,
 }

@@ -1,0 +1,214 @@
+"""The built docs site as a reader sees it, in headless Chromium at 1280 px.
+
+On every page: the main column and the navbar do not overflow sideways
+(``scrollWidth <= clientWidth``), and the user guide, the gallery and the API
+reference are links in the header (not hidden under a "More" dropdown, not
+clipped off the right edge).  Screenshots of the index, a user-guide page, an
+API page and a gallery example go to ``docs/_build/screenshots`` for review.
+
+It builds the site (small gallery, ``-n -W``) into ``docs/_build/html`` and
+drives Chromium over the DevTools protocol (``websocket-client``).  Install
+Chromium with ``apt-get install -y chromium`` (Debian); without it the test is
+skipped.  Run it alone with ``python -m pytest -m browser tests/test_site_browser.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+BUILD = DOCS / "_build"
+WIDTH, HEIGHT = 1280, 900
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run",
+         "--hide-scrollbars", "--allow-file-access-from-files"]
+SCREENSHOTS = {"index": "index.html", "user-guide": "meshes.html",
+               "api": "generated/xarray.DataArray.stencil.map.html",
+               "gallery": "auto_examples/plot_shallow_water.html"}
+
+MEASURE = """
+(() => {
+  const box = (sel) => {
+    const e = document.querySelector(sel);
+    return e ? [e.scrollWidth, e.clientWidth] : null;
+  };
+  const header = [...document.querySelectorAll(
+      ".bd-header .navbar-header-items a.nav-link, .bd-header .navbar-nav a")];
+  const shown = header.filter((a) => {
+    const r = a.getBoundingClientRect();
+    return a.offsetParent !== null && r.width > 0 && r.left >= 0 &&
+           r.right <= window.innerWidth && !a.closest(".dropdown-menu");
+  }).map((a) => a.textContent.trim());
+  const wide = [...document.querySelectorAll(".bd-article *")].filter((e) => {
+    const r = e.getBoundingClientRect();
+    const art = document.querySelector(".bd-article").getBoundingClientRect();
+    return r.right > art.right + 1 && getComputedStyle(e).position !== "fixed" &&
+           !e.closest("pre, .highlight, .pst-scrollable-table-container, .table-wrapper");
+  }).slice(0, 3).map((e) => e.tagName + "." + e.className);
+  return JSON.stringify({
+    main: box(".bd-main .bd-content") || box(".bd-main"),
+    article: box(".bd-article"),
+    navbar: box(".bd-header .bd-header__inner") || box(".bd-header"),
+    page: [document.documentElement.scrollWidth, document.documentElement.clientWidth],
+    header: shown, wide: wide,
+  });
+})()
+"""
+
+
+class Chromium:
+    """A headless Chromium page driven over the DevTools protocol."""
+
+    def __init__(self, binary: str, profile: Path):
+        import websocket  # websocket-client
+
+        self.proc = subprocess.Popen(
+            [binary, *FLAGS, f"--window-size={WIDTH},{HEIGHT}", "--remote-debugging-port=0",
+             f"--user-data-dir={profile}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        port = self._port(profile)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json") as r:
+                    pages = [t for t in json.load(r) if t["type"] == "page"]
+                if pages:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("Chromium did not open a page")
+            time.sleep(0.2)
+        self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60)
+        self.ids = itertools.count(1)
+        self.call("Page.enable")
+        self.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT,
+                  deviceScaleFactor=1, mobile=False)
+
+    def _port(self, profile: Path) -> int:
+        marker = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not marker.is_file() or not marker.read_text().strip():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Chromium did not start: {self.proc.stderr.read()[-2000:]}")
+            time.sleep(0.1)
+        return int(marker.read_text().split()[0])
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        i = next(self.ids)
+        self.ws.send(json.dumps({"id": i, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == i:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+
+    def wait_event(self, name: str) -> None:
+        while json.loads(self.ws.recv()).get("method") != name:
+            pass
+
+    def open(self, path: Path) -> None:
+        self.call("Page.navigate", url=path.as_uri())
+        self.wait_event("Page.loadEventFired")
+        # fonts and images settle
+        self.call("Runtime.evaluate", expression="document.fonts.ready", awaitPromise=True)
+
+    def evaluate(self, expression: str) -> Any:
+        res = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return res["result"].get("value")
+
+    def screenshot(self, out: Path) -> None:
+        data = self.call("Page.captureScreenshot", format="png")["data"]
+        out.write_bytes(base64.b64decode(data))
+
+    def close(self) -> None:
+        self.ws.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def site() -> Path:
+    if _chromium() is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    pytest.importorskip("websocket")
+    pytest.importorskip("sphinx_gallery")
+    pytest.importorskip("pydata_sphinx_theme")
+    html = BUILD / "html"
+    env = {**os.environ, "XSTENCIL_GALLERY_SMALL": "1", "MPLBACKEND": "Agg"}
+    cmd = [sys.executable, "-m", "sphinx", "-n", "-W", "--keep-going", "-q", "-b", "html",
+           "-d", str(BUILD / "doctrees"), str(DOCS), str(html)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900,
+                         check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    return html
+
+
+@pytest.fixture(scope="module")
+def browser(site: Path) -> Iterator[Chromium]:
+    with tempfile.TemporaryDirectory() as profile:
+        b = Chromium(_chromium() or "chromium", Path(profile))
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _pages(html: Path) -> list[Path]:
+    skip = {"genindex.html", "search.html", "py-modindex.html"}
+    return sorted(p for p in html.rglob("*.html")
+                  if p.name not in skip and not p.relative_to(html).parts[0].startswith("_"))
+
+
+def test_no_overflow_and_navigation_on_every_page(site: Path, browser: Chromium) -> None:
+    pages = _pages(site)
+    assert len(pages) > 30
+    problems = []
+    for page in pages:
+        browser.open(page)
+        m = json.loads(browser.evaluate(MEASURE))
+        name = str(page.relative_to(site))
+        for part in ("main", "article", "navbar", "page"):
+            if m[part] and m[part][0] > m[part][1]:
+                problems.append(f"{name}: {part} overflows ({m[part][0]} > {m[part][1]} px); "
+                                f"wide elements {m['wide']}")
+        missing = {"User guide", "Gallery", "API reference"} - set(m["header"])
+        if missing:
+            problems.append(f"{name}: header links {sorted(missing)} not visible; shown "
+                            f"{m['header']}")
+    assert not problems, "\n".join(problems)
+
+
+def test_screenshots(site: Path, browser: Chromium) -> None:
+    out = BUILD / "screenshots"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rel in SCREENSHOTS.items():
+        browser.open(site / rel)
+        shot = out / f"{name}.png"
+        browser.screenshot(shot)
+        assert shot.stat().st_size > 10_000, shot
