@@ -1,7 +1,8 @@
 """The built docs site as a reader sees it, in headless Chromium at 1280 px.
 
 On every page: the main column and the navbar do not overflow sideways
-(``scrollWidth <= clientWidth``), and the user guide, the gallery and the API
+(``scrollWidth <= clientWidth``), no code block is cut off on the right, and
+the user guide, the gallery and the API
 reference are links in the header (not hidden under a "More" dropdown, not
 clipped off the right edge).  Screenshots of the index, a user-guide page, an
 API page and a gallery example go to ``docs/_build/screenshots`` for review.
@@ -19,6 +20,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,10 +40,13 @@ BUILD = DOCS / "_build"
 WIDTH, HEIGHT = 1280, 900
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--hide-scrollbars", "--allow-file-access-from-files"]
-SCREENSHOTS = {"index": "index.html", "user-guide": "meshes.html",
-               "api": "generated/xarray.DataArray.stencil.map.html",
-               "gallery": "auto_examples/plot_shallow_water.html"}
+         "--hide-scrollbars", "--allow-file-access-from-files",
+         "--disable-crash-reporter", "--disable-breakpad"]
+# name: (page, element scrolled to the top of the view before the shot, or None)
+SCREENSHOTS = {"index": ("index.html", None), "user-guide": ("meshes.html", None),
+               "api": ("generated/xarray.DataArray.stencil.map.html", None),
+               "gallery": ("auto_examples/plot_shallow_water.html", "img.sphx-glr-single-img, "
+                           "img.sphx-glr-multi-img")}
 
 MEASURE = """
 (() => {
@@ -68,6 +73,8 @@ MEASURE = """
     navbar: box(".bd-header .bd-header__inner") || box(".bd-header"),
     page: [document.documentElement.scrollWidth, document.documentElement.clientWidth],
     header: shown, wide: wide,
+    cut: [...document.querySelectorAll(".bd-article pre")].filter(
+        (e) => e.scrollWidth > e.clientWidth + 1).length,
   });
 })()
 """
@@ -77,12 +84,19 @@ class Chromium:
     """A headless Chromium page driven over the DevTools protocol."""
 
     def __init__(self, binary: str, profile: Path):
-        import websocket  # websocket-client
-
         self.proc = subprocess.Popen(
             [binary, *FLAGS, f"--window-size={WIDTH},{HEIGHT}", "--remote-debugging-port=0",
              f"--user-data-dir={profile}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self._connect(profile)
+        except BaseException:
+            self._stop()
+            raise
+
+    def _connect(self, profile: Path) -> None:
+        import websocket  # websocket-client
+
         port = self._port(profile)
         deadline = time.monotonic() + 30
         while True:
@@ -96,7 +110,8 @@ class Chromium:
             if time.monotonic() > deadline:
                 raise RuntimeError("Chromium did not open a page")
             time.sleep(0.2)
-        self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60)
+        self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60,
+                                             suppress_origin=True)
         self.ids = itertools.count(1)
         self.call("Page.enable")
         self.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT,
@@ -107,7 +122,7 @@ class Chromium:
         deadline = time.monotonic() + 30
         while not marker.is_file() or not marker.read_text().strip():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"Chromium did not start: {self.proc.stderr.read()[-2000:]}")
+                raise RuntimeError(f"Chromium did not start (exit code {self.proc.poll()})")
             time.sleep(0.1)
         return int(marker.read_text().split()[0])
 
@@ -141,11 +156,15 @@ class Chromium:
 
     def close(self) -> None:
         self.ws.close()
-        self.proc.terminate()
+        self._stop()
+
+    def _stop(self) -> None:
+        """End Chromium and the helper processes it started (its own session)."""
         try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
 
 
 def _chromium() -> str | None:
@@ -171,7 +190,7 @@ def site() -> Path:
 
 @pytest.fixture(scope="module")
 def browser(site: Path) -> Iterator[Chromium]:
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         b = Chromium(_chromium() or "chromium", Path(profile))
         try:
             yield b
@@ -197,6 +216,8 @@ def test_no_overflow_and_navigation_on_every_page(site: Path, browser: Chromium)
             if m[part] and m[part][0] > m[part][1]:
                 problems.append(f"{name}: {part} overflows ({m[part][0]} > {m[part][1]} px); "
                                 f"wide elements {m['wide']}")
+        if m["cut"]:
+            problems.append(f"{name}: {m['cut']} code blocks cut off on the right")
         missing = {"User guide", "Gallery", "API reference"} - set(m["header"])
         if missing:
             problems.append(f"{name}: header links {sorted(missing)} not visible; shown "
@@ -207,8 +228,12 @@ def test_no_overflow_and_navigation_on_every_page(site: Path, browser: Chromium)
 def test_screenshots(site: Path, browser: Chromium) -> None:
     out = BUILD / "screenshots"
     out.mkdir(parents=True, exist_ok=True)
-    for name, rel in SCREENSHOTS.items():
+    for name, (rel, target) in SCREENSHOTS.items():
         browser.open(site / rel)
+        if target:
+            found = browser.evaluate(f"(() => {{ const e = document.querySelector({target!r}); "
+                                     f"if (e) e.scrollIntoView(); return !!e; }})()")
+            assert found, (rel, target)
         shot = out / f"{name}.png"
         browser.screenshot(shot)
         assert shot.stat().st_size > 10_000, shot
