@@ -2,15 +2,16 @@
 
 On every page: the main column and the navbar do not overflow sideways
 (``scrollWidth <= clientWidth``), no code block is cut off on the right, and
-the user guide, the gallery and the API
-reference are links in the header (not hidden under a "More" dropdown, not
-clipped off the right edge).  Screenshots of the index, a user-guide page, an
-API page and a gallery example go to ``docs/_build/screenshots`` for review.
+the user guide, the gallery and the API reference are links in the header
+(not hidden under a "More" dropdown, not clipped off the right edge).
+Screenshots of the index, a user-guide page, an API page and a gallery
+example go to ``docs/_build/screenshots`` for review.
 
-It builds the site (small gallery, ``-n -W``) into ``docs/_build/html`` and
-drives Chromium over the DevTools protocol (``websocket-client``).  Install
-Chromium with ``apt-get install -y chromium`` (Debian); without it the test is
-skipped.  Run it alone with ``python -m pytest -m browser tests/test_site_browser.py``.
+It reads the site that ``tests/docs_build.py`` builds once per test run
+(small gallery, ``-n -W``) into ``docs/_build/html``, and drives Chromium
+over the DevTools protocol (``websocket-client``).  Install Chromium with
+``apt-get install -y chromium`` (Debian); without it the test is skipped.
+Run it alone with ``python -m pytest -m browser tests/test_site_browser.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -32,11 +32,10 @@ from typing import Any
 
 import pytest
 
+from tests.docs_build import BUILD, built_site
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
-BUILD = DOCS / "_build"
 WIDTH, HEIGHT = 1280, 900
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -178,14 +177,7 @@ def site() -> Path:
     pytest.importorskip("websocket")
     pytest.importorskip("sphinx_gallery")
     pytest.importorskip("pydata_sphinx_theme")
-    html = BUILD / "html"
-    env = {**os.environ, "XSTENCIL_GALLERY_SMALL": "1", "MPLBACKEND": "Agg"}
-    cmd = [sys.executable, "-m", "sphinx", "-n", "-W", "--keep-going", "-q", "-b", "html",
-           "-d", str(BUILD / "doctrees"), str(DOCS), str(html)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900,
-                         check=False)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
-    return html
+    return built_site()
 
 
 @pytest.fixture(scope="module")
