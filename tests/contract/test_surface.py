@@ -4,6 +4,7 @@ the reprs, the command line and the length of an error's traceback."""
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
 import traceback
@@ -53,7 +54,8 @@ def test_accessor_docstring_is_the_functions(name: str) -> None:
     assert doc.splitlines()[0] == function_doc.splitlines()[0]
     assert "Parameters" in doc and "Returns" in doc and "see xstencil" not in doc
     # the object's own entry is gone (it is self), every other parameter stays
-    assert f"\n    {first}\n" in function_doc and f"\n    {first}\n" not in doc
+    entry = rf"\n    {first}( :[^\n]*)?\n"
+    assert re.search(entry, function_doc) and not re.search(entry, doc)
     assert len(doc.splitlines()) < len(function_doc.splitlines())
 
 
