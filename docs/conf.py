@@ -12,15 +12,29 @@ At start-up this file also
 * renders ``benchmarks/RESULTS.md`` into ``_generated/benchmarks.rst`` for the
   performance page;
 * runs the bad inputs of the common-errors page and writes the messages they
-  raise today into ``_generated/errors.rst``.
+  raise today into ``_generated/errors.rst``;
+* renders ``CHANGELOG.md`` into ``_generated/changelog.rst`` for the what's-new
+  page.
+
+Cross-references are checked (``nitpicky = True``; the test builds with
+``-n -W``).  Links into the docs of Python, numpy, scipy, xarray, JAX and dask
+go through intersphinx.  Their inventories are read from
+``docs/_intersphinx/<name>.inv`` when such a file is there, else from the
+projects' sites; a site that cannot be reached within a few seconds (an
+offline build: set ``XSTENCIL_DOCS_OFFLINE=1`` to skip the probe) is left out,
+and references into that project are then accepted unresolved
+(``nitpick_ignore_regex``) instead of failing the build, so an offline build
+renders them as plain code.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import sphinx_autosummary_accessors
 
@@ -39,6 +53,7 @@ release = version = xstencil.__version__
 extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
+    "sphinx.ext.intersphinx",
     "sphinx.ext.mathjax",
     "numpydoc",
     "sphinx_autosummary_accessors",
@@ -54,15 +69,68 @@ numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False
 default_role = "py:obj"
-nitpicky = False
+nitpicky = True
+
+# -- intersphinx, with an offline fallback ------------------------------------------------
+_SITES = {
+    "python": "https://docs.python.org/3/",
+    "numpy": "https://numpy.org/doc/stable/",
+    "scipy": "https://docs.scipy.org/doc/scipy/",
+    "xarray": "https://docs.xarray.dev/en/stable/",
+    "jax": "https://docs.jax.dev/en/latest/",
+    "dask": "https://docs.dask.org/en/stable/",
+}
+# the top-level names each project documents (for the offline fallback)
+_PACKAGES = {"python": ["collections", "typing", "functools", "math"],
+             "numpy": ["numpy"], "scipy": ["scipy"], "xarray": ["xarray"],
+             "jax": ["jax"], "dask": ["dask"]}
+
+
+def _reachable(url: str, timeout: float = 3.0) -> bool:
+    if os.environ.get("XSTENCIL_DOCS_OFFLINE", "") not in ("", "0"):
+        return False
+    host = urlparse(url).hostname or ""
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _intersphinx() -> tuple[dict[str, tuple[str, str | None]], list[str]]:
+    mapping: dict[str, tuple[str, str | None]] = {}
+    offline: list[str] = []
+    for name, url in _SITES.items():
+        local = HERE / "_intersphinx" / f"{name}.inv"
+        if local.is_file():
+            mapping[name] = (url, str(local))
+        elif _reachable(url):
+            mapping[name] = (url, None)
+        else:
+            offline.append(name)
+    return mapping, offline
+
+
+intersphinx_mapping, INTERSPHINX_OFFLINE = _intersphinx()
+intersphinx_timeout = 10
+nitpick_ignore_regex = [
+    (r"py:.*", rf"{pkg}(\..*)?")
+    for name in INTERSPHINX_OFFLINE for pkg in _PACKAGES[name]
+]
+nitpick_ignore_regex += [(r"py:.*", r"(Any|Callable|Mapping|Sequence|optional)")]
 
 html_theme = "pydata_sphinx_theme"
 html_title = f"xstencil {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["xstencil.css"]
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
     "secondary_sidebar_items": ["page-toc"],
+    # every top-level section in the header at 1280 px, none hidden under "More"
+    "header_links_before_dropdown": 7,
+    "navbar_align": "left",
+    "icon_links": [],
 }
 
 _small = os.environ.get("XSTENCIL_GALLERY_SMALL", "") not in ("", "0")
@@ -80,6 +148,9 @@ sphinx_gallery_conf = {
     "within_subsection_order": "FileNameSortKey",
     "download_all_examples": False,
     "show_signature": False,
+    # no stray reprs (<matplotlib.legend.Legend ...>) after a block's last line;
+    # what an example prints still shows
+    "capture_repr": (),
     "write_computation_times": True,
     "min_reported_time": 10**6,
 }
@@ -107,6 +178,11 @@ def _inline(s: str) -> str:
     s = re.sub(r"\[([^\]]+)\]\(([^)]+)\)", r"\1", s)  # links: keep the text
     s = re.sub(r"(?<!`)`([^`]+)`(?!`)", r"``\1``", s)
     return s
+
+
+def _plain(s: str) -> str:
+    s = re.sub(r"\[([^\]]+)\]\(([^)]+)\)", r"\1", s)
+    return s.replace("`", "")
 
 
 def _cells(line: str) -> list[str]:
@@ -138,8 +214,8 @@ def markdown_to_rst(md: str) -> str:
         m = re.match(r"^(#+)\s+(.*)$", line)
         if re.fullmatch(r"\s*<!--.*-->\s*", line):
             pass  # section markers of the benchmark scripts
-        elif m:
-            out += ["", f".. rubric:: {_inline(m.group(2))}", ""]
+        elif m:  # headings are plain text: inline code would break into stacked boxes
+            out += ["", f".. rubric:: {_plain(m.group(2))}", ""]
         elif line.startswith("```"):
             out += ["", "::", ""]
             i += 1
@@ -151,6 +227,49 @@ def markdown_to_rst(md: str) -> str:
             out.append(_inline(line))
         i += 1
     return "\n".join(out) + "\n"
+
+
+def changelog_to_rst(md: str) -> str:
+    """CHANGELOG.md as reStructuredText: ``##`` releases become sections, ``###``
+    subsections, list items keep their continuation lines."""
+    out: list[str] = []
+    for line in md.splitlines():
+        m = re.match(r"^(#+)\s+(.*)$", line)
+        if m and len(m.group(1)) == 1:
+            continue  # the file's own title; the page has one
+        if m:
+            title = _plain(m.group(2))
+            out += ["", title, ("-" if len(m.group(1)) == 2 else "~") * len(title), ""]
+        elif line.startswith("- "):
+            out.append("* " + _inline(line[2:]))
+        elif line.startswith("  ") and out and out[-1].strip():
+            out.append("  " + _inline(line.strip()))
+        else:
+            out.append(_inline(line))
+    return "\n".join(out) + "\n"
+
+
+# -- the API pages show what users call, not internals -----------------------------------
+_HIDDEN = {
+    ("Mesh", "regions"),  # engine regions for a plan (used by the backends)
+    ("Window", "tree_flatten"), ("Window", "tree_unflatten"),
+    ("WindowSet", "tree_flatten"), ("WindowSet", "tree_unflatten"),
+    ("KernelMesh", "tree_flatten"), ("KernelMesh", "tree_unflatten"),
+}
+
+
+def _skip_member(app, what, name, obj, skip, options):  # noqa: ANN001, ANN202
+    owner = getattr(obj, "__qualname__", "").rpartition(".")[0]
+    if name in {"tree_flatten", "tree_unflatten"}:
+        return True
+    if name == "indexers":  # nearest's field: documented under Parameters
+        return True
+    if owner and (owner.split(".")[-1], name) in _HIDDEN:
+        return True
+    qual = getattr(obj, "__qualname__", "")
+    if qual.startswith(("Mapping.", "Collection.", "Sized.", "Iterable.", "Container.")):
+        return True  # inherited Mapping methods (WindowSet): documented by Python
+    return None
 
 
 def write_benchmarks(gen: Path) -> None:
@@ -180,15 +299,17 @@ def _on_builder_inited(app) -> None:  # noqa: ANN001
     import errors_catalogue
 
     _write(gen / "errors.rst", errors_catalogue.render())
+    _write(gen / "changelog.rst", changelog_to_rst((ROOT / "CHANGELOG.md").read_text()))
     if not (HERE / "scaling.rst").is_file():
         log.info("docs/scaling.rst is not there yet; the index leaves it out")
 
 
 def _on_source_read(app, docname, source) -> None:  # noqa: ANN001
-    if docname == "index" and not (HERE / "scaling.rst").is_file():
+    if docname == "user_guide" and not (HERE / "scaling.rst").is_file():
         source[0] = re.sub(r"^\s+scaling\s*$\n", "", source[0], flags=re.M)
 
 
 def setup(app):  # noqa: ANN001, ANN201
     app.connect("builder-inited", _on_builder_inited)
+    app.connect("autodoc-skip-member", _skip_member)
     app.connect("source-read", _on_source_read)

@@ -1,8 +1,9 @@
 """The documentation: the API page is complete, the pages' examples run, the
 common-errors catalogue raises, and the Sphinx site builds without warnings.
 
-The full build (``test_docs_build``) runs the gallery at its small size and
-takes well under a minute on two cores, so CI runs it. To run it alone:
+The full build (``test_docs_build``, via ``tests/docs_build.py``, which the
+browser test shares) runs the gallery at its small size and takes well under
+a minute on two cores, so CI runs it. To run it alone:
 ``python -m pytest -m docs tests/test_docs.py``; to skip it in a quick loop:
 ``python -m pytest -m "not slow"``.
 """
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import doctest
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.docs_build import built_site
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = sorted(p for p in DOCS.glob("*.rst") if ">>>" in p.read_text())
@@ -76,16 +78,10 @@ def test_page_examples_run(page: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.docs
-def test_docs_build(tmp_path: Path) -> None:
+def test_docs_build() -> None:
     pytest.importorskip("sphinx_gallery")
     pytest.importorskip("pydata_sphinx_theme")
-    env = {**os.environ, "XSTENCIL_GALLERY_SMALL": "1", "MPLBACKEND": "Agg"}
-    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
-           "-d", str(tmp_path / "doctrees"), str(DOCS), str(tmp_path / "html")]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900,
-                         check=False)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
-    html = tmp_path / "html"
+    html = built_site()  # docs/_build/html, with -n -W; shared with the browser test
     assert (html / "generated" / "xarray.DataArray.stencil.map.html").is_file()
     assert (html / "auto_examples" / "plot_heat_dirichlet.html").is_file()
     assert "Common errors" in (html / "errors.html").read_text()

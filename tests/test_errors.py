@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -507,32 +508,80 @@ def _case_sources() -> dict[str, str]:
     return out
 
 
+_HELPERS = {"_mesh_assign", "_mesh_run", "_kmesh"}
+
+
+def _display(src: str) -> str:
+    """A case's code as a user would write it: the calls of this file's helpers
+    (``_mesh_assign`` and friends) spelled out."""
+    node = ast.parse(src, mode="eval").body
+    seg = lambda n: ast.get_source_segment(src, n) or ""  # noqa: E731
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "__setitem__" and len(node.args) == 2):  # f[k] = v
+        key, value = (seg(a) for a in node.args)
+        return f"f = {seg(node.func.value)}\nf[{key}] = {value}"
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in _HELPERS):
+        return src
+    args = [seg(a) for a in node.args]
+    kw = {k.arg: seg(k.value) for k in node.keywords}
+    if node.func.id == "_mesh_assign":
+        key = args[0]
+        kernel = args[1] if len(args) > 1 else kw.get("kernel", "lap")
+        obj = kw.get("obj", "DA")
+        loc = ".loc" if kw.get("loc") == "True" else ""
+        return (f'm = {obj}.stencil.mesh(boundary="extend")\nm{loc}[{key}] = {kernel}\n'
+                f"m.map()")
+    if node.func.id == "_mesh_run":
+        opts = ", ".join(f"{k}={v}" for k, v in kw.items())
+        return f"m = DA.stencil.mesh({opts})\nm[...] = lap\nm.map()"
+    n = args[1] if len(args) > 1 else kw.get("n", "6")
+    return f"f = xstencil.kmap(kernel_size=(3,))\nf[{args[0]}] = first\nf(jnp.ones({n}))"
+
+
+def _indent(text: str) -> list[str]:
+    return ["   " + line if line else "" for line in text.splitlines()]
+
+
 def render_table() -> str:
-    """The "full catalogue" table of docs/errors.rst (``python tests/test_errors.py``)."""
+    """The "full catalogue" of docs/errors.rst (``python tests/test_errors.py``):
+    per case its id and exception, the code, and the message wrapped to fit a
+    narrow column."""
     sources = _case_sources()
-    rows = [".. list-table::", "   :header-rows: 1", "   :widths: 18 37 45", "",
-            "   * - Case", "     - Code", "     - Error and message"]
+    rows: list[str] = []
     for cid, call, exc, _ in CASES:
         try:
             call()
         except exc as e:
-            msg = str(e).split("\n")[0].replace("``", "`")
+            msg = str(e).split("\n")[0]
         else:  # pragma: no cover - test_misuse fails first
             raise AssertionError(f"{cid} did not raise")
-        rows += [f"   * - ``{cid}``", f"     - ``{sources[cid]}``",
-                 f"     - ``{exc.__name__}``: ``{msg}``"]
-    return "\n".join(rows) + "\n"
+        wrapped = textwrap.fill(msg, 76, break_long_words=False, break_on_hyphens=False)
+        rows += [f"**{cid}** (``{exc.__name__}``)", "", ".. code-block:: python", "",
+                 *_indent(_display(sources[cid])), "", ".. code-block:: text", "",
+                 *_indent(wrapped), ""]
+    return "\n".join(rows)
 
 
 def test_docs_page_lists_every_case() -> None:
     """docs/errors.rst shows each case with a message its pattern still matches;
-    regenerate the table with ``python tests/test_errors.py`` after a change."""
+    regenerate the catalogue with ``python tests/test_errors.py`` after a change."""
     page = DOCS_PAGE.read_text()
     for cid, _, exc, match in CASES:
-        row = re.search(rf"   \* - ``{re.escape(cid)}``\n     - .*\n"
-                        rf"     - ``{exc.__name__}``: ``(.*)``\n", page)
-        assert row, f"docs/errors.rst has no row for {cid}; run python tests/test_errors.py"
-        assert re.search(match, row.group(1)), (cid, row.group(1))
+        row = re.search(rf"^\*\*{re.escape(cid)}\*\* \(``{exc.__name__}``\)\n\n"
+                        rf"\.\. code-block:: python\n\n(?:   .*\n|\n)*?"
+                        rf"\.\. code-block:: text\n\n((?:   .*\n)+)", page, flags=re.M)
+        assert row, f"docs/errors.rst has no entry for {cid}; run python tests/test_errors.py"
+        message = " ".join(line.strip() for line in row.group(1).splitlines())
+        assert re.search(match, message), (cid, message)
+    assert "_mesh_assign" not in page and "_kmesh" not in page
+
+
+def test_catalogue_code_has_no_private_helpers() -> None:
+    shown = [_display(src) for src in _case_sources().values()]
+    assert not [c for c in shown if re.search(r"(?<![\w.])_\w+\(|__\w+__", c)]
+    assert _display("_mesh_assign({'x': 0.33}, loc=True)") == (
+        'm = DA.stencil.mesh(boundary="extend")\nm.loc[{\'x\': 0.33}] = lap\nm.map()')
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from xstencil import _demo
+from xstencil import __version__, _demo
 
 BENCHMARKS = ("engine.py", "scan.py")
 
@@ -42,18 +43,24 @@ def _bench(args: argparse.Namespace) -> int:
     return status
 
 
+def _plain(doc: str) -> str:
+    """A reST docstring as terminal text: ``code`` becomes code."""
+    return re.sub(r"``([^`]+)``", r"\1", doc)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m xstencil`` argument parser."""
     p = argparse.ArgumentParser(
         prog="python -m xstencil",
         description="xstencil: stencil kernels on labelled xarray data, run with JAX.",
     )
+    p.add_argument("--version", action="version", version=f"xstencil {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     d = sub.add_parser(
         "demo",
         help="2-D heat equation on a plate with edges set by coordinate label: a scan with a "
         "progress bar; writes heat.nc and heat.png",
-        description=_demo.__doc__,
+        description=_plain(_demo.__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _demo.add_arguments(d)
@@ -62,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="a quick run of the benchmark tables (benchmarks/*.py --quick; needs a source "
         "checkout)",
+        description="Run the benchmark scripts (benchmarks/engine.py and benchmarks/scan.py) "
+        "with --quick: a few minutes of timings that print the ratio tables of "
+        "benchmarks/RESULTS.md (xstencil against hand-written JAX, scipy.ndimage and, when "
+        "installed, kernex). Needs a source checkout, installed with pip install -e \".[bench]\".",
     )
     b.add_argument("extra", nargs=argparse.REMAINDER,
                    help="more options for the benchmark scripts, e.g. --no-kernex")

@@ -1,12 +1,17 @@
 """The ``.stencil`` accessor on DataArray and Dataset.
 
 Each method is a one-line delegate to the public function of the same name;
-the accessor holds no state (xarray caches it per object).
+the accessor holds no state (xarray caches it per object).  :func:`delegate`
+gives each method its function's docstring and signature minus the first
+argument (the object), so ``help(da.stencil.map)``, ``da.stencil.map?`` and
+IDE completion show ``boundary=``, ``window=`` and the rest.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import xarray as xr
 
@@ -16,7 +21,70 @@ from xstencil._labelled.mesh import mesh as _mesh
 from xstencil._labelled.scan import scan as _scan
 from xstencil._labelled.solve import solve as _solve
 
-__all__ = ["StencilAccessor"]
+__all__ = ["StencilAccessor", "delegate"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def delegate(function: Callable[..., Any]) -> Callable[[F], F]:
+    """Give an accessor method ``function``'s docstring and signature, with
+    ``self`` in place of the function's first argument (the object).
+
+    Examples
+    --------
+    >>> import inspect
+    >>> def scale(obj, factor: float = 2.0):
+    ...     '''Scale ``obj``.'''
+    ...     return obj * factor
+    >>> class Acc:
+    ...     def __init__(self, obj):
+    ...         self._obj = obj
+    ...     @delegate(scale)
+    ...     def scale(self, *args, **kwargs):
+    ...         return scale(self._obj, *args, **kwargs)
+    >>> inspect.signature(Acc.scale)
+    <Signature (self, factor: 'float' = 2.0)>
+    >>> Acc.scale.__doc__
+    'Scale ``obj``.'
+    >>> print(_drop_parameter('''Parameters
+    ... ----------
+    ... obj
+    ...     The data.
+    ... factor
+    ...     How much.''', "obj"))
+    Parameters
+    ----------
+    factor
+        How much.
+    """
+    sig = inspect.signature(function)
+    params = list(sig.parameters.values())
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+    def decorate(method: F) -> F:
+        method.__doc__ = _drop_parameter(function.__doc__ or "", params[0].name)
+        method.__signature__ = sig.replace(parameters=[self_param, *params[1:]])  # type: ignore[attr-defined]
+        method.__annotations__ = {k: v for k, v in function.__annotations__.items()
+                                  if k != params[0].name}
+        return method
+
+    return decorate
+
+
+def _drop_parameter(doc: str, name: str) -> str:
+    """``doc`` without the entry of parameter ``name`` (its line and the more
+    deeply indented lines under it) in the numpydoc Parameters section."""
+    lines = doc.split("\n")
+    for i, line in enumerate(lines):
+        head = line.strip()
+        if head == name or head.startswith(f"{name} :"):
+            indent = len(line) - len(line.lstrip())
+            j = i + 1
+            while j < len(lines) and (not lines[j].strip()
+                                      or len(lines[j]) - len(lines[j].lstrip()) > indent):
+                j += 1
+            return "\n".join(lines[:i] + lines[j:])
+    return doc
 
 
 class StencilAccessor:
@@ -34,30 +102,39 @@ class StencilAccessor:
     array([ 1.,  1.,  1., -3.])
     >>> xstencil.map(da, lambda u: u(x=1) - u(), boundary="periodic").values
     array([ 1.,  1.,  1., -3.])
+    >>> da.stencil
+    <xstencil accessor .stencil on a DataArray (x: 4): map, mesh, scan>
     """
 
     def __init__(self, obj: xr.DataArray | xr.Dataset):
         self._obj = obj
 
-    def map(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
-        """Apply a kernel at every point; see :func:`xstencil.map`."""
-        return _map(self._obj, kernel, *args, **kwargs)
+    def __repr__(self) -> str:
+        kind = type(self._obj).__name__
+        sizes = ", ".join(f"{d}: {n}" for d, n in self._obj.sizes.items())
+        methods = ", ".join(n for n in dir(type(self)) if not n.startswith("_"))
+        return f"<xstencil accessor .stencil on a {kind} ({sizes}): {methods}>"
 
-    def iterate(self, body: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """Apply a kernel or mesh until converged; see :func:`xstencil.iterate`."""
-        return _iterate(self._obj, body, *args, **kwargs)
+    @delegate(_map)
+    def map(self, *args: Any, **kwargs: Any) -> Any:
+        return _map(self._obj, *args, **kwargs)
+
+    @delegate(_mesh)
+    def mesh(self, *args: Any, **kwargs: Any) -> Any:
+        return _mesh(self._obj, *args, **kwargs)
+
+    @delegate(_scan)
+    def scan(self, *args: Any, **kwargs: Any) -> Any:
+        return _scan(self._obj, *args, **kwargs)
+
+    @delegate(_iterate)
+    def iterate(self, *args: Any, **kwargs: Any) -> Any:
+        return _iterate(self._obj, *args, **kwargs)
 
     def solve(self, operator: Any, *args: Any, **kwargs: Any) -> Any:
-        """Solve ``operator(x) = self``; see :func:`xstencil.solve`."""
+        """Solve ``operator(x) = self`` for ``x``; see :func:`xstencil.solve`
+        (this object is its ``rhs``)."""
         return _solve(operator, self._obj, *args, **kwargs)
-
-    def mesh(self, **kwargs: Any) -> Any:
-        """A function mesh over this object; see :func:`xstencil.mesh`."""
-        return _mesh(self._obj, **kwargs)
-
-    def scan(self, kernel: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """Scan a kernel along a dim (time stepping); see :func:`xstencil.scan`."""
-        return _scan(self._obj, kernel, *args, **kwargs)
 
 
 def register() -> None:

@@ -7,13 +7,20 @@ convention expects one (missing labels, reads outside the window).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 __all__ = [
     "XStencilError",
     "WindowIndexError",
     "LabelError",
     "KernelError",
     "ConvergenceWarning",
+    "raised_here",
 ]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class XStencilError(ValueError):
@@ -40,3 +47,38 @@ class KernelError(XStencilError):
 class ConvergenceWarning(UserWarning):
     """An iterative call (:func:`xstencil.iterate`, :func:`xstencil.solve`)
     stopped at its step limit before reaching its tolerance."""
+
+
+def raised_here(function: F) -> F:
+    """Raise xstencil's own errors from the public ``function``: the traceback
+    ends at the user's call instead of listing xstencil's internal frames.
+
+    Only :class:`XStencilError`, :class:`WindowIndexError` and
+    :class:`LabelError` are shortened; their ``__cause__`` (for example the
+    error a user's kernel raised, with its own frames) is kept.  Any other
+    exception is a bug or comes from elsewhere and keeps its full traceback.
+
+    Examples
+    --------
+    >>> import traceback
+    >>> def _check(x):
+    ...     raise XStencilError(f"f(x={x!r}): expected a positive number")
+    >>> @raised_here
+    ... def f(x):
+    ...     return _check(x)
+    >>> try:
+    ...     f(-1)
+    ... except XStencilError as e:
+    ...     print([fr.name for fr in traceback.extract_tb(e.__traceback__)])
+    ['<module>', 'wrapper']
+    """
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - read by pytest and IPython
+        try:
+            return function(*args, **kwargs)
+        except (XStencilError, WindowIndexError, LabelError) as e:
+            raise e.with_traceback(None)  # noqa: B904 - same error; cause and context kept
+
+    return wrapper  # type: ignore[return-value]

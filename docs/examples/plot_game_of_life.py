@@ -13,6 +13,7 @@ generations.
 import os
 
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
 import numpy as np
 import xarray as xr
 
@@ -47,5 +48,16 @@ print(gens.dtype, gens.sum(("row", "col")).values)
 # %%
 # The glider gun and its gliders at four generations.
 gens["generation"] = np.round(gens.generation).astype(int)
-g = gens.plot(col="generation", cmap="binary", add_colorbar=False, size=2.6,
+g = gens.plot(col="generation", col_wrap=3, cmap="binary", add_colorbar=False, size=2.4,
               aspect=nx / ny, yincrease=False)
+
+# %%
+# The last generation, larger: the gun on the left and the gliders it has
+# emitted travelling down to the right.
+
+# sphinx_gallery_thumbnail_number = 2
+fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
+gens.isel(generation=-1).plot.imshow(ax=ax, cmap="Greens", vmin=0, vmax=1,
+                                     add_colorbar=False, yincrease=False)
+ax.set_aspect("equal")
+ax.set_title(f"generation {int(gens.generation[-1])}")

@@ -94,7 +94,8 @@ traj["time"].attrs["units"] = "h"
 picks = np.linspace(0, traj.sizes["time"] - 1, 4).round().astype(int)
 snap = traj.h.isel(time=picks)
 snap["time"] = snap.time.round(1)
-fg = snap.plot(col="time", cmap="RdBu_r", vmin=-0.6, vmax=0.6, size=3, aspect=1)
+fg = snap.plot(col="time", col_wrap=2, cmap="RdBu_r", vmin=-0.6, vmax=0.6, size=3.2,
+               aspect=1)
 for ax, t in zip(fg.axs.flat, snap.time.values, strict=True):
     ax.set_aspect("equal")
     ax.set_title(f"t = {t:.1f} h")

@@ -43,6 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import io_callback
 
 from xstencil._engine.boundary import pad
 from xstencil._engine.lower import AxisGeom, KernelCall, Source, dependencies, evaluate, trace
@@ -342,9 +343,11 @@ def run_loop(step: Callable[[Any, Any], tuple[Any, ...]], init: Sequence[Sequenc
     stacked along a new axis 0 (one per save; the last slab only when
     ``loop.every == 0``), and the first position where a non-finite value
     appeared (-1 if none, or if ``check_finite`` is off).  ``progress`` is
-    ``(callback, token)``: ``callback(token, done)`` is called from inside the
-    loop about every ``loop.progress_every`` steps (after each chunk of that
-    many steps, or after the save group that completes it).
+    ``(callback, token)``: every ``loop.progress_every`` steps (after each
+    chunk of that many steps, or after the save group that completes it) the
+    loop tests whether a report is due; if so it calls
+    ``callback(token, done)`` on the host (``io_callback``), which returns the
+    step count of the next report, so the host sets the update rate.
     """
     hist0 = tuple(tuple(h) for h in init)
     bad0 = jnp.asarray(-1, jnp.int32) if loop.check_finite else None
@@ -367,26 +370,31 @@ def run_loop(step: Callable[[Any, Any], tuple[Any, ...]], init: Sequence[Sequenc
 
     chunk = loop.progress_every if progress is not None else 0
 
-    def report(done: Any) -> None:
+    def report(done: Any, due: Any, gate: Any = True) -> Any:
+        """After ``done`` steps, if a report is ``due`` (and ``gate``): the host
+        moves the bar and answers the step count of its next report (it adapts
+        that to the measured speed).  A ``while_loop`` of zero or one trip,
+        not a ``cond``: JAX cannot vmap a ``cond`` holding an ``io_callback``."""
         callback, token = progress
-        jax.debug.callback(callback, token, done)
+        done = jnp.asarray(done, jnp.int32)
+        return lax.while_loop(lambda d: gate & (done >= d), lambda d: io_callback(
+            callback, jax.ShapeDtypeStruct((), jnp.int32), token, done, ordered=False), due)
 
-    def advance(carry: Any, t0: Any, n: int) -> Any:
+    def advance(carry: Any, t0: Any, n: int, due: Any) -> Any:
         if n == 0:
-            return carry
+            return carry, due
         if chunk and n >= chunk and not loop.checkpoint:
-            # chunks of steps, one progress callback after each: no per-step branch
+            # chunks of steps, a scalar test after each (is a report due?): no per-step branch
             nc, rem = divmod(n, chunk)
 
-            def part(j: Any, c: Any) -> Any:
-                c = lax.fori_loop(0, chunk, lambda i, c: one(t0 + j * chunk + i, c), c)
-                report(t0 + (j + 1) * chunk - loop.start)
-                return c
+            def part(j: Any, cd: Any) -> Any:
+                c = lax.fori_loop(0, chunk, lambda i, c: one(t0 + j * chunk + i, c), cd[0])
+                return c, report(t0 + (j + 1) * chunk - loop.start, cd[1])
 
-            carry = lax.fori_loop(0, nc, part, carry)
-            return lax.fori_loop(0, rem, lambda i, c: one(t0 + nc * chunk + i, c), carry)
+            carry, due = lax.fori_loop(0, nc, part, (carry, due))
+            return lax.fori_loop(0, rem, lambda i, c: one(t0 + nc * chunk + i, c), carry), due
         if not loop.checkpoint or n < 4:
-            return lax.fori_loop(0, n, lambda i, c: one(t0 + i, c), carry)
+            return lax.fori_loop(0, n, lambda i, c: one(t0 + i, c), carry), due
         b = math.isqrt(n)
         nb, rem = divmod(n, b)
 
@@ -395,30 +403,31 @@ def run_loop(step: Callable[[Any, Any], tuple[Any, ...]], init: Sequence[Sequenc
             return lax.fori_loop(0, b, lambda i, c: one(t0 + j * b + i, c), c), None
 
         carry, _ = lax.scan(block, carry, jnp.arange(nb))
-        return lax.fori_loop(0, rem, lambda i, c: one(t0 + nb * b + i, c), carry)
+        return lax.fori_loop(0, rem, lambda i, c: one(t0 + nb * b + i, c), carry), due
 
+    due0 = jnp.asarray(0, jnp.int32)  # the first check reports (and starts the clock)
     carry0 = (hist0, bad0)
     if loop.every == 0:
-        hist, bad = advance(carry0, jnp.asarray(loop.start), loop.steps)
+        (hist, bad), _ = advance(carry0, jnp.asarray(loop.start), loop.steps, due0)
         return tuple(h[-1][None] for h in hist), _bad(bad)
     every = loop.every
 
-    per = max(1, chunk // every) if chunk and every < chunk else 0  # groups per report
+    per = max(1, chunk // every) if chunk and every < chunk else 0  # groups per check
 
-    def group(carry: Any, j: Any) -> Any:
-        carry = advance(carry, loop.start + j * every, every)
+    def group(cd: Any, j: Any) -> Any:
+        carry, due = advance(cd[0], loop.start + j * every, every, cd[1])
         if per:
-            lax.cond((j + 1) % per == 0, lambda: report((j + 1) * every), lambda: None)
-        return carry, tuple(h[-1] for h in carry[0])
+            due = report((j + 1) * every, due, (j + 1) % per == 0)
+        return (carry, due), tuple(h[-1] for h in carry[0])
 
     if loop.checkpoint and every > 1:
         group = jax.checkpoint(group)
     if loop.checkpoint and every == 1:
-        def group(carry: Any, j: Any) -> Any:  # noqa: F811 - per-step checkpoint
-            carry = jax.checkpoint(lambda c, t: one(t, c))(carry, loop.start + j)
-            return carry, tuple(h[-1] for h in carry[0])
+        def group(cd: Any, j: Any) -> Any:  # noqa: F811 - per-step checkpoint
+            carry = jax.checkpoint(lambda c, t: one(t, c))(cd[0], loop.start + j)
+            return (carry, cd[1]), tuple(h[-1] for h in carry[0])
 
-    (hist, bad), saved = lax.scan(group, carry0, jnp.arange(loop.saves))
+    ((hist, bad), _), saved = lax.scan(group, (carry0, due0), jnp.arange(loop.saves))
     return saved, _bad(bad)
 
 

@@ -13,7 +13,7 @@ import xarray as xr
 from xstencil._engine.call import split_static
 from xstencil._engine.kcache import cached, describe
 from xstencil._engine.lower import evaluate
-from xstencil._errors import XStencilError
+from xstencil._errors import XStencilError, raised_here
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
 from xstencil._labelled.dispatch import devices_arg, map_scaled
 from xstencil._labelled.dtypes import out_dtype
@@ -25,6 +25,7 @@ from xstencil._labelled.staggered_ops import FILL, map_grid
 __all__ = ["map"]
 
 
+@raised_here
 def map(  # noqa: A001 - the contract's name
     obj: xr.DataArray | xr.Dataset,
     kernel: Callable[..., Any],

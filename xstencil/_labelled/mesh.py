@@ -9,6 +9,7 @@ assigned kernels.  Rectangular regions are computed over their own slab only.
 
 from __future__ import annotations
 
+import html
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -20,7 +21,7 @@ import xarray as xr
 from xstencil._engine.call import split_static
 from xstencil._engine.kcache import cached
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
-from xstencil._errors import LabelError, XStencilError
+from xstencil._errors import LabelError, XStencilError, raised_here
 from xstencil._labelled.core import (
     Fields,
     call_engine,
@@ -69,15 +70,49 @@ class nearest:  # noqa: N801 - reads as a function at the call site
 
 
 class _Loc:
+    """``m.loc[{dim: label}] = kernel``: assign by coordinate label."""
+
     def __init__(self, mesh: Mesh):
         self._mesh = mesh
 
+    def __repr__(self) -> str:
+        return (f"<{self._mesh._call[:-5]}.loc: assign by coordinate label, "
+                f"m.loc[{{dim: label}}] = f>")
+
+    @raised_here
     def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
         self._mesh._assign(self._mesh._by_label(key), kernel, key, by_label=True)
+        self._mesh._keys[-1] = f".loc[{key!r}]"
 
 
 class Mesh:
-    """A function mesh over a DataArray or Dataset (see :func:`mesh`)."""
+    """A function mesh over a DataArray or Dataset; make one with
+    :func:`xstencil.mesh` or ``da.stencil.mesh(...)``.
+
+    Assign kernels to regions, then run them all at once:
+
+    * ``m[...] = f``: everywhere;
+    * ``m[{"x": 0}] = f``: by position (:meth:`xarray.DataArray.isel` semantics);
+    * ``m.loc[{"x": 0.0}] = f``: by coordinate label
+      (:meth:`xarray.DataArray.sel` semantics, label slices include both ends;
+      ``m.loc[xstencil.nearest(x=0.3)]`` snaps to the nearest label);
+    * ``m[mask] = f``: by a boolean DataArray.
+
+    Later assignments win where regions overlap; cells no region covers keep
+    their input.  ``m.map()`` runs the mesh once, ``m.scan(dim=...)`` steps it
+    along a dim (see :func:`xstencil.scan`).  ``repr(m)`` lists the regions in
+    the order they were assigned.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> da = xr.DataArray(np.arange(5.0), dims="x", coords={"x": np.linspace(0, 1, 5)})
+    >>> m = da.stencil.mesh(boundary="extend")
+    >>> m[...] = lambda u: u(x=1) + u(x=-1)
+    >>> m.loc[{"x": 0.0}] = lambda u: -1.0
+    >>> m.map().values
+    array([-1.,  2.,  4.,  6.,  7.])
+    """
 
     def __init__(self, obj: xr.DataArray | xr.Dataset, **options: Any):
         self._obj = obj
@@ -88,15 +123,39 @@ class Mesh:
         self._indexes = {k: v.copy() for k, v in obj.indexes.items()}
         self._regions: list[tuple[dict[str, np.ndarray] | np.ndarray | None,
                                   Callable[..., Any]]] = []
+        self._keys: list[str] = []  # how each region was selected, for the repr
+
+    def _summary(self) -> tuple[str, list[tuple[str, str]]]:
+        sizes = ", ".join(f"{d}: {n}" for d, n in self._obj.sizes.items())
+        opts = "".join(f", {k}={v!r}" for k, v in self._options.items())
+        head = f"xstencil.Mesh over a {type(self._obj).__name__} ({sizes}){opts}"
+        rows = [(k, getattr(f, "__name__", None) or repr(f))
+                for k, (_, f) in zip(self._keys, self._regions, strict=True)]
+        return head, rows
 
     def __repr__(self) -> str:
-        return f"<xstencil.Mesh over {dict(self._obj.sizes)} with {len(self._regions)} regions>"
+        head, rows = self._summary()
+        if not rows:
+            return f"<{head}: no regions; assign with m[...] = f>"
+        width = max(len(k) for k, _ in rows) + 2
+        lines = [f"<{head}: {len(rows)} region{'s' if len(rows) > 1 else ''}, later wins"]
+        lines += [f"  m{k:<{width}}= {f}" for k, f in rows]
+        return "\n".join(lines) + ">"
+
+    def _repr_html_(self) -> str:
+        head, rows = self._summary()
+        cells = "".join(f"<tr><td><code>m{html.escape(k)}</code></td>"
+                        f"<td><code>{html.escape(f)}</code></td></tr>" for k, f in rows)
+        table = (f"<table><tr><th>region (later wins)</th><th>kernel</th></tr>{cells}</table>"
+                 if rows else "<p>no regions; assign with <code>m[...] = f</code></p>")
+        return f"<div><strong>{html.escape(head)}</strong>{table}</div>"
 
     @property
     def loc(self) -> _Loc:
         """Assign by coordinate label: ``m.loc[{"x": slice(1.5, None)}] = f``."""
         return _Loc(self)
 
+    @raised_here
     def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
         if key is Ellipsis:
             self._assign(None, kernel, key)
@@ -121,6 +180,8 @@ class Mesh:
         warn_empty(self._call, self._obj, region,
                    key.indexers if isinstance(key, nearest) else key, by_label)
         self._regions.append((region, kernel))
+        self._keys.append("[...]" if key is Ellipsis else f"[{key}]" if isinstance(key, str)
+                          else f"[{key!r}]")
 
     def _check_dims(self, key: Mapping[str, Any], how: str) -> None:
         for d in key:
@@ -337,6 +398,7 @@ class Mesh:
                 out.append(Slab(tuple(ranges)))  # type: ignore[arg-type]
         return out, masks
 
+    @raised_here
     def map(self, *args: Any, dtype: Any = None, **kwargs: Any) -> xr.DataArray | xr.Dataset:
         """Run the mesh over the data; extra arguments go to every kernel.
 
@@ -380,6 +442,7 @@ class Mesh:
                         if not (region == region.take([0], axis=a)).all()}
         return tuple(d for d in self._fields.dims if d in out)
 
+    @raised_here
     def scan(self, *args: Any, **kwargs: Any) -> Any:
         """Run the mesh as a scan along a dim; see :func:`xstencil.scan`."""
         self._current()
@@ -409,6 +472,7 @@ def _mesh_body(regions: Sequence[Slab | int]) -> Any:
     return body
 
 
+@raised_here
 def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh | GridMesh:
     """A function mesh: different kernels on different regions.
 

@@ -41,7 +41,7 @@ from xstencil._engine.kcache import cached, describe, rebuild, settle
 from xstencil._engine.lower import AxisGeom, Source
 from xstencil._engine.mesh import Mask, Slab
 from xstencil._engine.tscan import Var, run_loop, stencil_step, time_reads
-from xstencil._errors import XStencilError
+from xstencil._errors import XStencilError, raised_here
 from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.dtypes import out_dtype, state_dtype
@@ -120,6 +120,7 @@ def _options(call: str, dim: Any, window: Any, boundary: Any, fill_value: Any, s
                  bool(checkpoint), bool(check_finite), period)
 
 
+@raised_here
 def scan(
     obj: xr.DataArray | xr.Dataset,
     kernel: Callable[..., Any] | None = None,
@@ -383,7 +384,7 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
                       for d, c in zip(spatial.coord_dims, coords, strict=True)]
                 stepf = stencil_step(branches, base, variables, arrays, ex, geom, t_ax, tcoord,
                                      udyn, loop, s.total)
-                prog = (_progress.callback, token) if loop.progress_every else None
+                prog = (_progress.advance, token) if loop.progress_every else None
                 saved, bad = run_loop(stepf, init, loop, prog)
                 outs = []
                 for h, x in zip(init, saved, strict=True):

@@ -28,7 +28,7 @@ def call_with_progress(fn: Any, runargs: Any, every: int, steps: int, call: str)
     loop reports every ``every`` steps (0: no bar, token 0)."""
     if not every:
         return settled(fn(*runargs, jnp.asarray(0, jnp.int32)), runargs)
-    with _progress.Progress(steps, call.split("(")[0]) as p:
+    with _progress.Progress(steps, _progress.label(call)) as p:
         try:
             out = settled(fn(*runargs, jnp.asarray(p.token, jnp.int32)), runargs)
             # wait in Python, not inside the runtime, so that a Ctrl-C runs its handler

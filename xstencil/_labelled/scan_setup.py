@@ -391,7 +391,7 @@ def make_loop(s: Setup, o: Opts) -> Loop:
     plan = s.plan
     cells = sum(int(np.prod([plan.shape[plan.axis(d)] for d in plan.var_dims[i] if d != o.dim]))
                 for i in s.evolving)
-    prog = _progress.every(steps, cells) if o.progress and steps else 0
+    prog = _progress.check_every(steps, cells) if o.progress and steps else 0
     return Loop(k, steps, every, plan.specs[plan.axis(o.dim)].lo,
                 plan.specs[plan.axis(o.dim)].hi, 0 if s.grown else s.total, s.tmode,
                 o.checkpoint, prog, o.check_finite)

@@ -98,7 +98,7 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any,
         evolving = [i for i, (x, sd) in enumerate(zip(arrays, shapes, strict=True))
                     if sd is not None]
         loop = Loop(1, o.steps, o.save_every, 1, 0, 0, "fill", o.checkpoint,
-                    _progress.every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
+                    _progress.check_every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
                     if o.progress else 0, o.check_finite)
         key = ("step", static, loop, names, tuple(evolving), tuple(
             (tuple(x.shape), str(x.dtype)) for x in arrays))
@@ -113,7 +113,7 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any,
                     return tuple(new[i].astype(arrays[i].dtype) for i in evolving)
 
                 init = [[arrays[i]] for i in evolving]
-                prog = (_progress.callback, token) if loop.progress_every else None
+                prog = (_progress.advance, token) if loop.progress_every else None
                 saved, bad = run_loop(stepf, init, loop, prog)
                 if loop.every:
                     saved = tuple(jnp.concatenate([arrays[i][None], x])
