@@ -328,7 +328,8 @@ def test_coord_at_the_output_and_of_a_variable() -> None:
     ds = c_grid()
     out = ds.stencil.map(lambda s: {"here": s.coord("X")(), "east": s.u.coord("X")(X=0.5),
                                     "west": s.u.coord("X")(X=-0.5)},
-                         grid=GRID, at=CENTRE, boundary="periodic")
+                         grid=GRID, at=CENTRE, boundary="periodic",
+                         new_vars=("here", "east", "west"))
     x_c = ds.x_c.values
     np.testing.assert_allclose(out.here.values[0], x_c)
     np.testing.assert_allclose(out.east.values[0], x_c + 0.5)  # across the seam: + period

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 from xstencil._errors import XStencilError
@@ -141,7 +142,7 @@ def restore(lay: Layout, res: Any, targets: Mapping[str, Mapping[str, str]],
     g = lay.grid
     back = {d: a for a, d in lay.index.items()}
     if isinstance(res, xr.DataArray):
-        res = _rename_back(res, back, at or {}, g)
+        res = _rename_back(_full(res, lay, at or {}), back, at or {}, g)
         if lay.single is not None:
             res.name = lay.obj.name
             res.attrs = dict(lay.obj.attrs)
@@ -151,12 +152,46 @@ def restore(lay: Layout, res: Any, targets: Mapping[str, Mapping[str, str]],
         if str(n).startswith(HIDDEN) and n != lay.single:
             continue
         pos = targets.get(str(n), lay.positions.get(str(n), {}))
-        variables[n] = _rename_back(res[n].reset_coords(drop=True), back, pos, g)
+        da = res[n].reset_coords(drop=True)
+        if str(n) in targets and str(n) not in lay.positions:  # a new result
+            da = _full(da, lay, pos)
+        variables[n] = _rename_back(da, back, pos, g)
     other = {k: v for k, v in res.coords.items() if not set(map(str, v.dims)) & set(back)}
     out = xr.Dataset(variables, coords=other, attrs=res.attrs)
     out = _with_coords(out, lay)
     if lay.single is not None:
         return out[lay.single].rename(lay.obj.name)
+    return out
+
+
+def _full(da: xr.DataArray, lay: Layout, at: Mapping[str, str]) -> xr.DataArray:
+    """A new result on all the index dims of the axes in ``at`` (still named
+    as index dims): constant along those it did not read.
+
+    The Dataset rule gives each result only the dims it read (a kernel that
+    reads only ``s.coord("X")`` gets ``x`` alone); on a grid, a result is
+    placed on the output's full dims for ``at`` (docs/staggered.rst)."""
+    need = [lay.index[a] for a in at if a in lay.index]
+    missing = [d for d in need if d not in da.dims]
+    if not missing:
+        return da
+    want = set(da.dims) | set(need)
+    grid_dims = set(lay.index.values())
+    inputs = [v.dims for n, v in lay.variables.items() if not n.startswith(HIDDEN)
+              or n == lay.single]
+    ref = next((dims for dims in inputs if want <= set(dims)), None)
+    order = [d for d in (ref if ref is not None else dict.fromkeys(
+        d for dims in inputs for d in dims)) if d in want and d in grid_dims]
+    order += [d for d in need if d not in order]
+    size = dict(lay.spec_base["axes"]["size"])
+    back = {d: a for a, d in lay.index.items()}
+    out = da.expand_dims({d: size[back[d]] for d in missing})
+    first = next((k for k, d in enumerate(da.dims) if d in grid_dims), len(da.dims))
+    lead = list(da.dims[:first])  # e.g. a scan's dim before the grid's,
+    trail = [d for d in da.dims[first:] if d not in grid_dims]  # output_dims after them
+    out = out.transpose(*lead, *order, *trail)
+    if isinstance(out.data, np.ndarray):  # not a read-only broadcast view
+        out = out.copy(data=np.array(out.data))
     return out
 
 
