@@ -12,14 +12,12 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from xstencil._backends import backend_for
 from xstencil._backends.dask import map_dask
 from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._backends.shard import map_sharded, prepared
 from xstencil._engine.call import precision
-from xstencil._engine.coords import numeric_coord
+from xstencil._engine.coords import coord_values, numeric_coord
 from xstencil._engine.kcache import compiled
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import (
@@ -59,7 +57,7 @@ def map_job(plan: Any, f: Fields, kernels: Sequence[Callable[..., Any]], owner: 
     """The map of ``f`` reduced to raw arrays and numeric coordinates."""
     _check_period(plan.call, period, plan.dims)
     variables = f.obj.coords.variables
-    coords = {d: numeric_coord(plan.call, d, np.asarray(variables[d].values))
+    coords = {d: numeric_coord(plan.call, d, coord_values(variables[d]))
               for d in plan.coord_dims}
     return MapJob(plan, HOOKS, tuple(kernels), owner, list(f.arrays), f.var_dims, f.names,
                   coords, period, tuple(args), dict(kwargs),

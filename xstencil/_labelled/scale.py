@@ -23,7 +23,7 @@ from xstencil._backends.blockmesh import block_mesh
 from xstencil._backends.dask import is_dask
 from xstencil._backends.halo import BlockJob
 from xstencil._engine.call import precision
-from xstencil._engine.coords import numeric_coord
+from xstencil._engine.coords import coord_values, numeric_coord
 from xstencil._errors import XStencilError
 from xstencil._labelled.blockprep import Prepared, rewrap, setup
 from xstencil._labelled.dispatch import HOOKS, devices_arg
@@ -72,7 +72,7 @@ def _job(call: str, prep: Prepared, kernels: tuple[Callable[..., Any], ...], own
     if function_mesh is not None:
         regions, gmasks = function_mesh.regions(plan, spec.dim)
         bmesh, masks = block_mesh(regions, gmasks, plan, spec.total)
-    coords = {d: numeric_coord(call, d, np.asarray(prep.obj[d].values))
+    coords = {d: numeric_coord(call, d, coord_values(prep.obj[d]))
               for d in spec.space_coords}
     finite = functools.partial(not_finite, call, spec.dim, prep.labels) \
         if prep.check_finite else None

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.coords import numeric_coord
+from xstencil._engine.coords import coord_values, numeric_coord
 from xstencil._engine.kcache import peek, put
 from xstencil._errors import XStencilError
 from xstencil._labelled.grid import Grid, parse_grid
@@ -352,7 +352,7 @@ def _translate(call: str, ds: xr.Dataset, g: Grid, positions: Mapping[str, Mappi
             cv = _coord(ds, g, d)
             if p not in _POS or cv is None or cv.dims != (d,):
                 continue
-            c = numeric_coord(call, d, cv.values)
+            c = numeric_coord(call, d, coord_values(cv))
             if c is None:
                 continue
             name = f"{HIDDEN}c_{d}"
@@ -365,7 +365,7 @@ def _translate(call: str, ds: xr.Dataset, g: Grid, positions: Mapping[str, Mappi
             periods.append((a, _period(a, ax.positions, ds, g, uperiod)))
             cv = _coord(ds, g, idim)
             if cv is not None and cv.dims == (idim,):
-                c = numeric_coord(call, idim, cv.values)
+                c = numeric_coord(call, idim, coord_values(cv))
                 if c is not None and n > 1:  # the plain call's own (unused) coord window
                     pperiod[idim] = float(uperiod.get(a, uperiod.get(idim, 0.0))) or \
                         float(abs(c[-1] - c[0]) * n / (n - 1)) or 1.0
