@@ -40,7 +40,6 @@ from typing import Any
 import jax
 import numpy as np
 import xarray as xr
-import zarr
 
 from xstencil._backends.dask import any_dask
 from xstencil._backends.shard import is_sharded
@@ -121,6 +120,13 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
     return _open(path, meta)
 
 
+def _zarr() -> Any:
+    """The zarr package (an optional dependency: the ``io`` extra)."""
+    import zarr  # noqa: PLC0415 - optional, needed only for store=
+
+    return zarr
+
+
 def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
           segment: Any) -> _Run:
     """Validate the options a streamed run supports."""
@@ -128,6 +134,11 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
         raise XStencilError(f"{call}: store={store!r:.60} must be a path (str or os.PathLike) "
                             f"of a Zarr store, e.g. store='run.zarr' (resume= and segment= "
                             f"go with store=)")
+    try:
+        _zarr()
+    except ImportError as e:
+        raise XStencilError(f"{call}: store= writes a Zarr store and needs the zarr package; "
+                            f"install it (pip install 'xstencil[io]' or pip install zarr)") from e
     steps = options.get("steps")
     every = options.get("save_every", 1)
     if steps is None:
@@ -190,8 +201,14 @@ def _segment(scan: Callable[..., Any], run: _Run, state: Any, kernel: Any,
     first = a if a == 0 else a - k  # saved index of the segment's first position
     p0 = _position(run, first)
     p1 = _position(run, b - 1)
-    opts = {**options, "steps": p1 - p0 - k + 1,
-            "dt": None, "coord": _numeric(run.tvals)[p0:p1 + 1]}
+    tv = _numeric(run.tvals)
+    opts = {**options, "steps": p1 - p0 - k + 1, "dt": None}
+    if dim in state.dims:  # the k initial positions, labelled; coord= the new ones
+        state = state.assign_coords({dim: tv[p0:p0 + k]})
+        opts["coord"] = tv[p0 + k:p1 + 1]
+    else:  # one initial state: coord= all positions
+        state = state.drop_vars(dim) if dim in state.coords else state
+        opts["coord"] = tv[p0:p1 + 1]
     try:
         out = scan(state, kernel, dim, *args, **opts, **kwargs)
     except XStencilError as e:
@@ -238,13 +255,13 @@ def _write(ds: xr.Dataset, path: str, run: _Run, first: bool) -> None:
 def _mark(path: str, meta: dict[str, Any], done: int) -> None:
     """The marker: ``done`` saved positions are completely written."""
     meta["complete"] = int(done)
-    zarr.open_group(path, mode="r+").attrs[STORE_KEY] = meta
+    _zarr().open_group(path, mode="r+").attrs[STORE_KEY] = meta
 
 
 def _reopen(call: str, path: str, meta: dict[str, Any]) -> int:
     """Check the store against this run; cut it back to its marker; return it."""
     try:
-        g = zarr.open_group(path, mode="r+")
+        g = _zarr().open_group(path, mode="r+")
         have = dict(g.attrs).get(STORE_KEY)
     except Exception as e:  # noqa: BLE001 - any unreadable store gets the same advice
         raise XStencilError(f"{call}: store={path!r} exists but is not a Zarr store written "
@@ -304,7 +321,8 @@ def _open(path: str, meta: dict[str, Any]) -> Any:
         if meta["name"] is None:
             da.name = None
         return da
-    return ds.assign_attrs(attrs) if len(attrs) != len(ds.attrs) else ds
+    ds.attrs = attrs  # the marker stays in the store only
+    return ds
 
 
 def _name(name: Any) -> str | None:
