@@ -24,12 +24,22 @@ initial state.  A resume whose fingerprint differs is refused.
 
 The call returns the result opened lazily from the store (``xr.open_zarr``:
 dask-backed, read on demand), so the trajectory is never in memory at once.
+
+Dask-backed data streams the same way: each segment is the dask scan
+(:mod:`xstencil._backends.dask`) of the last ``k`` positions, read lazily back
+from the store, and is computed by its ``to_zarr`` write, chunk by chunk (the
+store's chunks follow the dask chunks, one position deep along ``dim``).
+Data sharded over JAX devices is refused.
+
+Zarr writes each chunk and each metadata document atomically (a temporary
+file renamed), so a kill leaves every file either old or new.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -71,6 +81,7 @@ class _Run:
     tvals: np.ndarray  # the whole trajectory's dim coordinate (all positions)
     saves: int  # saved positions in all, the k initial ones included
     segment: int  # saved positions per segment
+    chunks: dict[str, int] | None = None  # dask-backed: the input's chunk size per dim
 
 
 def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: str,
@@ -98,16 +109,16 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
 
     if done == 0:
         if exists:
-            _remove_arrays(path)
+            shutil.rmtree(path)  # killed in its first write: ours (it has our attribute)
         b = min(run.saves, run.k + run.segment)
         out = step(obj, 0, b)
         _write(_encode(out, meta, run), path, run, first=True)
         done = out.sizes[dim]
         _mark(path, meta, done)
-        state = _last(out, run)
+        state = _next_state(out, path, meta, run, done)
         del out
     else:
-        state = _resume_state(path, meta, run, done)
+        state = _next_state(None, path, meta, run, done)
     while done < run.saves:
         b = min(run.saves, done + run.segment)
         out = step(state, done, b)
@@ -115,7 +126,7 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
         _write(_encode(new, meta, run), path, run, first=False)
         _mark(path, meta, b)
         done = b
-        state = _last(out, run)
+        state = _next_state(out, path, meta, run, done)
         del out, new
     return _open(path, meta)
 
@@ -156,12 +167,16 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
                 f"on one device: drop {opt}= (and load the data with obj.load())")
     datas = [v.data for v in obj.data_vars.values()] if isinstance(obj, xr.Dataset) \
         else [obj.data]
-    if any_dask(datas) or any(is_sharded(d) for d in datas):
+    if is_sharded(datas):
         raise XStencilError(
-            f"{call}: store= streams in-memory scans only; this data is dask-backed or "
-            f"sharded. Load the initial state into memory (obj.load(), or "
-            f"obj.copy(data=np.asarray(...)) for JAX arrays) and call scan(..., store=...) "
-            f"again, or scan without store= and write the result with .to_zarr(...)")
+            f"{call}: store= streams in-memory and dask-backed scans; this data is a JAX "
+            f"array sharded over devices. Bring the initial state to the host "
+            f"(obj.copy(data=np.asarray(...)), or .chunk(...) it for dask) and call "
+            f"scan(..., store=...) again, or scan without store= and write the result with "
+            f".to_zarr(...)")
+    chunks = None
+    if any_dask(datas):
+        chunks = {str(d): max(c) for d, c in obj.chunksizes.items() if d != dim}
     k = obj.sizes[dim] if dim in obj.dims else 1
     if k > 1 and every > 1:
         raise XStencilError(
@@ -170,7 +185,7 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
             f"start from the last {k} positions, which save_every>1 does not save. Use "
             f"save_every=1")
     if steps % every:  # scan raises the full message
-        return _Run(call, dim, k, steps, every, np.arange(0), 0, 1)
+        return _Run(call, dim, k, steps, every, np.arange(0), 0, 1, chunks)
     n0 = obj.sizes[dim] if dim in obj.dims else 0
     tvals = grown_coord(call, obj, dim, options.get("coord"), options.get("dt"), steps, n0,
                         k + steps)
@@ -182,7 +197,7 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
     elif isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
         raise XStencilError(f"{call}: segment={segment!r} must be an int >= 1 (saved "
                             f"positions per segment written to the store)")
-    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment)
+    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment, chunks)
 
 
 def _evolving(obj: Any, dim: str) -> list[Any]:
@@ -229,9 +244,16 @@ def _numeric(tvals: np.ndarray) -> np.ndarray:
     return tvals - tvals[0] if tvals.dtype.kind == "M" else tvals
 
 
-def _last(out: Any, run: _Run) -> Any:
-    """The last ``k`` positions, copied (not a view holding the segment)."""
-    return out.isel({run.dim: slice(-run.k, None)}).copy(deep=True)
+def _next_state(out: Any, path: str, meta: dict[str, Any], run: _Run, done: int) -> Any:
+    """The last ``k`` positions, the next segment's input: copied from the
+    segment in memory (not a view holding it), or read lazily from the store
+    for dask-backed data (so the segment's graph is not computed again)."""
+    if out is not None and run.chunks is None:
+        return out.isel({run.dim: slice(-run.k, None)}).copy(deep=True)
+    state = _open(path, meta).isel({run.dim: slice(done - run.k, done)})
+    if run.chunks is None:
+        return state.load()
+    return state.chunk({d: c for d, c in run.chunks.items() if d in state.dims})
 
 
 def _encode(out: Any, meta: dict[str, Any], run: _Run) -> xr.Dataset:
@@ -242,8 +264,11 @@ def _encode(out: Any, meta: dict[str, Any], run: _Run) -> xr.Dataset:
 def _write(ds: xr.Dataset, path: str, run: _Run, first: bool) -> None:
     """Write (``first``) or append one segment's saved positions."""
     dim = run.dim
+    if run.chunks is not None:  # dask: zarr chunks aligned with the dask chunks
+        ds = ds.chunk({d: 1 if d == dim else run.chunks.get(d, -1) for d in ds.dims})
     if first:
-        enc = {n: {"chunks": tuple(run.segment if d == dim else s
+        along = 1 if run.chunks is not None else run.segment
+        enc = {n: {"chunks": tuple(along if d == dim else (run.chunks or {}).get(d, s)
                                    for d, s in zip(v.dims, v.shape, strict=True))}
                for n, v in ds.variables.items() if dim in v.dims}
         ds.to_zarr(path, mode="w-", encoding=enc, consolidated=False)
@@ -301,19 +326,10 @@ def _truncate(g: Any, dim: str, n: int) -> None:
                 arr.resize(tuple(n if i == ax else s for i, s in enumerate(arr.shape)))
 
 
-def _remove_arrays(path: str) -> None:
-    """A store killed before its first marker: start it again."""
-    shutil.rmtree(path)
-
-
-def _resume_state(path: str, meta: dict[str, Any], run: _Run, done: int) -> Any:
-    """The last ``k`` complete positions, loaded, as the next segment's input."""
-    state = _open(path, meta).isel({run.dim: slice(done - run.k, done)}).load()
-    return state
-
-
 def _open(path: str, meta: dict[str, Any]) -> Any:
-    ds = xr.open_zarr(path, consolidated=False)
+    # lazily: dask-backed where dask is installed, else xarray's lazy backend arrays
+    chunks = "auto" if importlib.util.find_spec("dask") else None
+    ds = xr.open_zarr(path, consolidated=False, chunks=chunks)
     attrs = {n: v for n, v in ds.attrs.items() if n != STORE_KEY}
     if meta["kind"] == "DataArray":
         name = meta["name"] or _DA
@@ -348,6 +364,10 @@ def _hash(v: Any) -> str:
     return h.hexdigest()
 
 
+def _digest(block: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(block).tobytes()).hexdigest()
+
+
 def _feed(h: Any, v: Any) -> None:  # noqa: C901 - one case per kind of value
     """Feed a canonical, process-independent form of ``v`` to the hash ``h``."""
     if isinstance(v, xr.DataArray | xr.Dataset):
@@ -355,7 +375,14 @@ def _feed(h: Any, v: Any) -> None:  # noqa: C901 - one case per kind of value
         for n in sorted(ds.variables, key=str):
             var = ds.variables[n]
             _feed(h, ("var", str(n), var.dims, dict(sorted(var.attrs.items()))))
-            _feed(h, np.asarray(var.values))
+            if any_dask([var.data]):  # block by block: never the whole array at once
+                _feed(h, ("blocks", var.shape, str(var.dtype), var.chunks))
+                import dask  # noqa: PLC0415 - optional; the data is dask-backed here
+
+                blocks = var.data.to_delayed().ravel()
+                _feed(h, list(dask.compute(*[dask.delayed(_digest)(b) for b in blocks])))
+            else:
+                _feed(h, np.asarray(var.values))
         _feed(h, ("attrs", sorted(v.attrs.items(), key=lambda x: str(x[0])), v.name
                   if isinstance(v, xr.DataArray) else None))
     elif isinstance(v, np.ndarray | jax.Array | np.generic):
