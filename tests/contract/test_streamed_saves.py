@@ -262,3 +262,28 @@ def test_peak_memory_is_one_segment_not_the_trajectory(tmp_path):
         finals[name], peaks[name] = float(final), int(peak) / 1024  # KiB -> MiB
     assert finals["stream"] == finals["memory"]
     assert peaks["stream"] < peaks["memory"] - 120, peaks
+
+
+def test_step_function(tmp_path):
+    """``step=`` (a Runge-Kutta step calling maps) streams the same way."""
+    u0 = xr.DataArray(np.sin(np.linspace(0, 2 * np.pi, 32, endpoint=False)).astype(np.float32),
+                      dims="x")
+
+    def rk2(s):
+        def f(s):
+            return s.stencil.map(lambda u: -(u(x=1) - u(x=-1)) / 2, boundary="periodic")
+
+        k1 = f(s)
+        return s + 0.1 * f(s + 0.05 * k1)
+
+    ref = xstencil.scan(u0, step=rk2, steps=12, save_every=2)
+    out = xstencil.scan(u0, step=rk2, steps=12, save_every=2, store=tmp_path / "s", segment=2)
+    xr.testing.assert_identical(out.load(), ref)
+
+
+def test_function_mesh_refused(tmp_path):
+    m = _u0().stencil.mesh(boundary="periodic")
+    m[...] = heat
+    with pytest.raises(XStencilError, match=r"store= \(streamed saves\) is not available for a "
+                                            r"function mesh"):
+        m.scan("time", steps=4, store=tmp_path / "m")

@@ -313,6 +313,10 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                                                            "period")}
     known = {"window", "boundary", "fill_value", "steps", "dt", "coord", "save_every",
              "progress", "checkpoint", "check_finite", "period"}
+    if options.get("store") is not None:
+        raise XStencilError(f"{call}: store= (streamed saves) is not available for a function "
+                            f"mesh yet; scan a single kernel with store=, or write m.scan(...) "
+                            f"with .to_zarr(...)")
     halo_every = options.pop("halo_every", None)
     dtype = options.pop("dtype", m._options.get("dtype"))
     kwargs = {k: v for k, v in options.items() if k not in known}
