@@ -202,6 +202,12 @@ def test_resume_refuses_other_kernels_and_options(tmp_path):
         u0.stencil.scan(heat, **{**opts, "boundary": "extend"}, store=store, resume=True)
     with pytest.raises(XStencilError, match=r"the options differ: dt=0.5 in the store"):
         u0.stencil.scan(heat, **{**opts, "dt": 0.25}, store=store, resume=True)
+    coord = np.arange(9) * 0.5
+    u0.stencil.scan(heat, **{**opts, "dt": None, "coord": coord}, store=tmp_path / "c")
+    coord[5] += 0.125  # one value deep inside a long coord= differs
+    with pytest.raises(XStencilError, match=r"the options differ: coord=<array \(9,\) float64"):
+        u0.stencil.scan(heat, **{**opts, "dt": None, "coord": coord}, store=tmp_path / "c",
+                        resume=True)
     with pytest.raises(XStencilError, match=r"the initial state differ"):
         (u0 + 1).stencil.scan(heat, **opts, store=store, resume=True)
 
@@ -218,6 +224,10 @@ def test_clear_errors(tmp_path):
                         store=tmp_path / "a.zarr")
     with pytest.raises(XStencilError, match=r"resume= and segment= go with store="):
         u0.stencil.scan(heat, steps=4, resume=True)
+    with pytest.raises(XStencilError, match=r"steps=6 must be an int >= 1 and a multiple of "
+                                            r"save_every=4"):
+        u0.stencil.scan(heat, steps=6, save_every=4, store=tmp_path / "a.zarr")
+    assert not (tmp_path / "a.zarr").exists()
     with pytest.raises(XStencilError, match=r"segment=0 must be an int >= 1"):
         u0.stencil.scan(heat, steps=4, store=tmp_path / "a.zarr", segment=0)
     (tmp_path / "b.zarr").mkdir()

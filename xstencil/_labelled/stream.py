@@ -184,8 +184,12 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
             f"back along {dim!r}; this input holds {k} initial positions, and a segment must "
             f"start from the last {k} positions, which save_every>1 does not save. Use "
             f"save_every=1")
-    if steps % every:  # scan raises the full message
-        return _Run(call, dim, k, steps, every, np.arange(0), 0, 1, chunks)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or every < 1 \
+            or steps % every:
+        raise XStencilError(
+            f"{call}: steps={steps!r} must be an int >= 1 and a multiple of "
+            f"save_every={every!r} (an int >= 1); e.g. steps={max(every, 1) * 10}, "
+            f"save_every={max(every, 1)}")
     n0 = obj.sizes[dim] if dim in obj.dims else 0
     tvals = grown_coord(call, obj, dim, options.get("coord"), options.get("dt"), steps, n0,
                         k + steps)
@@ -354,8 +358,16 @@ def _fingerprint(obj: Any, kernel: Any, dim: str, args: Any, kwargs: Any,
     lifted = describe([options["step"]] if kernel is None else [kernel])
     return {"kernel": _hash((lifted.key, [np.asarray(x) for x in lifted.leaves])),
             "arguments": _hash((args, sorted(kwargs.items()))), "initial": _hash(obj),
-            "options": {n: _ADDRESS.sub("", repr(v)) for n, v in sorted(options.items())
+            "options": {n: _text(v) for n, v in sorted(options.items())
                         if n not in _FREE and n != "step"}}
+
+
+def _text(v: Any) -> str:
+    """An option as text (an array, whose repr elides, by shape and hash)."""
+    if isinstance(v, np.ndarray | jax.Array) or (isinstance(v, list | tuple) and len(v) > 8):
+        a = np.asarray(v)
+        return f"<array {a.shape} {a.dtype} sha256 {_hash(a)[:16]}>"
+    return _ADDRESS.sub("", repr(v))
 
 
 def _hash(v: Any) -> str:
