@@ -64,6 +64,7 @@ from xstencil._labelled.scan_setup import (
 )
 from xstencil._labelled.scan_step import run_step
 from xstencil._labelled.staggered_ops import FILL, scan_grid
+from xstencil._labelled.stream import streamed
 
 __all__ = ["scan", "scan_mesh", "MAX_STEPS"]
 
@@ -144,6 +145,9 @@ def scan(
     at: Mapping[str, str] | None = None,
     mesh: Any = None,
     dtype: Any = None,
+    store: Any = None,
+    resume: bool = False,
+    segment: int | None = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Scan a stencil kernel along a dim: explicit time stepping.
@@ -213,6 +217,15 @@ def scan(
         cast to it.  By default the state takes the promoted dtype of the
         input and the kernel's result (so a uint8 sum does not wrap and a
         float32 kernel on int data gives float32); see :doc:`/dtypes`.
+    store, resume, segment
+        Streamed saves (with ``steps=N`` and an int ``save_every``): run the
+        scan ``segment`` saved positions at a time, appending each segment to
+        the Zarr store at path ``store``, and return the result opened lazily
+        from it; memory holds the window depth plus one segment (by default
+        about 64 MiB of saved positions).  ``resume=True`` continues a run
+        that was killed from its last complete saved position, bitwise as if
+        uninterrupted, and refuses a store written with other kernels, options
+        or inputs.  See :doc:`/scaling`.
 
     Returns
     -------
@@ -249,6 +262,16 @@ def scan(
     >>> round(float(out.values.sum()), 6)
     1.0
     """
+    if store is not None or resume or segment is not None:  # streamed saves (Zarr)
+        return streamed(scan, f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil."
+                        f"scan(..., store=...)", obj, kernel, dim, args, kwargs, dict(
+                            window=window, boundary=boundary, fill_value=fill_value,
+                            steps=steps, dt=dt, coord=coord, save_every=save_every,
+                            progress=progress, checkpoint=checkpoint,
+                            check_finite=check_finite, period=period, step=step,
+                            devices=devices, halo_every=halo_every, grid=grid, at=at,
+                            mesh=mesh, dtype=dtype), store=store, resume=resume,
+                        segment=segment)
     if grid is not None or at is not None:  # staggered: translated into a plain scan
         if step is not None:
             raise XStencilError("ds.stencil.scan(..., grid=...): grid= goes to the maps inside "
@@ -290,6 +313,10 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                                                            "period")}
     known = {"window", "boundary", "fill_value", "steps", "dt", "coord", "save_every",
              "progress", "checkpoint", "check_finite", "period"}
+    if options.get("store") is not None:
+        raise XStencilError(f"{call}: store= (streamed saves) is not available for a function "
+                            f"mesh yet; scan a single kernel with store=, or write m.scan(...) "
+                            f"with .to_zarr(...)")
     halo_every = options.pop("halo_every", None)
     dtype = options.pop("dtype", m._options.get("dtype"))
     kwargs = {k: v for k, v in options.items() if k not in known}

@@ -182,7 +182,8 @@ def _fields(call: str, obj: Any, o: Opts, evolve: Sequence[str] | None,
 def setup(call: str, obj: Any, kernels: Sequence[Any], o: Opts, args: Any,
           kwargs: Any, evolve: Sequence[str] | None = None) -> Setup:
     dim = o.dim
-    total_guess = None if o.steps is None else 1 + o.steps
+    # the input holds the k initial positions (or none, k = 1): the total to expect
+    total_guess = None if o.steps is None else max(obj.sizes.get(dim, 0), 1) + o.steps
     f, n0, tvals = _fields(call, obj, o, evolve, total_guess or 0)
     boundary, tmode = _time_boundary(o.boundary, dim)
     plan = prepare(call, f, kernels, window=o.window, boundary=boundary,

@@ -1,0 +1,428 @@
+"""Streamed saves and restart: ``scan(..., steps=N, save_every=s, store="run.zarr")``.
+
+The scan runs segment by segment.  A segment is one compiled scan of
+``segment`` saved positions (``segment * s`` steps), started from the last
+``k`` positions of the previous one (``k``: the window depth along ``dim``).
+Each segment's saved positions are appended to a Zarr store, so memory holds
+the window depth plus one segment, whatever the number of steps.
+
+Crash safety: each segment's data is written first, and only then a small
+marker in the store's attributes (``xstencil_stream["complete"]``: the number
+of saved positions completely written).  A run killed at any point leaves a
+store whose marker counts only whole positions; ``resume=True`` cuts the
+arrays back to the marker (dropping a half-written segment) and continues from
+its last ``k`` positions.  The continued run is bitwise equal to an
+uninterrupted one: each step computes the same operations on the same values,
+and the ``dim`` coordinate of the whole run is computed once, up front, and
+handed to every segment (datetimes as timedeltas since the first position, as
+a kernel reads them).
+
+The store also holds a fingerprint of what determines the result: the
+kernel's structure (:func:`xstencil._engine.kcache.describe`, the code, the
+constants and closed-over arrays it reads), the options, the arguments and the
+initial state.  A resume whose fingerprint differs is refused.
+
+The call returns the result opened lazily from the store (``xr.open_zarr``:
+dask-backed, read on demand), so the trajectory is never in memory at once.
+
+Dask-backed data streams the same way: each segment is the dask scan
+(:mod:`xstencil._backends.dask`) of the last ``k`` positions, read lazily back
+from the store, and is computed by its ``to_zarr`` write, chunk by chunk (the
+store's chunks follow the dask chunks, one position deep along ``dim``).
+Data sharded over JAX devices is refused.
+
+Zarr writes each chunk and each metadata document atomically (a temporary
+file renamed), so a kill leaves every file either old or new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import xarray as xr
+
+from xstencil._backends.dask import any_dask
+from xstencil._backends.shard import is_sharded
+from xstencil._engine.kcache import describe
+from xstencil._errors import XStencilError
+from xstencil._labelled.scan_setup import grown_coord
+
+__all__ = ["streamed", "STORE_KEY", "SEGMENT_BYTES"]
+
+#: The key of the store attribute holding the fingerprint and the marker.
+STORE_KEY = "xstencil_stream"
+#: The default size of a segment's saved positions, in bytes.
+SEGMENT_BYTES = 64 * 2**20
+_DA = "__xarray_dataarray_variable__"
+#: Options that do not change the numbers (left out of the fingerprint).
+_FREE = ("progress", "checkpoint")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What one streamed run needs besides the data."""
+
+    call: str
+    dim: str
+    k: int
+    steps: int
+    every: int
+    tvals: np.ndarray  # the whole trajectory's dim coordinate (all positions)
+    saves: int  # saved positions in all, the k initial ones included
+    segment: int  # saved positions per segment
+    chunks: dict[str, int] | None = None  # dask-backed: the input's chunk size per dim
+
+
+def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: str,
+             args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any], *,
+             store: Any, resume: bool, segment: int | None) -> Any:
+    """Run ``scan(obj, kernel, dim, *args, **options, **kwargs)`` segment by
+    segment into the Zarr ``store``; return the result opened from it."""
+    run = _plan(call, obj, dim, options, store, segment)
+    path = os.fspath(store)
+    meta = {"version": 1, **_fingerprint(obj, kernel, dim, args, kwargs, options),
+            "kind": "DataArray" if isinstance(obj, xr.DataArray) else "Dataset",
+            "name": None if isinstance(obj, xr.Dataset) else _name(obj.name),
+            "dim": dim, "saves": run.saves, "complete": 0}
+    exists = os.path.exists(path)
+    if exists and not resume:
+        raise XStencilError(
+            f"{call}: store={path!r} already exists; pass resume=True to continue the run "
+            f"saved there, or remove it (shutil.rmtree) to start again")
+    done = _reopen(call, path, meta) if exists else 0
+    if done == run.saves:
+        return _open(path, meta)
+
+    def step(o: Any, a: int, b: int) -> Any:
+        return _segment(scan, run, o, kernel, args, kwargs, options, a, b)
+
+    if done == 0:
+        if exists:
+            shutil.rmtree(path)  # killed in its first write: ours (it has our attribute)
+        b = min(run.saves, run.k + run.segment)
+        out = step(obj, 0, b)
+        _write(_encode(out, meta, run), path, run, first=True)
+        done = out.sizes[dim]
+        _mark(path, meta, done)
+        state = _next_state(out, path, meta, run, done)
+        del out
+    else:
+        state = _next_state(None, path, meta, run, done)
+    while done < run.saves:
+        b = min(run.saves, done + run.segment)
+        out = step(state, done, b)
+        new = out.isel({dim: slice(run.k, None)})
+        _write(_encode(new, meta, run), path, run, first=False)
+        _mark(path, meta, b)
+        done = b
+        state = _next_state(out, path, meta, run, done)
+        del out, new
+    return _open(path, meta)
+
+
+def _zarr() -> Any:
+    """The zarr package (an optional dependency: the ``io`` extra)."""
+    import zarr  # noqa: PLC0415 - optional, needed only for store=
+
+    return zarr
+
+
+def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
+          segment: Any) -> _Run:
+    """Validate the options a streamed run supports."""
+    if not isinstance(store, str | os.PathLike):
+        raise XStencilError(f"{call}: store={store!r:.60} must be a path (str or os.PathLike) "
+                            f"of a Zarr store, e.g. store='run.zarr' (resume= and segment= "
+                            f"go with store=)")
+    try:
+        _zarr()
+    except ImportError as e:
+        raise XStencilError(f"{call}: store= writes a Zarr store and needs the zarr package; "
+                            f"install it (pip install 'xstencil[io]' or pip install zarr)") from e
+    steps = options.get("steps")
+    every = options.get("save_every", 1)
+    if steps is None:
+        raise XStencilError(
+            f"{call}: store= streams a trajectory grown with steps=N; pass steps=N (with the "
+            f"initial state as input), or scan the input's own trajectory without store=")
+    if every == "last" or isinstance(every, bool) or not isinstance(every, int):
+        raise XStencilError(
+            f"{call}: store= needs save_every=s (an int), got save_every={every!r}; "
+            f"save_every='last' keeps one state, so run it without store=")
+    for opt in ("devices", "mesh", "halo_every", "grid", "at"):
+        if options.get(opt) is not None:
+            raise XStencilError(
+                f"{call}: store= is not available with {opt}=; streamed saves run in memory "
+                f"on one device: drop {opt}= (and load the data with obj.load())")
+    datas = [v.data for v in obj.data_vars.values()] if isinstance(obj, xr.Dataset) \
+        else [obj.data]
+    if is_sharded(datas):
+        raise XStencilError(
+            f"{call}: store= streams in-memory and dask-backed scans; this data is a JAX "
+            f"array sharded over devices. Bring the initial state to the host "
+            f"(obj.copy(data=np.asarray(...)), or .chunk(...) it for dask) and call "
+            f"scan(..., store=...) again, or scan without store= and write the result with "
+            f".to_zarr(...)")
+    chunks = None
+    if any_dask(datas):
+        chunks = {str(d): max(c) for d, c in obj.chunksizes.items() if d != dim}
+    k = obj.sizes[dim] if dim in obj.dims else 1
+    if k > 1 and every > 1:
+        raise XStencilError(
+            f"{call}: store= with save_every={every!r} needs a window reaching one position "
+            f"back along {dim!r}; this input holds {k} initial positions, and a segment must "
+            f"start from the last {k} positions, which save_every>1 does not save. Use "
+            f"save_every=1")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or every < 1 \
+            or steps % every:
+        raise XStencilError(
+            f"{call}: steps={steps!r} must be an int >= 1 and a multiple of "
+            f"save_every={every!r} (an int >= 1); e.g. steps={max(every, 1) * 10}, "
+            f"save_every={max(every, 1)}")
+    n0 = obj.sizes[dim] if dim in obj.dims else 0
+    tvals = grown_coord(call, obj, dim, options.get("coord"), options.get("dt"), steps, n0,
+                        k + steps)
+    saves = k + steps // every
+    if segment is None:
+        per = sum(int(np.prod([n for d, n in v.sizes.items() if d != dim]))
+                  * v.dtype.itemsize for v in _evolving(obj, dim))
+        segment = max(1, min(saves, SEGMENT_BYTES // max(per, 1)))
+    elif isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
+        raise XStencilError(f"{call}: segment={segment!r} must be an int >= 1 (saved "
+                            f"positions per segment written to the store)")
+    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment, chunks)
+
+
+def _evolving(obj: Any, dim: str) -> list[Any]:
+    if isinstance(obj, xr.DataArray):
+        return [obj]
+    have = [v for v in obj.data_vars.values() if dim in v.dims]
+    return have or list(obj.data_vars.values())
+
+
+def _segment(scan: Callable[..., Any], run: _Run, state: Any, kernel: Any,
+             args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any],
+             a: int, b: int) -> Any:
+    """Saved positions ``a .. b - 1`` (and the ``k`` before ``a`` when ``a > 0``):
+    one in-memory scan started from ``state``."""
+    k, dim = run.k, run.dim
+    first = a if a == 0 else a - k  # saved index of the segment's first position
+    p0 = _position(run, first)
+    p1 = _position(run, b - 1)
+    tv = _numeric(run.tvals)
+    opts = {**options, "steps": p1 - p0 - k + 1, "dt": None}
+    if dim in state.dims:  # the k initial positions, labelled; coord= the new ones
+        state = state.assign_coords({dim: tv[p0:p0 + k]})
+        opts["coord"] = tv[p0 + k:p1 + 1]
+    else:  # one initial state: coord= all positions
+        state = state.drop_vars(dim) if dim in state.coords else state
+        opts["coord"] = tv[p0:p1 + 1]
+    try:
+        out = scan(state, kernel, dim, *args, **opts, **kwargs)
+    except XStencilError as e:
+        raise XStencilError(f"{e} (store=: in the segment starting at position {p0} along "
+                            f"{dim!r})") from e
+    pos = [_position(run, i) for i in range(first, b)]
+    assert out.sizes[dim] == len(pos), (out.sizes[dim], pos)
+    return out.assign_coords({dim: xr.Variable(dim, run.tvals[pos])})
+
+
+def _position(run: _Run, i: int) -> int:
+    """The position along ``dim`` of saved index ``i``."""
+    return i if i < run.k else run.k - 1 + (i - run.k + 1) * run.every
+
+
+def _numeric(tvals: np.ndarray) -> np.ndarray:
+    """Datetimes as timedeltas since the first (a kernel reads them so)."""
+    return tvals - tvals[0] if tvals.dtype.kind == "M" else tvals
+
+
+def _next_state(out: Any, path: str, meta: dict[str, Any], run: _Run, done: int) -> Any:
+    """The last ``k`` positions, the next segment's input: copied from the
+    segment in memory (not a view holding it), or read lazily from the store
+    for dask-backed data (so the segment's graph is not computed again)."""
+    if out is not None and run.chunks is None:
+        return out.isel({run.dim: slice(-run.k, None)}).copy(deep=True)
+    state = _open(path, meta).isel({run.dim: slice(done - run.k, done)})
+    if run.chunks is None:
+        return state.load()
+    return state.chunk({d: c for d, c in run.chunks.items() if d in state.dims})
+
+
+def _encode(out: Any, meta: dict[str, Any], run: _Run) -> xr.Dataset:
+    ds = out.to_dataset(name=meta["name"] or _DA) if isinstance(out, xr.DataArray) else out
+    return ds.assign_attrs({STORE_KEY: meta})
+
+
+def _write(ds: xr.Dataset, path: str, run: _Run, first: bool) -> None:
+    """Write (``first``) or append one segment's saved positions."""
+    dim = run.dim
+    if run.chunks is not None:  # dask: zarr chunks aligned with the dask chunks
+        ds = ds.chunk({d: 1 if d == dim else run.chunks.get(d, -1) for d in ds.dims})
+    if first:
+        along = 1 if run.chunks is not None else run.segment
+        enc = {n: {"chunks": tuple(along if d == dim else (run.chunks or {}).get(d, s)
+                                   for d, s in zip(v.dims, v.shape, strict=True))}
+               for n, v in ds.variables.items() if dim in v.dims}
+        ds.to_zarr(path, mode="w-", encoding=enc, consolidated=False)
+    else:
+        keep = [n for n, v in ds.variables.items() if dim not in v.dims]
+        ds.drop_vars(keep).to_zarr(path, append_dim=dim, consolidated=False)
+
+
+def _mark(path: str, meta: dict[str, Any], done: int) -> None:
+    """The marker: ``done`` saved positions are completely written."""
+    meta["complete"] = int(done)
+    _zarr().open_group(path, mode="r+").attrs[STORE_KEY] = meta
+
+
+def _reopen(call: str, path: str, meta: dict[str, Any]) -> int:
+    """Check the store against this run; cut it back to its marker; return it."""
+    try:
+        g = _zarr().open_group(path, mode="r+")
+        have = dict(g.attrs).get(STORE_KEY)
+    except Exception as e:  # noqa: BLE001 - any unreadable store gets the same advice
+        raise XStencilError(f"{call}: store={path!r} exists but is not a Zarr store written "
+                            f"by a streamed scan ({e}); remove it or pick another path") from e
+    if have is None:
+        raise XStencilError(f"{call}: store={path!r} exists but was not written by a streamed "
+                            f"scan (no {STORE_KEY!r} attribute); remove it or pick another path")
+    for key, what in (("kernel", "the kernel (its code, constants or closed-over arrays)"),
+                      ("options", "the options"), ("arguments", "the kernel's arguments"),
+                      ("initial", "the initial state"), ("dim", "dim"),
+                      ("saves", "steps/save_every"), ("kind", "the input type")):
+        if have.get(key) != meta[key]:
+            diff = ""
+            if key == "options":
+                old, new = have.get(key) or {}, meta[key]
+                diff = ": " + ", ".join(f"{n}={old.get(n)} in the store, {n}={new.get(n)} now"
+                                        for n in sorted(set(old) | set(new))
+                                        if old.get(n) != new.get(n))
+            raise XStencilError(
+                f"{call}: resume=True, but store={path!r} was written by a different run: "
+                f"{what} differ{diff}; resume with the same kernel, arguments, options and "
+                f"input, or remove the store to start again")
+    done = int(have["complete"])
+    _truncate(g, meta["dim"], done)
+    meta["complete"] = done
+    return done
+
+
+def _truncate(g: Any, dim: str, n: int) -> None:
+    """Cut every array along ``dim`` back to ``n`` (a half-written segment)."""
+    for _, arr in g.arrays():
+        names = getattr(arr.metadata, "dimension_names", None) \
+            or arr.attrs.get("_ARRAY_DIMENSIONS")
+        if names and dim in names:
+            ax = list(names).index(dim)
+            if arr.shape[ax] != n:
+                arr.resize(tuple(n if i == ax else s for i, s in enumerate(arr.shape)))
+
+
+def _open(path: str, meta: dict[str, Any]) -> Any:
+    # lazily: dask-backed where dask is installed, else xarray's lazy backend arrays
+    chunks = "auto" if importlib.util.find_spec("dask") else None
+    ds = xr.open_zarr(path, consolidated=False, chunks=chunks)
+    attrs = {n: v for n, v in ds.attrs.items() if n != STORE_KEY}
+    if meta["kind"] == "DataArray":
+        name = meta["name"] or _DA
+        da = ds[name]
+        if meta["name"] is None:
+            da.name = None
+        return da
+    ds.attrs = attrs  # the marker stays in the store only
+    return ds
+
+
+def _name(name: Any) -> str | None:
+    return None if name is None else str(name)
+
+
+# -- the fingerprint ---------------------------------------------------------------------
+
+def _fingerprint(obj: Any, kernel: Any, dim: str, args: Any, kwargs: Any,
+                 options: Mapping[str, Any]) -> dict[str, Any]:
+    """Hashes, stable across processes, of what determines the numbers: the
+    kernel, its arguments, the initial state; and the options (as text)."""
+    lifted = describe([options["step"]] if kernel is None else [kernel])
+    return {"kernel": _hash((lifted.key, [np.asarray(x) for x in lifted.leaves])),
+            "arguments": _hash((args, sorted(kwargs.items()))), "initial": _hash(obj),
+            "options": {n: _text(v) for n, v in sorted(options.items())
+                        if n not in _FREE and n != "step"}}
+
+
+def _text(v: Any) -> str:
+    """An option as text (an array, whose repr elides, by shape and hash)."""
+    if isinstance(v, np.ndarray | jax.Array) or (isinstance(v, list | tuple) and len(v) > 8):
+        a = np.asarray(v)
+        return f"<array {a.shape} {a.dtype} sha256 {_hash(a)[:16]}>"
+    return _ADDRESS.sub("", repr(v))
+
+
+def _hash(v: Any) -> str:
+    h = hashlib.sha256()
+    _feed(h, v)
+    return h.hexdigest()
+
+
+def _digest(block: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(block).tobytes()).hexdigest()
+
+
+def _feed(h: Any, v: Any) -> None:  # noqa: C901 - one case per kind of value
+    """Feed a canonical, process-independent form of ``v`` to the hash ``h``."""
+    if isinstance(v, xr.DataArray | xr.Dataset):
+        ds = v.to_dataset(name=_DA) if isinstance(v, xr.DataArray) else v
+        for n in sorted(ds.variables, key=str):
+            var = ds.variables[n]
+            _feed(h, ("var", str(n), var.dims, dict(sorted(var.attrs.items()))))
+            if any_dask([var.data]):  # block by block: never the whole array at once
+                _feed(h, ("blocks", var.shape, str(var.dtype), var.chunks))
+                import dask  # noqa: PLC0415 - optional; the data is dask-backed here
+
+                blocks = var.data.to_delayed().ravel()
+                _feed(h, list(dask.compute(*[dask.delayed(_digest)(b) for b in blocks])))
+            else:
+                _feed(h, np.asarray(var.values))
+        _feed(h, ("attrs", sorted(v.attrs.items(), key=lambda x: str(x[0])), v.name
+                  if isinstance(v, xr.DataArray) else None))
+    elif isinstance(v, np.ndarray | jax.Array | np.generic):
+        a = np.asarray(v)
+        h.update(f"array{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes() if a.dtype.kind != "O" else repr(a.tolist()).encode())
+    elif isinstance(v, tuple | list):
+        h.update(f"{type(v).__name__}{len(v)}(".encode())
+        for x in v:
+            _feed(h, x)
+        h.update(b")")
+    elif isinstance(v, dict):
+        _feed(h, sorted(v.items(), key=lambda x: repr(x[0])))
+    elif isinstance(v, types.CodeType):
+        h.update(b"code")
+        h.update(v.co_code)
+        _feed(h, (v.co_names, v.co_varnames, v.co_freevars, v.co_cellvars, v.co_consts))
+    elif isinstance(v, type):
+        h.update(f"type {v.__module__}.{v.__qualname__}".encode())
+    elif type(v).__name__ == "_Id":
+        o = v.obj
+        h.update(f"id {type(o).__module__}.{type(o).__qualname__} "
+                 f"{getattr(o, '__module__', '')}.{getattr(o, '__qualname__', '')} "
+                 f"{getattr(o, '__name__', '')}".encode())
+    elif isinstance(v, types.FunctionType):
+        _feed(h, describe([v]).key)
+    elif isinstance(v, bool | int | float | complex | str | bytes | type(None)):
+        h.update(f"{type(v).__name__}:{v!r};".encode())
+    else:  # an address in a repr differs between processes
+        text = _ADDRESS.sub("", repr(v))
+        h.update(f"{type(v).__module__}.{type(v).__qualname__}:{text};".encode())
