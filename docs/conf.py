@@ -177,7 +177,10 @@ def missing_from_api() -> list[str]:
 def _inline(s: str) -> str:
     s = re.sub(r"\[([^\]]+)\]\(([^)]+)\)", r"\1", s)  # links: keep the text
     s = re.sub(r"(?<!`)`([^`]+)`(?!`)", r"``\1``", s)
-    return s
+    # a bare "|x|" (max |difference|) would be an rst substitution reference:
+    # escape pipes outside the inline literals
+    parts = re.split(r"(``.+?``)", s)
+    return "".join(p if p.startswith("``") else p.replace("|", r"\|") for p in parts)
 
 
 def _plain(s: str) -> str:

@@ -133,7 +133,7 @@ def test_fresh_lambdas_with_equal_code_and_values_share_one_compile() -> None:
     """The same inline kernel written in a loop compiles once; one that closes
     over different values, or reads a global whose value changed, does not
     share; the shared kernels kept alive are bounded."""
-    from xstencil._labelled import kcache
+    from xstencil._engine import kcache
 
     da = xr.DataArray(np.arange(16.0, dtype=np.float32), dims="x")
     before = _TRACES[0]

@@ -16,6 +16,7 @@ import xstencil  # noqa: F401 - registers .stencil
 from tests.fields import field, heat, same
 from xstencil import XStencilError
 from xstencil._backends import backend_for
+from xstencil._backends.dask import _token
 
 
 def lap(u: Any) -> Any:
@@ -54,7 +55,10 @@ def test_devices_keyword_and_deprecated_mesh_alias():
     same(m.map(), ref)
 
 
-def test_unpicklable_kernel_on_dask_raises_instead_of_a_random_token():
+def test_unpicklable_kernel_on_dask_gets_a_deterministic_token():
+    """Kernels are tokenized by what they read (``_engine/ktoken``), not by
+    pickling: one closing over a lock runs on dask, names the same graph on
+    each call, and matches the in-memory result."""
     lock = threading.Lock()
 
     def locked(u: Any) -> Any:
@@ -62,9 +66,21 @@ def test_unpicklable_kernel_on_dask_raises_instead_of_a_random_token():
             return u(x=1) - u()
 
     da = field(shape=(6, 8)).chunk({"x": 4})
-    with pytest.raises(XStencilError, match=r"cannot be tokenized deterministically by dask"
+    first = da.stencil.map(locked, boundary="periodic")
+    again = da.stencil.map(locked, boundary="periodic")
+    assert first.data.name == again.data.name
+    np.testing.assert_allclose(first.values, np.roll(da.values, -1, axis=1) - da.values)
+
+
+def test_an_untokenizable_graph_part_raises_instead_of_a_random_token():
+    class Unpicklable:
+        def __reduce__(self) -> Any:
+            raise TypeError("cannot pickle Unpicklable")
+
+    with pytest.raises(XStencilError, match=r"f\(\): the kernel or its arguments cannot be "
+                                            r"tokenized deterministically by dask"
                                             r".*make the kernel picklable"):
-        da.stencil.map(locked, boundary="periodic")
+        _token("f()", "xstencil-map", Unpicklable())
 
 
 def test_a_typo_in_map_lists_map_options_only():
