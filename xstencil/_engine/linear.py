@@ -406,15 +406,49 @@ def _fast_size(n: int) -> int:
     return best
 
 
+def _spectrum(w: np.ndarray, sizes: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """``conj(rfftn(w))`` zero-padded to ``sizes``, computed once in float64
+    (a constant of the program, not an FFT at run time)."""
+    big = np.zeros(sizes)
+    big[tuple(slice(0, k) for k in w.shape)] = w
+    spec = np.conj(np.fft.rfftn(big))
+    return spec.astype(np.complex128 if np.dtype(dtype) == np.float64 else np.complex64)
+
+
 def _fft(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
+    """The valid correlation as a circular one over an FFT-friendly size:
+    the wrapped-around outputs are the ones dropped."""
     sizes = tuple(_fast_size(n) for n in p.shape)
     axes = tuple(range(p.ndim))
-    flipped = jnp.asarray(w[(slice(None, None, -1),) * w.ndim], dtype=p.dtype)
-    full = jnp.fft.irfftn(jnp.fft.rfftn(p, sizes, axes) * jnp.fft.rfftn(flipped, sizes, axes),
+    full = jnp.fft.irfftn(jnp.fft.rfftn(p, sizes, axes) * _spectrum(w, sizes, p.dtype),
                           sizes, axes)
-    index = tuple(slice(k - 1, k - 1 + st * (n - 1) + 1, st)
-                  for k, st, n in zip(w.shape, steps, counts, strict=True))
+    index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
     return full[index].astype(p.dtype)
+
+
+def _whole_periodic(src: Any, geom: Sequence[Any]) -> bool:
+    """Whether the slab is the whole periodic field (no padding is needed:
+    the FFT's own wrap-around is the boundary)."""
+    if not src.pads or any(m != "periodic" for m in src.modes):
+        return False
+    return all(g.start == 0 and g.count == -(-n // g.step)
+               for g, n in zip(geom, src.array.shape, strict=True))
+
+
+def _circular(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
+              counts: Sequence[int]) -> Any:
+    """``out[j] = sum_c w[c] * x[(j * steps + c - lows) mod n]``: one FFT pair
+    on the unpadded array (the weights wrapped onto it)."""
+    wrapped = np.zeros(x.shape)
+    grids = np.meshgrid(*[(np.arange(k) - lo) % n for k, lo, n in zip(w.shape, lows, x.shape,
+                                                                      strict=True)],
+                        indexing="ij")
+    np.add.at(wrapped, tuple(grids), w)
+    axes = tuple(range(x.ndim))
+    full = jnp.fft.irfftn(jnp.fft.rfftn(x, axes=axes) * _spectrum(wrapped, x.shape, x.dtype),
+                          x.shape, axes)
+    index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
+    return full[index].astype(x.dtype)
 
 
 def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any]) -> list[Any] | None:
@@ -454,12 +488,22 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any]) -> list[Any]
         dtype = v.aval.dtype
         out = None
         for src, w, how in terms:
+            if how == "fft" and _whole_periodic(src, geom):
+                lows = [lo for lo, _ in src.pads]
+                part = _circular(src.array.astype(dtype), w, lows, steps, field)
+                out = part if out is None else out + part
+                continue
             x, shift = src.block(geom)
             starts = [geom[a].start + shift[a] for a in range(rank)]
             limits = [s0 + geom[a].step * (geom[a].count - 1) + w.shape[a]
                       for a, s0 in enumerate(starts)]
             if starts != [0] * rank or limits != list(x.shape):
                 x = lax.slice(x, starts, limits)
+            if x is not src.array:
+                # materialize the padded block once: fused into every shifted
+                # slice, its concatenation is recomputed per tap (7x7 'extend'
+                # at 1024**2 measured 28 ms against 5 ms for 'periodic')
+                x = lax.optimization_barrier(x)
             part = correlate(x.astype(dtype), w, steps, field, how)
             out = part if out is None else out + part
         if out is None:
