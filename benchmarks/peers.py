@@ -150,7 +150,7 @@ def dense_cases(quick: bool, rounds: int) -> tuple[str, list[str]]:
     for k in ks:
         print("   dense", k, flush=True)
         cols, how = P.dense_columns(n, k)
-        med, first = measure(cols, max(3, rounds // 2))
+        med, first = measure(cols, rounds)
         best = [min(med[p][i] for p in ("scipy.ndimage", "lax.conv", "jnp.fft")) for i in (0, 1)]
         ratio = [med["xstencil"][i] / best[i] for i in (0, 1)]
         ok = max(ratio) <= 1.2 and first["xstencil"] <= 2.0
