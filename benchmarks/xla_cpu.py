@@ -7,8 +7,10 @@ Run from the repository root::
 
 ``XLA_FLAGS`` is read once per process, so every setting runs in a fresh
 child process that times, on a float32 5-point Laplacian: xstencil's map
-(zero fill and periodic), the same map under ``jax.jit`` with the input
-donated, a hand-written version that pads the whole array first
+on numpy-backed data (zero fill and periodic), the fill map under ``jax.jit``
+on a JAX array ("jit"), on a fresh copy of the numpy array ("put+jit"), on
+that copy donated ("put+jit donated"), on a zero-copy ``jnp.from_dlpack``
+view ("dlpack+jit"), a hand-written version that pads the whole array first
 (``jnp.pad`` then slices: a pad-rooted fusion), and numpy's copy as the
 bandwidth yardstick.  A flag this jaxlib does not know makes XLA abort the
 child; its row then says so.
@@ -49,6 +51,7 @@ hp = jax.jit(hand_pad)
 def xs(x):
     return xr.DataArray(x, dims=("y", "x")).stencil.map(lap, boundary="fill",
                                                          fill_value=0.0).data
+jitted = jax.jit(xs)
 donated = jax.jit(xs, donate_argnums=0)
 out = np.empty_like(a)
 x = jnp.asarray(a)
@@ -57,8 +60,10 @@ cols = {
     "fill": lambda: jax.block_until_ready(da.stencil.map(lap, boundary="fill",
                                                          fill_value=0.0).data),
     "periodic": lambda: jax.block_until_ready(da.stencil.map(lap, boundary="periodic").data),
-    "jit": lambda: jax.block_until_ready(jax.jit(xs)(x)),
-    "donated": lambda: jax.block_until_ready(donated(jnp.asarray(a))),
+    "jit": lambda: jax.block_until_ready(jitted(x)),
+    "put+jit": lambda: jax.block_until_ready(jitted(jnp.asarray(a))),
+    "put+jit donated": lambda: jax.block_until_ready(donated(jnp.asarray(a))),
+    "dlpack+jit": lambda: jax.block_until_ready(jitted(jnp.from_dlpack(a))),
     "pad-rooted": lambda: jax.block_until_ready(hp(x)),
 }
 for f in cols.values():
@@ -76,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="1024² instead of 2048²")
     args = p.parse_args(argv)
     n = 1024 if args.quick else 2048
-    cols = ["fill", "periodic", "jit", "donated", "pad-rooted"]
+    cols = ["fill", "periodic", "jit", "put+jit", "put+jit donated", "dlpack+jit",
+            "pad-rooted"]
     print(f"5-point Laplacian {n}² float32: ms per call (fraction of numpy's copy bandwidth)")
     print("| setting | copy | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 2) + "|")
