@@ -320,8 +320,14 @@ def dense_columns(n: int, k: int) -> tuple[Columns, str]:
     def kernel(u: Any) -> Any:
         return (u * w).sum()
 
-    cols: Columns = {"xstencil": lambda: jax.block_until_ready(da.stencil.map(
-        kernel, window={"y": k, "x": k}, boundary="periodic").data)}
+    dj = xr.DataArray(x, dims=("y", "x"))
+    cols: Columns = {
+        # numpy in, as for scipy.ndimage, numba and the map cases
+        "xstencil": lambda: jax.block_until_ready(da.stencil.map(
+            kernel, window={"y": k, "x": k}, boundary="periodic").data),
+        # a JAX array in, as for the jnp.fft and lax.conv columns
+        "xstencil (JAX in)": lambda: jax.block_until_ready(dj.stencil.map(
+            kernel, window={"y": k, "x": k}, boundary="periodic").data)}
     cols["scipy.ndimage"] = lambda: ndi.correlate(a, w, mode="wrap")
     kern = jnp.asarray(w)[None, None]
 
