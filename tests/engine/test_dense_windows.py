@@ -193,3 +193,32 @@ def test_huge_linear_window_runs_instead_of_being_refused(x64: None) -> None:
     out = _map(a, lambda u: u.mean(), 241, "extend")
     np.testing.assert_allclose(out, ndi.uniform_filter(a, 241, mode="nearest"), rtol=1e-9,
                                atol=1e-12)
+
+
+@pytest.mark.parametrize("how", ["fft", "slices", "separable"])
+@pytest.mark.parametrize("mode", ["fill", "periodic", "extend"])
+def test_nans_stay_local(x64: None, mode: str, how: str) -> None:
+    """A NaN in the data (or the default NaN fill) spoils only the outputs
+    whose windows read it, as in the direct sum; an FFT alone would spread it."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((60, 70))
+    a[30, 40] = np.nan
+    w = {"fft": rng.standard_normal((15, 15)), "slices": rng.standard_normal((15, 15))[:9, :9],
+         "separable": _gauss(15)}[how]
+    w = np.pad(w, (15 - w.shape[0]) // 2)
+    assert linear.choose(w) == how
+    da = xr.DataArray(a, dims=("y", "x"))
+    out = da.stencil.map(lambda u: (u * w).sum(), window={"y": 15, "x": 15},
+                         boundary=mode).values  # fill: the default NaN fill_value
+    padded = np.pad(a, 7, mode={"fill": "constant", "periodic": "wrap",
+                                "extend": "edge"}[mode],
+                    **({"constant_values": np.nan} if mode == "fill" else {}))
+    ref = np.empty_like(a)
+    read = w != 0  # cells with weight 0 are not read (documented)
+    for i in range(60):
+        for j in range(70):
+            ref[i, j] = np.sum(padded[i:i + 15, j:j + 15][read] * w[read])
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    assert np.isfinite(out).sum() > 0
+    ok = np.isfinite(ref)
+    np.testing.assert_allclose(out[ok], ref[ok], rtol=1e-9, atol=1e-9)

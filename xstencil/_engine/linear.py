@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -419,9 +419,31 @@ def _spectrum(w: np.ndarray, sizes: tuple[int, ...], dtype: Any) -> np.ndarray:
     return spec.astype(np.complex128 if np.dtype(dtype) == np.float64 else np.complex64)
 
 
+def _finite_guard(x: Any, w: np.ndarray, run: Callable[[Any, np.ndarray], Any]) -> Any:
+    """``run(x, w)`` (an FFT correlation), with non-finite inputs handled as a
+    direct sum would: an FFT spreads one NaN or inf over the whole output, so
+    when ``x`` holds any, they are zeroed for the FFT and the outputs whose
+    windows read one (counted by a second FFT of the weights' support) are
+    NaN.  (A direct sum would give +-inf where only infs of one sign meet.)"""
+    def clean(x: Any) -> Any:
+        return run(x, w)
+
+    def dirty(x: Any) -> Any:
+        ok = jnp.isfinite(x)
+        out = run(jnp.where(ok, x, jnp.zeros((), x.dtype)), w)
+        hits = run((~ok).astype(x.dtype), (w != 0).astype(np.float64))
+        return jnp.where(hits > 0.5, jnp.asarray(np.nan, out.dtype), out)
+
+    return lax.cond(jnp.all(jnp.isfinite(x)), clean, dirty, x)
+
+
 def _fft(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
-    """The valid correlation as a circular one over an FFT-friendly size:
-    the wrapped-around outputs are the ones dropped."""
+    """The valid correlation as a circular one over an FFT-friendly size
+    (the wrapped-around outputs are the ones dropped), NaN-safe."""
+    return _finite_guard(p, w, lambda x, w: _fft_raw(x, w, steps, counts))
+
+
+def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
     sizes = tuple(_fast_size(n) for n in p.shape)
     axes = tuple(range(p.ndim))
     full = jnp.fft.irfftn(jnp.fft.rfftn(p, sizes, axes) * _spectrum(w, sizes, p.dtype),
@@ -442,7 +464,12 @@ def _whole_periodic(src: Any, geom: Sequence[Any]) -> bool:
 def _circular(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
               counts: Sequence[int]) -> Any:
     """``out[j] = sum_c w[c] * x[(j * steps + c - lows) mod n]``: one FFT pair
-    on the unpadded array (the weights wrapped onto it)."""
+    on the unpadded array (the weights wrapped onto it), NaN-safe."""
+    return _finite_guard(x, w, lambda x, w: _circular_raw(x, w, lows, steps, counts))
+
+
+def _circular_raw(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
+                  counts: Sequence[int]) -> Any:
     wrapped = np.zeros(x.shape)
     grids = np.meshgrid(*[(np.arange(k) - lo) % n for k, lo, n in zip(w.shape, lows, x.shape,
                                                                       strict=True)],
