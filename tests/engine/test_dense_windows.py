@@ -222,3 +222,12 @@ def test_nans_stay_local(x64: None, mode: str, how: str) -> None:
     assert np.isfinite(out).sum() > 0
     ok = np.isfinite(ref)
     np.testing.assert_allclose(out[ok], ref[ok], rtol=1e-9, atol=1e-9)
+
+
+def test_half_precision_fft_computes_in_float32() -> None:
+    a = np.random.default_rng(12).standard_normal((40, 40)).astype(np.float16)
+    w = np.random.default_rng(13).standard_normal((15, 15)).astype(np.float16)
+    out = _map(a, lambda u: (u * w).sum(), 15, "periodic")
+    assert out.dtype == np.float16
+    ref = ndi.correlate(a.astype(np.float64), w.astype(np.float64), mode="wrap")
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=2e-2, atol=0.05)

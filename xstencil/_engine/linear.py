@@ -425,6 +425,10 @@ def _finite_guard(x: Any, w: np.ndarray, run: Callable[[Any, np.ndarray], Any]) 
     when ``x`` holds any, they are zeroed for the FFT and the outputs whose
     windows read one (counted by a second FFT of the weights' support) are
     NaN.  (A direct sum would give +-inf where only infs of one sign meet.)"""
+    dtype = x.dtype
+    if np.dtype(dtype) not in (np.float32, np.float64):  # no half-precision FFTs
+        x = x.astype(np.float32)
+
     def clean(x: Any) -> Any:
         return run(x, w)
 
@@ -434,7 +438,7 @@ def _finite_guard(x: Any, w: np.ndarray, run: Callable[[Any, np.ndarray], Any]) 
         hits = run((~ok).astype(x.dtype), (w != 0).astype(np.float64))
         return jnp.where(hits > 0.5, jnp.asarray(np.nan, out.dtype), out)
 
-    return lax.cond(jnp.all(jnp.isfinite(x)), clean, dirty, x)
+    return lax.cond(jnp.all(jnp.isfinite(x)), clean, dirty, x).astype(dtype)
 
 
 def _fft(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
