@@ -20,7 +20,7 @@ import xarray as xr
 from jax import lax
 
 import xstencil
-from xstencil._engine import linear
+from xstencil._engine import dense
 
 try:
     import numba
@@ -350,4 +350,4 @@ def dense_columns(n: int, k: int) -> tuple[Columns, str]:
     if numba is not None:
         out = np.empty_like(a)
         cols["numba prange"] = lambda: _dense(np.pad(a, h, mode="wrap"), w, out)
-    return cols, linear.choose(w.astype(np.float64))
+    return cols, dense.choose(w.astype(np.float64))

@@ -18,7 +18,7 @@ import xarray as xr
 from jax.test_util import check_grads
 
 import xstencil  # noqa: F401  (registers the accessor)
-from xstencil._engine import linear
+from xstencil._engine import dense, linear
 from xstencil._engine.boundary import pad
 
 SCIPY = {"fill": "constant", "extend": "nearest", "periodic": "wrap", "reflect": "mirror",
@@ -156,7 +156,7 @@ def test_lowerings_agree_and_differentiate(x64: None, how: str) -> None:
 
     def f(x: Any) -> Any:
         p = pad(x, [(2, 2), (2, 2)], ["periodic", "periodic"])
-        return linear.correlate(p, w, [1, 1], [9, 11], how)
+        return dense.correlate(p, w, [1, 1], [9, 11], how)
 
     np.testing.assert_allclose(f(a), ndi.correlate(np.asarray(a), w, mode="wrap"),
                                rtol=1e-10, atol=1e-10)
@@ -178,13 +178,13 @@ def test_map_gradient_through_dense_path(x64: None, k: int) -> None:
 @pytest.mark.parametrize("k", [9, 15, 21])
 def test_choice_by_cost(k: int) -> None:
     rng = np.random.default_rng(9)
-    assert linear.choose(_gauss(k)) == "separable"
-    dense = rng.standard_normal((k, k))
-    assert linear.choose(dense) == ("slices" if k * k <= linear.FFT_TAPS else "fft")
+    assert dense.choose(_gauss(k)) == "separable"
+    full = rng.standard_normal((k, k))
+    assert dense.choose(full) == ("slices" if k * k <= dense.FFT_TAPS else "fft")
     sparse = np.zeros((k, k))
     sparse[k // 2, :] = 1.0
     sparse[:, k // 2] = 1.0  # a cross: 2k - 1 taps, rank 2
-    assert linear.choose(sparse) == ("shell" if 2 * k - 1 <= linear.SLICE_TAPS else "slices")
+    assert dense.choose(sparse) == ("shell" if 2 * k - 1 <= dense.SLICE_TAPS else "slices")
 
 
 def test_huge_linear_window_runs_instead_of_being_refused(x64: None) -> None:
@@ -206,7 +206,7 @@ def test_nans_stay_local(x64: None, mode: str, how: str) -> None:
     w = {"fft": rng.standard_normal((15, 15)), "slices": rng.standard_normal((15, 15))[:9, :9],
          "separable": _gauss(15)}[how]
     w = np.pad(w, (15 - w.shape[0]) // 2)
-    assert linear.choose(w) == how
+    assert dense.choose(w) == how
     da = xr.DataArray(a, dims=("y", "x"))
     out = da.stencil.map(lambda u: (u * w).sum(), window={"y": 15, "x": 15},
                          boundary=mode).values  # fill: the default NaN fill_value

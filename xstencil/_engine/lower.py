@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xstencil._engine import linear
+from xstencil._engine import dense as dense_windows
 from xstencil._engine.boundary import block
 from xstencil._engine.lift import (
     Abstract,
@@ -153,7 +153,7 @@ def evaluate(
             jnp.zeros(field_shape + tuple(v.aval.shape), v.aval.dtype)
             for v in jaxpr.jaxpr.outvars])
     # a dense constant-weight sum: one correlation (separable, conv or FFT)
-    dense = linear.lower(jaxpr, sources, geom)
+    dense = dense_windows.lower(jaxpr, sources, geom)
     if dense is not None:
         return jax.tree_util.tree_unflatten(out_tree, dense)
 
