@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from xstencil._engine import dense as dense_windows
 from xstencil._engine.boundary import block
 from xstencil._engine.lift import (
     Abstract,
@@ -158,6 +159,12 @@ def evaluate(
         return jax.tree_util.tree_unflatten(out_tree, [
             jnp.zeros(field_shape + tuple(v.aval.shape), v.aval.dtype)
             for v in jaxpr.jaxpr.outvars])
+    # a dense constant-weight sum: one correlation (separable, conv or FFT)
+    # (not under a NaN guard: the guarded slices below keep non-finite values
+    # of unselected cells out of derivatives)
+    dense = None if guard is not None else dense_windows.lower(jaxpr, sources, geom)
+    if dense is not None:
+        return jax.tree_util.tree_unflatten(out_tree, dense)
 
     def run(sub: list[AxisGeom], raw: bool) -> list[Any]:
         if raw:
@@ -342,9 +349,10 @@ def _gathered(x: Any, src: Source, shift: Sequence[int], geom: Sequence[AxisGeom
             f"a {window} window ({math.prod(cell_shape)} cells) over {field_shape} outputs "
             f"needs every window at once ({size / 2**30:.1f} GiB, over the "
             f"{MAX_GATHER_BYTES / 2**30:.0f} GiB limit), and as shifted slices it would not "
-            f"compile in reasonable time; for a dense weighted sum use scipy.ndimage.correlate "
-            f"or an FFT convolution (scipy.signal.fftconvolve), or use a smaller window, a "
-            f"stride, or separable passes (one dim at a time)")
+            f"compile in reasonable time; a weighted sum with constant weights (closed over, "
+            f"not passed as an argument) is lowered as an FFT or separable passes whatever "
+            f"its size, otherwise use scipy.ndimage.correlate or scipy.signal.fftconvolve, "
+            f"a smaller window, a stride, or separable passes (one dim at a time)")
     stack = jnp.broadcast_to(x[tuple(index)], field_shape + tuple(cell_shape))
     return stack.reshape((-1,) + tuple(cell_shape))
 

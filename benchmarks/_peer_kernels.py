@@ -1,0 +1,353 @@
+"""The columns of ``benchmarks/peers.py``: one zero-argument callable per
+peer and case, each computing the same numbers (see peers.py for where the
+boundary handling differs).  Optional peers that do not import are left out.
+
+Nothing here runs at import time except the optional imports.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.ndimage as ndi
+import xarray as xr
+from jax import lax
+
+import xstencil
+from xstencil._engine import dense
+
+try:
+    import numba
+    from numba import njit, prange, stencil
+except ImportError:  # pragma: no cover - optional peer
+    numba = None
+try:
+    import pystencils as ps
+except ImportError:  # pragma: no cover - optional peer
+    ps = None
+try:
+    import devito
+except ImportError:  # pragma: no cover - optional peer
+    devito = None
+
+Columns = dict[str, Callable[[], Any]]
+HEAT_A = 0.2
+
+
+def environment() -> str:
+    v = [f"jax {jax.__version__}", f"numpy {np.__version__}"]
+    for name, mod in (("numba", numba), ("pystencils", ps), ("devito", devito)):
+        v.append(f"{name} {mod.__version__}" if mod is not None else f"{name} not installed")
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores "
+            f"(shared with other jobs); " + ", ".join(v)
+            + f"; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}.")
+
+
+# --------------------------------------------------------------------------
+# numba kernels
+
+if numba is not None:
+    @njit(parallel=True, fastmath=False, cache=False)
+    def _lap2_fill(a: Any, out: Any) -> None:
+        ny, nx = a.shape
+        for i in prange(ny):
+            for j in range(nx):
+                s = -4 * a[i, j]
+                if i > 0:
+                    s += a[i - 1, j]
+                if i < ny - 1:
+                    s += a[i + 1, j]
+                if j > 0:
+                    s += a[i, j - 1]
+                if j < nx - 1:
+                    s += a[i, j + 1]
+                out[i, j] = s
+
+    @njit(parallel=True)
+    def _lap2_periodic(a: Any, out: Any) -> None:
+        ny, nx = a.shape
+        for i in prange(ny):
+            im, ip = (i - 1) % ny, (i + 1) % ny
+            out[i, 0] = a[im, 0] + a[ip, 0] + a[i, nx - 1] + a[i, 1] - 4 * a[i, 0]
+            for j in range(1, nx - 1):
+                out[i, j] = a[im, j] + a[ip, j] + a[i, j - 1] + a[i, j + 1] - 4 * a[i, j]
+            out[i, nx - 1] = (a[im, nx - 1] + a[ip, nx - 1] + a[i, nx - 2] + a[i, 0]
+                              - 4 * a[i, nx - 1])
+
+    @njit(parallel=True)
+    def _lap3_fill(a: Any, out: Any) -> None:
+        nz, ny, nx = a.shape
+        for k in prange(nz):
+            for i in range(ny):
+                for j in range(nx):
+                    s = -6 * a[k, i, j]
+                    if k > 0:
+                        s += a[k - 1, i, j]
+                    if k < nz - 1:
+                        s += a[k + 1, i, j]
+                    if i > 0:
+                        s += a[k, i - 1, j]
+                    if i < ny - 1:
+                        s += a[k, i + 1, j]
+                    if j > 0:
+                        s += a[k, i, j - 1]
+                    if j < nx - 1:
+                        s += a[k, i, j + 1]
+                    out[k, i, j] = s
+
+    @njit(parallel=True)
+    def _heat(a: Any, steps: int, alpha: float) -> Any:
+        u = a.copy()
+        v = np.empty_like(a)
+        ny, nx = a.shape
+        c = a.dtype.type(alpha)
+        for _ in range(steps):
+            for i in prange(ny):
+                for j in range(nx):
+                    s = -4 * u[i, j]
+                    if i > 0:
+                        s += u[i - 1, j]
+                    if i < ny - 1:
+                        s += u[i + 1, j]
+                    if j > 0:
+                        s += u[i, j - 1]
+                    if j < nx - 1:
+                        s += u[i, j + 1]
+                    v[i, j] = u[i, j] + c * s
+            u, v = v, u
+        return u
+
+    @njit(parallel=True)
+    def _dense(p: Any, w: Any, out: Any) -> None:
+        ny, nx = out.shape
+        ky, kx = w.shape
+        for i in prange(ny):
+            for j in range(nx):
+                s = p.dtype.type(0)
+                for a in range(ky):
+                    for b in range(kx):
+                        s += w[a, b] * p[i + a, j + b]
+                out[i, j] = s
+
+    @stencil
+    def _st_lap2(a: Any) -> Any:
+        return a[-1, 0] + a[1, 0] + a[0, -1] + a[0, 1] - 4 * a[0, 0]
+
+    @stencil
+    def _st_lap3(a: Any) -> Any:
+        return (a[-1, 0, 0] + a[1, 0, 0] + a[0, -1, 0] + a[0, 1, 0] + a[0, 0, -1] + a[0, 0, 1]
+                - 6 * a[0, 0, 0])
+
+    @njit(parallel=True)
+    def _st_lap2_run(a: Any, out: Any) -> None:
+        _st_lap2(a, out=out)
+
+    @njit(parallel=True)
+    def _st_lap3_run(a: Any, out: Any) -> None:
+        _st_lap3(a, out=out)
+
+    @stencil
+    def _st_heat(u: Any, c: Any) -> Any:
+        return u[0, 0] + c * (u[-1, 0] + u[1, 0] + u[0, -1] + u[0, 1] - 4 * u[0, 0])
+
+    @njit(parallel=True)
+    def _st_heat_run(a: Any, steps: int, c: Any) -> Any:
+        u = a.copy()
+        v = np.zeros_like(a)
+        for _ in range(steps):
+            _st_heat(u, c, out=v)
+            u, v = v, u
+        return u
+
+
+# --------------------------------------------------------------------------
+# columns
+
+
+def _lap_kernel(ndim: int) -> Callable[[Any], Any]:
+    dims = ("z", "y", "x")[-ndim:]
+
+    def kernel(u: Any) -> Any:
+        s = -2 * ndim * u()
+        for d in dims:
+            s = s + u(**{d: 1}) + u(**{d: -1})
+        return s
+
+    return kernel
+
+
+def _ps_laplace(ndim: int, dtype: Any) -> Any:
+    src, dst = ps.fields(f"src, dst: {np.dtype(dtype).name}[{ndim}D]")
+    offs = [tuple(s if d == k else 0 for d in range(ndim)) for k in range(ndim) for s in (1, -1)]
+    cfg = ps.CreateKernelConfig()
+    cfg.cpu.openmp.enable = True
+    up = ps.Assignment(dst.center, sum(src[o] for o in offs) - 2 * ndim * src.center)
+    return ps.create_kernel(up, cfg).compile()
+
+
+def _devito_grid(shape: tuple[int, ...]) -> Any:
+    return devito.Grid(shape=shape, extent=tuple(float(n - 1) for n in shape), dtype=np.float32)
+
+
+def laplace_columns(shape: tuple[int, ...], mode: str) -> tuple[Callable[[], Any], Columns]:
+    rng = np.random.default_rng(0)
+    a = rng.random(shape, dtype=np.float32)
+    out = np.empty_like(a)
+    ndim = len(shape)
+    dims = ("z", "y", "x")[-ndim:]
+    da = xr.DataArray(a, dims=dims)
+    kernel = _lap_kernel(ndim)
+    opts = {"boundary": "periodic"} if mode == "periodic" else {"boundary": "fill",
+                                                                   "fill_value": 0.0}
+    cols: Columns = {
+        "xstencil": lambda: jax.block_until_ready(da.stencil.map(kernel, **opts).data)}
+    if numba is not None:
+        if ndim == 2:
+            f = _lap2_periodic if mode == "periodic" else _lap2_fill
+            cols["numba prange"] = lambda: f(a, out)
+            if mode == "fill":
+                cols["numba @stencil"] = lambda: _st_lap2_run(a, out)
+        else:
+            cols["numba prange"] = lambda: _lap3_fill(a, out)
+            cols["numba @stencil"] = lambda: _st_lap3_run(a, out)
+    if mode == "fill":
+        if ps is not None:
+            k = _ps_laplace(ndim, a.dtype)
+            pa, pout = np.pad(a, 1), np.zeros(tuple(n + 2 for n in shape), a.dtype)
+            cols["pystencils"] = lambda: k(src=pa, dst=pout)
+        if devito is not None:
+            grid = _devito_grid(shape)
+            u = devito.Function(name="u", grid=grid, space_order=2)
+            v = devito.Function(name="v", grid=grid, space_order=2)
+            u.data[:] = a
+            op = devito.Operator(devito.Eq(v, u.laplace))
+            cols["devito"] = lambda: op.apply()
+    ndi_mode = "wrap" if mode == "periodic" else "constant"
+    cols["scipy.ndimage"] = lambda: ndi.laplace(a, output=out, mode=ndi_mode)
+
+    def numpy_slices() -> None:
+        np.multiply(a, -2 * ndim, out=out)
+        for ax in range(ndim):
+            lo = tuple(slice(1, None) if d == ax else slice(None) for d in range(ndim))
+            hi = tuple(slice(None, -1) if d == ax else slice(None) for d in range(ndim))
+            out[lo] += a[hi]
+            out[hi] += a[lo]
+            if mode == "periodic":
+                first = tuple(0 if d == ax else slice(None) for d in range(ndim))
+                last = tuple(-1 if d == ax else slice(None) for d in range(ndim))
+                out[first] += a[last]
+                out[last] += a[first]
+
+    cols["numpy slices"] = numpy_slices
+    copy_out = np.empty_like(a)
+    return lambda: np.copyto(copy_out, a), cols
+
+
+def heat_columns(n: int, steps: int) -> Columns:
+    a = np.random.default_rng(1).random((n, n), dtype=np.float32)
+    da = xr.DataArray(a, dims=("y", "x"))
+    alpha = HEAT_A
+
+    def kernel(u: Any) -> Any:
+        c = u(time=-1)
+        return c + alpha * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
+                            + u(time=-1, y=-1) - 4 * c)
+
+    cols: Columns = {"xstencil scan": lambda: jax.block_until_ready(xstencil.scan(
+        da, kernel, "time", steps=steps, save_every="last", boundary="fill",
+        fill_value=0.0).data)}
+    if numba is not None:
+        cols["numba prange"] = lambda: _heat(a, steps, alpha)
+        c32 = np.float32(alpha)
+        cols["numba @stencil"] = lambda: _st_heat_run(a, steps, c32)
+    if ps is not None:
+        src, dst = ps.fields("src, dst: float32[2D]")
+        cfg = ps.CreateKernelConfig()
+        cfg.cpu.openmp.enable = True
+        up = ps.Assignment(dst.center, src.center + alpha * (
+            src[1, 0] + src[-1, 0] + src[0, 1] + src[0, -1] - 4 * src.center))
+        k = ps.create_kernel(up, cfg).compile()
+
+        def pystencils_loop() -> Any:
+            u, v = np.pad(a, 1), np.zeros((n + 2, n + 2), np.float32)
+            for _ in range(steps):
+                k(src=u, dst=v)
+                u, v = v, u
+            return u
+
+        cols["pystencils"] = pystencils_loop
+    if devito is not None:
+        grid = _devito_grid((n, n))
+        w = devito.TimeFunction(name="w", grid=grid, space_order=2)
+        op = devito.Operator(devito.Eq(w.forward, w + alpha * w.laplace))
+
+        def devito_loop() -> Any:
+            w.data[0] = a
+            op.apply(time_M=steps - 1)
+            return w.data[steps % 2]
+
+        cols["devito"] = devito_loop
+
+    def numpy_loop() -> Any:
+        u, v = a.copy(), np.empty_like(a)
+        for _ in range(steps):
+            np.multiply(u, 1 - 4 * alpha, out=v)
+            v[1:] += alpha * u[:-1]
+            v[:-1] += alpha * u[1:]
+            v[:, 1:] += alpha * u[:, :-1]
+            v[:, :-1] += alpha * u[:, 1:]
+            u, v = v, u
+        return u
+
+    cols["numpy slices"] = numpy_loop
+    return cols
+
+
+def dense_columns(n: int, k: int) -> tuple[Columns, str]:
+    rng = np.random.default_rng(k)
+    a = rng.standard_normal((n, n)).astype(np.float32)
+    w = rng.standard_normal((k, k)).astype(np.float32)
+    h = k // 2
+    da = xr.DataArray(a, dims=("y", "x"))
+    x = jnp.asarray(a)
+
+    def kernel(u: Any) -> Any:
+        return (u * w).sum()
+
+    dj = xr.DataArray(x, dims=("y", "x"))
+    cols: Columns = {
+        # numpy in, as for scipy.ndimage, numba and the map cases
+        "xstencil": lambda: jax.block_until_ready(da.stencil.map(
+            kernel, window={"y": k, "x": k}, boundary="periodic").data),
+        # a JAX array in, as for the jnp.fft and lax.conv columns
+        "xstencil (JAX in)": lambda: jax.block_until_ready(dj.stencil.map(
+            kernel, window={"y": k, "x": k}, boundary="periodic").data)}
+    cols["scipy.ndimage"] = lambda: ndi.correlate(a, w, mode="wrap")
+    kern = jnp.asarray(w)[None, None]
+
+    @jax.jit
+    def conv(x: Any) -> Any:
+        p = jnp.pad(x, h, mode="wrap")
+        return lax.conv_general_dilated(p[None, None], kern, (1, 1), "VALID")[0, 0]
+
+    wpad = np.zeros((n, n), np.float32)
+    wpad[:k, :k] = w
+    wpad = np.roll(wpad, (-h, -h), axis=(0, 1))
+    wf = jnp.asarray(np.conj(np.fft.rfft2(wpad)).astype(np.complex64))
+
+    @jax.jit
+    def fft(x: Any) -> Any:  # circular correlation: periodic, no padding at all
+        return jnp.fft.irfft2(jnp.fft.rfft2(x) * wf, s=x.shape)
+
+    cols["lax.conv"] = lambda: jax.block_until_ready(conv(x))
+    cols["jnp.fft"] = lambda: jax.block_until_ready(fft(x))
+    if numba is not None:
+        out = np.empty_like(a)
+        cols["numba prange"] = lambda: _dense(np.pad(a, h, mode="wrap"), w, out)
+    return cols, dense.choose(w.astype(np.float64))

@@ -1,0 +1,272 @@
+"""Lower constant-weight linear window sums by cost (DESIGN.md section 5).
+
+The weights come from :func:`xstencil._engine.linear.weights`:
+
+* few nonzero weights (:data:`SLICE_TAPS`): the caller keeps its fused
+  shifted slices, interior and boundary shell apart;
+* weights of rank 1 (box, Gaussian): one pass of shifted slices per axis;
+* dense: one sum of shifted slices of the padded block up to
+  :data:`FFT_TAPS` weights, an FFT (``jnp.fft.rfftn``) above.
+
+Each pads the block it reads once, with the boundary code of
+:mod:`xstencil._engine.boundary`, and then takes a 'valid' correlation, so
+every boundary mode and stride is honoured and one expression is compiled
+whatever the window size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from xstencil._engine.linear import weights
+
+__all__ = ["lower", "correlate", "choose", "separable", "SLICE_TAPS", "FFT_TAPS"]
+
+#: Up to this many nonzero weights the shifted-slice lowering of
+#: :mod:`~xstencil._engine.lower` is kept.  Measured on 2 busy CPU cores,
+#: float32: the 5-point Laplacian at 2048**2 ran 3.9 ms that way against 19 ms
+#: as one sum over a materialized padded block, but a dense 3x3 at 1024**2
+#: ran 2.0 ms against 1.4 ms, a dense 5x5 3.1-5.3 ms against 1.8-2.3 ms, and
+#: compile times (interior and shell compiled apart) 0.8-0.9 s against 0.3-0.4.
+SLICE_TAPS = 8
+
+#: Up to this many nonzero weights a non-separable window is one fused sum of
+#: shifted slices of the padded block; above, an FFT.  Measured at 1024**2
+#: float32 on 2 busy CPU cores: slices 2.4/4.4/6.9/7.6 ms at 3x3/7x7/9x9/11x11,
+#: the FFT 7.4-8.2 ms for all of them, and ``lax.conv_general_dilated`` 27 ms
+#: at 3x3 and 55 ms at 9x9 (XLA:CPU's convolution is not competitive, so it is
+#: never chosen; :func:`correlate` keeps it as a cross-check).
+FFT_TAPS = 100
+
+
+
+def choose(w: np.ndarray) -> str:
+    """The lowering for one weight array: 'shell' (keep the shifted-slice
+    lowering of :mod:`~xstencil._engine.lower`, interior and boundary shell
+    apart), 'separable', 'slices' (one sum over the padded block) or 'fft'."""
+    nnz = int(np.count_nonzero(w))
+    if nnz <= SLICE_TAPS:
+        return "shell"
+    if separable(w) is not None:
+        return "separable"
+    return "slices" if nnz <= FFT_TAPS else "fft"
+
+
+def separable(w: np.ndarray) -> list[np.ndarray] | None:
+    """1-D factors whose outer product is ``w``, or ``None`` (rank > 1)."""
+    if w.ndim < 2:
+        return None
+    flat = np.abs(w)
+    pivot = np.unravel_index(int(np.argmax(flat)), w.shape)
+    if flat[pivot] == 0:
+        return None
+    factors = []
+    for a in range(w.ndim):
+        idx = list(pivot)
+        idx[a] = slice(None)
+        factors.append(np.array(w[tuple(idx)], dtype=np.float64))
+    scale = w[pivot] ** (w.ndim - 1)
+    factors[0] = factors[0] / scale
+    outer = factors[0]
+    for f in factors[1:]:
+        outer = np.multiply.outer(outer, f)
+    if not np.allclose(outer, w, rtol=1e-12, atol=1e-14 * float(flat.max())):
+        return None
+    return factors
+
+
+def correlate(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int],
+              how: str) -> Any:
+    """``out[j] = sum_c w[c] * p[j * steps + c]`` for ``j < counts``, where
+    ``p`` is the padded block (a 'valid' correlation)."""
+    if how == "separable":
+        for a, f in enumerate(separable(w)):
+            p = _slices(p, f.reshape([-1 if b == a else 1 for b in range(p.ndim)]),
+                        [steps[b] if b == a else 1 for b in range(p.ndim)],
+                        [counts[b] if b == a else p.shape[b] for b in range(p.ndim)])
+        return p
+    if how in ("slices", "shell"):
+        return _slices(p, w, steps, counts)
+    if how == "conv":
+        kern = jnp.asarray(w, dtype=p.dtype)[None, None]
+        out = lax.conv_general_dilated(p[None, None], kern, tuple(steps), "VALID",
+                                       precision=lax.Precision.HIGHEST)
+        return out[0, 0][tuple(slice(0, n) for n in counts)]
+    return _fft(p, w, steps, counts)
+
+
+def _slices(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
+    terms = []
+    for cell in zip(*np.nonzero(w), strict=True):
+        starts = [int(c) for c in cell]
+        limits = [s + st * (n - 1) + 1 for s, st, n in zip(starts, steps, counts, strict=True)]
+        piece = lax.slice(p, starts, limits, tuple(steps))
+        c = w[cell]
+        terms.append(piece if c == 1 else piece * np.asarray(c, p.dtype))
+    if not terms:
+        return jnp.zeros(tuple(counts), p.dtype)
+    while len(terms) > 1:  # a balanced tree, as the shifted-slice lowering
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
+                 for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
+def _fast_size(n: int) -> int:
+    """The smallest 2^a 3^b 5^c >= n (FFT-friendly)."""
+    best = 1 << max(n - 1, 0).bit_length()
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            m = p35
+            while m < n:
+                m *= 2
+            best = min(best, m)
+            p35 *= 3
+        p5 *= 5
+    return best
+
+
+def _spectrum(w: np.ndarray, sizes: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """``conj(rfftn(w))`` zero-padded to ``sizes``, computed once in float64
+    (a constant of the program, not an FFT at run time)."""
+    big = np.zeros(sizes)
+    big[tuple(slice(0, k) for k in w.shape)] = w
+    spec = np.conj(np.fft.rfftn(big))
+    return spec.astype(np.complex128 if np.dtype(dtype) == np.float64 else np.complex64)
+
+
+def _finite_guard(x: Any, w: np.ndarray, run: Callable[[Any, np.ndarray], Any]) -> Any:
+    """``run(x, w)`` (an FFT correlation), with non-finite inputs handled as a
+    direct sum would: an FFT spreads one NaN or inf over the whole output, so
+    when ``x`` holds any, they are zeroed for the FFT and the outputs whose
+    windows read one (counted by a second FFT of the weights' support) are
+    NaN.  (A direct sum would give +-inf where only infs of one sign meet.)"""
+    dtype = x.dtype
+    if np.dtype(dtype) not in (np.float32, np.float64):  # no half-precision FFTs
+        x = x.astype(np.float32)
+
+    def clean(x: Any) -> Any:
+        return run(x, w)
+
+    def dirty(x: Any) -> Any:
+        ok = jnp.isfinite(x)
+        out = run(jnp.where(ok, x, jnp.zeros((), x.dtype)), w)
+        hits = run((~ok).astype(x.dtype), (w != 0).astype(np.float64))
+        return jnp.where(hits > 0.5, jnp.asarray(np.nan, out.dtype), out)
+
+    return lax.cond(jnp.all(jnp.isfinite(x)), clean, dirty, x).astype(dtype)
+
+
+def _fft(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
+    """The valid correlation as a circular one over an FFT-friendly size
+    (the wrapped-around outputs are the ones dropped), NaN-safe."""
+    return _finite_guard(p, w, lambda x, w: _fft_raw(x, w, steps, counts))
+
+
+def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
+    sizes = tuple(_fast_size(n) for n in p.shape)
+    axes = tuple(range(p.ndim))
+    full = jnp.fft.irfftn(jnp.fft.rfftn(p, sizes, axes) * _spectrum(w, sizes, p.dtype),
+                          sizes, axes)
+    index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
+    return full[index].astype(p.dtype)
+
+
+def _whole_periodic(src: Any, geom: Sequence[Any]) -> bool:
+    """Whether the slab is the whole periodic field (no padding is needed:
+    the FFT's own wrap-around is the boundary)."""
+    if not src.pads or any(m != "periodic" for m in src.modes):
+        return False
+    return all(g.start == 0 and g.count == -(-n // g.step)
+               for g, n in zip(geom, src.array.shape, strict=True))
+
+
+def _circular(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
+              counts: Sequence[int]) -> Any:
+    """``out[j] = sum_c w[c] * x[(j * steps + c - lows) mod n]``: one FFT pair
+    on the unpadded array (the weights wrapped onto it), NaN-safe."""
+    return _finite_guard(x, w, lambda x, w: _circular_raw(x, w, lows, steps, counts))
+
+
+def _circular_raw(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
+                  counts: Sequence[int]) -> Any:
+    wrapped = np.zeros(x.shape)
+    grids = np.meshgrid(*[(np.arange(k) - lo) % n for k, lo, n in zip(w.shape, lows, x.shape,
+                                                                      strict=True)],
+                        indexing="ij")
+    np.add.at(wrapped, tuple(grids), w)
+    axes = tuple(range(x.ndim))
+    full = jnp.fft.irfftn(jnp.fft.rfftn(x, axes=axes) * _spectrum(wrapped, x.shape, x.dtype),
+                          x.shape, axes)
+    index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
+    return full[index].astype(x.dtype)
+
+
+def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any]) -> list[Any] | None:
+    """The kernel's output leaves over the slab ``geom``, lowered as
+    correlations, or ``None`` when the kernel is not a constant-weight
+    linear sum or every weight array is small enough for shifted slices.
+
+    ``sources`` and ``geom`` are :class:`~xstencil._engine.lower.Source` and
+    :class:`~xstencil._engine.lower.AxisGeom` objects.
+    """
+    rank = len(geom)
+    shapes = [tuple(geom[a].size for a in s.cell_axes) for s in sources]
+    if any(not np.issubdtype(np.dtype(s.array.dtype), np.floating) for s in sources):
+        return None
+    if sum(math.prod(s) for s in shapes) <= SLICE_TAPS:
+        return None
+    found = weights(closed, shapes)
+    if found is None:
+        return None
+    plans = []
+    for per in found:
+        terms = []
+        for src, w in zip(sources, per[:-1], strict=True):
+            if not np.any(w):
+                continue
+            if tuple(src.axes) != tuple(range(rank)):
+                return None
+            full = w.reshape([geom[a].size if a in src.cell_axes else 1 for a in range(rank)])
+            terms.append((src, full, choose(full)))
+        plans.append((terms, per[-1]))
+    if all(how == "shell" for terms, _ in plans for _, _, how in terms):
+        return None
+    field = tuple(g.count for g in geom)
+    steps = [g.step for g in geom]
+    leaves = []
+    for (terms, bias), v in zip(plans, closed.jaxpr.outvars, strict=True):
+        dtype = v.aval.dtype
+        out = None
+        for src, w, how in terms:
+            if how == "fft" and _whole_periodic(src, geom):
+                lows = [lo for lo, _ in src.pads]
+                part = _circular(src.array.astype(dtype), w, lows, steps, field)
+                out = part if out is None else out + part
+                continue
+            x, shift = src.block(geom)
+            starts = [geom[a].start + shift[a] for a in range(rank)]
+            limits = [s0 + geom[a].step * (geom[a].count - 1) + w.shape[a]
+                      for a, s0 in enumerate(starts)]
+            if starts != [0] * rank or limits != list(x.shape):
+                x = lax.slice(x, starts, limits)
+            if x is not src.array:
+                # materialize the padded block once: fused into every shifted
+                # slice, its concatenation is recomputed per tap (7x7 'extend'
+                # at 1024**2 measured 28 ms against 5 ms for 'periodic')
+                x = lax.optimization_barrier(x)
+            part = correlate(x.astype(dtype), w, steps, field, how)
+            out = part if out is None else out + part
+        if out is None:
+            out = jnp.zeros(field, dtype)
+        if np.any(bias):
+            out = out + np.asarray(bias, dtype)
+        leaves.append(out.astype(dtype))
+    return leaves
