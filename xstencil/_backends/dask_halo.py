@@ -91,12 +91,14 @@ def halo_array(name: str, fn: Callable[..., Any], inputs: Sequence[Overlap],
         deps.update(g.dependencies)
     specs = [[list(x.depth), None if x.rows is None else list(x.rows)] for x in inputs]
     strips: dict[str, dict[Any, Any]] = {}
+    sources: dict[str, set[str]] = {}  # per strip layer, its array's layers
     tasks: dict[Any, Any] = {}
     for c in np.ndindex(*grid):
         groups = []
         for x in inputs:
             sname = "xstencil-halo-" + tokenize(x.array.name, x.depth, x.rows)
             layer = strips.setdefault(sname, {})
+            sources[sname] = set(x.array.__dask_layers__())
             keys: list[Any] = []
             for o in _offsets(x.depth)[1:]:
                 cc = []
@@ -121,7 +123,7 @@ def halo_array(name: str, fn: Callable[..., Any], inputs: Sequence[Overlap],
     parents = {lay for x in inputs for lay in x.array.__dask_layers__()}
     for sname, layer in strips.items():
         layers[sname] = MaterializedLayer(layer)
-        deps[sname] = set(parents)
+        deps[sname] = sources[sname]
     layers[name] = MaterializedLayer(tasks)
     deps[name] = parents | set(strips)
     graph = HighLevelGraph(layers, deps)
