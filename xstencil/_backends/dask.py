@@ -58,7 +58,7 @@ from xstencil._errors import XStencilError
 
 Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
 
-__all__ = ["is_dask", "any_dask", "map_dask", "compile_count", "clear_cache"]
+__all__ = ["is_dask", "any_dask", "map_dask", "compile_count", "clear_cache", "with_progress"]
 
 # The per-process compile cache: token -> jitted block function.  It is the one
 # piece of module state in xstencil, and exists because dask ships kernels to
@@ -95,6 +95,40 @@ def clear_cache() -> None:
     """Drop this process's compiled block functions."""
     with _lock:
         _cache.clear()
+
+
+def with_progress(obj: Any) -> Any:
+    """``obj`` computed now and kept chunked, under dask's progress display.
+
+    ``obj`` is a dask collection (a dask array, or a DataArray or Dataset
+    backed by them); anything else is returned as it is.  With a distributed
+    ``Client`` as the default scheduler, the result is persisted on the
+    cluster under ``distributed.progress`` (a text bar, or a widget in a
+    notebook); otherwise it is persisted with the local scheduler under a
+    :class:`dask.diagnostics.ProgressBar` (printed to stdout).
+    """
+    import dask
+
+    if not dask.is_dask_collection(obj):
+        return obj
+    client = None
+    if "distributed" in sys.modules:
+        from distributed import default_client
+
+        try:
+            client = default_client()
+        except ValueError:  # no client: a local scheduler
+            client = None
+    if client is not None:
+        from distributed import progress
+
+        out = client.persist(obj)
+        progress(out)
+        return out
+    from dask.diagnostics import ProgressBar
+
+    with ProgressBar():
+        return dask.persist(obj)[0]
 
 
 def _cached(key: Any, build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
