@@ -131,3 +131,18 @@ def test_map_unknown_keyword_lists_map_options_only():
         u.stencil.map(lambda v: v(x=1), checkpoint=True)
     for scan_only in ("'steps'", "'save_every'", "'check_finite'", "'halo_every'"):
         assert scan_only not in str(e.value)
+
+
+def test_progress_with_a_distributed_client(capsys):
+    """With a distributed Client active, progress=True persists on the
+    cluster under distributed.progress (its text bar, outside a notebook)."""
+    distributed = pytest.importorskip("distributed")
+    u = field(shape=(32, 40)).chunk({"y": 16, "x": 20})
+    expected = _corners_ref(u.values, {"y": "periodic", "x": "periodic"})
+    with distributed.Client(processes=False, n_workers=1, threads_per_worker=1,
+                            dashboard_address=":0"):
+        capsys.readouterr()
+        out = u.stencil.map(corners, boundary="periodic", progress=True)
+        assert "100% Completed" in capsys.readouterr().out
+        assert isinstance(out.data, dsa.Array)
+        np.testing.assert_allclose(out.values, expected, rtol=1e-5, atol=1e-5)
