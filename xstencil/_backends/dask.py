@@ -194,13 +194,12 @@ def _axes(plan: Plan, chunks: Sequence[Sequence[int]]) -> list[_Axis]:
     out = []
     for d, s, g, ch in zip(plan.dims, plan.specs, plan.geom, chunks, strict=True):
         depth = max(s.lo, s.hi)
-        need = depth  # a reflected edge halo reads one more cell: the next chunk's halo
-        if depth and min(ch) < need:
+        if depth and min(ch) < depth:
             raise XStencilError(
                 f"{plan.call}: dim {d!r} has a chunk of {min(ch)} points, smaller than the "
-                f"window's halo of {need}; neighbouring chunks must supply the halo, so "
-                f"rechunk with every chunk >= {need}, e.g. "
-                f".chunk({{{d!r}: {_merged(tuple(ch), need)!r}}})"
+                f"window's halo of {depth}; neighbouring chunks must supply the halo, so "
+                f"rechunk with every chunk >= {depth}, e.g. "
+                f".chunk({{{d!r}: {_merged(tuple(ch), depth)!r}}})"
             )
         edge = None  # the mode that rebuilds the halo on a global edge
         if depth and s.mode != "periodic":
