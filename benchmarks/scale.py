@@ -23,6 +23,16 @@ Three parts:
   ``halo_every=16`` (threaded scheduler), plain and under a function mesh
   (regions by position, label and mask), and a shallow-water Dataset (h, u
   advanced over a constant bathymetry), each against the in-memory scan.
+* **lean dask graphs** (issue 18).  Tasks per chunk of a map (periodic and
+  extend) and of one scan segment, against plain ``map_overlap``; block
+  programs compiled per worker process by a 40-step scan (``halo_every=16``:
+  segments of 16, 16 and 8 steps) for each boundary mix, on a
+  ``LocalCluster`` of 2 processes; and the map's wall time against plain
+  ``map_overlap`` + numpy, threaded and on the cluster.  The figures before
+  the change (commit f5018ab, measured with the same script) are listed next
+  to them.  ``--lean`` runs this part only.
+
+    PYTHONPATH=. python benchmarks/scale.py --quick --lean   # about a minute
 """
 
 from __future__ import annotations
@@ -173,6 +183,141 @@ def dask_scan(n: int, chunk: int, steps: int, K: int, runs: int) -> dict[str, An
     _log("  " + ", ".join(f"{k} {t * 1e3:.0f} ms" for k, t in zip(runs_, ts, strict=True)))
     return {"n": n, "chunk": chunk, "steps": steps, "K": K, "err": err,
             "t": dict(zip(runs_, ts, strict=True))}
+
+
+# -- part 4: lean dask graphs -------------------------------------------------------------
+
+#: Part 4 before the halo graph (commit f5018ab: ``map_overlap``, one compile per chunk
+#: position and step count), 1024² float32 in 256² chunks, same script, --quick sizes.
+LEAN_BEFORE = {
+    "map periodic": 25.25, "map extend": 25.25,
+    "scan periodic × periodic": 27.25, "scan extend × periodic": 17.5,
+    "scan extend × extend": 10.25,
+    "compiles periodic × periodic": [2, 2], "compiles extend × periodic": [6, 6],
+    "compiles extend × extend": [11, 14],
+    "xstencil, threads": 0.043, "map_overlap + numpy, threads": 0.025,
+    "xstencil, LocalCluster": 0.392, "map_overlap + numpy, LocalCluster": 0.466,
+}
+
+
+def _np_lap(b: Any) -> Any:
+    """The 5-point Laplacian of an overlapped numpy block (halo 1, trimmed)."""
+    return b[1:-1, 2:] + b[1:-1, :-2] + b[2:, 1:-1] + b[:-2, 1:-1] - 4 * b[1:-1, 1:-1]
+
+
+def dask_lean(n: int, chunk: int, runs: int) -> dict[str, Any]:
+    import dask.array as dsa
+    import distributed
+    import numpy as np
+    import xarray as xr
+
+    import xstencil  # noqa: F401
+    import xstencil._backends.dask as xd
+
+    nch = (n // chunk) ** 2
+    rng = np.random.default_rng(0)
+    host = rng.random((n, n), dtype=np.float32)
+    lazy = xr.DataArray(host, dims=("y", "x")).chunk({"y": chunk, "x": chunk})
+    raw = lazy.data
+    base = len(dict(raw.__dask_graph__()))
+
+    def per_chunk(x: Any) -> float:  # tasks per chunk, the input's own excluded
+        return (len(dict(x.__dask_graph__())) - base) / nch
+
+    def plain(b: str) -> Any:
+        return dsa.map_overlap(_np_lap, raw, depth=1, boundary="nearest" if b == "extend"
+                               else b, trim=False, chunks=raw.chunks, dtype=raw.dtype)
+
+    tasks = {}
+    for b in ("periodic", "extend"):
+        tasks[f"map {b}"] = per_chunk(lazy.stencil.map(lap, boundary=b).data)
+        tasks[f"map_overlap {b}"] = per_chunk(plain(b))
+    mixes = [("periodic", "periodic"), ("extend", "periodic"), ("extend", "extend")]
+    kw = dict(steps=16, save_every="last", halo_every=16)
+    for y, x in mixes:
+        seg = lazy.stencil.scan(heat, "time", boundary={"y": y, "x": x}, **kw)
+        tasks[f"scan {y} × {x}"] = per_chunk(seg.data)
+    compiles = {}
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster, \
+            distributed.Client(cluster) as client:
+        on_workers = client.persist(lazy)
+        distributed.wait(on_workers)
+        for y, x in mixes:
+            client.run(xd.clear_cache)
+            before = client.run(xd.compile_count)
+            out = on_workers.stencil.scan(heat, "time", steps=40, save_every="last",
+                                          halo_every=16, boundary={"y": y, "x": x})
+            distributed.wait(client.persist(out))
+            after = client.run(xd.compile_count)
+            compiles[f"{y} × {x}"] = sorted(after[w] - before[w] for w in after)
+
+        def xs_cluster() -> None:
+            distributed.wait(client.persist(on_workers.stencil.map(lap, boundary="periodic")))
+
+        def mo_cluster() -> None:
+            o = dsa.map_overlap(_np_lap, on_workers.data, depth=1, boundary="periodic",
+                                trim=False, chunks=raw.chunks, dtype=raw.dtype)
+            distributed.wait(client.persist(o))
+
+        def xs_threads() -> None:
+            lazy.stencil.map(lap, boundary="periodic").data.compute(scheduler="threads")
+
+        def mo_threads() -> None:
+            plain("periodic").compute(scheduler="threads")
+
+        t = _medians([xs_threads, mo_threads, xs_cluster, mo_cluster], runs)
+    _log(f"  tasks per chunk {tasks}; compiles per worker {compiles}; times "
+         + ", ".join(f"{v * 1e3:.0f} ms" for v in t))
+    return {"n": n, "chunk": chunk, "tasks": tasks, "compiles": compiles,
+            "t": dict(zip(["xstencil, threads", "map_overlap + numpy, threads",
+                           "xstencil, LocalCluster", "map_overlap + numpy, LocalCluster"], t,
+                          strict=True))}
+
+
+def lean_section(L: dict[str, Any]) -> str:
+    n, c = L["n"], L["chunk"]
+    lines = [
+        f"### lean dask graphs: {n}² float32 in {c}² chunks",
+        "",
+        "Tasks per chunk (the input's own excluded; a scan: one segment of 16 steps):",
+        "",
+        "| graph | xstencil before (f5018ab) | xstencil now | plain `map_overlap` |",
+        "|---|---|---|---|",
+    ]
+    for b in ("periodic", "extend"):
+        lines.append(f"| map, {b} | {LEAN_BEFORE[f'map {b}']:.1f} | "
+                     f"{L['tasks'][f'map {b}']:.1f} | {L['tasks'][f'map_overlap {b}']:.1f} |")
+    for mix in L["compiles"]:
+        lines.append(f"| scan, {mix} | {LEAN_BEFORE[f'scan {mix}']:.1f} | "
+                     f"{L['tasks'][f'scan {mix}']:.1f} | — |")
+    lines += [
+        "",
+        "Block programs compiled per worker process (LocalCluster, 2 processes), "
+        "40-step scan in segments of 16, 16 and 8 steps:",
+        "",
+        "| boundary (y × x) | before (f5018ab), per worker | now, per worker |",
+        "|---|---|---|",
+    ]
+    for mix, comp in L["compiles"].items():
+        lines.append(f"| {mix} | {LEAN_BEFORE[f'compiles {mix}']} | {comp} |")
+    t = L["t"]
+    lines += [
+        "",
+        "Periodic 5-point Laplacian, wall time (median):",
+        "",
+        "| how | time | vs map_overlap + numpy | before (f5018ab) |",
+        "|---|---|---|---|",
+    ]
+    for where in ("threads", "LocalCluster"):
+        ref = t[f"map_overlap + numpy, {where}"]
+        for who in ("xstencil", "map_overlap + numpy"):
+            v, old = t[f"{who}, {where}"], LEAN_BEFORE[f"{who}, {where}"]
+            lines.append(f"| {who}, {where} | {v * 1e3:.0f} ms | {v / ref:.2f}× | "
+                         f"{old * 1e3:.0f} ms |")
+    lines += ["", "Times are from one shared 2-core machine under load from other jobs: "
+              "only the task and compile counts are stable."]
+    return "\n".join(lines)
 
 
 # -- part 2: sharded scan (runs in a subprocess with 4 devices) ---------------------------
@@ -333,9 +478,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     H.add_output_flags(p)
     p.add_argument("--runs", type=int, default=None, help="timed runs per figure")
+    p.add_argument("--lean", action="store_true", help="the lean-graph part only; prints")
     a = p.parse_args(argv)
     runs = a.runs or (3 if a.quick else 5)
     n, chunk = (1024, 256) if a.quick else (8192, 2048)
+    _log(f"lean dask graphs {n // 2 if not a.quick else n}² ")
+    L = dask_lean(n // 2 if not a.quick else n, chunk // 2 if not a.quick else chunk, runs)
+    if a.lean:
+        print(lean_section(L))
+        return 0
     sn, steps = (256, 40) if a.quick else (2048, 200)
     _log(f"dask map {n}² in {chunk}² chunks")
     d = dask_map(n, chunk, runs)
@@ -344,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     qn, qc, qsteps = (256, 128, 32) if a.quick else (2048, 1024, 256)
     _log(f"dask scan {qn}² in {qc}² chunks, {qsteps} steps")
     q = dask_scan(qn, qc, qsteps, 16, runs)
-    H.publish("scale", section(d, s, q, a.quick), a, _log)
+    H.publish("scale", section(d, s, q, a.quick) + "\n\n" + lean_section(L), a, _log)
     return 0
 
 

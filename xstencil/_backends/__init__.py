@@ -2,7 +2,8 @@
 
 * ``memory``: NumPy or single-device JAX arrays; the labelled layer runs the
   engine directly (jit + evaluate / mesh_evaluate / tscan).
-* ``dask``: dask arrays, lazily through ``map_overlap`` (:mod:`xstencil._backends.dask`,
+* ``dask``: dask arrays, lazily, one task per chunk and its neighbours' edge
+  strips (:mod:`xstencil._backends.dask_halo`, :mod:`xstencil._backends.dask`,
   :mod:`xstencil._backends.dask_scan`).
 * ``shard``: JAX arrays sharded over several devices, under ``shard_map``
   (:mod:`xstencil._backends.shard`, :mod:`xstencil._backends.shard_scan`).

@@ -1,4 +1,4 @@
-"""dask-backed DataArrays: lazy maps through :func:`dask.array.map_overlap`.
+"""dask-backed DataArrays: lazy maps, one task per chunk with its neighbours' edges.
 
 ``da.stencil.map`` on a DataArray whose data is a dask array returns a lazy,
 dask-backed DataArray with the input's chunks.  Nothing is computed until the
@@ -6,21 +6,23 @@ user asks (``.compute()``, ``.values``, ``to_netcdf``...).
 
 How a block is computed
 -----------------------
-* The halo depth along each window dim is ``max(lo, hi)`` of the window; the
-  boundary mode maps onto dask's: ``periodic`` -> ``"periodic"``,
-  ``extend`` -> ``"nearest"``, ``symmetric`` -> ``"reflect"`` (dask's
-  ``reflect`` repeats the edge cell, which is numpy's ``symmetric``), ``fill``
-  -> the constant ``fill_value``.  numpy's ``reflect`` has no dask equivalent,
-  and ``valid`` has no halo: those dims overlap with ``"none"`` and the block
-  at the global edge pads itself with the engine's :func:`~xstencil._engine.
-  boundary.pad`.
+* The halo depth along each window dim is ``max(lo, hi)`` of the window.
+  The graph is built by :func:`~xstencil._backends.dask_halo.halo_array`
+  (not ``map_overlap``, whose periodic overlap costs ~26 tasks per chunk):
+  per chunk, one strip task per split axis and side, and one block task
+  taking its chunk and its neighbours' strips (wrapping around periodic
+  dims).  Every block gets a full halo, so blocks of one chunk shape share
+  one compiled function; on a global edge of a non-periodic dim the halo is
+  rebuilt inside the compiled code from the block's own cells, in the mode
+  (``valid`` pads with ``fill``: its outputs never read the halo), from
+  edge flags given at run time.
 * Every block is evaluated by one jitted engine function (the same lowering
   as in-memory maps: whole shifted slices, no padding copy).  The jitted
   functions live in this importable module, in a per-process cache keyed by a
   token of the kernel and the options computed once on the client.  A kernel
   pickled to a worker is a new object on every task; keying by the token, not
   by the object, is what keeps a worker at one compile per block geometry.
-* Each block knows its global position (from ``block_info``), so strides,
+* Each block knows its global position (its chunk index), so strides,
   ``valid`` trimming, mesh regions by label or position, and coordinate
   windows (``u.coord``, sliced per block with its halo) are all exact across
   chunk borders.
@@ -42,10 +44,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from xstencil._backends.dask_halo import Overlap, assemble, halo_array
 from xstencil._backends.jobs import Hooks, MapJob
-from xstencil._engine.boundary import pad
 from xstencil._engine.call import precision, split_static
 from xstencil._engine.coords import coord_dtype, padded
 from xstencil._engine.ktoken import token_parts
@@ -55,10 +58,7 @@ from xstencil._errors import XStencilError
 
 Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
 
-__all__ = ["is_dask", "any_dask", "map_dask", "compile_count", "clear_cache"]
-
-#: dask's name for each xstencil boundary mode with an exact equivalent.
-DASK_BOUNDARY = {"periodic": "periodic", "extend": "nearest", "symmetric": "reflect"}
+__all__ = ["is_dask", "any_dask", "map_dask", "compile_count", "clear_cache", "with_progress"]
 
 # The per-process compile cache: token -> jitted block function.  It is the one
 # piece of module state in xstencil, and exists because dask ships kernels to
@@ -95,6 +95,40 @@ def clear_cache() -> None:
     """Drop this process's compiled block functions."""
     with _lock:
         _cache.clear()
+
+
+def with_progress(obj: Any) -> Any:
+    """``obj`` computed now and kept chunked, under dask's progress display.
+
+    ``obj`` is a dask collection (a dask array, or a DataArray or Dataset
+    backed by them); anything else is returned as it is.  With a distributed
+    ``Client`` as the default scheduler, the result is persisted on the
+    cluster under ``distributed.progress`` (a text bar, or a widget in a
+    notebook); otherwise it is persisted with the local scheduler under a
+    :class:`dask.diagnostics.ProgressBar` (printed to stdout).
+    """
+    import dask
+
+    if not dask.is_dask_collection(obj):
+        return obj
+    client = None
+    if "distributed" in sys.modules:
+        from distributed import default_client
+
+        try:
+            client = default_client()
+        except ValueError:  # no client: a local scheduler
+            client = None
+    if client is not None:
+        from distributed import progress
+
+        out = client.persist(obj)
+        progress(out)
+        return out
+    from dask.diagnostics import ProgressBar
+
+    with ProgressBar():
+        return dask.persist(obj)[0]
 
 
 def _cached(key: Any, build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
@@ -142,8 +176,9 @@ def _token(call: str, *parts: Any) -> str:
 
 @dataclass(frozen=True)
 class _Axis:
-    """One field axis: halo depth, in-block padding mode at the global edges
-    (``None`` where dask pads), and per input chunk the output range."""
+    """One field axis: halo depth, the mode that rebuilds the halo at the
+    global edges (``None``: periodic, or no halo), and per input chunk the
+    output range."""
 
     depth: int
     edge_mode: str | None
@@ -166,9 +201,9 @@ def _axes(plan: Plan, chunks: Sequence[Sequence[int]]) -> list[_Axis]:
                 f"rechunk with every chunk >= {depth}, e.g. "
                 f".chunk({{{d!r}: {_merged(tuple(ch), depth)!r}}})"
             )
-        edge = None
-        if depth and s.mode in ("reflect", "valid"):
-            edge = "reflect" if s.mode == "reflect" else "fill"
+        edge = None  # the mode that rebuilds the halo on a global edge
+        if depth and s.mode != "periodic":
+            edge = "fill" if s.mode == "valid" else s.mode
         starts = tuple(int(v) for v in np.cumsum((0,) + tuple(ch))[:-1])
         off = s.lo - s.pad_lo
         rng = []
@@ -190,18 +225,6 @@ def _merged(chunks: tuple[int, ...], depth: int) -> tuple[int, ...] | int:
         else:
             out.append(c)
     return tuple(out) if len(out) > 1 else out[0]
-
-
-def _dask_boundary(plan: Plan) -> dict[int, Any]:
-    out: dict[int, Any] = {}
-    for k, s in enumerate(plan.specs):
-        if s.mode in DASK_BOUNDARY:
-            out[k] = DASK_BOUNDARY[s.mode]
-        elif s.mode == "fill":
-            out[k] = plan.fill_value if plan.fill_value is not None else 0
-        else:
-            out[k] = "none"
-    return out
 
 
 # -- the task function -----------------------------------------------------------------
@@ -227,16 +250,15 @@ class BlockMap:
     nvar: int
     stacked: bool  # several output leaves, stacked along a trailing axis
 
-    def __call__(self, *blocks: Any, block_info: Any = None) -> np.ndarray:
-        loc = block_info[0]["chunk-location"]
-        arrays, masks = blocks[:self.nvar], blocks[self.nvar:]
-        geom, edges, coords, regions = [], [], [], []
+    def __call__(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any]
+                 ) -> np.ndarray:
+        """One block: ``pieces`` per input (the fields, then the masks) from
+        :func:`~xstencil._backends.dask_halo.halo_array`."""
+        arrays, masks = pieces[:self.nvar], pieces[self.nvar:]
+        geom, coords, regions = [], [], []
         for k, (ax, c) in enumerate(zip(self.axes, loc, strict=True)):
             a = ax.starts[c]
             j_lo, j_hi = ax.out[c]
-            pad_lo = ax.depth if ax.edge_mode and c == 0 else 0
-            pad_hi = ax.depth if ax.edge_mode and c == len(ax.sizes) - 1 else 0
-            edges.append((pad_lo, pad_hi))
             first = j_lo * ax.stride + ax.offset - a  # the first centre, in the core
             geom.append(AxisGeom(ax.depth + first - ax.lo, ax.stride, j_hi - j_lo,
                                  self.plan.specs[k].size))
@@ -248,28 +270,29 @@ class BlockMap:
         if self.regions is not None:
             spans = [ax.out[c] for ax, c in zip(self.axes, loc, strict=True)]
             regions = [_local(r, spans) for r in self.regions]
-        key = (self.token, tuple(geom), tuple(edges), tuple(regions),
-               tuple((x.shape, str(x.dtype)) for x in arrays))
-        fn = _cached(key, lambda: self._build(geom, edges, regions))
-        with precision(arrays, self.dyn, self.plan.dtype_probe()):
-            out = fn(list(arrays), coords, list(self.dyn), list(masks))
+        leaves = jax.tree_util.tree_leaves(pieces)
+        key = (self.token, tuple(geom), tuple(regions),
+               tuple((x.shape, str(x.dtype)) for x in leaves))
+        fn = _cached(key, lambda: self._build(geom, regions))
+        with precision(jax.tree_util.tree_leaves(arrays), self.dyn, self.plan.dtype_probe()):
+            out = fn(list(arrays), edges, coords, list(self.dyn), list(masks))
         return np.asarray(out)
 
-    def _build(self, geom: list[AxisGeom], edges: list[tuple[int, int]],
-               regions: list[Slab | int]) -> Callable[..., Any]:
+    def _build(self, geom: list[AxisGeom], regions: list[Slab | int]) -> Callable[..., Any]:
         plan, static, stacked, hooks = self.plan, self.static, self.stacked, self.hooks
         kernels, axes = self.kernels, self.axes
         is_mesh = self.regions is not None
         wset = {plan.axis(d) for d in plan.window_dims}
-        modes = tuple(ax.edge_mode or "fill" for ax in axes)
+        modes = tuple(ax.edge_mode for ax in axes)
+        depth = tuple(ax.depth for ax in axes)
         fill = 0 if plan.fill_value is None else plan.fill_value
 
-        def run(arrays: Any, coords: Any, dyn: Any, masks: Any) -> Any:
+        def run(arrays: Any, edges: Any, coords: Any, dyn: Any, masks: Any) -> Any:
             _traces[0] += 1
             srcs = []
-            for x in arrays:
-                if any(lo or hi for lo, hi in edges):
-                    x = pad(x, edges, modes, fill)
+            masks = [jnp.block(m) for m in masks]
+            for p in arrays:
+                x = assemble(p, depth, modes, fill, edges)
                 srcs.append(Source(x, tuple(range(x.ndim)), tuple(sorted(wset))))
             for c, d in zip(coords, plan.coord_dims, strict=True):
                 a = plan.axis(d)
@@ -368,19 +391,13 @@ def map_dask(job: MapJob) -> Any:
     fn = BlockMap(token, plan, job.hooks, tuple(kernels),
                   None if regions is None else tuple(regions), static, dyn, coords,
                   tuple(axes), len(arrays), stacked)
-    depth = {k: ax.depth for k, ax in enumerate(axes)}
-    boundary = _dask_boundary(plan)
-    margs = list(arrays) + [dsa.from_array(np.asarray(m), chunks=out_chunks) for m in masks]
-    new_axis = list(range(nfield, nfield + len(extra))) or None
-    out = dsa.map_overlap(
-        fn, *margs,
-        depth=[depth] * len(arrays) + [0] * len(masks),
-        boundary=[boundary] * len(arrays) + ["none"] * len(masks),
-        trim=False, align_arrays=False, allow_rechunk=False,
-        chunks=out_chunks + extra, new_axis=new_axis, dtype=dtype,
-        meta=np.empty((0,) * (nfield + len(extra)), dtype=dtype),
-        name=f"xstencil-map-{token}",
-    )
+    depth = tuple(ax.depth for ax in axes)
+    inputs = [Overlap(x, depth) for x in arrays] + [
+        Overlap(dsa.from_array(np.asarray(m), chunks=out_chunks), (0,) * nfield)
+        for m in masks]
+    periodic = [s.mode == "periodic" for s in plan.specs]
+    out = halo_array(f"xstencil-map-{token}", fn, inputs, periodic, out_chunks + extra,
+                     dtype, np.empty((0,) * (nfield + len(extra)), dtype=dtype))
     if not stacked:
         return out
     parts, k = [], 0

@@ -1,9 +1,15 @@
 """dask arrays: lazy scans, K steps of one chunk per task.
 
-:func:`scan_dask` builds one layer of :func:`dask.array.map_overlap` tasks
-per ``halo_every`` (K) steps; each task advances its chunk K steps with the
-shared block scan of :mod:`xstencil._backends.halo`.  The jitted task functions
-use the per-process compile cache of :mod:`xstencil._backends.dask`.  The
+:func:`scan_dask` builds one layer of tasks per ``halo_every`` (K) steps
+(:func:`~xstencil._backends.dask_halo.halo_array`: per chunk one strip task
+per split dim and side, and one task that advances its chunk K steps with
+the shared block scan of :mod:`xstencil._backends.halo`).  Every block has a
+full halo; on a global edge of a non-periodic dim it is rebuilt after each
+step from the block's own cells (as the sharded scan's edge devices do), from
+flags given at run time, and the step count is a run-time input too, so a
+worker compiles one block program per chunk shape, whatever the chunk's
+position or the segment's length.  The jitted task functions use the
+per-process compile cache of :mod:`xstencil._backends.dask`.  The
 labelled front end is :func:`xstencil._labelled.scale.scan_dask`.
 """
 
@@ -19,6 +25,8 @@ import numpy as np
 
 from xstencil._backends.blockmesh import BlockMesh
 from xstencil._backends.dask import _cached, _merged, _token, _traces, is_dask
+from xstencil._backends.dask_halo import Overlap, assemble, halo_array
+from xstencil._backends.dask_halo import repad as halo_repad
 from xstencil._backends.halo import (
     Block,
     BlockJob,
@@ -54,7 +62,7 @@ class BlockScan:
     periodic: tuple[bool, ...]
     starts: tuple[tuple[int, ...], ...]
     t: int  # the first position computed
-    n: int
+    n: int  # steps (a run-time input: every segment shares the compiled code)
     has_input: bool
     nforce: int  # variables read along dim but not advanced: rows j * F + f
     nmask: int
@@ -63,54 +71,73 @@ class BlockScan:
     finite: Callable[[int, str], Exception] | None  # check_finite's error, or None
     tcoord: np.ndarray | None  # dim's coordinate padded by (k, ahead), if the kernel reads it
 
-    def __call__(self, hist: Any, *others: Any, block_info: Any = None) -> np.ndarray:
-        rest = list(others)
-        inp = rest.pop(0) if self.has_input else None
-        forcing = rest.pop(0) if self.nforce else None
-        masks, consts = rest[:self.nmask], [c[0] for c in rest[self.nmask:]]
-        loc = block_info[0]["chunk-location"]
+    def __call__(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any]
+                 ) -> np.ndarray:
+        """One block: ``pieces`` per input (state, input, forcing, masks,
+        constants) from :func:`~xstencil._backends.dask_halo.halo_array`."""
+        own = [_own(p) for p in pieces]
+        shape = (own[0].shape[0],) + tuple(
+            n + 2 * d for n, d in zip(own[0].shape[1:], self.depth[1:], strict=True))
         spec = self.spec
-        cores = []
-        for a in range(1, hist.ndim):
-            dep, c, nch = self.depth[a], loc[a], len(self.starts[a])
-            left = dep if dep and (self.periodic[a] or c > 0) else 0
-            right = dep if dep and (self.periodic[a] or c < nch - 1) else 0
-            cores.append((left, hist.shape[a] - left - right))
+        # every block has a full halo (rebuilt on global edges): one shape per chunk shape
+        cores = [(self.depth[a], own[0].shape[a]) for a in range(1, len(shape))]
         coords = []
         for d, cc in zip(spec.space_coords, self.coords, strict=True):
             a = spec.plan.axis(d)
             s = spec.plan.specs[a]
             first = self.starts[a][loc[a]] - cores[a - 1][0] - s.pad_lo + self.width[a][0]
-            coords.append(cc[first:first + hist.shape[a] + s.pad_lo + s.pad_hi])
+            coords.append(cc[first:first + shape[a] + s.pad_lo + s.pad_hi])
         # the global index of the block's first cell, halo included, per spatial axis
         origin = np.array([self.starts[a][loc[a]] - cores[a - 1][0]
-                           for a in range(1, hist.ndim)], np.int32)
-        key = (self.token, self.n, hist.shape, None if inp is None else inp.shape,
-               str(hist.dtype), tuple(cores), tuple(m.shape for m in masks))
-        fn = _cached(key, lambda: self._build(tuple(cores), inp is None))
-        with precision([hist], self.dyn):
-            out, bad = fn(hist, inp, coords, list(self.dyn), np.int32(self.t), origin, masks,
-                          consts, self.tcoord, forcing)
+                           for a in range(1, len(shape))], np.int32)
+        key = (self.token, tuple((x.shape, str(x.dtype)) for x in jax.tree_util.tree_leaves(
+            pieces)), tuple(cores))
+        fn = _cached(key, lambda: self._build(tuple(cores)))
+        with precision([own[0]], self.dyn):
+            out, bad = fn(pieces, edges, coords, list(self.dyn), np.int32(self.t),
+                          np.int32(self.n), origin, self.tcoord)
         if self.finite is not None and int(bad) >= 0:
             first = ", ".join(f"{d}[{self.starts[a][loc[a]]}:]" for a, d in
                               enumerate(spec.plan.dims) if a and len(self.starts[a]) > 1)
             raise self.finite(int(bad), f" in the chunk at {first}" if first else "")
         return np.asarray(out)
 
-    def _build(self, cores: tuple[tuple[int, int], ...], grown: bool) -> Callable[..., Any]:
-        spec, static, n = self.spec, self.static, self.n
-        modes = tuple("extend" if self.depth[a] and self.periodic[a] else s.mode
-                      for a, s in enumerate(spec.plan.specs) if a > 0)
-
+    def _build(self, cores: tuple[tuple[int, int], ...]) -> Callable[..., Any]:
+        spec, static, depth = self.spec, self.static, self.depth
+        plan = spec.plan
+        # split dims: "extend" stands for the halo's far side (wrong cells creep inward,
+        # never reaching the block's own); their global edges are rebuilt after each step
+        modes = tuple("extend" if depth[a] else s.mode
+                      for a, s in enumerate(plan.specs) if a > 0)
+        edge_modes = (None,) + tuple(None if not depth[a] or self.periodic[a] else s.mode
+                                     for a, s in enumerate(plan.specs) if a > 0)
+        fill = 0 if plan.fill_value is None else plan.fill_value
         V = len(self.evolving)
         own = tuple(slice(a, a + m) for a, m in cores)
-        stepper = Stepper(spec, self.hooks, self.kernels, static, modes, self.evolving,
-                          self.forced, self.mesh, self.periods,
-                          own if self.finite is not None else None)
+        nin = 1 + self.has_input + bool(self.nforce)
 
-        def run(hist: Any, inp: Any, coords: Any, dyn: Any, t: Any, origin: Any,
-                masks: Any, consts: Any, tcoord: Any, forcing: Any) -> Any:
+        def run(pieces: Any, edges: Any, coords: Any, dyn: Any, t: Any, n: Any, origin: Any,
+                tcoord: Any) -> Any:
             _traces[0] += 1
+
+            def repad(x: Any) -> Any:  # x: one new slab (*space)
+                for a, m in enumerate(edge_modes[1:], 1):
+                    if m is not None:
+                        x = halo_repad(x, a - 1, depth[a], depth[a], m, fill, edges[a, 0],
+                                       edges[a, 1])
+                return x
+
+            ext = [assemble(p, depth, edge_modes, fill, edges) for p in pieces[:nin]]
+            masks = [jnp.block(m) for m in pieces[nin:nin + self.nmask]]
+            consts = [assemble(p, depth, edge_modes, fill, edges)[0]
+                      for p in pieces[nin + self.nmask:]]
+            hist = ext[0]
+            inp = ext[1] if self.has_input else None
+            forcing = ext[-1] if self.nforce else None
+            stepper = Stepper(spec, self.hooks, self.kernels, static, modes, self.evolving,
+                              self.forced, self.mesh, self.periods,
+                              own if self.finite is not None else None,
+                              repad if any(m is not None for m in edge_modes) else None)
             hist = hist.reshape((spec.k, V) + hist.shape[1:])
             if inp is not None:
                 inp = inp.reshape((-1, V) + inp.shape[1:])
@@ -123,6 +150,13 @@ class BlockScan:
             return new[(slice(None),) + own], bad
 
         return jax.jit(run)
+
+
+def _own(pieces: Any) -> np.ndarray:
+    """A block's own chunk among its pieces (the centre of the nested list)."""
+    while isinstance(pieces, list):
+        pieces = pieces[len(pieces) // 2]
+    return pieces
 
 
 def _interleave(fields: list[Any]) -> Any:
@@ -200,9 +234,6 @@ def scan_dask(job: BlockJob, halo_every: int | None = None) -> list[Any]:
     dyn = tuple(np.asarray(x) for x in job.dyn)
     token = _token(call, "xstencil-scan", job.kernels, bmesh, masks, spec, job.static, dyn,
                    tuple(coords), depth, data.name, job.evolving, job.finite is not None)
-    boundary = {a: "periodic" if periodic[a] and depth[a] else "none"
-                for a in range(data.ndim)}
-    dd = {a: depth[a] for a in range(data.ndim)}
     state = data[:spec.k * V].rechunk({0: -1})
     inp = None if spec.grown else _interleave([time_padded(spec, f) for f in fields])
     F = len(job.forced)
@@ -216,17 +247,17 @@ def scan_dask(job: BlockJob, halo_every: int | None = None) -> list[Any]:
                        tuple(coords), periods, width, depth, periodic, starts, t, n,
                        inp is not None, F, len(dmasks), job.evolving, job.forced, job.finite,
                        job.tcoord)
-        margs = [state] if inp is None else [state, inp[t * V:(t + n + spec.ahead) * V]]
-        if forcing is not None:  # positions [t - k, t + n + ahead)
-            margs.append(forcing[(t - spec.k) * F:(t + n + spec.ahead) * F])
-        margs += [m[t:t + n] if timed else m
-                  for m, timed in zip(dmasks, bmesh.timed if bmesh else (), strict=True)]
-        margs += dconsts
-        state = dsa.map_overlap(
-            fn, *margs, depth=[dd] * len(margs), boundary=[boundary] * len(margs),
-            trim=False, align_arrays=False, allow_rechunk=False, chunks=state.chunks,
-            dtype=data.dtype, meta=np.empty((0,) * data.ndim, dtype=data.dtype),
-            name=f"xstencil-scan-{t}-{token}")
+        # every segment reads K steps of input (zeros past the end): one block shape
+        ins = [Overlap(state, depth)]
+        if inp is not None:
+            ins.append(Overlap(inp, depth, (t * V, (t + K + spec.ahead) * V)))
+        if forcing is not None:  # positions [t - k, t + K + ahead)
+            ins.append(Overlap(forcing, depth, ((t - spec.k) * F, (t + K + spec.ahead) * F)))
+        ins += [Overlap(m, depth, (t, t + K) if timed else None)
+                for m, timed in zip(dmasks, bmesh.timed if bmesh else (), strict=True)]
+        ins += [Overlap(c, depth) for c in dconsts]
+        state = halo_array(f"xstencil-scan-{t}-{token}", fn, ins, periodic, state.chunks,
+                           data.dtype, np.empty((0,) * data.ndim, dtype=data.dtype))
         if save:
             saved.append(state[-V:])
     if spec.every == 0:

@@ -377,7 +377,8 @@ def run_steps(st: Stepper, n: int, b: Block) -> tuple[tuple[Any, ...], Any]:
         return hist[1:] + (new,), bad
 
     carry = (tuple(b.hist), jnp.asarray(-1, jnp.int32))
-    return step(0, carry) if n == 1 else lax.fori_loop(0, n, step, carry)
+    # ``n`` may be traced (the dask scan's run-time step count)
+    return step(0, carry) if isinstance(n, int) and n == 1 else lax.fori_loop(0, n, step, carry)
 
 
 def time_padded(spec: ScanSpec, data: Any) -> Any:

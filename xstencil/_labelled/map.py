@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import xarray as xr
 
+from xstencil._backends.dask import with_progress
 from xstencil._engine.call import split_static
 from xstencil._engine.kcache import cached, describe
 from xstencil._engine.lower import evaluate
@@ -42,6 +43,7 @@ def map(  # noqa: A001 - the contract's name
     grid: Any = None,
     at: Mapping[str, str] | None = None,
     dtype: Any = None,
+    progress: bool = False,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Apply a stencil kernel at every point of a DataArray or Dataset.
@@ -105,6 +107,14 @@ def map(  # noqa: A001 - the contract's name
     dtype
         Cast the results to this dtype.  By default the result has the dtype
         the kernel returns (numpy's and JAX's rule; see :doc:`/dtypes`).
+    progress
+        For dask-backed data: compute the result now, kept chunked
+        (``persist``), under dask's progress display (a
+        :class:`dask.diagnostics.ProgressBar` on local schedulers,
+        ``distributed.progress`` with a distributed ``Client``).  Without
+        it the result is lazy; compute it inside ``with ProgressBar():``
+        for the same bar.  In memory a map is one compiled call and shows
+        no progress.
 
     Returns
     -------
@@ -145,6 +155,11 @@ def map(  # noqa: A001 - the contract's name
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(x=1) - u(x=-1)")
+    if progress:  # dask-backed: persist now under dask's progress display
+        return with_progress(map(obj, kernel, *args, window=window, boundary=boundary,
+                                 fill_value=fill_value, stride=stride, output_dims=output_dims,
+                                 period=period, devices=devices, mesh=mesh, new_vars=new_vars,
+                                 grid=grid, at=at, dtype=dtype, **kwargs))
     devices = devices_arg(call, devices, mesh)
     if grid is not None or at is not None:  # staggered: translated into a plain call
         res = map_grid(map, obj, kernel, args, kwargs, grid=grid, at=at, window=window,

@@ -20,7 +20,7 @@ from xstencil._backends import backend_for
 from xstencil._backends import dask_scan as dask_backend
 from xstencil._backends import shard_scan as shard_backend
 from xstencil._backends.blockmesh import block_mesh
-from xstencil._backends.dask import is_dask
+from xstencil._backends.dask import is_dask, with_progress
 from xstencil._backends.halo import BlockJob
 from xstencil._engine.call import precision
 from xstencil._engine.coords import coord_values, numeric_coord
@@ -108,14 +108,19 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
         in memory.
     **kwargs
         ``window``, ``boundary``, ``fill_value``, ``steps``, ``dt``,
-        ``coord``, ``save_every`` and ``period`` as for :func:`xstencil.scan`;
-        other keywords go to the kernel.
+        ``coord``, ``save_every``, ``period``, ``check_finite`` and
+        ``progress`` as for :func:`xstencil.scan` (``progress=True``
+        computes the result now, kept chunked, under dask's progress
+        display: a :class:`dask.diagnostics.ProgressBar` on local
+        schedulers, ``distributed.progress`` with a distributed
+        ``Client``); other keywords go to the kernel.
 
     Returns
     -------
     DataArray or Dataset
-        Backed by lazy dask arrays, one chunk per saved position along
-        ``dim`` and the input's chunks along the other dims.
+        Backed by lazy dask arrays (persisted ones with ``progress=True``),
+        one chunk per saved position along ``dim`` and the input's chunks
+        along the other dims.
 
     Examples
     --------
@@ -142,11 +147,6 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
                 f"({len(v.chunks[v.get_axis_num(dim)])} chunks); positions along it are "
                 f"computed in order, so it must be one chunk: rechunk with "
                 f".chunk({{{dim!r}: -1}}) and chunk the other dims instead")
-    if opts.get("progress"):
-        raise XStencilError(
-            f"{call}: progress=True needs a compiled loop to report from; a dask-backed scan "
-            f"is a lazy graph: compute it inside `with dask.diagnostics.ProgressBar():` (or "
-            f"watch the distributed dashboard)")
     if opts.get("checkpoint"):
         raise XStencilError(
             f"{call}: checkpoint=True saves memory in gradients, but a dask-backed scan is "
@@ -155,7 +155,9 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
     prep = setup(call, obj, kernels, dim, args, kw, **opts)
     owner = function_mesh if function_mesh is not None else kernel
     job = _job(call, prep, kernels, owner, function_mesh, opts.get("period"))
-    return rewrap(prep, dask_backend.scan_dask(job, halo_every))
+    out = rewrap(prep, dask_backend.scan_dask(job, halo_every))
+    # progress=True: computed now (kept chunked) under dask's progress display
+    return with_progress(out) if prep.progress else out
 
 
 def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *args: Any,
