@@ -459,12 +459,12 @@ def _device_coords(plan: Plan, f: Fields, period: Mapping[str, float] | None) ->
     if got is not None:
         old_sources, values, coords = got
         if all(a is b and a is not None for a, b in zip(sources, old_sources, strict=True)) \
-                or all(np.array_equal(variables[d].values, v)
+                or all(np.array_equal(coord_values(variables[d]), v)
                        for d, v in zip(plan.coord_dims, values, strict=True)):
             return coords
     coords = [jnp.asarray(c) for c in coord_arrays(plan, f, period)]
     if not any(isinstance(c, jax.core.Tracer) for c in coords):
-        put(key, (sources, tuple(np.asarray(variables[d].values) for d in plan.coord_dims),
+        put(key, (sources, tuple(coord_values(variables[d]) for d in plan.coord_dims),
                   coords))
     return coords
 
