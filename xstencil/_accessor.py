@@ -107,7 +107,7 @@ class StencilAccessor:
     >>> xstencil.map(da, lambda u: u(x=1) - u(), boundary="periodic").values
     array([ 1.,  1.,  1., -3.])
     >>> da.stencil
-    <xstencil accessor .stencil on a DataArray (x: 4): map, mesh, scan>
+    <xstencil accessor .stencil on a DataArray (x: 4): iterate, map, mesh, scan, solve>
     """
 
     def __init__(self, obj: xr.DataArray | xr.Dataset):
