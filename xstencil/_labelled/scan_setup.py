@@ -146,7 +146,7 @@ class Setup:
     grown: bool
     n0: int
     evolving: tuple[int, ...]  # variable indices advanced by the scan
-    tvals: np.ndarray | None  # the dim coordinate of the whole trajectory
+    tvals: Any  # the dim coordinate of the whole trajectory (None; step numbers: a pd.RangeIndex)
     tmode: str
     obj: Any
 
