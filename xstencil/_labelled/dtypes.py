@@ -116,11 +116,7 @@ def state_dtype(call: str, obj: Any, kernels: Sequence[Any], owner: Any, o: Opts
         sig = None
 
     def decide() -> Any:
-        # the dtypes do not depend on how many steps a grown trajectory has: decide
-        # them on one step, so that a long scan (steps=10**9) does not build its
-        # coordinate (8 bytes a step) here as well as in the scan itself
-        short = o if o.steps is None or o.coord is not None else replace(o, steps=min(o.steps, 1))
-        s = setup(call, obj, kernels, short, args, kwargs)
+        s = setup(call, obj, kernels, o, args, kwargs)
         plan = s.plan
         if explicit is not None:
             casts = {i: explicit for i in s.evolving
