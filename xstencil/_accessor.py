@@ -26,9 +26,11 @@ __all__ = ["StencilAccessor", "delegate"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def delegate(function: Callable[..., Any]) -> Callable[[F], F]:
+def delegate(function: Callable[..., Any], data: str | None = None) -> Callable[[F], F]:
     """Give an accessor method ``function``'s docstring and signature, with
-    ``self`` in place of the function's first argument (the object).
+    ``self`` in place of the function's first argument (the object), or of
+    the parameter named ``data`` when the object is not the first argument
+    (``solve(operator, rhs)``: the object is ``rhs``).
 
     Examples
     --------
@@ -59,13 +61,15 @@ def delegate(function: Callable[..., Any]) -> Callable[[F], F]:
     """
     sig = inspect.signature(function)
     params = list(sig.parameters.values())
+    name = params[0].name if data is None else data
+    rest = [p for p in params if p.name != name]
     self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
     def decorate(method: F) -> F:
-        method.__doc__ = _drop_parameter(function.__doc__ or "", params[0].name)
-        method.__signature__ = sig.replace(parameters=[self_param, *params[1:]])  # type: ignore[attr-defined]
+        method.__doc__ = _drop_parameter(function.__doc__ or "", name)
+        method.__signature__ = sig.replace(parameters=[self_param, *rest])  # type: ignore[attr-defined]
         method.__annotations__ = {k: v for k, v in function.__annotations__.items()
-                                  if k != params[0].name}
+                                  if k != name}
         return method
 
     return decorate
@@ -131,9 +135,8 @@ class StencilAccessor:
     def iterate(self, *args: Any, **kwargs: Any) -> Any:
         return _iterate(self._obj, *args, **kwargs)
 
+    @delegate(_solve, data="rhs")  # the object is the right-hand side
     def solve(self, operator: Any, *args: Any, **kwargs: Any) -> Any:
-        """Solve ``operator(x) = self`` for ``x``; see :func:`xstencil.solve`
-        (this object is its ``rhs``)."""
         return _solve(operator, self._obj, *args, **kwargs)
 
 

@@ -89,7 +89,10 @@ class _QuietInterrupt(logging.Filter):
         return not isinstance(exc, Interrupted)
 
 
-logging.getLogger("jax._src.debugging").addFilter(_QuietInterrupt())
+# jax.debug.callback (report) and jax.experimental.io_callback (advance, the
+# adaptive loops) each log a failed callback with its own logger
+for _name in ("jax._src.debugging", "jax._src.callback"):
+    logging.getLogger(_name).addFilter(_QuietInterrupt())
 
 
 #: Seconds between bar updates that :func:`advance` aims for.

@@ -123,6 +123,13 @@ def _reference(name: str, x: np.ndarray, dt: np.dtype) -> np.ndarray:
 
 case = st.tuples(st.sampled_from(DTYPES), st.sampled_from(sorted(KERNELS)),
                  st.integers(3, 9), st.integers(0, 2**31 - 1))
+# kmap <-> map: not for Python-scalar kernels.  The array API follows kernex
+# exactly (a Python int is int32, or int64 with x64, as kernex gives it), the
+# labelled API JAX's weak-type rule (a Python scalar takes the data's dtype);
+# docs/kernex.rst and docs/dtypes.rst.  tests/engine/test_kernex_compat.py
+# checks kmap's side against kernex.
+array_case = st.tuples(st.sampled_from(DTYPES), st.sampled_from(sorted(set(KERNELS) - {"scalar"})),
+                       st.integers(3, 9), st.integers(0, 2**31 - 1))
 casts = st.sampled_from([None, np.dtype(np.float32), np.dtype(np.int32),
                          np.dtype(np.float64)])
 
@@ -151,7 +158,7 @@ def test_map_has_the_kernels_dtype(x64: bool, c: tuple[Any, ...], cast: Any) -> 
 
 @pytest.mark.parametrize("x64", [False, True], ids=["x64_off", "x64_on"])
 @settings(max_examples=15)  # each example compiles
-@given(c=case)
+@given(c=array_case)
 def test_kmap_and_map_agree(x64: bool, c: tuple[Any, ...]) -> None:
     dt, name, n, seed = c
     x = _data(dt, n, seed)

@@ -203,11 +203,16 @@ class KernelMesh:
                     )
                 if scanning or self._kind == "smap":
                     return out.astype(x.dtype)  # written back into the input's array
-                if keep_input or is_weak(out):
-                    # uncovered cells keep the input, or a Python scalar (weakly
-                    # typed): promote with the input's dtype, as in JAX, so that
-                    # mesh regions and uncovered cells agree
+                if keep_input:
+                    # uncovered cells keep the input: promote with the input's
+                    # dtype (a Python scalar takes it, as in JAX), so that mesh
+                    # regions and uncovered cells agree
                     return out.astype(promote(x.dtype, out))
+                if is_weak(out):
+                    # a Python scalar: kernex's dtype (int32/float32, or 64-bit
+                    # with x64), not the data's; the array API is a drop-in for
+                    # kernex, unlike the labelled map's JAX weak-type rule
+                    return jax.lax.convert_element_type(out, out.dtype)
                 return out  # kmap keeps the kernel's dtype (as the labelled map does)
 
             return kernel_call

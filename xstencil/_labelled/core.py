@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 from xstencil._engine.call import (
@@ -157,7 +158,8 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
                      var_names=f.names, var_dims=f.var_dims, var_dtypes=f.dtypes,
                      coord_dims=cdims, output_dims=odims)
     for d, s in zip(plan.dims, plan.specs, strict=True):  # a grid repeating its endpoint
-        if s.mode == "periodic" and (s.pad_lo > 0 or s.pad_hi > 0) and d in cdims:
+        if s.mode == "periodic" and (s.pad_lo > 0 or s.pad_hi > 0) and d in cdims \
+                and not isinstance(f.obj.indexes.get(d), pd.RangeIndex):  # (never repeats)
             warn_repeated_endpoint(call, d, numeric_coord(call, d, coord_values(f.obj.coords[d])))
     return plan
 

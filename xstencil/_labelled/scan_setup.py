@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 from xstencil import _progress
@@ -145,7 +146,7 @@ class Setup:
     grown: bool
     n0: int
     evolving: tuple[int, ...]  # variable indices advanced by the scan
-    tvals: np.ndarray | None  # the dim coordinate of the whole trajectory
+    tvals: Any  # the dim coordinate of the whole trajectory (None; step numbers: a pd.RangeIndex)
     tmode: str
     obj: Any
 
@@ -164,10 +165,17 @@ def _fields(call: str, obj: Any, o: Opts, evolve: Sequence[str] | None,
         tv = coord_values(obj[dim].variable) if dim in obj.coords else None
         return f, f.shape[f.dims.index(dim)], tv
     n0 = f.shape[f.dims.index(dim)] if dim in f.dims else 0
-    tvals = grown_coord(call, obj, dim, o.coord, o.dt, o.steps, n0, total)
-    coords = {str(n): v.variable for n, v in obj.coords.items() if dim not in v.dims}
-    if tvals is not None:
-        coords[dim] = xr.Variable(dim, tvals)
+    coords: dict[str, Any] = {str(n): v.variable for n, v in obj.coords.items()
+                              if dim not in v.dims}
+    if o.coord is None and o.dt is None and dim not in obj.coords:
+        # step numbers: a lazy range, not 8 bytes a step (xarray's index would copy
+        # them once more), so that steps=10**9 with save_every='last' fits in memory
+        tvals: Any = pd.RangeIndex(total)
+        coords[dim] = tvals
+    else:
+        tvals = grown_coord(call, obj, dim, o.coord, o.dt, o.steps, n0, total)
+        if tvals is not None:
+            coords[dim] = xr.Variable(dim, tvals)
     template = xr.Dataset(coords=coords)
     if dim in f.dims:
         shape = tuple(total if d == dim else n for d, n in zip(f.dims, f.shape, strict=True))
