@@ -249,6 +249,7 @@ class BlockMap:
     axes: tuple[_Axis, ...]
     nvar: int
     stacked: bool  # several output leaves, stacked along a trailing axis
+    packed: bool = False  # leaves of different dtypes: stacked as their raw bytes
 
     def __call__(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any]
                  ) -> np.ndarray:
@@ -280,6 +281,7 @@ class BlockMap:
 
     def _build(self, geom: list[AxisGeom], regions: list[Slab | int]) -> Callable[..., Any]:
         plan, static, stacked, hooks = self.plan, self.static, self.stacked, self.hooks
+        packed = self.packed
         kernels, axes = self.kernels, self.axes
         is_mesh = self.regions is not None
         wset = {plan.axis(d) for d in plan.window_dims}
@@ -303,7 +305,9 @@ class BlockMap:
                 calls = [hooks.caller(plan, k, static) for k in kernels]
                 out = mesh_evaluate(branches(regions, masks, calls),
                                     hooks.identity(plan, calls[-1]), srcs, geom, dyn)
-            return _stack(out, len(geom)) if stacked else out
+            if not stacked:
+                return jax.tree_util.tree_leaves(out)[0]  # a dict of one variable
+            return _pack(out, len(geom)) if packed else _stack(out, len(geom))
 
         return jax.jit(run)
 
@@ -330,6 +334,42 @@ def _stack(out: Any, nfield: int) -> Any:
     dt = np.result_type(*[x.dtype for x in leaves])
     flat = [x.reshape(x.shape[:nfield] + (-1,)).astype(dt) for x in leaves]
     return jnp.concatenate(flat, axis=-1)
+
+
+def _pack(out: Any, nfield: int) -> Any:
+    """Leaves of different dtypes, each as its raw bytes along a trailing
+    ``uint8`` axis: no leaf is cast to a common dtype, so none loses precision
+    (an int64 beyond 2**53 through float64, say); :func:`_unpack` reverses it."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    flat = []
+    for x in jax.tree_util.tree_leaves(out):
+        if x.dtype == np.bool_:
+            x = x.astype(jnp.uint8)
+        elif jnp.issubdtype(x.dtype, jnp.complexfloating):
+            x = jnp.stack([x.real, x.imag], axis=-1)
+        if x.dtype != jnp.uint8:
+            x = lax.bitcast_convert_type(x, jnp.uint8)
+        flat.append(x.reshape(x.shape[:nfield] + (-1,)))
+    return jnp.concatenate(flat, axis=-1)
+
+
+def _unpack_block(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """One block of one leaf's bytes (from :func:`_pack`) back in its dtype,
+    still flat along the trailing axis."""
+    raw = np.ascontiguousarray(block)
+    if dtype == np.bool_:
+        return raw.astype(np.bool_)
+    if dtype.kind == "c":
+        part = raw.view(np.dtype(f"f{dtype.itemsize // 2}"))
+        return (part[..., 0::2] + 1j * part[..., 1::2]).astype(dtype)
+    return raw.view(dtype)
+
+
+def _byte_width(dtype: np.dtype) -> int:
+    """Bytes per element that :func:`_pack` writes for ``dtype``."""
+    return 1 if dtype == np.bool_ else dtype.itemsize
 
 
 # -- building the graph ----------------------------------------------------------------
@@ -377,10 +417,15 @@ def map_dask(job: MapJob) -> Any:
     shapes = _leaf_shapes(job, static, dyn, arrays, coords)
     leaves, treedef = jax.tree_util.tree_flatten(shapes)
     stacked = len(leaves) > 1
+    packed = stacked and len({np.dtype(v.dtype) for v in leaves}) > 1
     nfield = len(plan.dims)
     out_chunks = tuple(tuple(b - a for a, b in ax.out) for ax in axes)
     widths = [math.prod(v.shape) for v in leaves]
-    if stacked:
+    if packed:
+        widths = [w * _byte_width(np.dtype(v.dtype)) for w, v in zip(widths, leaves, strict=True)]
+        dtype = np.dtype(np.uint8)
+        extra = ((sum(widths),),)
+    elif stacked:
         dtype = np.result_type(*[v.dtype for v in leaves])
         extra: tuple[tuple[int, ...], ...] = ((sum(widths),),)
     else:
@@ -390,7 +435,7 @@ def map_dask(job: MapJob) -> Any:
                    tuple(regions or ()), [x.name for x in arrays], dyn, coords)
     fn = BlockMap(token, plan, job.hooks, tuple(kernels),
                   None if regions is None else tuple(regions), static, dyn, coords,
-                  tuple(axes), len(arrays), stacked)
+                  tuple(axes), len(arrays), stacked, packed)
     depth = tuple(ax.depth for ax in axes)
     inputs = [Overlap(x, depth) for x in arrays] + [
         Overlap(dsa.from_array(np.asarray(m), chunks=out_chunks), (0,) * nfield)
@@ -399,9 +444,19 @@ def map_dask(job: MapJob) -> Any:
     out = halo_array(f"xstencil-map-{token}", fn, inputs, periodic, out_chunks + extra,
                      dtype, np.empty((0,) * (nfield + len(extra)), dtype=dtype))
     if not stacked:
-        return out
+        return jax.tree_util.tree_unflatten(treedef, [out])
     parts, k = [], 0
     for v, w in zip(leaves, widths, strict=True):
+        if packed:
+            vt, n = np.dtype(v.dtype), math.prod(v.shape)
+            part = out[(slice(None),) * nfield + (slice(k, k + w),)].rechunk({nfield: -1})
+            part = part.map_blocks(_unpack_block, vt, dtype=vt,
+                                   chunks=part.chunks[:nfield] + ((n,),))
+            part = part[(slice(None),) * nfield + (0,)] if v.shape == () else part.reshape(
+                part.shape[:nfield] + v.shape)
+            parts.append(part)
+            k += w
+            continue
         if v.shape == ():
             part = out[(slice(None),) * nfield + (k,)]
         else:
