@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xstencil._backends.dask_halo import Overlap, assemble, halo_array
+from xstencil._backends.dask_pack import byte_width, pack, unpack
 from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._engine.call import precision, split_static
 from xstencil._engine.coords import coord_dtype, padded
@@ -307,7 +308,7 @@ class BlockMap:
                                     hooks.identity(plan, calls[-1]), srcs, geom, dyn)
             if not stacked:
                 return jax.tree_util.tree_leaves(out)[0]  # a dict of one variable
-            return _pack(out, len(geom)) if packed else _stack(out, len(geom))
+            return pack(out, len(geom)) if packed else _stack(out, len(geom))
 
         return jax.jit(run)
 
@@ -334,42 +335,6 @@ def _stack(out: Any, nfield: int) -> Any:
     dt = np.result_type(*[x.dtype for x in leaves])
     flat = [x.reshape(x.shape[:nfield] + (-1,)).astype(dt) for x in leaves]
     return jnp.concatenate(flat, axis=-1)
-
-
-def _pack(out: Any, nfield: int) -> Any:
-    """Leaves of different dtypes, each as its raw bytes along a trailing
-    ``uint8`` axis: no leaf is cast to a common dtype, so none loses precision
-    (an int64 beyond 2**53 through float64, say); :func:`_unpack` reverses it."""
-    import jax.numpy as jnp
-    from jax import lax
-
-    flat = []
-    for x in jax.tree_util.tree_leaves(out):
-        if x.dtype == np.bool_:
-            x = x.astype(jnp.uint8)
-        elif jnp.issubdtype(x.dtype, jnp.complexfloating):
-            x = jnp.stack([x.real, x.imag], axis=-1)
-        if x.dtype != jnp.uint8:
-            x = lax.bitcast_convert_type(x, jnp.uint8)
-        flat.append(x.reshape(x.shape[:nfield] + (-1,)))
-    return jnp.concatenate(flat, axis=-1)
-
-
-def _unpack_block(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """One block of one leaf's bytes (from :func:`_pack`) back in its dtype,
-    still flat along the trailing axis."""
-    raw = np.ascontiguousarray(block)
-    if dtype == np.bool_:
-        return raw.astype(np.bool_)
-    if dtype.kind == "c":
-        part = raw.view(np.dtype(f"f{dtype.itemsize // 2}"))
-        return (part[..., 0::2] + 1j * part[..., 1::2]).astype(dtype)
-    return raw.view(dtype)
-
-
-def _byte_width(dtype: np.dtype) -> int:
-    """Bytes per element that :func:`_pack` writes for ``dtype``."""
-    return 1 if dtype == np.bool_ else dtype.itemsize
 
 
 # -- building the graph ----------------------------------------------------------------
@@ -421,13 +386,14 @@ def map_dask(job: MapJob) -> Any:
     nfield = len(plan.dims)
     out_chunks = tuple(tuple(b - a for a, b in ax.out) for ax in axes)
     widths = [math.prod(v.shape) for v in leaves]
+    extra: tuple[tuple[int, ...], ...]
     if packed:
-        widths = [w * _byte_width(np.dtype(v.dtype)) for w, v in zip(widths, leaves, strict=True)]
+        widths = [w * byte_width(np.dtype(v.dtype)) for w, v in zip(widths, leaves, strict=True)]
         dtype = np.dtype(np.uint8)
         extra = ((sum(widths),),)
     elif stacked:
         dtype = np.result_type(*[v.dtype for v in leaves])
-        extra: tuple[tuple[int, ...], ...] = ((sum(widths),),)
+        extra = ((sum(widths),),)
     else:
         dtype = np.dtype(leaves[0].dtype)
         extra = tuple((n,) for n in leaves[0].shape)
@@ -448,13 +414,8 @@ def map_dask(job: MapJob) -> Any:
     parts, k = [], 0
     for v, w in zip(leaves, widths, strict=True):
         if packed:
-            vt, n = np.dtype(v.dtype), math.prod(v.shape)
-            part = out[(slice(None),) * nfield + (slice(k, k + w),)].rechunk({nfield: -1})
-            part = part.map_blocks(_unpack_block, vt, dtype=vt,
-                                   chunks=part.chunks[:nfield] + ((n,),))
-            part = part[(slice(None),) * nfield + (0,)] if v.shape == () else part.reshape(
-                part.shape[:nfield] + v.shape)
-            parts.append(part)
+            parts.append(unpack(out[(slice(None),) * nfield + (slice(k, k + w),)],
+                                np.dtype(v.dtype), tuple(v.shape), nfield))
             k += w
             continue
         if v.shape == ():
