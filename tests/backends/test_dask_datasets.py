@@ -100,3 +100,33 @@ def test_mixed_dtypes_with_a_window_output_dim():
     for j, off in enumerate((-1, 0, 1)):
         np.testing.assert_array_equal(out["i"].isel(k=j).transpose("x", "y").values,
                                       _roll(big, "x", off))
+
+
+def _mesh_map(obj: xr.Dataset, one: bool) -> xr.Dataset:
+    m = obj.stencil.mesh(boundary="periodic")
+    if one:
+        m[...] = lambda s: {"i": s["i"](x=1)}
+        m[{"y": slice(0, 3)}] = lambda s: {"i": s["i"]() + 1}
+    else:
+        m[...] = lambda s: {"i": s["i"](x=1), "f": s["f"]()}
+        m[{"y": slice(0, 3)}] = lambda s: {"i": s["i"]() + 1, "f": s["f"](y=1) * 2.0}
+    return m.map()
+
+
+@pytest.mark.parametrize("one", [True, False])
+def test_mesh_map_of_a_dataset(one):
+    a = _grid()
+    big = np.full((8, 8), BIG, np.int64) + np.arange(64, dtype=np.int64).reshape(8, 8)
+    ds = xr.Dataset({"i": (("x", "y"), big), "f": (("x", "y"), a)})
+    ref = _mesh_map(ds, one)
+    lazy = _mesh_map(ds.chunk({"x": 4, "y": 4}), one)
+    assert isinstance(lazy, xr.Dataset), type(lazy)
+    out = lazy.compute()
+    xr.testing.assert_identical(out, ref)
+    want = _roll(big, "x", 1)
+    want[:, :3] = big[:, :3] + 1
+    np.testing.assert_array_equal(out["i"].values, want)
+    if not one:
+        fw = a.copy()
+        fw[:, :3] = 2.0 * _roll(a, "y", 1)[:, :3]
+        np.testing.assert_array_equal(out["f"].values, fw)
