@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xstencil._backends.dask_halo import Overlap, assemble, halo_array
+from xstencil._backends.dask_pack import byte_width, pack, unpack
 from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._engine.call import precision, split_static
 from xstencil._engine.coords import coord_dtype, padded
@@ -249,6 +250,7 @@ class BlockMap:
     axes: tuple[_Axis, ...]
     nvar: int
     stacked: bool  # several output leaves, stacked along a trailing axis
+    packed: bool = False  # leaves of different dtypes: stacked as their raw bytes
 
     def __call__(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any]
                  ) -> np.ndarray:
@@ -280,6 +282,7 @@ class BlockMap:
 
     def _build(self, geom: list[AxisGeom], regions: list[Slab | int]) -> Callable[..., Any]:
         plan, static, stacked, hooks = self.plan, self.static, self.stacked, self.hooks
+        packed = self.packed
         kernels, axes = self.kernels, self.axes
         is_mesh = self.regions is not None
         wset = {plan.axis(d) for d in plan.window_dims}
@@ -303,7 +306,9 @@ class BlockMap:
                 calls = [hooks.caller(plan, k, static) for k in kernels]
                 out = mesh_evaluate(branches(regions, masks, calls),
                                     hooks.identity(plan, calls[-1]), srcs, geom, dyn)
-            return _stack(out, len(geom)) if stacked else out
+            if not stacked:
+                return jax.tree_util.tree_leaves(out)[0]  # a dict of one variable
+            return pack(out, len(geom)) if packed else _stack(out, len(geom))
 
         return jax.jit(run)
 
@@ -377,12 +382,18 @@ def map_dask(job: MapJob) -> Any:
     shapes = _leaf_shapes(job, static, dyn, arrays, coords)
     leaves, treedef = jax.tree_util.tree_flatten(shapes)
     stacked = len(leaves) > 1
+    packed = stacked and len({np.dtype(v.dtype) for v in leaves}) > 1
     nfield = len(plan.dims)
     out_chunks = tuple(tuple(b - a for a, b in ax.out) for ax in axes)
     widths = [math.prod(v.shape) for v in leaves]
-    if stacked:
+    extra: tuple[tuple[int, ...], ...]
+    if packed:
+        widths = [w * byte_width(np.dtype(v.dtype)) for w, v in zip(widths, leaves, strict=True)]
+        dtype = np.dtype(np.uint8)
+        extra = ((sum(widths),),)
+    elif stacked:
         dtype = np.result_type(*[v.dtype for v in leaves])
-        extra: tuple[tuple[int, ...], ...] = ((sum(widths),),)
+        extra = ((sum(widths),),)
     else:
         dtype = np.dtype(leaves[0].dtype)
         extra = tuple((n,) for n in leaves[0].shape)
@@ -390,7 +401,7 @@ def map_dask(job: MapJob) -> Any:
                    tuple(regions or ()), [x.name for x in arrays], dyn, coords)
     fn = BlockMap(token, plan, job.hooks, tuple(kernels),
                   None if regions is None else tuple(regions), static, dyn, coords,
-                  tuple(axes), len(arrays), stacked)
+                  tuple(axes), len(arrays), stacked, packed)
     depth = tuple(ax.depth for ax in axes)
     inputs = [Overlap(x, depth) for x in arrays] + [
         Overlap(dsa.from_array(np.asarray(m), chunks=out_chunks), (0,) * nfield)
@@ -399,9 +410,14 @@ def map_dask(job: MapJob) -> Any:
     out = halo_array(f"xstencil-map-{token}", fn, inputs, periodic, out_chunks + extra,
                      dtype, np.empty((0,) * (nfield + len(extra)), dtype=dtype))
     if not stacked:
-        return out
+        return jax.tree_util.tree_unflatten(treedef, [out])
     parts, k = [], 0
     for v, w in zip(leaves, widths, strict=True):
+        if packed:
+            parts.append(unpack(out[(slice(None),) * nfield + (slice(k, k + w),)],
+                                np.dtype(v.dtype), tuple(v.shape), nfield))
+            k += w
+            continue
         if v.shape == ():
             part = out[(slice(None),) * nfield + (k,)]
         else:
