@@ -244,36 +244,6 @@ def test_function_and_accessor_agree(tmp_path):
     assert os.path.isdir(tmp_path / "f")
 
 
-_RSS = """
-import resource, sys
-sys.path.insert(0, {root!r})
-import numpy as np, xarray as xr, xstencil
-u0 = xr.DataArray(np.random.default_rng(0).random((512, 512)).astype(np.float32),
-                  dims=("y", "x"))
-def heat(u):
-    return u(time=-1) + np.float32(0.2) * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
-                                           + u(time=-1, y=-1) - 4 * u(time=-1))
-out = u0.stencil.scan(heat, steps=200, boundary="periodic", **{opts})
-print(float(out.isel(time=-1).mean()), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-"""
-
-
-@pytest.mark.slow
-def test_peak_memory_is_one_segment_not_the_trajectory(tmp_path):
-    """200 saved steps of 1 MiB: in memory the trajectory alone is 200 MiB;
-    streamed with segment=10 the peak stays well below that."""
-    peaks, finals = {}, {}
-    for name, opts in (("memory", {}), ("stream", {"store": str(tmp_path / "p.zarr"),
-                                                   "segment": 10})):
-        code = _RSS.format(root=str(ROOT), opts=repr(opts))
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600, check=True)
-        final, peak = proc.stdout.split()
-        finals[name], peaks[name] = float(final), int(peak) / 1024  # KiB -> MiB
-    assert finals["stream"] == finals["memory"]
-    assert peaks["stream"] < peaks["memory"] - 120, peaks
-
-
 def test_step_function(tmp_path):
     """``step=`` (a Runge-Kutta step calling maps) streams the same way."""
     u0 = xr.DataArray(np.sin(np.linspace(0, 2 * np.pi, 32, endpoint=False)).astype(np.float32),

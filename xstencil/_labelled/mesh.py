@@ -196,7 +196,7 @@ class Mesh:
         out = {}
         for d, sel in key.items():
             n = self._fields.shape[self._fields.dims.index(d)]
-            if not isinstance(sel, slice) and np.size(sel) and np.asarray(sel).dtype.kind in "fc":
+            if not isinstance(sel, slice) and _float_positions(sel):
                 raise XStencilError(
                     f"{self._call}: m[{{{d!r}: {sel!r:.60}}}]: positions are ints (.isel "
                     f"semantics), got a float; select coordinate labels with "
@@ -516,3 +516,13 @@ def mesh(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh | GridMesh:
         raise XStencilError(f"{call}: unknown option(s) {sorted(bad)!r}; "
                             f"accepted are {sorted(allowed - {'mesh'})!r}")
     return Mesh(obj, **options)
+
+
+def _float_positions(sel: Any) -> bool:
+    """Whether a position selector holds floats (labels belong in ``.loc``);
+    selectors numpy cannot read as one array are left to the position check."""
+    try:
+        a = np.asarray(sel)
+    except (TypeError, ValueError):
+        return False
+    return bool(a.size) and a.dtype.kind in "fc"
