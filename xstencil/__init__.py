@@ -9,6 +9,7 @@ kernex 0.2.
 from xstencil import _fork as _fork
 from xstencil._accessor import StencilAccessor as StencilAccessor
 from xstencil._accessor import register as _register
+from xstencil._backends.dask import compile_count as compile_count
 from xstencil._caches import clear_caches as clear_caches
 from xstencil._engine.kernex import KernelMesh as KernelMesh
 from xstencil._engine.kernex import kmap as kmap
@@ -30,6 +31,10 @@ from xstencil._labelled.map import map as map
 from xstencil._labelled.mesh import Mesh as Mesh
 from xstencil._labelled.mesh import mesh as mesh
 from xstencil._labelled.mesh import nearest as nearest
+from xstencil._labelled.multihost import gather as gather
+from xstencil._labelled.multihost import make_devices as make_devices
+from xstencil._labelled.multihost import open_sharded as open_sharded
+from xstencil._labelled.multihost import write_sharded as write_sharded
 from xstencil._labelled.scan import scan as scan
 from xstencil._labelled.solve import solve as solve
 
@@ -49,16 +54,21 @@ __all__ = [
     "WindowSet",
     "XStencilError",
     "clear_caches",
+    "compile_count",
+    "gather",
     "kmap",
     "iterate",
     "kscan",
+    "make_devices",
     "map",
     "mesh",
     "nearest",
+    "open_sharded",
     "scan",
     "smap",
     "solve",
     "sscan",
+    "write_sharded",
     "__version__",
 ]
 
