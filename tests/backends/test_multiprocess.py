@@ -1,0 +1,137 @@
+"""Two JAX processes on 127.0.0.1: sharded reads, a sharded mesh scan, sharded writes.
+
+tests/backends/multiprocess_checks.py runs as two processes joined by
+``jax.distributed.initialize`` (2 simulated CPU devices each, gloo collectives)
+and, separately, as one process with 4 devices.  Both open the same Zarr and
+NetCDF inputs with ``xstencil.open_sharded``, scan on a 2 x 2 device mesh and
+write with ``xstencil.write_sharded``.  The stores must be bitwise equal to each
+other and to the in-memory scan run here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import xstencil
+
+pytest.importorskip("zarr")
+SCRIPT = Path(__file__).with_name("multiprocess_checks.py")
+ROOT = str(Path(__file__).resolve().parents[2])
+pytestmark = pytest.mark.slow
+
+
+def heat(u):  # the kernels of multiprocess_checks.py
+    return u(time=-1) + 0.2 * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
+                               + u(time=-1, y=-1) - 4 * u(time=-1))
+
+
+def wall(u):
+    return 0.0 * u(time=-1) + 1.0
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(work: Path, nproc: int) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.pop("XLA_FLAGS", None)
+    port = str(_port())
+    procs = [subprocess.Popen([sys.executable, "-W", "error", str(SCRIPT), str(work),
+                               str(nproc), str(pid), port],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for pid in range(nproc)]
+    seen = []
+    for pid, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        assert p.returncode == 0, f"process {pid} of {nproc}:\n{err[-4000:]}"
+        seen.append(json.loads(out.strip().splitlines()[-1]))
+    return seen
+
+
+def _input() -> xr.Dataset:
+    rng = np.random.default_rng(18)
+    u = xr.DataArray(rng.random((16, 24)), dims=("y", "x"),
+                     coords={"y": np.arange(16.0), "x": np.linspace(0.0, 1.0, 24)},
+                     name="u", attrs={"units": "K"})
+    return u.to_dataset()
+
+
+def _open(path: Path) -> xr.DataArray:
+    return xr.open_dataarray(path, engine="zarr", consolidated=False).load()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    work = tmp_path_factory.mktemp("multiprocess")
+    ds = _input()
+    ds.to_zarr(work / "in.zarr", consolidated=False)
+    ds.to_netcdf(work / "in.nc")
+    return work, ds, _run(work, 2), _run(work, 1)
+
+
+def test_each_process_reads_only_its_blocks(runs):
+    work, ds, two, one = runs
+    assert [s["process"] for s in two] == [0, 1]
+    assert all(s["devices"] == 4 and s["local"] == 2 for s in two)
+    assert one[0]["devices"] == 4 and one[0]["local"] == 4
+    # on a 2 x 2 mesh over (y, x), process 0 holds the top half and process 1 the bottom
+    assert two[0]["blocks"] == [[[0, 8], [0, 12]], [[0, 8], [12, 24]]]
+    assert two[1]["blocks"] == [[[8, 16], [0, 12]], [[8, 16], [12, 24]]]
+    assert all(s["blocks_match"] for s in two + one)
+    assert [s["addressable"] for s in two] == [False, False] and one[0]["addressable"]
+    assert all(s["dtype"] == "float64" for s in two + one)
+    assert all(s["out_sharding"] == "P(None, 'y', 'x')" for s in two + one)
+
+
+def test_two_processes_write_what_one_process_writes(runs):
+    work, ds, two, one = runs
+    for name in ("mesh", "last"):
+        a, b = _open(work / f"out2_{name}.zarr"), _open(work / f"out1_{name}.zarr")
+        assert a.dtype == np.float64 and a.attrs == {"units": "K"} and a.name == "u"
+        np.testing.assert_array_equal(a.values, b.values)  # bitwise
+        xr.testing.assert_identical(a, b)
+
+
+def test_two_processes_match_in_memory(runs):
+    work, ds, two, one = runs
+    m = xstencil.mesh(ds["u"], boundary="extend")
+    m[...] = heat
+    m.loc[{"x": slice(None, 0.2)}] = wall
+    ref = m.scan("time", steps=12, save_every=4)
+    got = _open(work / "out2_mesh.zarr")
+    xr.testing.assert_identical(got, ref)  # coords (time included), attrs, name
+    np.testing.assert_array_equal(got.values, ref.values)  # bitwise
+    assert (got.sel(x=slice(None, 0.2)).isel(time=slice(1, None)) == 1.0).all()
+    last = ds["u"].stencil.scan(heat, "time", steps=12, save_every="last",
+                                boundary={"y": "periodic", "x": "reflect"})
+    got = _open(work / "out2_last.zarr")
+    xr.testing.assert_identical(got, last)
+    np.testing.assert_array_equal(got.values, last.values)
+
+def test_gather_and_values(runs):
+    work, ds, two, one = runs
+    whole = [np.load(work / f"gathered2_{pid}.npy") for pid in (0, 1)]
+    np.testing.assert_array_equal(whole[0], whole[1])
+    np.testing.assert_array_equal(whole[0], _open(work / "out2_last.zarr").values)
+    # .values of a global array raises JAX's error, which names process_allgather
+    for s in two:
+        assert s["values"].startswith("RuntimeError") and "process_allgather" in s["values"]
+    assert one[0]["values"] == "no error"
+
