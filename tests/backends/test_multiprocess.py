@@ -135,3 +135,36 @@ def test_gather_and_values(runs):
         assert s["values"].startswith("RuntimeError") and "process_allgather" in s["values"]
     assert one[0]["values"] == "no error"
 
+
+
+DOCS_SCRIPT = Path(ROOT) / "docs" / "several_processes.py"
+
+
+def test_docs_script_runs_as_written(tmp_path):
+    """docs/several_processes.py (shown in docs/scaling.rst) on two processes."""
+    T = _input()["u"].rename("T")
+    T.to_dataset().to_zarr(tmp_path / "in.zarr", consolidated=False)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.pop("XLA_FLAGS", None)
+    port = str(_port())
+    procs = [subprocess.Popen([sys.executable, "-W", "error", str(DOCS_SCRIPT), str(pid), port,
+                               str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env, cwd=tmp_path) for pid in (0, 1)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-4000:]
+        outs.append(out)
+    assert "process 0 wrote blocks [((0, 8), (0, 12)), ((0, 8), (12, 24))]" in outs[0]
+    assert "process 1 wrote blocks [((8, 16), (0, 12)), ((8, 16), (12, 24))]" in outs[1]
+
+    def heat_doc(u):
+        lap = (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1) + u(time=-1, y=-1)
+               - 4 * u(time=-1))
+        return u(time=-1) + 0.2 * lap
+
+    ref = T.stencil.scan(heat_doc, "time", steps=100, save_every=25,
+                         boundary={"y": "extend", "x": "periodic"})
+    got = _open(tmp_path / "out.zarr")
+    xr.testing.assert_identical(got, ref)
+    np.testing.assert_array_equal(got.values, ref.values)
