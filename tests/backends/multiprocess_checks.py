@@ -30,8 +30,25 @@ if NPROC > 1:
 
 import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
+from xarray.backends import BackendArray  # noqa: E402
+from xarray.core import indexing  # noqa: E402
 
 import xstencil  # noqa: E402
+
+
+class Recorder(BackendArray):
+    """A lazily indexed array that records every slice read from it."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array, self.shape, self.dtype, self.reads = array, array.shape, array.dtype, []
+
+    def __getitem__(self, key):
+        return indexing.explicit_indexing_adapter(key, self.shape,
+                                                  indexing.IndexingSupport.BASIC, self._read)
+
+    def _read(self, key):
+        self.reads.append([list(k.indices(n)[:2]) for k, n in zip(key, self.shape, strict=True)])
+        return self.array[key]
 
 
 def heat(u):
@@ -56,6 +73,11 @@ def main() -> dict:
                                for sh in u0.data.addressable_shards)
     seen["addressable"] = u0.data.is_fully_addressable
     seen["dtype"] = str(u0.dtype)
+    # a lazily indexed source: which slices does this process read?
+    rec = Recorder(ref)
+    lazy = xr.DataArray(xr.Variable(("y", "x"), indexing.LazilyIndexedArray(rec)), name="u")
+    xstencil.open_sharded(lazy, devices)
+    seen["reads"] = sorted(rec.reads)
 
     m = xstencil.mesh(u0, boundary="extend")
     m[...] = heat

@@ -95,6 +95,9 @@ def test_each_process_reads_only_its_blocks(runs):
     assert two[0]["blocks"] == [[[0, 8], [0, 12]], [[0, 8], [12, 24]]]
     assert two[1]["blocks"] == [[[8, 16], [0, 12]], [[8, 16], [12, 24]]]
     assert all(s["blocks_match"] for s in two + one)
+    # from a lazily indexed source each process reads its own two blocks, once each
+    assert two[0]["reads"] == two[0]["blocks"] and two[1]["reads"] == two[1]["blocks"]
+    assert len(one[0]["reads"]) == 4
     assert [s["addressable"] for s in two] == [False, False] and one[0]["addressable"]
     assert all(s["dtype"] == "float64" for s in two + one)
     assert all(s["out_sharding"] == "P(None, 'y', 'x')" for s in two + one)
