@@ -307,17 +307,40 @@ def write_sharded(obj: Any, store: Any, *, mode: str = "w-") -> None:
                           ds[k].attrs)
         template[k] = var
         encoding[k] = {"chunks": chunks}
+    if mode == "w-" and isinstance(store, str | os.PathLike) and os.path.exists(store):
+        raise XStencilError(f"{call}: store={os.fspath(store)!r} already exists; pass mode='w' "
+                            f"to overwrite it, or choose a new path")
+    failure: Exception | None = None
     if jax.process_index() == 0:
-        template.to_zarr(store, mode=mode, compute=False, encoding=encoding,
-                         consolidated=False)
-    multihost_utils.sync_global_devices(f"{call}: metadata written")
-    for k in jaxvars:
-        x = ds[k].data
-        dims = ds[k].dims
-        for shard in x.addressable_shards:
-            if shard.replica_id != 0:  # a replicated block is written once
-                continue
-            region = dict(zip(dims, _region(shard.index, x.shape), strict=True))
-            block = xr.Dataset({k: xr.Variable(dims, np.asarray(shard.data))})
-            block.to_zarr(store, region=region, mode="r+", consolidated=False)
-    multihost_utils.sync_global_devices(f"{call}: blocks written")
+        try:
+            template.to_zarr(store, mode=mode, compute=False, encoding=encoding,
+                             consolidated=False)
+        except Exception as e:  # re-raised below, after telling the other processes
+            failure = e
+    # a collective that doubles as the barrier: no process waits forever on a failed process 0
+    ok = int(multihost_utils.broadcast_one_to_all(np.int32(failure is None)))
+    if failure is not None:
+        raise failure
+    if not ok:
+        raise XStencilError(f"{call}: process 0 could not write the store's metadata to "
+                            f"{store!r}; see the error on process 0")
+    try:
+        for k in jaxvars:
+            x = ds[k].data
+            dims = ds[k].dims
+            for shard in x.addressable_shards:
+                if shard.replica_id != 0:  # a replicated block is written once
+                    continue
+                region = dict(zip(dims, _region(shard.index, x.shape), strict=True))
+                block = xr.Dataset({k: xr.Variable(dims, np.asarray(shard.data))})
+                block.to_zarr(store, region=region, mode="r+", consolidated=False)
+    except Exception as e:  # re-raised below, after telling the other processes
+        failure = e
+    # the closing barrier, and every process learns whether all of them wrote their blocks
+    oks = np.asarray(multihost_utils.process_allgather(np.int32(failure is None)))
+    if failure is not None:
+        raise failure
+    if not oks.all():
+        bad = [int(i) for i in np.flatnonzero(oks == 0)]
+        raise XStencilError(f"{call}: process(es) {bad} could not write their blocks to "
+                            f"{store!r}; see the errors there")
