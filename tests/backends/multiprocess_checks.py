@@ -66,7 +66,8 @@ def main() -> dict:
     devices = xstencil.make_devices({"y": 2, "x": 2})
     ds = xstencil.open_sharded(os.path.join(WORK, "in.zarr"), devices)
     u0 = ds["u"]
-    ref = xr.open_dataset(os.path.join(WORK, "in.nc"))["u"].values
+    with xr.open_dataset(os.path.join(WORK, "in.nc")) as f:
+        ref = f["u"].values
     # each process holds only its own blocks, and they are the file's slices
     seen["blocks"] = [[[s.start, s.stop] for s in sh.index] for sh in u0.data.addressable_shards]
     seen["blocks_match"] = all(np.array_equal(np.asarray(sh.data), ref[sh.index])

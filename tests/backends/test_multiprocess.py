@@ -10,6 +10,7 @@ other and to the in-memory scan run here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -44,25 +45,36 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _run(work: Path, nproc: int) -> list[dict]:
+def _env() -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     env.pop("XLA_FLAGS", None)
+    return env
+
+
+def _launch(commands: list[list[str]], cwd: Path | None = None) -> list[str]:
+    """Run the commands at once (they join one JAX runtime); their stdouts."""
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(subprocess.Popen(
+            [sys.executable, "-W", "error", *c], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=_env(), cwd=cwd)) for c in commands]
+        outs = []
+        for pid, p in enumerate(procs):
+            try:
+                out, err = p.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise
+            assert p.returncode == 0, f"process {pid} of {len(procs)}:\n{err[-4000:]}"
+            outs.append(out)
+        return outs
+
+
+def _run(work: Path, nproc: int) -> list[dict]:
     port = str(_port())
-    procs = [subprocess.Popen([sys.executable, "-W", "error", str(SCRIPT), str(work),
-                               str(nproc), str(pid), port],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for pid in range(nproc)]
-    seen = []
-    for pid, p in enumerate(procs):
-        try:
-            out, err = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        assert p.returncode == 0, f"process {pid} of {nproc}:\n{err[-4000:]}"
-        seen.append(json.loads(out.strip().splitlines()[-1]))
-    return seen
+    outs = _launch([[str(SCRIPT), str(work), str(nproc), str(pid), port]
+                    for pid in range(nproc)])
+    return [json.loads(out.strip().splitlines()[-1]) for out in outs]
 
 
 def _input() -> xr.Dataset:
@@ -74,7 +86,8 @@ def _input() -> xr.Dataset:
 
 
 def _open(path: Path) -> xr.DataArray:
-    return xr.open_dataarray(path, engine="zarr", consolidated=False).load()
+    with xr.open_dataarray(path, engine="zarr", consolidated=False) as da:
+        return da.load()
 
 
 @pytest.fixture(scope="module")
@@ -147,17 +160,9 @@ def test_docs_script_runs_as_written(tmp_path):
     """docs/several_processes.py (shown in docs/scaling.rst) on two processes."""
     T = _input()["u"].rename("T")
     T.to_dataset().to_zarr(tmp_path / "in.zarr", consolidated=False)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    env.pop("XLA_FLAGS", None)
     port = str(_port())
-    procs = [subprocess.Popen([sys.executable, "-W", "error", str(DOCS_SCRIPT), str(pid), port,
-                               str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env, cwd=tmp_path) for pid in (0, 1)]
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-4000:]
-        outs.append(out)
+    outs = _launch([[str(DOCS_SCRIPT), str(pid), port, str(tmp_path)] for pid in (0, 1)],
+                   cwd=tmp_path)
     assert "process 0 wrote blocks [((0, 8), (0, 12)), ((0, 8), (12, 24))]" in outs[0]
     assert "process 1 wrote blocks [((8, 16), (0, 12)), ((8, 16), (12, 24))]" in outs[1]
 

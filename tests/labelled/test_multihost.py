@@ -26,7 +26,13 @@ def _ds() -> xr.Dataset:
 
 
 def _read(path) -> xr.Dataset:
-    return xr.open_dataset(path, engine="zarr", consolidated=False).load()
+    with xr.open_dataset(path, engine="zarr", consolidated=False) as ds:
+        return ds.load()
+
+
+def _read_da(path) -> xr.DataArray:
+    with xr.open_dataarray(path, engine="zarr", consolidated=False) as da:
+        return da.load()
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "nc"])
@@ -53,14 +59,14 @@ def test_round_trip_through_write_sharded(tmp_path):
     lap = sh["T"].stencil.map(lambda u: u(x=1) + u(x=-1) - 2 * u(), boundary="periodic")
     ref = ds["T"].stencil.map(lambda u: u(x=1) + u(x=-1) - 2 * u(), boundary="periodic")
     xstencil.write_sharded(lap, tmp_path / "lap.zarr")
-    got = xr.open_dataarray(tmp_path / "lap.zarr", engine="zarr", consolidated=False).load()
+    got = _read_da(tmp_path / "lap.zarr")
     xr.testing.assert_identical(got, ref)
     np.testing.assert_array_equal(got.values, ref.values)
     # a Dataset with a numpy variable (written by process 0) and an unnamed DataArray
     xstencil.write_sharded(sh, tmp_path / "all.zarr")
     xr.testing.assert_identical(_read(tmp_path / "all.zarr"), ds)
     xstencil.write_sharded(sh["T"].rename(None), tmp_path / "unnamed.zarr")
-    back = xr.open_dataarray(tmp_path / "unnamed.zarr", engine="zarr", consolidated=False)
+    back = _read_da(tmp_path / "unnamed.zarr")
     assert back.name is None and np.array_equal(back.values, ds["T"].values)
 
 
@@ -72,7 +78,7 @@ def test_write_sharded_modes(tmp_path):
         xstencil.write_sharded(da, tmp_path / "a.zarr")
     twice = xstencil.open_sharded(2 * _ds()["T"], {"x": "i"})
     xstencil.write_sharded(twice, tmp_path / "a.zarr", mode="w")
-    got = xr.open_dataarray(tmp_path / "a.zarr", engine="zarr", consolidated=False)
+    got = _read_da(tmp_path / "a.zarr")
     np.testing.assert_array_equal(got.values, 2 * _ds()["T"].values)
 
 
