@@ -86,7 +86,7 @@ def any_dask(arrays: Sequence[Any]) -> bool:
 def compile_count() -> int:
     """How many block functions this process has traced (and so compiled).
 
-    Run it on workers with ``client.run(xstencil._backends.dask.compile_count)`` to
+    Run it on workers with ``client.run(xstencil.compile_count)`` to
     check that a graph compiles once per block geometry, not once per task.
     """
     return _traces[0]

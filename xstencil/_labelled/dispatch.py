@@ -84,7 +84,7 @@ def sharded_hlo(obj: Any, kernel: Callable[..., Any], *args: Any, devices: Any =
     Takes the same arguments as :func:`xstencil.map`; extra keyword
     arguments that are not map options are passed to the kernel.
     """
-    call = "xstencil._labelled.dispatch.sharded_hlo(...)"
+    call = "xstencil.sharded_hlo(...)"
     devices = devices_arg(call, devices, mesh)
     opts = {k: options.pop(k) for k in list(options) if k in MAP}
     f = unwrap(call, obj)

@@ -1,0 +1,346 @@
+"""Several processes: open, gather and write global sharded arrays.
+
+Under :func:`jax.distributed.initialize` every process runs the same
+program, and a sharded array is *global*: each process holds only the
+blocks on its own devices.  These helpers keep it that way at both ends of a
+pipeline:
+
+* :func:`open_sharded` opens a Zarr store or NetCDF file (or any lazily
+  loaded Dataset) as global arrays, each process reading only the slices its
+  devices hold (:func:`jax.make_array_from_callback`);
+* :func:`write_sharded` writes global arrays to Zarr without gathering: one
+  process writes the metadata and the coordinates, then every process writes
+  its own blocks with ``to_zarr(region=...)``;
+* :func:`gather` is the explicit way to get the whole array on every process
+  (``.values`` of a global array raises JAX's non-addressable error).
+
+:func:`make_devices` builds the device mesh with ``Auto`` axes that the
+sharded backend wants.  In one process, all of this works on one or several
+local devices, which is how the doctests below run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import xarray as xr
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from xstencil._backends.shard import make_mesh
+from xstencil._engine.call import precision
+from xstencil._errors import XStencilError
+
+__all__ = ["gather", "make_devices", "open_sharded", "write_sharded"]
+
+_UNNAMED = "__xarray_dataarray_variable__"  # xarray's name for an unnamed DataArray on disk
+
+
+def make_devices(axes: Mapping[str, int] | Sequence[str],
+                 devices: Sequence[Any] | None = None) -> Mesh:
+    """A device mesh with ``Auto`` axes, for ``devices=`` and sharded data.
+
+    :func:`jax.make_mesh` creates ``Explicit`` axes by default, under which
+    padded slices of sharded dims fail; this builds ``Auto`` ones.  Name the
+    axes after the dims they split, so that the mesh can be passed as
+    ``devices=`` directly.
+
+    Parameters
+    ----------
+    axes
+        Axis names mapped to sizes (``{"y": 2, "x": 2}``), or a sequence of
+        names: one name takes every device, two names split them as squarely
+        as possible.
+    devices
+        The devices to use; defaults to :func:`jax.devices`, which under
+        :func:`jax.distributed.initialize` lists the devices of every process.
+
+    Returns
+    -------
+    jax.sharding.Mesh
+
+    Examples
+    --------
+    >>> import jax, xstencil
+    >>> mesh = xstencil.make_devices(("x",))
+    >>> mesh.axis_names, mesh.shape["x"] == jax.device_count()
+    (('x',), True)
+    """
+    return make_mesh(axes, devices)
+
+
+def _mesh_and_names(call: str, devices: Any, dims: Sequence[Hashable]
+                    ) -> tuple[Mesh, dict[Hashable, str]]:
+    if isinstance(devices, Mesh):
+        for name in devices.axis_names:
+            if name not in dims:
+                raise XStencilError(
+                    f"{call}: devices={devices!r} has axis {name!r}, which is not a dim of the "
+                    f"data {tuple(dims)!r}; name the axes after the dims, or pass "
+                    f"devices={{dim: axis}}")
+        return devices, {d: d for d in devices.axis_names}
+    if not isinstance(devices, Mapping) or not devices or not all(
+            isinstance(v, str) for v in devices.values()):
+        raise XStencilError(
+            f"{call}: devices={devices!r} must map dim names to mesh axis names, such as "
+            f"{{{(tuple(dims) or ('x',))[-1]!r}: 'i'}}, or be a jax.sharding.Mesh whose axes "
+            f"are named after dims (xstencil.make_devices)")
+    for d in devices:
+        if d not in dims:
+            raise XStencilError(
+                f"{call}: devices={dict(devices)!r}: dimension {d!r} not found; available "
+                f"dims are {tuple(dims)!r}")
+    if len(set(devices.values())) != len(devices):
+        raise XStencilError(f"{call}: devices={dict(devices)!r} shards two dims over one mesh "
+                            f"axis; give each dim its own axis")
+    return make_mesh(tuple(devices.values())), dict(devices)
+
+
+def _global(call: str, name: Hashable, var: xr.Variable, mesh: Mesh,
+            names: Mapping[Hashable, str]) -> Any:
+    """``var`` as a global array: the callback reads one block at a time."""
+    spec = P(*[names.get(d) for d in var.dims])
+    for d, n in zip(var.dims, var.shape, strict=True):
+        if d in names:
+            p = int(mesh.shape[names[d]])
+            if n % p:
+                raise XStencilError(
+                    f"{call}: variable {name!r} has {n} points along {d!r}, which does not "
+                    f"divide evenly over the {p} devices of mesh axis {names[d]!r}; pad the "
+                    f"data to {-(-n // p) * p} points or use a mesh axis whose size divides {n}")
+
+    def read(index: tuple[slice, ...]) -> np.ndarray:
+        return np.asarray(var[index].values)
+
+    with precision(np.empty(0, var.dtype)):
+        return jax.make_array_from_callback(var.shape, NamedSharding(mesh, spec), read)
+
+
+def open_sharded(source: Any, devices: Any, *, engine: str | None = None) -> Any:
+    """Open a dataset as global sharded JAX arrays, each process reading only
+    its own blocks.
+
+    Every data variable that spans a sharded dim becomes a
+    :class:`jax.Array` sharded over ``devices``.  It is built with
+    :func:`jax.make_array_from_callback`, which asks each process only for
+    the blocks of its own devices, and each block is read from the lazily
+    opened file as one slice, so no process reads the whole field.  Other
+    variables and the coordinates are loaded as numpy arrays on every process.
+    Call it on every process with the same arguments.
+
+    Parameters
+    ----------
+    source
+        A path to a Zarr store or a NetCDF file (opened lazily with
+        :func:`xarray.open_dataset`), or a DataArray or Dataset, in memory,
+        lazily loaded or dask-backed.
+    devices
+        ``{dim: mesh_axis}``, for a mesh over all devices of all processes
+        (:func:`make_devices`), or a :class:`jax.sharding.Mesh` with axes
+        named after dims.  Each sharded dim's length must divide by its axis.
+    engine
+        The :func:`xarray.open_dataset` engine for a path; by default
+        ``"zarr"`` for a directory or a ``.zarr`` path and xarray's choice
+        otherwise.
+
+    Returns
+    -------
+    Dataset or DataArray
+        A DataArray when ``source`` is one, else a Dataset, with the same
+        dims, coords, attrs and names; ``.stencil.map`` and ``.stencil.scan``
+        on it run sharded and keep the sharding.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> T = xr.DataArray(np.arange(8.0), dims="x", name="T")
+    >>> Ts = xstencil.open_sharded(T, devices={"x": "i"})
+    >>> Ts.data.sharding.spec, Ts.dtype
+    (P('i',), dtype('float64'))
+    """
+    call = "xstencil.open_sharded(...)"
+    if isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
+        if engine is None and (path.rstrip("/").endswith(".zarr") or os.path.isdir(path)):
+            engine = "zarr"
+        # zarr: consolidated=False, as write_sharded writes (consolidated metadata is not
+        # part of Zarr format 3, and reading without it otherwise warns)
+        kw = {"consolidated": False} if engine == "zarr" else {}
+        ds: Any = xr.open_dataset(path, engine=engine, chunks=None, **kw)
+    elif isinstance(source, xr.DataArray | xr.Dataset):
+        ds = source
+    else:
+        raise XStencilError(
+            f"{call}: source={source!r:.80} must be a path to a Zarr store or NetCDF file, or a "
+            f"DataArray or Dataset; open other formats with xarray.open_dataset first")
+    mesh, names = _mesh_and_names(call, devices, tuple(ds.dims))
+    if isinstance(ds, xr.DataArray):
+        var = ds.variable
+        if not any(d in names for d in var.dims):
+            return ds.load()
+        return ds.copy(data=_global(call, ds.name, var, mesh, names))
+    out = {}
+    for name, da in ds.data_vars.items():
+        if any(d in names for d in da.dims):
+            out[name] = da.copy(data=_global(call, name, da.variable, mesh, names))
+        else:
+            out[name] = da.load()
+    return xr.Dataset(out, coords=ds.coords.to_dataset().load().coords, attrs=ds.attrs)
+
+
+def _is_jax(x: Any) -> bool:
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+
+
+def gather(obj: Any) -> Any:
+    """The whole of every global array, as numpy, on every process.
+
+    ``.values`` of a result that spans devices of other processes raises
+    JAX's ``RuntimeError`` (xarray converts with ``numpy.asarray``, which
+    xstencil cannot intercept).  ``gather`` collects the blocks with
+    :func:`jax.experimental.multihost_utils.process_allgather`.  It is a
+    collective: every process must call it.  Every process then holds the
+    whole field, so for large results write them with :func:`write_sharded`
+    instead.
+
+    Parameters
+    ----------
+    obj
+        A DataArray or Dataset whose variables may be JAX arrays.
+
+    Returns
+    -------
+    DataArray or Dataset
+        The same object with numpy data.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> Ts = xstencil.open_sharded(xr.DataArray(np.arange(4.0), dims="x"), {"x": "i"})
+    >>> xstencil.gather(Ts).values
+    array([0., 1., 2., 3.])
+    """
+    call = "xstencil.gather(...)"
+
+    def host(x: Any) -> Any:
+        if not _is_jax(x):
+            return x
+        with precision(x):
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    if isinstance(obj, xr.DataArray):
+        return obj.copy(data=host(obj.data))
+    if isinstance(obj, xr.Dataset):
+        return obj.map(lambda da: da.copy(data=host(da.data)), keep_attrs=True)
+    raise XStencilError(f"{call}: expected a DataArray or Dataset, got {type(obj).__name__}: "
+                        f"{obj!r:.80}; wrap arrays with xarray.DataArray first")
+
+
+def _region(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[slice, ...]:
+    return tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
+
+
+def write_sharded(obj: Any, store: Any, *, mode: str = "w-") -> None:
+    """Write global sharded arrays to a Zarr store without gathering them.
+
+    Process 0 writes the store's metadata, the coordinates and every variable
+    that is not a JAX array; then each process writes the blocks of its own
+    devices with ``to_zarr(region=...)``.  The Zarr chunks are the blocks, so
+    no two processes write one chunk.  No process ever holds more than its
+    own blocks.  Call it on every process with the same arguments; it returns
+    when every process has written.
+
+    Parameters
+    ----------
+    obj
+        A DataArray or Dataset, typically the result of a sharded
+        ``.stencil.map`` or ``.stencil.scan`` or of :func:`open_sharded`.
+    store
+        A path (or zarr store) that every process can write to.
+    mode
+        ``"w-"`` (the default, as in :meth:`xarray.Dataset.to_zarr`) to
+        refuse an existing store, ``"w"`` to overwrite it.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xstencil, tempfile, os
+    >>> T = xr.DataArray(np.arange(8.0), dims="x", coords={"x": np.arange(8)}, name="T")
+    >>> lap = xstencil.open_sharded(T, {"x": "i"}).stencil.map(
+    ...     lambda u: u(x=1) - 2 * u() + u(x=-1), boundary="periodic")
+    >>> path = os.path.join(tempfile.mkdtemp(), "lap.zarr")
+    >>> xstencil.write_sharded(lap, path)
+    >>> xr.open_dataarray(path, engine="zarr", consolidated=False).values
+    array([ 8.,  0.,  0.,  0.,  0.,  0.,  0., -8.])
+    """
+    call = "xstencil.write_sharded(...)"
+    if mode not in ("w-", "w"):
+        raise XStencilError(f"{call}: mode={mode!r} must be 'w-' (refuse an existing store) or "
+                            f"'w' (overwrite it)")
+    if isinstance(obj, xr.DataArray):
+        ds = obj.to_dataset(name=_UNNAMED if obj.name is None else obj.name)
+    elif isinstance(obj, xr.Dataset):
+        ds = obj
+    else:
+        raise XStencilError(f"{call}: expected a DataArray or Dataset, got {type(obj).__name__}: "
+                            f"{obj!r:.80}; wrap arrays with xarray.DataArray first")
+    try:
+        import dask.array as dsa
+    except ImportError as e:  # pragma: no cover - dask is in the test and dask extras
+        raise XStencilError(f"{call}: needs dask to write the store's metadata without data; "
+                            f"pip install 'xstencil[dask,io]'") from e
+    bad = [k for k, v in ds.coords.items() if _is_jax(v.data)]
+    if bad:
+        raise XStencilError(f"{call}: coordinate {bad[0]!r} is a JAX array; coordinates must be "
+                            f"numpy (gather it, or assign numpy values)")
+    jaxvars = [k for k, v in ds.data_vars.items() if _is_jax(v.data)]
+    template = ds.copy()
+    encoding = {}
+    for k in jaxvars:
+        x = ds[k].data
+        chunks = tuple(int(c) for c in x.sharding.shard_shape(x.shape))
+        var = xr.Variable(ds[k].dims, dsa.zeros(x.shape, dtype=np.dtype(x.dtype), chunks=chunks),
+                          ds[k].attrs)
+        template[k] = var
+        encoding[k] = {"chunks": chunks}
+    if mode == "w-" and isinstance(store, str | os.PathLike) and os.path.exists(store):
+        raise XStencilError(f"{call}: store={os.fspath(store)!r} already exists; pass mode='w' "
+                            f"to overwrite it, or choose a new path")
+    failure: Exception | None = None
+    if jax.process_index() == 0:
+        try:
+            template.to_zarr(store, mode=mode, compute=False, encoding=encoding,
+                             consolidated=False)
+        except Exception as e:  # re-raised below, after telling the other processes
+            failure = e
+    # a collective that doubles as the barrier: no process waits forever on a failed process 0
+    ok = int(multihost_utils.broadcast_one_to_all(np.int32(failure is None)))
+    if failure is not None:
+        raise failure
+    if not ok:
+        raise XStencilError(f"{call}: process 0 could not write the store's metadata to "
+                            f"{store!r}; see the error on process 0")
+    try:
+        for k in jaxvars:
+            x = ds[k].data
+            dims = ds[k].dims
+            for shard in x.addressable_shards:
+                if shard.replica_id != 0:  # a replicated block is written once
+                    continue
+                region = dict(zip(dims, _region(shard.index, x.shape), strict=True))
+                block = xr.Dataset({k: xr.Variable(dims, np.asarray(shard.data))})
+                block.to_zarr(store, region=region, mode="r+", consolidated=False)
+    except Exception as e:  # re-raised below, after telling the other processes
+        failure = e
+    # the closing barrier, and every process learns whether all of them wrote their blocks
+    oks = np.asarray(multihost_utils.process_allgather(np.int32(failure is None)))
+    if failure is not None:
+        raise failure
+    if not oks.all():
+        bad = [int(i) for i in np.flatnonzero(oks == 0)]
+        raise XStencilError(f"{call}: process(es) {bad} could not write their blocks to "
+                            f"{store!r}; see the errors there")
