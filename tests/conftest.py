@@ -19,6 +19,10 @@ import pytest
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
+# Scripts that tests start as separate processes (they read sys.argv at import), not
+# test modules: --doctest-modules must not import them.
+collect_ignore = ["backends/multiprocess_checks.py"]
+
 # JIT compilation makes the first example of a property test slow, so neither
 # profile has a deadline.
 hypothesis.settings.register_profile("ci", max_examples=25, deadline=None, print_blob=True)
