@@ -44,6 +44,7 @@ from tests.contract.test_cfd_python import (
     b_kernel,
     cavity_numpy,
     jacobi,
+    laplace_numpy,
     momentum,
 )
 
@@ -68,25 +69,7 @@ def ready(res: Any) -> Any:
 
 # -- step 9 ----------------------------------------------------------------------------
 
-def laplace_numpy(nx: int = 31, ny: int = 31, target: float = 1e-4) -> tuple[np.ndarray, int]:
-    dx, dy = 2 / (nx - 1), 1 / (ny - 1)
-    y = np.linspace(0, 1, ny)
-    p = np.zeros((ny, nx))
-    p[:, -1] = y
-    p[0, :] = p[1, :]
-    p[-1, :] = p[-2, :]
-    l1norm, n = 1.0, 0
-    while l1norm > target:
-        pn = p.copy()
-        p[1:-1, 1:-1] = ((dy**2 * (pn[1:-1, 2:] + pn[1:-1, 0:-2])
-                          + dx**2 * (pn[2:, 1:-1] + pn[0:-2, 1:-1])) / (2 * (dx**2 + dy**2)))
-        p[:, 0] = 0
-        p[:, -1] = y
-        p[0, :] = p[1, :]
-        p[-1, :] = p[-2, :]
-        l1norm = np.sum(np.abs(p[:]) - np.abs(pn[:])) / np.sum(np.abs(pn[:]))
-        n += 1
-    return p, n
+# laplace_numpy (CFD Python step 9, the numpy original) comes from the contract test.
 
 
 def laplace_mesh(nx: int = 31, ny: int = 31) -> Any:
