@@ -51,7 +51,8 @@ from xstencil._backends.dask_halo import Overlap, assemble, halo_array
 from xstencil._backends.dask_pack import byte_width, pack, unpack
 from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._engine.call import precision, split_static
-from xstencil._engine.coords import coord_dtype, padded
+from xstencil._engine.coords import padded, read_dtype
+from xstencil._engine.kcache import lru_get
 from xstencil._engine.ktoken import token_parts
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._engine.mesh import Slab, branches, mesh_evaluate
@@ -133,16 +134,7 @@ def with_progress(obj: Any) -> Any:
 
 
 def _cached(key: Any, build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
-    with _lock:
-        fn = _cache.get(key)
-        if fn is not None:
-            _cache.move_to_end(key)
-            return fn
-    fn = build()
-    with _lock:
-        fn = _cache.setdefault(key, fn)
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+    fn: Callable[..., Any] = lru_get(_cache, _lock, _CACHE_SIZE, key, build)
     return fn
 
 
@@ -345,7 +337,7 @@ def _coords(job: MapJob, axes: Sequence[_Axis]) -> tuple[np.ndarray, ...]:
     plan = job.plan
     depth = {d: (axes[plan.axis(d)].depth,) * 2 for d in plan.coord_dims}
     modes = {d: plan.specs[plan.axis(d)].mode for d in plan.coord_dims}
-    return padded(plan.call, job.coords, depth, modes, job.period, coord_dtype(plan.var_dtypes))
+    return padded(plan.call, job.coords, depth, modes, job.period, read_dtype(plan.var_dtypes))
 
 
 def _leaf_shapes(job: MapJob, static: Any, dyn: Sequence[Any], arrays: Sequence[Any],

@@ -42,7 +42,7 @@ from jax import lax
 from xstencil._backends.blockmesh import BlockMesh, mesh_step
 from xstencil._backends.jobs import Hooks
 from xstencil._engine.boundary import pad
-from xstencil._engine.coords import coord_dtype, coord_period, padded
+from xstencil._engine.coords import coord_period, padded, read_dtype
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 
 Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
@@ -154,7 +154,7 @@ def padded_coords(job: BlockJob, width: Sequence[tuple[int, int]]
     values = {d: job.coords[d] for d in dims}
     widths = {d: tuple(width[plan.axis(d)]) for d in dims}
     modes = {d: plan.specs[plan.axis(d)].mode for d in dims}
-    out = padded(call, values, widths, modes, job.period, coord_dtype(plan.var_dtypes))
+    out = padded(call, values, widths, modes, job.period, read_dtype(plan.var_dtypes))
     periods = tuple(coord_period(call, d, values[d], per.get(d)) if modes[d] == "periodic"
                     else None for d in dims)
     return list(out), periods

@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._engine.boundary import pad
 from xstencil._engine.call import as_array, precision, split_static
-from xstencil._engine.coords import coord_dtype, padded
+from xstencil._engine.coords import padded, read_dtype
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._errors import XStencilError
@@ -285,7 +285,7 @@ def prepared(job: MapJob) -> tuple[Callable[..., Any], tuple[Any, ...]]:
             for d in plan.coord_dims}
     modes = {d: plan.specs[plan.axis(d)].mode for d in plan.coord_dims}
     coords = list(padded(plan.call, job.coords, pads, modes, job.period,
-                         coord_dtype(plan.var_dtypes)))
+                         read_dtype(plan.var_dtypes)))
     key = ("shard", plan, static, lay, is_mesh, tuple(regions or ()))
 
     def build() -> Callable[..., Any]:

@@ -36,7 +36,7 @@ from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
 __all__ = ["coord_values", "numeric_coord", "coord_period", "pad_coord", "read_dtype",
-           "coord_dtype", "pack_coord", "padded", "warn_repeated_endpoint"]
+           "pack_coord", "padded", "warn_repeated_endpoint"]
 
 #: spans that are a full period on their own: a periodic coordinate spanning
 #: one of these from its first to its last label repeats its endpoint
@@ -177,6 +177,3 @@ def pack_coord(values: np.ndarray, dtype: Any) -> np.ndarray:
         lo = np.where(np.isfinite(c), c - hi.astype(np.float64), 0.0).astype(np.float32)
     return (hi + 1j * lo).astype(np.complex64)
 
-
-#: the name the backends use for :func:`read_dtype`
-coord_dtype = read_dtype

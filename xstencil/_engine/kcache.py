@@ -52,8 +52,8 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["Lifted", "describe", "rebuild", "cached", "peek", "put", "compiled", "table_of",
-           "canonical", "clear", "settle", "SIZE", "SHARED"]
+__all__ = ["Lifted", "describe", "rebuild", "cached", "lru_get", "peek", "put", "compiled",
+           "table_of", "canonical", "clear", "settle", "SIZE", "SHARED"]
 
 #: How many compiled functions (and other per-structure entries: inferred
 #: windows, fast-path entries; about three per kernel and data layout) stay alive.
@@ -347,19 +347,26 @@ def rebuild(lifted: Lifted, leaves: Sequence[Any]) -> list[Any]:
     return out
 
 
-def cached(key: Hashable, build: Callable[[], Any]) -> Any:
-    """The entry for ``key`` in the shared LRU table, built on a miss."""
-    with _LOCK:
-        got = _TABLE.get(key, _TABLE)
-        if got is not _TABLE:
-            _TABLE.move_to_end(key)
+def lru_get(table: OrderedDict[Any, Any], lock: Any, size: int, key: Hashable,
+            build: Callable[[], Any]) -> Any:
+    """The entry for ``key`` in the LRU ``table`` (at most ``size`` entries,
+    guarded by ``lock``), built on a miss outside the lock."""
+    with lock:
+        got = table.get(key, table)
+        if got is not table:
+            table.move_to_end(key)
             return got
     value = build()
-    with _LOCK:
-        value = _TABLE.setdefault(key, value)
-        while len(_TABLE) > SIZE:
-            _TABLE.popitem(last=False)
+    with lock:
+        value = table.setdefault(key, value)
+        while len(table) > size:
+            table.popitem(last=False)
     return value
+
+
+def cached(key: Hashable, build: Callable[[], Any]) -> Any:
+    """The entry for ``key`` in the shared LRU table, built on a miss."""
+    return lru_get(_TABLE, _LOCK, SIZE, key, build)
 
 
 def peek(key: Hashable) -> Any:
