@@ -2,7 +2,8 @@
 
 The dims of each result (returns.py) come from a trace of the kernels; map and
 mesh share one cached helper, so a repeated ``mesh(...).map()`` does not trace
-again, while new kernels get their own trace.
+again, while new kernels get their own trace; a Dataset scan likewise traces
+the names its kernel returns once.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 import xarray as xr
 
 import xstencil._labelled.map as map_module
+import xstencil._labelled.scan as scan_module
 
 
 def _ds() -> xr.Dataset:
@@ -54,3 +56,25 @@ def test_repeated_mesh_map_traces_result_dims_once(monkeypatch: pytest.MonkeyPat
     want = np.where(ds.y.values[:, None] < 2, ds.h.values + ds.lat.values[:, None],
                     ds.h.values * 2)
     np.testing.assert_allclose(res.h.values, want)
+
+
+def test_repeated_dataset_scan_traces_the_returned_names_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = scan_module.returned
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scan_module, "returned", counting)
+    ds = xr.Dataset({"h": ("x", np.arange(4.0))}, coords={"x": np.arange(4.0)})
+
+    def step(s: Any) -> Any:
+        return {"h": s.h(time=-1) + 1.0}
+
+    outs = [ds.stencil.scan(step, "time", steps=3) for _ in range(2)]
+    assert len(calls) == 1
+    for out in outs:
+        want = ds.h.values[None, :] + np.arange(4.0)[:, None]
+        np.testing.assert_allclose(out.h.transpose("time", "x").values, want)
