@@ -33,7 +33,7 @@ from xstencil._labelled.sizes import check_fits, check_inputs, size_text
 
 __all__ = ["Opts", "Setup", "grown_coord", "setup", "engine_vars", "returned",
            "evolving_indices", "time_coord", "padded_time", "coord_dtype", "check_monotonic",
-           "make_loop", "time_placeholder", "check_dt", "size_text"]
+           "make_loop", "time_placeholder", "check_dt", "size_text", "kernel_cells"]
 
 
 def check_dt(call: str, dt: Any) -> None:
@@ -289,17 +289,22 @@ def engine_vars(s: Setup, dim: str, evolving: Sequence[int]) -> list[Var]:
     return out
 
 
+def kernel_cells(plan: Plan, dtypes: Sequence[Any], cdt: Any) -> list[Any]:
+    """Stand-ins (``jax.ShapeDtypeStruct``) for the windows a kernel reads: one
+    per variable (in ``dtypes``), then one per coordinate (in ``cdt``)."""
+    cells = [jax.ShapeDtypeStruct(
+        tuple(plan.specs[plan.axis(d)].size for d in vd if d in plan.window_dims), np.dtype(dt))
+        for vd, dt in zip(plan.var_dims, dtypes, strict=True)]
+    return cells + [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), cdt)
+                    for d in plan.coord_dims]
+
+
 def returned(call: str, plan: Plan, kernels: Sequence[Any], static: Any,
              udyn: Any) -> list[str] | None:
     """The variable names a Dataset kernel returns (``None`` for a DataArray)."""
     if plan.var_names is None:
         return None
-    cells = [jax.ShapeDtypeStruct(
-        tuple(plan.specs[plan.axis(d)].size for d in vd if d in plan.window_dims), np.dtype(dt))
-        for vd, dt in zip(plan.var_dims, plan.var_dtypes, strict=True)]
-    cdt = pack_coord(np.zeros(0), coord_dtype(plan)).dtype
-    cells += [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), cdt)
-              for d in plan.coord_dims]
+    cells = kernel_cells(plan, plan.var_dtypes, pack_coord(np.zeros(0), coord_dtype(plan)).dtype)
     names: list[str] | None = None
     for kn in kernels:
         c = kernel_caller(plan, kn, static)
