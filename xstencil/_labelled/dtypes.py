@@ -28,7 +28,8 @@ from xstencil._engine.kcache import compiled
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import kernel_caller
 from xstencil._labelled.plan import Plan
-from xstencil._labelled.scan_setup import Opts, coord_dtype, kernel_cells, setup
+from xstencil._labelled.returns import kernel_cells
+from xstencil._labelled.scan_setup import Opts, coord_dtype, setup
 
 __all__ = ["out_dtype", "carry_dtypes", "cast_state", "state_dtype", "PrecisionWarning",
            "warn_narrowed"]

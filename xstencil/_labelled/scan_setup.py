@@ -29,11 +29,12 @@ from xstencil._engine.tscan import Loop, Var
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
 from xstencil._labelled.plan import Plan
+from xstencil._labelled.returns import kernel_cells
 from xstencil._labelled.sizes import check_fits, check_inputs, size_text
 
 __all__ = ["Opts", "Setup", "grown_coord", "setup", "engine_vars", "returned",
            "evolving_indices", "time_coord", "padded_time", "coord_dtype", "check_monotonic",
-           "make_loop", "time_placeholder", "check_dt", "size_text", "kernel_cells"]
+           "make_loop", "time_placeholder", "check_dt", "size_text"]
 
 
 def check_dt(call: str, dt: Any) -> None:
@@ -287,16 +288,6 @@ def engine_vars(s: Setup, dim: str, evolving: Sequence[int]) -> list[Var]:
             evolving.index(i) if i in evolving else None,
             dim in vdims and not (s.grown and i in evolving)))
     return out
-
-
-def kernel_cells(plan: Plan, dtypes: Sequence[Any], cdt: Any) -> list[Any]:
-    """Stand-ins (``jax.ShapeDtypeStruct``) for the windows a kernel reads: one
-    per variable (in ``dtypes``), then one per coordinate (in ``cdt``)."""
-    cells = [jax.ShapeDtypeStruct(
-        tuple(plan.specs[plan.axis(d)].size for d in vd if d in plan.window_dims), np.dtype(dt))
-        for vd, dt in zip(plan.var_dims, dtypes, strict=True)]
-    return cells + [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), cdt)
-                    for d in plan.coord_dims]
 
 
 def returned(call: str, plan: Plan, kernels: Sequence[Any], static: Any,
