@@ -28,6 +28,7 @@ from xstencil._engine.kcache import compiled
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import kernel_caller
 from xstencil._labelled.plan import Plan
+from xstencil._labelled.returns import kernel_cells
 from xstencil._labelled.scan_setup import Opts, coord_dtype, setup
 
 __all__ = ["out_dtype", "carry_dtypes", "cast_state", "state_dtype", "PrecisionWarning",
@@ -56,14 +57,6 @@ def out_dtype(call: str, dtype: Any) -> Any:
     return dt
 
 
-def _cells(plan: Plan, dtypes: Sequence[Any], cdt: Any) -> list[Any]:
-    cells = [jax.ShapeDtypeStruct(
-        tuple(plan.specs[plan.axis(d)].size for d in vd if d in plan.window_dims), np.dtype(dt))
-        for vd, dt in zip(plan.var_dims, dtypes, strict=True)]
-    return cells + [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), cdt)
-                    for d in plan.coord_dims]
-
-
 def carry_dtypes(call: str, plan: Plan, kernels: Sequence[Any], args: Any, kwargs: Any,
                  cdt: Any) -> dict[int, np.dtype]:
     """Per variable index, the dtype a scan's state must have so that every
@@ -78,7 +71,7 @@ def carry_dtypes(call: str, plan: Plan, kernels: Sequence[Any], args: Any, kwarg
             new = list(dtypes)
             for kn in kernels:
                 c = kernel_caller(kplan, kn, static)
-                out = jax.eval_shape(lambda cs, d, c=c: c(cs, d), _cells(kplan, dtypes, cdt),
+                out = jax.eval_shape(lambda cs, d, c=c: c(cs, d), kernel_cells(kplan, dtypes, cdt),
                                      udyn)
                 if names is None:
                     items: list[tuple[int, Any]] = [(0, out)]

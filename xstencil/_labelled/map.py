@@ -183,7 +183,7 @@ def map(  # noqa: A001 - the contract's name
     plan = replace(plan, out_dtype=result)
     leaf_dims = None
     if f.names is not None:  # each result gets its own dims (returns.py)
-        leaf_dims = _leaf_dims(plan, f, kernel, lifted, args, kwargs, new_vars)
+        leaf_dims = leaf_dims_cached(plan, f, [kernel], lifted.key, args, kwargs, new_vars)
     elif new_vars is not None:
         raise XStencilError(f"{call}: new_vars={new_vars!r:.60} is for Dataset kernels that "
                             f"return a dict; a DataArray kernel returns one value")
@@ -202,23 +202,25 @@ def _body(kernels: Any, plan: Any, static: Any, arrays: Any, coords: Any, dyn: A
                     plan.geom, dyn)
 
 
-def _leaf_dims(plan: Any, f: Any, kernel: Any, lifted: Any, args: Any, kwargs: Any,
-               new_vars: Any) -> Any:
+def leaf_dims_cached(plan: Any, f: Any, kernels: Sequence[Any], kernels_key: Any, args: Any,
+                     kwargs: Any, new_vars: Any, region_dims: Sequence[str] = ()) -> Any:
     """The dims of each result of a Dataset kernel (returns.py), traced once per
-    kernel structure and data layout and then kept in the compile cache."""
+    kernel structure (``kernels_key``, from :func:`describe`), data layout and
+    region dims, and then kept in the compile cache (shared by map and mesh)."""
     dyn, static = split_static(plan.call, (args, kwargs))
     names = check_new_vars(plan.call, new_vars)
+    region_dims = tuple(region_dims)
 
     def build() -> Any:
-        return result_dims(plan, f.obj, [kernel_caller(plan, kernel, static)], dyn,
-                           (f.arrays, args, kwargs), names)
+        return result_dims(plan, f.obj, [kernel_caller(plan, k, static) for k in kernels], dyn,
+                           (f.arrays, args, kwargs), names, region_dims)
 
     obj = f.obj
     layout = (tuple((str(n), tuple(str(d) for d in obj[n].dims)) for n in obj.data_vars),
               tuple((str(n), tuple(str(d) for d in c.dims)) for n, c in obj.coords.items()),
               tuple((np.shape(x), str(np.result_type(x)))
                     for x in jax.tree_util.tree_leaves(dyn)))
-    key = ("result_dims", lifted.key, plan, static, names, layout)
+    key = ("result_dims", kernels_key, plan, static, names, layout, region_dims)
     try:
         hash(key)
     except TypeError:

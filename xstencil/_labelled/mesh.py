@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.call import split_static
-from xstencil._engine.kcache import cached
+from xstencil._engine.kcache import cached, describe
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._errors import LabelError, XStencilError, raised_here
 from xstencil._labelled.core import (
@@ -34,10 +33,10 @@ from xstencil._labelled.core import (
 )
 from xstencil._labelled.dispatch import devices_arg, map_scaled
 from xstencil._labelled.dtypes import out_dtype
+from xstencil._labelled.map import leaf_dims_cached
 from xstencil._labelled.mesh_checks import align_mask, warn_empty
 from xstencil._labelled.options import MESH
 from xstencil._labelled.plan import Plan
-from xstencil._labelled.returns import check_new_vars, result_dims
 from xstencil._labelled.scan import scan_mesh
 from xstencil._labelled.staggered_ops import GridMesh
 
@@ -413,19 +412,18 @@ class Mesh:
         plan = replace(plan, out_dtype=result)
         regions, masks = self.regions(plan)
         kernels = tuple(k for _, k in self._regions)
+        lifted = describe(kernels)  # the compile-cache key and closed-over arrays (kcache.py)
         leaf_dims = None
         if self._fields.names is not None:  # each result gets its own dims (returns.py)
-            dyn, static = split_static(call, (args, kwargs))
-            leaf_dims = result_dims(
-                plan, self._fields.obj, [kernel_caller(plan, k, static) for k in kernels], dyn,
-                (self._fields.arrays, args, kwargs),
-                check_new_vars(call, self._options.get("new_vars")), self._region_dims())
+            leaf_dims = leaf_dims_cached(plan, self._fields, kernels, lifted.key, args,
+                                         kwargs, self._options.get("new_vars"),
+                                         self._region_dims())
         out = map_scaled(plan, self._fields, kernels, self, args, kwargs,
                          self._options.get("period"), self._options.get("devices"), regions,
                          masks)
         if out is not None:  # dask-backed or sharded: the backend chosen by the arrays
             return rewrap(plan, self._fields, out, leaf_dims)
-        out = call_engine(plan, self._fields, kernels, ("mesh", tuple(regions)),
+        out = call_engine(plan, self._fields, lifted, ("mesh", tuple(regions)),
                           _mesh_body(regions), args, kwargs,
                           self._options.get("period"), masks)
         return rewrap(plan, self._fields, out, leaf_dims)

@@ -33,7 +33,7 @@ from xstencil._engine.call import precision
 from xstencil._errors import XStencilError
 from xstencil._labelled.plan import Plan
 
-__all__ = ["check_new_vars", "result_dims", "to_dims"]
+__all__ = ["check_new_vars", "kernel_cells", "result_dims", "to_dims"]
 
 
 def check_new_vars(call: str, new_vars: Any) -> tuple[str, ...]:
@@ -66,21 +66,21 @@ def _depends(closed: Any, n_cells: int) -> list[set[int]]:
             for v in jaxpr.outvars]
 
 
-def _cell_avals(plan: Plan) -> list[Any]:
-    out = []
-    for vdims, dt in zip(plan.var_dims, plan.var_dtypes, strict=True):
-        shape = tuple(plan.specs[plan.axis(d)].size for d in vdims if d in plan.window_dims)
-        out.append(jax.ShapeDtypeStruct(shape, dt))
-    for d in plan.coord_dims:
-        out.append(jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), np.float32))
-    return out
+def kernel_cells(plan: Plan, dtypes: Sequence[Any], cdt: Any) -> list[Any]:
+    """Stand-ins (``jax.ShapeDtypeStruct``) for the windows a kernel reads: one
+    per variable (in ``dtypes``), then one per coordinate (in ``cdt``)."""
+    cells = [jax.ShapeDtypeStruct(
+        tuple(plan.specs[plan.axis(d)].size for d in vd if d in plan.window_dims), np.dtype(dt))
+        for vd, dt in zip(plan.var_dims, dtypes, strict=True)]
+    return cells + [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), cdt)
+                    for d in plan.coord_dims]
 
 
 def _reads(plan: Plan, caller: Callable[..., Any], dyn: Any, wide: Any
            ) -> dict[str | None, tuple[set[str], set[int]]]:
     """Per result name (None: not a dict), the dims it read and the data
     variables (by index) it read."""
-    avals = _cell_avals(plan)
+    avals = kernel_cells(plan, plan.var_dtypes, np.float32)  # only the structure matters
     with precision(*wide):
         closed, shapes = jax.make_jaxpr(caller, return_shape=True)(avals, dyn)
     deps = _depends(closed, len(avals))

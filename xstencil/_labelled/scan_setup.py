@@ -29,6 +29,7 @@ from xstencil._engine.tscan import Loop, Var
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
 from xstencil._labelled.plan import Plan
+from xstencil._labelled.returns import kernel_cells
 from xstencil._labelled.sizes import check_fits, check_inputs, size_text
 
 __all__ = ["Opts", "Setup", "grown_coord", "setup", "engine_vars", "returned",
@@ -294,12 +295,7 @@ def returned(call: str, plan: Plan, kernels: Sequence[Any], static: Any,
     """The variable names a Dataset kernel returns (``None`` for a DataArray)."""
     if plan.var_names is None:
         return None
-    cells = [jax.ShapeDtypeStruct(
-        tuple(plan.specs[plan.axis(d)].size for d in vd if d in plan.window_dims), np.dtype(dt))
-        for vd, dt in zip(plan.var_dims, plan.var_dtypes, strict=True)]
-    cdt = pack_coord(np.zeros(0), coord_dtype(plan)).dtype
-    cells += [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), cdt)
-              for d in plan.coord_dims]
+    cells = kernel_cells(plan, plan.var_dtypes, pack_coord(np.zeros(0), coord_dtype(plan)).dtype)
     names: list[str] | None = None
     for kn in kernels:
         c = kernel_caller(plan, kn, static)
