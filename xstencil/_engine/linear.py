@@ -108,7 +108,10 @@ def weights(closed: Any, cell_shapes: Sequence[tuple[int, ...]]) -> list[list[np
     args += [_Opaque() for _ in jaxpr.invars[n:]]
     try:
         outs = _interpret(jaxpr, closed.consts, args)
-    except _NotLinear:
+    except (_NotLinear, ValueError, IndexError, TypeError):
+        # the reader is only an optimisation: an equation it cannot follow (say a
+        # reduction over an index a scalar read does not have) is "not linear",
+        # and the generic lowering then computes, or raises the library's error
         return None
     result = []
     for o, v in zip(outs, jaxpr.outvars, strict=True):
