@@ -25,7 +25,8 @@ NAMES = ["devices", "backend_mix", "modes_and_meshes", "output_sharding", "presh
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, str]:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")  # simulated CPU devices, also on a GPU machine
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-W", "error", str(SCRIPT)], capture_output=True,

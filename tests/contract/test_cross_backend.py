@@ -35,7 +35,8 @@ KNOWN: dict[str, str] = {}
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory: Any) -> dict[str, tuple[Any, ...]]:
     out = tmp_path_factory.mktemp("cross") / "sharded.pkl"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")  # simulated CPU devices, also on a GPU machine
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[2]), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-W", "error", str(HERE.with_name(
         "cross_backend_cases.py")), str(out)], capture_output=True, text=True, env=env,

@@ -103,7 +103,7 @@ U0 = xr.DataArray([1.0, 2.0, 3.0], dims="x")
 
 @pytest.mark.parametrize("dt", [-1.0, 0, 0.0, float("nan"), float("inf"), 1j, "6h",
                                 np.array([1.0, 2.0]), True, np.timedelta64(-6, "h"),
-                                np.timedelta64("NaT"), datetime.timedelta(0)])
+                                np.timedelta64("NaT", "ns"), datetime.timedelta(0)])
 def test_bad_dt_raises_naming_dt(dt):
     with pytest.raises(XStencilError, match=r"dt=.* must be one positive, finite spacing"):
         U0.stencil.scan(lambda u: u(time=-1), steps=2, dt=dt)

@@ -50,7 +50,7 @@ import numpy as np
 from xstencil._backends.dask_halo import Overlap, assemble, halo_array
 from xstencil._backends.dask_pack import byte_width, pack, unpack
 from xstencil._backends.jobs import Hooks, MapJob
-from xstencil._engine.call import precision, split_static
+from xstencil._engine.call import precision, split_static, stand_in
 from xstencil._engine.coords import padded, read_dtype
 from xstencil._engine.kcache import lru_get
 from xstencil._engine.ktoken import token_parts
@@ -345,13 +345,13 @@ def _leaf_shapes(job: MapJob, static: Any, dyn: Sequence[Any], arrays: Sequence[
     """The kernel's per-point output structure (shapes and dtypes), from one
     per-cell trace on the client."""
     plan = job.plan
-    cells = []
-    for x, vdims in zip(arrays, plan.var_dims, strict=True):
-        shape = tuple(plan.specs[plan.axis(d)].size for d in vdims if d in plan.window_dims)
-        cells.append(jax.ShapeDtypeStruct(shape, x.dtype))
-    for c, d in zip(coords, plan.coord_dims, strict=True):
-        cells.append(jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), c.dtype))
     with precision(list(arrays), list(dyn), plan.dtype_probe()):
+        cells = []
+        for x, vdims in zip(arrays, plan.var_dims, strict=True):
+            shape = tuple(plan.specs[plan.axis(d)].size for d in vdims if d in plan.window_dims)
+            cells.append(stand_in(shape, x.dtype))
+        for c, d in zip(coords, plan.coord_dims, strict=True):
+            cells.append(stand_in((plan.specs[plan.axis(d)].size,), c.dtype))
         return jax.eval_shape(job.hooks.caller(plan, job.kernels[-1], static), cells, list(dyn))
 
 

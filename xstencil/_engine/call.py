@@ -21,7 +21,19 @@ import numpy as np
 from xstencil._errors import XStencilError
 
 __all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static", "promote",
-           "dtype_kind", "is_weak", "settled"]
+           "dtype_kind", "is_weak", "settled", "stand_in"]
+
+
+def stand_in(shape: tuple[int, ...], dtype: Any) -> Any:
+    """A ``jax.ShapeDtypeStruct`` of ``dtype`` as JAX can hold it right now.
+
+    With x64 off a 64-bit dtype is narrowed here (float64 -> float32), as JAX
+    would narrow it when the stand-in is traced; JAX 0.11 warns when it is
+    asked for a dtype it cannot hold, so the narrowing is done first.  Build
+    stand-ins inside the :func:`precision` block that traces them, so that
+    64-bit inputs get 64-bit stand-ins.
+    """
+    return jax.ShapeDtypeStruct(tuple(shape), jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
 
 
 def dtype_kind(dtype: Any) -> str:

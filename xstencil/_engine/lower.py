@@ -23,6 +23,7 @@ from jax import lax
 
 from xstencil._engine import dense as dense_windows
 from xstencil._engine.boundary import block
+from xstencil._engine.call import stand_in
 from xstencil._engine.lift import (
     Abstract,
     ArrayAlgebra,
@@ -104,7 +105,7 @@ MAX_GATHER_BYTES = 2**30
 
 def cell_avals(sources: Sequence[Source], geom: Sequence[AxisGeom]) -> list[Any]:
     return [
-        jax.ShapeDtypeStruct(tuple(geom[a].size for a in s.cell_axes), s.array.dtype)
+        stand_in(tuple(geom[a].size for a in s.cell_axes), s.array.dtype)
         for s in sources
     ]
 

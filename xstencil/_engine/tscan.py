@@ -46,6 +46,7 @@ from jax import lax
 from jax.experimental import io_callback
 
 from xstencil._engine.boundary import pad
+from xstencil._engine.call import stand_in
 from xstencil._engine.lower import AxisGeom, KernelCall, Source, dependencies, evaluate, trace
 from xstencil._engine.mesh import Mask, Slab, region_values, write_region
 
@@ -324,7 +325,7 @@ def time_reads(calls: Sequence[KernelCall], variables: Sequence[Var], slabs: Seq
             owner.append((k, o))
     srcs += list(extra)
     width = loop.lo + loop.hi + 1
-    tw = None if tcoord is None else jax.ShapeDtypeStruct((width,), tcoord.dtype)
+    tw = None if tcoord is None else stand_in((width,), tcoord.dtype)
     wrapped = [stacking(c, variables, loop) for c in calls]
     cells, used = read_cells(wrapped, srcs, sub, (dyn, tw))
     reads = {owner[k] for k in range(len(owner)) if cells[k]}

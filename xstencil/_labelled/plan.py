@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xstencil._engine.boundary import MODE_HELP, MODES, canonical_mode
-from xstencil._engine.call import dtype_kind
+from xstencil._engine.call import dtype_kind, stand_in
 from xstencil._engine.lower import AxisGeom
 from xstencil._engine.spec import AxisSpec, geometry
 from xstencil._engine.window import Window, WindowSet, positional_read
@@ -326,8 +326,8 @@ def infer_window(call: str, kernel: Callable[..., Any], plan_dims: tuple[str, ..
         check_returned(call, kernel, out, var_names is not None)
         return out
 
-    avals = [jax.ShapeDtypeStruct((), dt) for dt in dtypes] + [
-        jax.ShapeDtypeStruct((), np.float32)]
+    avals = [stand_in((), dt) for dt in dtypes] + [
+        stand_in((), np.float32)]
     try:
         jax.eval_shape(run, *avals)
     except _ArrayUse:

@@ -29,7 +29,7 @@ import numpy as np
 import xarray as xr
 from jax.extend.core import Literal
 
-from xstencil._engine.call import precision
+from xstencil._engine.call import precision, stand_in
 from xstencil._errors import XStencilError
 from xstencil._labelled.plan import Plan
 
@@ -69,10 +69,10 @@ def _depends(closed: Any, n_cells: int) -> list[set[int]]:
 def kernel_cells(plan: Plan, dtypes: Sequence[Any], cdt: Any) -> list[Any]:
     """Stand-ins (``jax.ShapeDtypeStruct``) for the windows a kernel reads: one
     per variable (in ``dtypes``), then one per coordinate (in ``cdt``)."""
-    cells = [jax.ShapeDtypeStruct(
+    cells = [stand_in(
         tuple(plan.specs[plan.axis(d)].size for d in vd if d in plan.window_dims), np.dtype(dt))
         for vd, dt in zip(plan.var_dims, dtypes, strict=True)]
-    return cells + [jax.ShapeDtypeStruct((plan.specs[plan.axis(d)].size,), cdt)
+    return cells + [stand_in((plan.specs[plan.axis(d)].size,), cdt)
                     for d in plan.coord_dims]
 
 
@@ -80,8 +80,8 @@ def _reads(plan: Plan, caller: Callable[..., Any], dyn: Any, wide: Any
            ) -> dict[str | None, tuple[set[str], set[int]]]:
     """Per result name (None: not a dict), the dims it read and the data
     variables (by index) it read."""
-    avals = kernel_cells(plan, plan.var_dtypes, np.float32)  # only the structure matters
     with precision(*wide):
+        avals = kernel_cells(plan, plan.var_dtypes, np.float32)  # only the structure matters
         closed, shapes = jax.make_jaxpr(caller, return_shape=True)(avals, dyn)
     deps = _depends(closed, len(avals))
     nvar = len(plan.var_dims)

@@ -36,7 +36,7 @@ import xarray as xr
 
 from xstencil import _progress
 from xstencil._engine.boundary import canonical_mode
-from xstencil._engine.call import as_array, precision, split_static
+from xstencil._engine.call import as_array, precision, split_static, stand_in
 from xstencil._engine.kcache import cached, describe, rebuild, settle
 from xstencil._engine.lower import AxisGeom, Source
 from xstencil._engine.mesh import Mask, Slab
@@ -370,7 +370,7 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: 
         init = [_initial(arrays[i], s, variables[i]) for i in evolving]
         if o.check_finite:
             initial_finite(call, init, dim, s.k)
-        slab_avals = [jax.ShapeDtypeStruct(
+        slab_avals = [stand_in(
             tuple(plan.shape[plan.axis(d)] for d in vd if d != dim), np.dtype(dt))
             for vd, dt in zip(plan.var_dims, plan.var_dtypes, strict=True)]
         extra = [Source(c, (plan.axis(d),), (plan.axis(d),))
