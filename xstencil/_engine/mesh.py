@@ -135,34 +135,48 @@ def guarded(call: KernelCall, sources: Sequence[Source], geom: Sequence[AxisGeom
     gradient of the kept values exact.  The values themselves are computed
     without the guard, at no extra cost.  Values the kernel closes over
     (``lambda u: u() * nu`` inside a differentiated function) are hoisted
-    into arguments with :func:`jax.closure_convert`, once per call: the
-    kernel is traced once and both variants are lowered from that trace.
+    into arguments with :func:`jax.closure_convert`; a kernel that closes
+    over no traced value needs no conversion.  The kernel is traced once and
+    both variants are lowered from that trace.
     """
     if guard is None:
         return evaluate(call, sources, geom, dyn)
     arrays = [s.array for s in sources]
     closed = trace(call, sources, geom, dyn)  # the kernel is traced once for both variants
 
-    def both(arrays: Any, dyn: Any, guard: Any) -> Any:
+    def run(arrays: Any, dyn: Any, guard: Any, safe: bool) -> Any:
         srcs = [dataclasses.replace(s, array=a) for s, a in zip(sources, arrays, strict=True)]
-        return (evaluate(call, srcs, geom, dyn, closed),
-                evaluate(call, srcs, geom, dyn, closed, guard=guard))
+        return evaluate(call, srcs, geom, dyn, closed, guard=guard if safe else None)
 
-    # one closure conversion: the plain values and the guarded derivative
-    # read the same hoisted constants (XLA drops the unused half)
-    run, consts = jax.closure_convert(both, arrays, dyn, guard)
+    if not any(isinstance(c, jax.core.Tracer) for c in closed[0].consts):
+        # nothing traced is closed over: no closure conversion needed
+        @jax.custom_jvp
+        def direct(arrays: Any, dyn: Any, guard: Any) -> Any:
+            return run(arrays, dyn, None, False)
+
+        @direct.defjvp
+        def _direct_jvp(primals: Any, tangents: Any) -> Any:
+            arrays, dyn, guard = primals
+            ta, td, _ = tangents
+            return jax.jvp(lambda a, d: run(a, d, guard, True), (arrays, dyn), (ta, td))
+
+        return direct(arrays, dyn, guard)
+
+    plain, plain_consts = jax.closure_convert(lambda a, d: run(a, d, None, False), arrays, dyn)
+    safe, safe_consts = jax.closure_convert(lambda a, d, g: run(a, d, g, True), arrays, dyn,
+                                            guard)
 
     @jax.custom_jvp
-    def values(arrays: Any, dyn: Any, guard: Any, c: Any) -> Any:
-        return run(arrays, dyn, guard, *c)[0]
+    def values(arrays: Any, dyn: Any, guard: Any, pc: Any, sc: Any) -> Any:
+        return plain(arrays, dyn, *pc)
 
     @values.defjvp
     def _jvp(primals: Any, tangents: Any) -> Any:
-        arrays, dyn, guard, c = primals
-        ta, td, _, tc = tangents
-        return jax.jvp(lambda a, d, c: run(a, d, guard, *c)[1], (arrays, dyn, c), (ta, td, tc))
+        arrays, dyn, guard, _, sc = primals
+        ta, td, _, _, tsc = tangents
+        return jax.jvp(lambda a, d, c: safe(a, d, guard, *c), (arrays, dyn, sc), (ta, td, tsc))
 
-    return values(arrays, dyn, guard, list(consts))
+    return values(arrays, dyn, guard, list(plain_consts), list(safe_consts))
 
 
 def select_evaluate(calls: Sequence[KernelCall], base: KernelCall, member: Any, covered: bool,
