@@ -59,7 +59,8 @@ from xstencil._labelled.fastpath import signature
 from xstencil._labelled.mesh_regions import region_key
 from xstencil._labelled.plan import Plan
 
-__all__ = ["Layout", "layout", "how", "Entry", "lookup", "run", "remember", "SMALL"]
+__all__ = ["Layout", "layout", "how", "use_select", "Entry", "lookup", "run", "remember",
+           "SMALL"]
 
 #: Outputs of at most this many positions always take *select*.
 SMALL = 1 << 18
@@ -120,7 +121,7 @@ def how(plan: Plan, lay: Layout, lifted: Lifted, regions: Sequence[Slab | int],
     counts = plan.out_shape
     n = math.prod(counts)
     slab_work = n + sum(math.prod(r.counts()) if isinstance(r, Slab) else n for r in regions)
-    if n <= SMALL or len(reps) * n <= 1.5 * slab_work:
+    if use_select(n, len(reps), slab_work):
         member = np.full(counts, -1, np.int8 if len(reps) < 127 else np.int32)
         for r, b in zip(regions, branch, strict=True):
             if isinstance(r, Slab):
@@ -131,6 +132,13 @@ def how(plan: Plan, lay: Layout, lifted: Lifted, regions: Sequence[Slab | int],
         dynamic = [] if covered and len(reps) == 1 else [member]
         return ("mesh-select", reps, covered), _select_body(reps, covered), dynamic
     return ("mesh", tuple(regions), lay.kidx), _slab_body(regions, lay.kidx), list(masks)
+
+
+def use_select(n: int, branches: int, slab_work: int) -> bool:
+    """Whether to evaluate by *select*: for small outputs (``n`` positions),
+    or when the branches over the whole output cost little more than the
+    slabs (``slab_work`` positions evaluated)."""
+    return n <= SMALL or branches * n <= 1.5 * slab_work
 
 
 def _select_body(reps: tuple[int, ...], covered: bool) -> Callable[..., Any]:
@@ -170,7 +178,7 @@ class Entry(NamedTuple):
     simple: bool  # output has the input's shape and dims: rewrap by replacing the data
 
 
-def _sig(m: Any, lay: Layout, args: Any, kwargs: Any, dtype: Any) -> Hashable | None:
+def _sig(m: Any, args: Any, kwargs: Any, dtype: Any) -> Hashable | None:
     if m._options.get("devices") is not None or m._options.get("mesh") is not None:
         return None
     opts = tuple(sorted(m._options.items())) + (("dtype()", None if dtype is None
@@ -195,7 +203,7 @@ def lookup(m: Any, args: Any, kwargs: Any,
             or any(indexes.get(k) is not v for k, v in seen.items()):
         return None
     lay = layout(m)
-    sig = _sig(m, lay, args, kwargs, dtype)
+    sig = _sig(m, args, kwargs, dtype)
     if sig is None:
         return None
     lifted = describe(lay.distinct)
@@ -243,7 +251,7 @@ def remember(m: Any, lifted: Lifted, plan: Plan, f: Fields, args: Any, kwargs: A
     if "fn" not in used or f.names is not None or not hasattr(f.obj, "_indexes"):
         return
     lay = layout(m)
-    sig = _sig(m, lay, args, kwargs, dtype)
+    sig = _sig(m, args, kwargs, dtype)
     coords = used["coords"]
     if sig is None or any(isinstance(c, jax.core.Tracer) for c in coords):
         return
