@@ -159,7 +159,7 @@ def test_changed_globals_closures_args_data_and_dtype_are_never_stale() -> None:
         w_arr = np.full((), w)
         m = da.stencil.mesh(boundary="periodic")
         m[...] = lap
-        m[{"y": 2}] = lambda u: u() * w_arr
+        m[{"y": 2}] = lambda u, w_arr=w_arr: u() * w_arr
         np.testing.assert_allclose(m.map().values, _rows_ref(da.values, [2], float(w)),
                                    rtol=1e-12)
     m = da.stencil.mesh(boundary="periodic")

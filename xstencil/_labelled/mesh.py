@@ -164,7 +164,7 @@ class Mesh:
         return by_position(self._call, self._fields, key)
 
     def _by_label(self, key: Any) -> dict[str, np.ndarray]:
-        return by_label(self._call, self._obj, self._fields, key)
+        return by_label(self._call, self._obj, self._fields, key, self._indexes)
 
     def _by_mask(self, mask: xr.DataArray) -> np.ndarray:
         return by_mask(self._call, self._obj, self._fields, mask)

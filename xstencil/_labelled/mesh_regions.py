@@ -131,9 +131,11 @@ def _quick(index: pd.Index, sel: Any) -> np.ndarray | None:
     return None
 
 
-def by_label(call: str, obj: xr.DataArray | xr.Dataset, f: Fields,
-             key: Any) -> dict[str, np.ndarray]:
-    """``m.loc[{dim: labels}]``: ``.sel`` semantics (``nearest`` snaps)."""
+def by_label(call: str, obj: xr.DataArray | xr.Dataset, f: Fields, key: Any,
+             indexes: Mapping[Any, pd.Index] | None = None) -> dict[str, np.ndarray]:
+    """``m.loc[{dim: labels}]``: ``.sel`` semantics (``nearest`` snaps);
+    ``indexes``: the data's pandas indexes, if already at hand."""
+    indexes = obj.indexes if indexes is None else indexes
     method = None
     if isinstance(key, nearest):
         key, method = key.indexers, "nearest"
@@ -145,13 +147,13 @@ def by_label(call: str, obj: xr.DataArray | xr.Dataset, f: Fields,
     _check_dims(call, f, key, f"m.loc[{dict(key)!r}]")
     out = {}
     for d, sel in key.items():
-        if d not in obj.indexes:
+        if d not in indexes:
             raise XStencilError(
                 f"{call}: m.loc[{{{d!r}: ...}}]: dim {d!r} has no index coordinate to select "
                 f"labels from; assign one (obj.assign_coords({d}=...)) or select by position "
                 f"with m[{{{d!r}: ...}}]"
             )
-        index = obj.indexes[d]
+        index = indexes[d]
         if method is None and (quick := _quick(index, sel)) is not None:
             out[d] = quick
             continue
