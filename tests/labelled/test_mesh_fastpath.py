@@ -258,3 +258,49 @@ def test_regions_along_a_dim_the_result_lacks_name_the_regions() -> None:
                              r"variables on \(\('x',\),\) only") as e:
         m.map()
     assert "taggered" not in str(e.value)
+
+
+@pytest.mark.parametrize("force", ["select", "slabs"])
+def test_strides_valid_and_output_dims(monkeypatch: pytest.MonkeyPatch, force: str) -> None:
+    import jax.numpy as jnp
+
+    monkeypatch.setattr(mesh_run, "use_select", lambda *a: force == "select")
+    da = _da(10)
+    a = da.values
+    for _ in range(2):  # the second call takes the fast path
+        m = da.stencil.mesh(boundary={"x": "valid", "y": "periodic"}, stride={"y": 2})
+        m[...] = lap
+        m[{"y": 4}] = edge
+        out = m.map()
+        want = _lap_ref(a)[::2, 1:-1]
+        want[2] = a[4, 1:-1] * SCALE
+        np.testing.assert_allclose(out.values, want, rtol=1e-12)
+        np.testing.assert_array_equal(out.x.values, da.x.values[1:-1])
+        np.testing.assert_array_equal(out.y.values, da.y.values[::2])
+        m = da.stencil.mesh(boundary="periodic", output_dims="k")
+        m[...] = lambda u: jnp.stack([u(), u(x=1)])
+        m[{"x": [0, 3]}] = lambda u: jnp.stack([-u(), u(x=-1)])
+        out = m.map()
+        want = np.stack([a, np.roll(a, -1, 1)], axis=-1)
+        want[:, [0, 3], 0] = -a[:, [0, 3]]
+        want[:, [0, 3], 1] = np.roll(a, 1, 1)[:, [0, 3]]
+        assert out.dims == ("y", "x", "k")
+        np.testing.assert_allclose(out.values, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("force", ["select", "slabs"])
+def test_a_dataset_mesh(monkeypatch: pytest.MonkeyPatch, force: str) -> None:
+    monkeypatch.setattr(mesh_run, "use_select", lambda *a: force == "select")
+    da = _da(11)
+    ds = xr.Dataset({"u": da, "v": da * 2})
+    m = ds.stencil.mesh(boundary="periodic")
+    m[...] = lambda s: {"u": s["u"](x=1) + s["v"](), "v": s["v"]()}
+    m[{"y": [1, 5]}] = lambda s: {"u": s["u"]() * SCALE, "v": -s["v"]()}
+    out = m.map()
+    a = da.values
+    u = np.roll(a, -1, 1) + 2 * a
+    v = 2 * a
+    u[[1, 5]] = a[[1, 5]] * SCALE
+    v[[1, 5]] = -2 * a[[1, 5]]
+    np.testing.assert_allclose(out["u"].values, u, rtol=1e-12)
+    np.testing.assert_allclose(out["v"].values, v, rtol=1e-12)
