@@ -304,3 +304,22 @@ def test_a_dataset_mesh(monkeypatch: pytest.MonkeyPatch, force: str) -> None:
     v[[1, 5]] = -2 * a[[1, 5]]
     np.testing.assert_allclose(out["u"].values, u, rtol=1e-12)
     np.testing.assert_allclose(out["v"].values, v, rtol=1e-12)
+
+
+def test_equal_kernels_reading_other_arrays_never_share_a_branch() -> None:
+    da = _da(12)
+    a = da.values
+    w1, w2 = np.full((), 2.0), np.full((), 3.0)
+    def scaled(w):
+        return lambda u: u() * w  # one code object: equal kernels, told apart by w
+
+    for second in (w1, w2, w1, w2):  # the same array for both rows, then another one
+        want = _lap_ref(a)
+        want[1] = a[1] * 2.0
+        want[4] = a[4] * float(second)
+        for _ in range(2):  # the second time from the fast path
+            m = da.stencil.mesh(boundary="periodic")
+            m[...] = lap
+            m[{"y": 1}] = scaled(w1)
+            m[{"y": 4}] = scaled(second)
+            np.testing.assert_allclose(m.map().values, want, rtol=1e-12)

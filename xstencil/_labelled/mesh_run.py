@@ -207,7 +207,8 @@ def lookup(m: Any, args: Any, kwargs: Any,
     if sig is None:
         return None
     lifted = describe(lay.distinct)
-    key = ("meshfast", lifted.key, sig, lay.key)
+    # the branches too: equal kernels reading other arrays than last time split
+    key = ("meshfast", lifted.key, sig, lay.key, _branches(lifted))
     entry = peek(key)
     if entry is None:
         return None
@@ -263,4 +264,4 @@ def remember(m: Any, lifted: Lifted, plan: Plan, f: Fields, args: Any, kwargs: A
     entry = Entry(plan, used["fn"], coords, [jnp.asarray(x) for x in dynamic],
                   _coord_sources(f.obj, plan), values,
                   is_wide(f.arrays, args, kwargs, dtype_probe(plan)), simple)
-    put(("meshfast", lifted.key, sig, lay.key), entry)
+    put(("meshfast", lifted.key, sig, lay.key, _branches(lifted)), entry)
