@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import jax
 import numpy as np
 import xarray as xr
 
@@ -234,7 +235,9 @@ class Mesh(MeshRepr):
                          masks)
         if out is not None:  # dask-backed or sharded: the backend chosen by the arrays
             return rewrap(plan, self._fields, out, leaf_dims)
-        key_extra, body, dynamic = how(plan, lay, lifted, regions, masks)
+        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(
+            (self._fields.arrays, args, kwargs, lifted.leaves)))
+        key_extra, body, dynamic = how(plan, lay, lifted, regions, masks, traced)
         used: dict[str, Any] = {}
         out = call_engine(plan, self._fields, lifted, key_extra, body, args, kwargs,
                           self._options.get("period"), dynamic, used=used)

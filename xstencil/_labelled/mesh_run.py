@@ -112,16 +112,24 @@ def _branches(lifted: Lifted) -> tuple[int, ...]:
 
 
 def how(plan: Plan, lay: Layout, lifted: Lifted, regions: Sequence[Slab | int],
-        masks: Sequence[np.ndarray]) -> tuple[Hashable, Callable[..., Any], list[Any]]:
+        masks: Sequence[np.ndarray], traced: bool = False
+        ) -> tuple[Hashable, Callable[..., Any], list[Any]]:
     """How to evaluate the mesh: ``(key_extra, body, dynamic)`` for
-    :func:`~xstencil._labelled.core.call_engine`."""
+    :func:`~xstencil._labelled.core.call_engine`.
+
+    ``traced``: some input is a JAX tracer, so the call may be differentiated.
+    Then rectangular regions keep *slabs*: under *select* a kernel also runs
+    where it is not kept, and one singular there on finite data (``1 / h``
+    over land where ``h == 0``) would turn the gradient into NaN.
+    """
     rep = _branches(lifted)
     reps = tuple(dict.fromkeys(rep))  # the distinct kernels that are traced
     branch = [reps.index(rep[i]) for i in lay.kidx]  # per region
     counts = plan.out_shape
     n = math.prod(counts)
     slab_work = n + sum(math.prod(r.counts()) if isinstance(r, Slab) else n for r in regions)
-    if use_select(n, len(reps), slab_work):
+    rectangular = any(isinstance(r, Slab) for r in regions)
+    if use_select(n, len(reps), slab_work) and not (traced and rectangular):
         member = np.full(counts, -1, np.int8 if len(reps) < 127 else np.int32)
         for r, b in zip(regions, branch, strict=True):
             if isinstance(r, Slab):
