@@ -104,6 +104,7 @@ class Lifted:
     leaves: tuple[Any, ...]
     templates: tuple[Any, ...]
     containers: tuple[tuple[Any, tuple[Any, ...]], ...] = ()  # lists/dicts, their items
+    counts: tuple[int, ...] = ()  # how many of ``leaves`` each kernel added, in order
 
 
 @functools.lru_cache(maxsize=1024)
@@ -302,9 +303,11 @@ def describe(kernels: Sequence[Any]) -> Lifted:
     """Split ``kernels`` into a key and dynamic leaves (see the module notes)."""
     w = _Walk()
     keys: list[Hashable] = []
+    counts: list[int] = []
     for k in kernels:
         if type(k) is not types.FunctionType:
             keys.append(("callable", _Id(k)))
+            counts.append(0)
             continue
         start = len(w.leaves)
         w.opaque = False
@@ -317,7 +320,9 @@ def describe(kernels: Sequence[Any]) -> Lifted:
         if w.opaque:
             key = ("opaque", _Id(k), key)
         keys.append(key)
-    return Lifted(tuple(keys), tuple(w.leaves), tuple(kernels), tuple(w.containers))
+        counts.append(len(w.leaves) - start)
+    return Lifted(tuple(keys), tuple(w.leaves), tuple(kernels), tuple(w.containers),
+                  tuple(counts))
 
 
 def settle(lifted: Lifted) -> None:

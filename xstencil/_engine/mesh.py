@@ -22,10 +22,10 @@ import numpy as np
 from jax import lax
 
 from xstencil._engine.call import promote
-from xstencil._engine.lower import AxisGeom, KernelCall, Source, evaluate
+from xstencil._engine.lower import AxisGeom, KernelCall, Source, evaluate, trace
 
-__all__ = ["Slab", "Mask", "branches", "mesh_evaluate", "slab_geometry", "region_values",
-           "write_region", "write_slab"]
+__all__ = ["Slab", "Mask", "branches", "mesh_evaluate", "select_evaluate", "slab_geometry",
+           "region_values", "write_region", "write_slab"]
 
 
 @dataclass(frozen=True)
@@ -135,15 +135,32 @@ def guarded(call: KernelCall, sources: Sequence[Source], geom: Sequence[AxisGeom
     gradient of the kept values exact.  The values themselves are computed
     without the guard, at no extra cost.  Values the kernel closes over
     (``lambda u: u() * nu`` inside a differentiated function) are hoisted
-    into arguments with :func:`jax.closure_convert`.
+    into arguments with :func:`jax.closure_convert`; a kernel that closes
+    over no traced value needs no conversion.  The kernel is traced once and
+    both variants are lowered from that trace.
     """
     if guard is None:
         return evaluate(call, sources, geom, dyn)
     arrays = [s.array for s in sources]
+    closed = trace(call, sources, geom, dyn)  # the kernel is traced once for both variants
 
     def run(arrays: Any, dyn: Any, guard: Any, safe: bool) -> Any:
         srcs = [dataclasses.replace(s, array=a) for s, a in zip(sources, arrays, strict=True)]
-        return evaluate(call, srcs, geom, dyn, guard=guard if safe else None)
+        return evaluate(call, srcs, geom, dyn, closed, guard=guard if safe else None)
+
+    if not any(isinstance(c, jax.core.Tracer) for c in closed[0].consts):
+        # nothing traced is closed over: no closure conversion needed
+        @jax.custom_jvp
+        def direct(arrays: Any, dyn: Any, guard: Any) -> Any:
+            return run(arrays, dyn, None, False)
+
+        @direct.defjvp
+        def _direct_jvp(primals: Any, tangents: Any) -> Any:
+            arrays, dyn, guard = primals
+            ta, td, _ = tangents
+            return jax.jvp(lambda a, d: run(a, d, guard, True), (arrays, dyn), (ta, td))
+
+        return direct(arrays, dyn, guard)
 
     plain, plain_consts = jax.closure_convert(lambda a, d: run(a, d, None, False), arrays, dyn)
     safe, safe_consts = jax.closure_convert(lambda a, d, g: run(a, d, g, True), arrays, dyn,
@@ -160,6 +177,43 @@ def guarded(call: KernelCall, sources: Sequence[Source], geom: Sequence[AxisGeom
         return jax.jvp(lambda a, d, c: safe(a, d, guard, *c), (arrays, dyn, sc), (ta, td, tsc))
 
     return values(arrays, dyn, guard, list(plain_consts), list(safe_consts))
+
+
+def select_evaluate(calls: Sequence[KernelCall], base: KernelCall, member: Any, covered: bool,
+                    sources: Sequence[Source], geom: Sequence[AxisGeom], dyn: Any) -> Any:
+    """A function mesh as one ``select`` over its distinct kernels.
+
+    ``member`` (an integer array of the output's field shape, a run-time
+    input) holds at each output position the index of the kernel in
+    ``calls`` that computes it, or -1 where no region covers it and ``base``
+    keeps the input; ``covered`` says that no position holds -1 (``base``
+    is then not evaluated).  Each kernel is traced once, however many
+    regions use it, and the compiled code does not depend on where the
+    regions lie.  Each kernel's derivatives ignore non-finite inputs at the
+    positions it does not compute (see :func:`guarded`).
+    """
+    if len(calls) == 1 and covered:
+        return evaluate(calls[0], sources, geom, dyn)
+    member = jnp.asarray(member).astype(jnp.int32)
+    cases = []
+    if not covered:
+        cases.append(jax.tree_util.tree_flatten(evaluate(base, sources, geom, dyn)))
+    for b, call in enumerate(calls):
+        cases.append(jax.tree_util.tree_flatten(
+            guarded(call, sources, geom, dyn, member == b)))
+    treedef = cases[0][1]
+    which = member if covered else member + 1
+    out = []
+    for k in range(len(cases[0][0])):
+        leaves = [c[0][k] for c in cases]
+        dt = promote(*leaves)  # every kernel writes into one array
+        leaves = [v.astype(dt) for v in leaves]
+        w = which
+        if leaves[0].ndim > w.ndim:  # per-point outputs with trailing dims
+            w = jnp.broadcast_to(lax.expand_dims(w, tuple(range(w.ndim, leaves[0].ndim))),
+                                 leaves[0].shape)
+        out.append(lax.select_n(w, *leaves))
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def _in_slab(slab: Slab, domain: Sequence[tuple[int, int, int]],

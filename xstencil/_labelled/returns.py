@@ -125,9 +125,16 @@ def result_dims(plan: Plan, obj: xr.Dataset, callers: Sequence[Callable[..., Any
     var_dims = dict(zip(plan.var_names, plan.var_dims, strict=True))
     out: dict[str | None, tuple[str, ...]] = {}
     for n, (read, vars_read) in reads.items():
+        kernel_read = set(read)
         read = read | set(region_dims)
         vars_read = vars_read or set(range(len(plan.var_dims)))  # reads nothing: any variable
         own = [tuple(obj[plan.var_names[k]].dims) for k in sorted(vars_read)]
+        if n is not None and n in var_dims:
+            fits = kernel_read <= set(var_dims[n])
+            _check_region_dims(call, n, read, fits, [tuple(obj[n].dims)], plan.dims)
+        elif read and not any(read <= set(o) for o in own):
+            fits = not kernel_read or any(kernel_read <= set(o) for o in own)
+            _check_region_dims(call, n, read, fits, own, plan.dims)
         if read and not any(read <= set(o) for o in own):
             got = tuple(d for d in plan.dims if d in read)
             raise XStencilError(
@@ -148,6 +155,21 @@ def result_dims(plan: Plan, obj: xr.Dataset, callers: Sequence[Callable[..., Any
         order = next((o for o in own if read <= set(o)), plan.dims)
         out[n] = tuple(str(d) for d in order if d in read) if read else tuple(order)
     return out
+
+
+def _check_region_dims(call: str, n: str | None, read: set[str], fits: bool,
+                       own: list[tuple[str, ...]], dims: tuple[str, ...]) -> None:
+    """Raise when only the mesh's regions (not the kernel's reads) would give
+    result ``n`` dims its variables lack (``fits``: the reads alone fit)."""
+    if not fits or any(read <= set(o) for o in own):
+        return
+    extra = tuple(d for d in dims if d in read and not any(d in o for o in own))
+    name = "" if n is None else f" {n!r}"
+    raise XStencilError(
+        f"{call}: the mesh's regions vary along {extra!r}, but the kernel's result{name} is "
+        f"computed from variables on {tuple(dict.fromkeys(own))!r} only; different kernels "
+        f"along {extra!r} would give it dims it does not have. Select the regions along the "
+        f"result's own dims, or compute it from a variable that has {extra!r}")
 
 
 def to_dims(plan: Plan, v: Any, dims: tuple[str, ...]) -> Any:

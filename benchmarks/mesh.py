@@ -1,0 +1,119 @@
+"""Per-call and compile cost of a function mesh against its region count
+(issue 17, item 4).
+
+On a 64x64 float32 DataArray with coordinates, a mesh of R regions (R = 1,
+8, 32: a periodic 5-point Laplacian everywhere, then R-1 single rows with a
+second kernel) is timed against a plain ``da.stencil.map`` of the Laplacian,
+each already compiled:
+
+* ``map``: ``da.stencil.map(lap, boundary="periodic")``;
+* ``mesh R``: ``m.map()`` on one mesh, called again;
+* ``rebuilt R``: the mesh built again before each call (by position), as a
+  Python loop over an iterative solve does;
+* ``rebuilt-loc R``: the same by coordinate label (``m.loc[...]``).
+
+The columns are timed in interleaved rounds (so load on a shared machine hits
+them alike), each call ends in ``block_until_ready``, and the figure is the
+median per-call time.  Compile time is the first call after
+:func:`xstencil.clear_caches`, per R.  The target is ``mesh 32 <= 2x map``.
+
+Run: ``PYTHONPATH=. python benchmarks/mesh.py [--rounds 15] [--calls 300]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+import xstencil
+
+REGIONS = (1, 8, 32)
+
+
+def lap(u: Any) -> Any:
+    return u(x=1) + u(x=-1) + u(y=1) + u(y=-1) - 4 * u()
+
+
+def edge(u: Any) -> Any:
+    return 0.5 * u()
+
+
+def build(da: xr.DataArray, r: int, label: bool = False) -> Any:
+    m = da.stencil.mesh(boundary="periodic")
+    m[...] = lap
+    ys = da.indexes["y"]
+    for i in range(1, r):
+        if label:
+            m.loc[{"y": float(ys[2 * i - 1])}] = edge
+        else:
+            m[{"y": 2 * i - 1}] = edge
+    return m
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=64)
+    p.add_argument("--calls", type=int, default=300, help="calls per column in all")
+    p.add_argument("--rounds", type=int, default=15)
+    a = p.parse_args(argv)
+
+    n = a.n
+    da = xr.DataArray(np.random.default_rng(0).random((n, n), dtype=np.float32),
+                      dims=("y", "x"), coords={"y": np.arange(n) * 0.1, "x": np.arange(n) * 0.1},
+                      attrs={"units": "K"}, name="T")
+
+    def ready(out: xr.DataArray) -> xr.DataArray:
+        out.data.block_until_ready()
+        return out
+
+    ready(build(da.isel(x=slice(1, None)), 2).map())  # JAX's own first-use costs
+    compile_s = {}
+    for r in REGIONS:
+        xstencil.clear_caches()
+        t0 = time.perf_counter()
+        ready(build(da, r).map())
+        compile_s[r] = time.perf_counter() - t0
+    cases: dict[str, Callable[[], Any]] = {
+        "map": lambda: ready(da.stencil.map(lap, boundary="periodic"))}
+    for r in REGIONS:
+        m = build(da, r)
+        cases[f"mesh {r}"] = lambda m=m: ready(m.map())
+        cases[f"rebuilt {r}"] = lambda r=r: ready(build(da, r).map())
+        cases[f"rebuilt-loc {r}"] = lambda r=r: ready(build(da, r, label=True).map())
+    want = np.array(da.stencil.map(lap, boundary="periodic").values)
+    got = build(da, 32).map().values
+    rows = [2 * i - 1 for i in range(1, 32)]
+    want[rows] = 0.5 * da.values[rows]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for f in cases.values():  # compile and warm up
+        for _ in range(5):
+            f()
+
+    per_round = max(1, a.calls // a.rounds)
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(a.rounds):
+        for name, f in cases.items():
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                f()
+            times[name].append((time.perf_counter() - t0) / per_round)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    floor = med["map"]
+    print(f"per-call time on {n}x{n} float32, median of {a.rounds} rounds x {per_round} calls")
+    for k, v in med.items():
+        print(f"  {k:16s} {v * 1e6:9.1f} us   {v / floor:6.2f}x map")
+    print("first call (compile included), after clear_caches:")
+    for r, t in compile_s.items():
+        print(f"  mesh {r:<11d} {t * 1e3:9.1f} ms   {t / compile_s[1]:6.2f}x R=1")
+    print(f"target: mesh 32 <= 2.00x map -> "
+          f"{'met' if med['mesh 32'] <= 2 * floor else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
