@@ -13,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +30,19 @@ import xstencil
 pytest.importorskip("zarr")
 SCRIPT = Path(__file__).with_name("multiprocess_checks.py")
 ROOT = str(Path(__file__).resolve().parents[2])
-# Two JAX processes joined over gloo on localhost: it passed here when the machine was
-# quiet, and timed out in gloo's fixed 30 s rendezvous when it was loaded, so it runs on
-# request (XSTENCIL_MULTIPROCESS=1) until that is made robust.
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.environ.get("XSTENCIL_MULTIPROCESS") != "1",
-                                 reason="set XSTENCIL_MULTIPROCESS=1 to start two JAX processes")]
+# Two JAX processes joined over gloo on localhost.  They used to fail under load: the
+# cause was write_sharded, where a slow process could find the store that process 0 had
+# just created and refuse it, leaving process 0 in a collective that gloo abandons after
+# its fixed 30 s rendezvous (or hangs in).  That race is fixed; what is left is that gloo
+# rendezvous, which no JAX option lengthens (see _launch_joined).
+pytestmark = pytest.mark.slow
+
+# stderr of a process that gave up waiting for the other at gloo's fixed 30 s rendezvous
+# (XLA's gloo key-value store) or at the coordination service: a slow machine, not a
+# wrong result
+RENDEZVOUS = ("Gloo context initialization failed", "GetKeyValue() timed out",
+              "Barrier timed out")
+TIMEOUT = 300  # seconds for one run of all processes
 
 
 def heat(u):  # the kernels of multiprocess_checks.py
@@ -56,29 +66,90 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _launch(commands: list[list[str]], cwd: Path | None = None) -> list[str]:
-    """Run the commands at once (they join one JAX runtime); their stdouts."""
+class Failed(AssertionError):
+    """A process exited non-zero; ``rendezvous`` if every failure was a rendezvous timeout."""
+
+    def __init__(self, message: str, rendezvous: bool) -> None:
+        super().__init__(message)
+        self.rendezvous = rendezvous
+
+
+def _launch(commands: list[list[str]], logs: Path, cwd: Path | None = None) -> list[str]:
+    """Run the commands at once (they join one JAX runtime); their stdouts.
+
+    Output goes to files (a pipe that fills up would block a process).  As soon as one
+    process fails, the others are killed: they would otherwise wait for it in a
+    collective until a timeout, or forever.
+    """
+    logs.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
+        files = [(stack.enter_context(open(logs / f"out{i}.txt", "w")),
+                  stack.enter_context(open(logs / f"err{i}.txt", "w")))
+                 for i in range(len(commands))]
         procs = [stack.enter_context(subprocess.Popen(
-            [sys.executable, "-W", "error", *c], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env=_env(), cwd=cwd)) for c in commands]
-        outs = []
-        for pid, p in enumerate(procs):
-            try:
-                out, err = p.communicate(timeout=300)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise
-            assert p.returncode == 0, f"process {pid} of {len(procs)}:\n{err[-4000:]}"
-            outs.append(out)
-        return outs
+            [sys.executable, "-W", "error", *c], stdout=o, stderr=e, text=True, env=_env(),
+            cwd=cwd)) for c, (o, e) in zip(commands, files, strict=True)]
+        deadline = time.monotonic() + TIMEOUT
+        try:
+            while any(p.poll() is None for p in procs):
+                if any(p.returncode not in (None, 0) for p in procs):
+                    break
+                if time.monotonic() > deadline:
+                    raise Failed(f"{len(procs)} processes still running after {TIMEOUT} s",
+                                 rendezvous=False)
+                time.sleep(0.2)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+    errs = [(logs / f"err{i}.txt").read_text() for i in range(len(procs))]
+    bad = [i for i, p in enumerate(procs) if p.returncode != 0]
+    if bad:
+        report = "\n".join(f"process {i} of {len(procs)} (exit {procs[i].returncode}):\n"
+                           f"{errs[i][-4000:]}" for i in bad)
+        # a process killed here (-9) failed only because another one did
+        failed = [i for i in bad if procs[i].returncode != -9]
+        rendezvous = bool(failed) and all(any(r in errs[i] for r in RENDEZVOUS) for i in failed)
+        raise Failed(report, rendezvous=rendezvous)
+    return [(logs / f"out{i}.txt").read_text() for i in range(len(procs))]
+
+
+def _launch_joined(commands: Callable[[str], list[list[str]]], logs: Path,
+                   cwd: Path | None = None, clean: Callable[[], None] = lambda: None
+                   ) -> list[str]:
+    """:func:`_launch` for processes joined by gloo, run again once after a rendezvous
+    timeout.
+
+    Gloo gives a process 30 s to meet the other at the first collective of each device
+    group (a fixed timeout in XLA's gloo key-value store; neither
+    ``jax.distributed.initialize``'s ``initialization_timeout`` nor
+    ``heartbeat_timeout_seconds`` reaches it).  Each process compiles the program
+    before it gets there, so on a loaded machine one process can arrive more than
+    30 s after the other.  Only that failure is retried, once, and the retry is
+    printed (it shows with the test's output); a wrong result or any other error is
+    never retried.  ``commands(port)`` are the commands for a coordinator on that port
+    (a fresh one for each try); ``clean`` removes the first try's outputs.
+    """
+    try:
+        return _launch(commands(str(_port())), logs / "try1", cwd)
+    except Failed as e:
+        if not e.rendezvous:
+            raise
+        print(f"test_multiprocess: rendezvous timeout, running the processes again:\n{e}",
+              file=sys.stderr)
+        clean()
+        return _launch(commands(str(_port())), logs / "try2", cwd)
 
 
 def _run(work: Path, nproc: int) -> list[dict]:
-    port = str(_port())
-    outs = _launch([[str(SCRIPT), str(work), str(nproc), str(pid), port]
-                    for pid in range(nproc)])
+    def clean() -> None:
+        for p in work.glob(f"out{nproc}_*.zarr"):
+            shutil.rmtree(p)
+
+    outs = _launch_joined(lambda port: [[str(SCRIPT), str(work), str(nproc), str(pid), port]
+                                        for pid in range(nproc)],
+                          work / f"logs{nproc}", clean=clean)
     return [json.loads(out.strip().splitlines()[-1]) for out in outs]
 
 
@@ -165,9 +236,13 @@ def test_docs_script_runs_as_written(tmp_path):
     """docs/several_processes.py (shown in docs/scaling.rst) on two processes."""
     T = _input()["u"].rename("T")
     T.to_dataset().to_zarr(tmp_path / "in.zarr", consolidated=False)
-    port = str(_port())
-    outs = _launch([[str(DOCS_SCRIPT), str(pid), port, str(tmp_path)] for pid in (0, 1)],
-                   cwd=tmp_path)
+
+    def clean() -> None:
+        shutil.rmtree(tmp_path / "out.zarr", ignore_errors=True)
+
+    outs = _launch_joined(lambda port: [[str(DOCS_SCRIPT), str(pid), port, str(tmp_path)]
+                                        for pid in (0, 1)],
+                          tmp_path / "logs", cwd=tmp_path, clean=clean)
     assert "process 0 wrote blocks [((0, 8), (0, 12)), ((0, 8), (12, 24))]" in outs[0]
     assert "process 1 wrote blocks [((8, 16), (0, 12)), ((8, 16), (12, 24))]" in outs[1]
 
