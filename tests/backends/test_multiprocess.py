@@ -166,17 +166,7 @@ def _open(path: Path) -> xr.DataArray:
         return da.load()
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    work = tmp_path_factory.mktemp("multiprocess")
-    ds = _input()
-    ds.to_zarr(work / "in.zarr", consolidated=False)
-    ds.to_netcdf(work / "in.nc")
-    return work, ds, _run(work, 2), _run(work, 1)
-
-
-def test_each_process_reads_only_its_blocks(runs):
-    work, ds, two, one = runs
+def _check_reads(work: Path, two: list[dict], one: list[dict]) -> None:
     assert [s["process"] for s in two] == [0, 1]
     assert all(s["devices"] == 4 and s["local"] == 2 for s in two)
     assert one[0]["devices"] == 4 and one[0]["local"] == 4
@@ -192,8 +182,7 @@ def test_each_process_reads_only_its_blocks(runs):
     assert all(s["out_sharding"] == "P(None, 'y', 'x')" for s in two + one)
 
 
-def test_two_processes_write_what_one_process_writes(runs):
-    work, ds, two, one = runs
+def _check_two_write_what_one_writes(work: Path) -> None:
     for name in ("mesh", "last"):
         a, b = _open(work / f"out2_{name}.zarr"), _open(work / f"out1_{name}.zarr")
         assert a.dtype == np.float64 and a.attrs == {"units": "K"} and a.name == "u"
@@ -201,8 +190,7 @@ def test_two_processes_write_what_one_process_writes(runs):
         xr.testing.assert_identical(a, b)
 
 
-def test_two_processes_match_in_memory(runs):
-    work, ds, two, one = runs
+def _check_in_memory(work: Path, ds: xr.Dataset) -> None:
     m = xstencil.mesh(ds["u"], boundary="extend")
     m[...] = heat
     m.loc[{"x": slice(None, 0.2)}] = wall
@@ -217,8 +205,8 @@ def test_two_processes_match_in_memory(runs):
     xr.testing.assert_identical(got, last)
     np.testing.assert_array_equal(got.values, last.values)
 
-def test_gather_and_values(runs):
-    work, ds, two, one = runs
+
+def _check_gather_and_values(work: Path, two: list[dict], one: list[dict]) -> None:
     whole = [np.load(work / f"gathered2_{pid}.npy") for pid in (0, 1)]
     np.testing.assert_array_equal(whole[0], whole[1])
     np.testing.assert_array_equal(whole[0], _open(work / "out2_last.zarr").values)
@@ -228,11 +216,10 @@ def test_gather_and_values(runs):
     assert one[0]["values"] == "no error"
 
 
-
 DOCS_SCRIPT = Path(ROOT) / "docs" / "several_processes.py"
 
 
-def test_docs_script_runs_as_written(tmp_path):
+def _check_docs_script(tmp_path: Path) -> None:
     """docs/several_processes.py (shown in docs/scaling.rst) on two processes."""
     T = _input()["u"].rename("T")
     T.to_dataset().to_zarr(tmp_path / "in.zarr", consolidated=False)
@@ -256,3 +243,58 @@ def test_docs_script_runs_as_written(tmp_path):
     got = _open(tmp_path / "out.zarr")
     xr.testing.assert_identical(got, ref)
     np.testing.assert_array_equal(got.values, ref.values)
+
+
+def test_two_processes(tmp_path):
+    """Everything that needs the processes, in one test: under pytest-xdist (``-n 2`` in
+    CI) a module fixture would run them once per xdist worker, at the same time."""
+    work = tmp_path / "checks"
+    work.mkdir()
+    ds = _input()
+    ds.to_zarr(work / "in.zarr", consolidated=False)
+    ds.to_netcdf(work / "in.nc")
+    two, one = _run(work, 2), _run(work, 1)
+    _check_reads(work, two, one)
+    _check_two_write_what_one_writes(work)
+    _check_in_memory(work, ds)
+    _check_gather_and_values(work, two, one)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    _check_docs_script(docs)
+
+
+def _fake(code: str) -> list[str]:
+    return ["-c", code]
+
+
+SLEEPER = _fake("import time; time.sleep(60)")
+
+
+def test_a_failed_process_stops_the_others_and_only_a_rendezvous_timeout_is_retried(
+        tmp_path, capsys):
+    """The harness itself, with stand-in processes (no JAX): a failure kills the process
+    still waiting for it at once, and only a rendezvous timeout is run a second time."""
+    rendezvous = _fake("import sys; sys.stderr.write('Gloo context initialization failed: "
+                       "DEADLINE_EXCEEDED: GetKeyValue() timed out'); sys.exit(1)")
+    wrong = _fake("import sys; sys.stderr.write('AssertionError: not bitwise equal'); "
+                  "sys.exit(1)")
+    tries: list[str] = []
+
+    def commands(first: list[str]):  # noqa: ANN202
+        def make(port: str) -> list[list[str]]:
+            tries.append(port)
+            return [first, SLEEPER]
+        return make
+
+    t0 = time.monotonic()
+    with pytest.raises(Failed, match="not bitwise equal") as e:
+        _launch_joined(commands(wrong), tmp_path / "wrong")
+    assert not e.value.rendezvous and len(tries) == 1  # never retried
+    assert time.monotonic() - t0 < 30  # the sleeper was killed, not waited for
+    with pytest.raises(Failed, match="GetKeyValue") as e:
+        _launch_joined(commands(rendezvous), tmp_path / "rendezvous")
+    assert e.value.rendezvous and len(tries) == 3  # retried once, on a fresh port
+    assert tries[1] != tries[2]
+    assert "rendezvous timeout, running the processes again" in capsys.readouterr().err
+    ok = _launch_joined(lambda port: [_fake(f"print({port!r})")] * 2, tmp_path / "ok")
+    assert len(ok) == 2 and all(o.strip().isdigit() for o in ok)
