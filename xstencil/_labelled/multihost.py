@@ -130,8 +130,10 @@ def open_sharded(source: Any, devices: Any, *, engine: str | None = None) -> Any
     :func:`jax.make_array_from_callback`, which asks each process only for
     the blocks of its own devices, and each block is read from the lazily
     opened file as one slice, so no process reads the whole field.  Other
-    variables and the coordinates are loaded as numpy arrays on every process.
-    Call it on every process with the same arguments.
+    variables and the coordinates are read into numpy arrays on every process
+    (a DataArray or Dataset passed in is not loaded itself), and a file opened
+    from a path is closed before it returns.  Call it on every process with
+    the same arguments.
 
     Parameters
     ----------
