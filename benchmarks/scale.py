@@ -28,7 +28,8 @@ Three parts:
   programs compiled per worker process by a 40-step scan (``halo_every=16``:
   segments of 16, 16 and 8 steps) for each boundary mix, on a
   ``LocalCluster`` of 2 processes; and the map's wall time against plain
-  ``map_overlap`` + numpy, threaded and on the cluster.  The figures before
+  ``map_overlap`` + numpy, threaded and on the cluster, and the peak resident
+  memory of each worker process for a map and a scan.  The figures before
   the change (commit f5018ab, measured with the same script) are listed next
   to them.  ``--lean`` runs this part only.
 
@@ -205,6 +206,37 @@ def _np_lap(b: Any) -> Any:
     return b[1:-1, 2:] + b[1:-1, :-2] + b[2:, 1:-1] + b[:-2, 1:-1] - 4 * b[1:-1, 1:-1]
 
 
+def _reset_peak() -> int:
+    """Reset this process's peak resident memory (Linux: ``clear_refs`` 5) and return
+    the resident memory now, in bytes; -1 where it cannot be reset."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except OSError:
+        return -1
+
+
+def _peak() -> int:
+    """This process's peak resident memory since the last :func:`_reset_peak`, in bytes
+    (``VmHWM``; without /proc, the peak of its life from ``getrusage``)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _worker_peaks(client: Any, job: Any) -> list[tuple[int, int]]:
+    """(resident memory before, peak during) ``job()`` in each worker process, sorted."""
+    before = client.run(_reset_peak)
+    job()
+    after = client.run(_peak)
+    return sorted((before[w], after[w]) for w in after)
+
+
 def dask_lean(n: int, chunk: int, runs: int) -> dict[str, Any]:
     import dask.array as dsa
     import distributed
@@ -267,9 +299,19 @@ def dask_lean(n: int, chunk: int, runs: int) -> dict[str, Any]:
             plain("periodic").compute(scheduler="threads")
 
         t = _medians([xs_threads, mo_threads, xs_cluster, mo_cluster], runs)
+
+        def xs_scan() -> None:
+            out = on_workers.stencil.scan(heat, "time", steps=40, save_every="last",
+                                          halo_every=16, boundary="periodic")
+            distributed.wait(client.persist(out))
+
+        # warm (compiled) runs, so the peaks are the work's and not the compiler's
+        memory = {"xstencil map": _worker_peaks(client, xs_cluster),
+                  "map_overlap + numpy map": _worker_peaks(client, mo_cluster),
+                  "xstencil scan, 40 steps": _worker_peaks(client, xs_scan)}
     _log(f"  tasks per chunk {tasks}; compiles per worker {compiles}; times "
-         + ", ".join(f"{v * 1e3:.0f} ms" for v in t))
-    return {"n": n, "chunk": chunk, "tasks": tasks, "compiles": compiles,
+         + ", ".join(f"{v * 1e3:.0f} ms" for v in t) + f"; worker memory {memory}")
+    return {"n": n, "chunk": chunk, "tasks": tasks, "compiles": compiles, "memory": memory,
             "t": dict(zip(["xstencil, threads", "map_overlap + numpy, threads",
                            "xstencil, LocalCluster", "map_overlap + numpy, LocalCluster"], t,
                           strict=True))}
@@ -315,6 +357,21 @@ def lean_section(L: dict[str, Any]) -> str:
             v, old = t[f"{who}, {where}"], LEAN_BEFORE[f"{who}, {where}"]
             lines.append(f"| {who}, {where} | {v * 1e3:.0f} ms | {v / ref:.2f}× | "
                          f"{old * 1e3:.0f} ms |")
+    mib = 2.0 ** 20
+    lines += [
+        "",
+        "Peak resident memory of each worker process (LocalCluster, 2 processes, the "
+        "input persisted on them), warm runs; the peak is reset before each job "
+        "(Linux `clear_refs`), and the resident memory at that moment (JAX, dask and "
+        "the worker's share of the input) is shown next to it:",
+        "",
+        "| job | peak per worker | resident before | peak above it |",
+        "|---|---|---|---|",
+    ]
+    for job, per in L.get("memory", {}).items():
+        lines.append(f"| {job} | " + ", ".join(f"{p / mib:.0f}" for _, p in per) + " MiB | "
+                     + ", ".join(f"{b / mib:.0f}" for b, _ in per) + " MiB | "
+                     + ", ".join(f"{(p - b) / mib:.0f}" for b, p in per) + " MiB |")
     lines += ["", "Times are from one shared 2-core machine under load from other jobs: "
               "only the task and compile counts are stable."]
     return "\n".join(lines)

@@ -130,8 +130,10 @@ def open_sharded(source: Any, devices: Any, *, engine: str | None = None) -> Any
     :func:`jax.make_array_from_callback`, which asks each process only for
     the blocks of its own devices, and each block is read from the lazily
     opened file as one slice, so no process reads the whole field.  Other
-    variables and the coordinates are loaded as numpy arrays on every process.
-    Call it on every process with the same arguments.
+    variables and the coordinates are read into numpy arrays on every process
+    (a DataArray or Dataset passed in is not loaded itself), and a file opened
+    from a path is closed before it returns.  Call it on every process with
+    the same arguments.
 
     Parameters
     ----------
@@ -171,26 +173,32 @@ def open_sharded(source: Any, devices: Any, *, engine: str | None = None) -> Any
         # zarr: consolidated=False, as write_sharded writes (consolidated metadata is not
         # part of Zarr format 3, and reading without it otherwise warns)
         kw = {"consolidated": False} if engine == "zarr" else {}
-        ds: Any = xr.open_dataset(path, engine=engine, chunks=None, **kw)
-    elif isinstance(source, xr.DataArray | xr.Dataset):
-        ds = source
-    else:
-        raise XStencilError(
-            f"{call}: source={source!r:.80} must be a path to a Zarr store or NetCDF file, or a "
-            f"DataArray or Dataset; open other formats with xarray.open_dataset first")
+        # every read happens inside _shard, so the file is closed when it returns
+        with xr.open_dataset(path, engine=engine, chunks=None, **kw) as ds:
+            return _shard(call, ds, devices)
+    if isinstance(source, xr.DataArray | xr.Dataset):
+        return _shard(call, source, devices)
+    raise XStencilError(
+        f"{call}: source={source!r:.80} must be a path to a Zarr store or NetCDF file, or a "
+        f"DataArray or Dataset; open other formats with xarray.open_dataset first")
+
+
+def _shard(call: str, ds: Any, devices: Any) -> Any:
+    """``ds`` with every variable along a sharded dim as a global array, the rest in
+    memory; ``ds`` itself is not loaded (``compute``, not ``load``)."""
     mesh, names = _mesh_and_names(call, devices, tuple(ds.dims))
     if isinstance(ds, xr.DataArray):
         var = ds.variable
         if not any(d in names for d in var.dims):
-            return ds.load()
-        return ds.copy(data=_global(call, ds.name, var, mesh, names))
+            return ds.compute()
+        return ds.copy(data=_global(call, ds.name, var, mesh, names)).compute()
     out = {}
     for name, da in ds.data_vars.items():
         if any(d in names for d in da.dims):
             out[name] = da.copy(data=_global(call, name, da.variable, mesh, names))
         else:
-            out[name] = da.load()
-    return xr.Dataset(out, coords=ds.coords.to_dataset().load().coords, attrs=ds.attrs)
+            out[name] = da.compute()
+    return xr.Dataset(out, coords=ds.coords.to_dataset().compute().coords, attrs=ds.attrs)
 
 
 def _is_jax(x: Any) -> bool:
@@ -307,21 +315,29 @@ def write_sharded(obj: Any, store: Any, *, mode: str = "w-") -> None:
                           ds[k].attrs)
         template[k] = var
         encoding[k] = {"chunks": chunks}
-    if mode == "w-" and isinstance(store, str | os.PathLike) and os.path.exists(store):
-        raise XStencilError(f"{call}: store={os.fspath(store)!r} already exists; pass mode='w' "
-                            f"to overwrite it, or choose a new path")
+    path = os.fspath(store) if isinstance(store, str | os.PathLike) else None
+    exists = XStencilError(f"{call}: store={path!r} already exists; pass mode='w' to "
+                           f"overwrite it, or choose a new path")
     failure: Exception | None = None
     if jax.process_index() == 0:
+        # only process 0 looks for an existing store: another process looking for it
+        # could find the metadata process 0 has just written, and refuse its own store
         try:
-            template.to_zarr(store, mode=mode, compute=False, encoding=encoding,
-                             consolidated=False)
+            if mode == "w-" and path is not None and os.path.exists(path):
+                failure = exists
+            else:
+                template.to_zarr(store, mode=mode, compute=False, encoding=encoding,
+                                 consolidated=False)
         except Exception as e:  # re-raised below, after telling the other processes
             failure = e
     # a collective that doubles as the barrier: no process waits forever on a failed process 0
-    ok = int(multihost_utils.broadcast_one_to_all(np.int32(failure is None)))
+    state = 0 if failure is None else 1 if failure is exists else 2
+    state = int(multihost_utils.broadcast_one_to_all(np.int32(state)))
     if failure is not None:
         raise failure
-    if not ok:
+    if state == 1:
+        raise exists
+    if state:
         raise XStencilError(f"{call}: process 0 could not write the store's metadata to "
                             f"{store!r}; see the error on process 0")
     try:
