@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from xstencil._backends.dask import is_dask
+from xstencil._backends.dask_base import is_dask
 from xstencil._backends.shard import is_sharded
 from xstencil._errors import XStencilError
 

@@ -23,7 +23,7 @@ Sharded scans (:func:`~xstencil._backends.shard_scan.scan_sharded`) live in
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +44,8 @@ from xstencil._errors import XStencilError
 
 Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
 
-__all__ = ["Layout", "is_sharded", "layout", "make_mesh", "map_sharded", "prepared",
-           "exchange"]
+__all__ = ["Layout", "device_axes", "is_sharded", "layout", "make_mesh", "map_sharded",
+           "prepared", "exchange"]
 
 
 @dataclass(frozen=True)
@@ -118,30 +118,52 @@ def layout(call: str, dims: tuple[str, ...], arrays: Sequence[Any], mesh: Any) -
     if mesh is None:
         assert data_mesh is not None
         return Layout(data_mesh, data_names)
+    names = device_axes(call, mesh, dims)
     if isinstance(mesh, Mesh):
-        for name in mesh.axis_names:
-            if name not in dims:
-                raise XStencilError(
-                    f"{call}: devices={mesh!r} has axis {name!r}, which is not a dim of the data "
-                    f"{dims!r}; name the axes after the dims, or pass devices={{dim: axis}}")
-        return Layout(mesh, tuple(d if d in mesh.axis_names else None for d in dims))
-    if not isinstance(mesh, Mapping) or not all(isinstance(v, str) for v in mesh.values()):
-        raise XStencilError(
-            f"{call}: devices={mesh!r} must map dim names to mesh axis names, such as "
-            f"{{{dims[-1]!r}: 'i'}}, or be a jax.sharding.Mesh whose axes are named after dims")
-    for d in mesh:
-        if d not in dims:
-            raise XStencilError(
-                f"{call}: devices={dict(mesh)!r}: dimension {d!r} not found; available dims are "
-                f"{dims!r}")
-    if len(set(mesh.values())) != len(mesh):
-        raise XStencilError(f"{call}: devices={dict(mesh)!r} shards two dims over one mesh axis; "
-                            f"give each dim its own axis")
-    if data_mesh is not None and all(v in data_mesh.axis_names for v in mesh.values()):
+        devmesh = mesh
+    elif data_mesh is not None and all(v in data_mesh.axis_names for v in names.values()):
         devmesh = data_mesh
     else:
-        devmesh = make_mesh(tuple(mesh.values()))
-    return Layout(devmesh, tuple(mesh.get(d) for d in dims))
+        devmesh = make_mesh(tuple(names.values()))
+    return Layout(devmesh, tuple(names.get(d) for d in dims))
+
+
+def device_axes(call: str, devices: Any, dims: Sequence[Hashable]) -> dict[Hashable, str]:
+    """Check ``devices=`` against the data's ``dims``; return ``{dim: mesh axis}``.
+
+    ``devices`` is a non-empty ``{dim: axis name}`` mapping, each dim of the
+    data with its own axis, or a :class:`jax.sharding.Mesh` whose axes are
+    named after dims (each axis shards the dim of its name).
+
+    Examples
+    --------
+    >>> from xstencil._backends.shard import device_axes
+    >>> device_axes("f()", {"x": "i"}, ("y", "x"))
+    {'x': 'i'}
+    """
+    if isinstance(devices, Mesh):
+        for name in devices.axis_names:
+            if name not in dims:
+                raise XStencilError(
+                    f"{call}: devices={devices!r} has axis {name!r}, which is not a dim of the "
+                    f"data {tuple(dims)!r}; name the axes after the dims, or pass "
+                    f"devices={{dim: axis}}")
+        return {d: d for d in devices.axis_names}
+    if not isinstance(devices, Mapping) or not devices or not all(
+            isinstance(v, str) for v in devices.values()):
+        raise XStencilError(
+            f"{call}: devices={devices!r} must map dim names to mesh axis names, such as "
+            f"{{{(tuple(dims) or ('x',))[-1]!r}: 'i'}}, or be a jax.sharding.Mesh whose axes "
+            f"are named after dims (xstencil.make_devices)")
+    for d in devices:
+        if d not in dims:
+            raise XStencilError(
+                f"{call}: devices={dict(devices)!r}: dimension {d!r} not found; available "
+                f"dims are {tuple(dims)!r}")
+    if len(set(devices.values())) != len(devices):
+        raise XStencilError(f"{call}: devices={dict(devices)!r} shards two dims over one mesh "
+                            f"axis; give each dim its own axis")
+    return dict(devices)
 
 
 def _check(plan: Plan, lay: Layout) -> None:

@@ -32,7 +32,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xstencil._backends.shard import make_mesh
+from xstencil._backends.shard import device_axes, make_mesh
 from xstencil._engine.call import precision
 from xstencil._errors import XStencilError
 
@@ -76,29 +76,9 @@ def make_devices(axes: Mapping[str, int] | Sequence[str],
 
 def _mesh_and_names(call: str, devices: Any, dims: Sequence[Hashable]
                     ) -> tuple[Mesh, dict[Hashable, str]]:
-    if isinstance(devices, Mesh):
-        for name in devices.axis_names:
-            if name not in dims:
-                raise XStencilError(
-                    f"{call}: devices={devices!r} has axis {name!r}, which is not a dim of the "
-                    f"data {tuple(dims)!r}; name the axes after the dims, or pass "
-                    f"devices={{dim: axis}}")
-        return devices, {d: d for d in devices.axis_names}
-    if not isinstance(devices, Mapping) or not devices or not all(
-            isinstance(v, str) for v in devices.values()):
-        raise XStencilError(
-            f"{call}: devices={devices!r} must map dim names to mesh axis names, such as "
-            f"{{{(tuple(dims) or ('x',))[-1]!r}: 'i'}}, or be a jax.sharding.Mesh whose axes "
-            f"are named after dims (xstencil.make_devices)")
-    for d in devices:
-        if d not in dims:
-            raise XStencilError(
-                f"{call}: devices={dict(devices)!r}: dimension {d!r} not found; available "
-                f"dims are {tuple(dims)!r}")
-    if len(set(devices.values())) != len(devices):
-        raise XStencilError(f"{call}: devices={dict(devices)!r} shards two dims over one mesh "
-                            f"axis; give each dim its own axis")
-    return make_mesh(tuple(devices.values())), dict(devices)
+    names = device_axes(call, devices, dims)
+    mesh = devices if isinstance(devices, Mesh) else make_mesh(tuple(names.values()))
+    return mesh, names
 
 
 def _global(call: str, name: Hashable, var: xr.Variable, mesh: Mesh,
