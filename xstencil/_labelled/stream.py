@@ -29,7 +29,12 @@ Dask-backed data streams the same way: each segment is the dask scan
 (:mod:`xstencil._backends.dask`) of the last ``k`` positions, read lazily back
 from the store, and is computed by its ``to_zarr`` write, chunk by chunk (the
 store's chunks follow the dask chunks, one position deep along ``dim``).
-Data sharded over JAX devices is refused.
+
+Data sharded over JAX devices (or ``devices=``) streams too: each segment is
+the sharded scan (a deep halo every ``halo_every`` steps), its saved
+positions are written between segments, and the next segment starts from the
+last ``k`` positions on the devices (after a resume, read back and put on
+the devices with the input's layout: :mod:`xstencil._labelled.stream_shard`).
 
 Zarr writes each chunk and each metadata document atomically (a temporary
 file renamed), so a kill leaves every file either old or new.
@@ -51,11 +56,12 @@ import jax
 import numpy as np
 import xarray as xr
 
-from xstencil._backends.dask import any_dask
-from xstencil._backends.shard import is_sharded
+from xstencil._backends.dask_base import any_dask
 from xstencil._engine.kcache import describe
 from xstencil._errors import XStencilError
+from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.scan_setup import grown_coord
+from xstencil._labelled.stream_shard import Layout, layout_of, reshard
 
 __all__ = ["streamed", "STORE_KEY", "SEGMENT_BYTES"]
 
@@ -82,6 +88,7 @@ class _Run:
     saves: int  # saved positions in all, the k initial ones included
     segment: int  # saved positions per segment
     chunks: dict[str, int] | None = None  # dask-backed: the input's chunk size per dim
+    layout: Layout | None = None  # sharded over devices: the input's layout
 
 
 def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: str,
@@ -89,9 +96,12 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
              store: Any, resume: bool, segment: int | None) -> Any:
     """Run ``scan(obj, kernel, dim, *args, **options, **kwargs)`` segment by
     segment into the Zarr ``store``; return the result opened from it."""
+    if options.get("mesh") is not None:  # the old name of devices=: warned about once
+        options = {**options, "devices": devices_arg(call, options.get("devices"),
+                                                     options["mesh"]), "mesh": None}
     run = _plan(call, obj, dim, options, store, segment)
     path = os.fspath(store)
-    meta = {"version": 1, **_fingerprint(obj, kernel, dim, args, kwargs, options),
+    meta = {"version": 1, **_fingerprint(obj, kernel, dim, args, kwargs, options, run.layout),
             "kind": "DataArray" if isinstance(obj, xr.DataArray) else "Dataset",
             "name": None if isinstance(obj, xr.Dataset) else _name(obj.name),
             "dim": dim, "saves": run.saves, "complete": 0}
@@ -160,20 +170,14 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
         raise XStencilError(
             f"{call}: store= needs save_every=s (an int), got save_every={every!r}; "
             f"save_every='last' keeps one state, so run it without store=")
-    for opt in ("devices", "mesh", "halo_every", "grid", "at"):
+    for opt in ("grid", "at"):
         if options.get(opt) is not None:
             raise XStencilError(
-                f"{call}: store= is not available with {opt}=; streamed saves run in memory "
-                f"on one device: drop {opt}= (and load the data with obj.load())")
+                f"{call}: store= is not available with {opt}= (a staggered scan); scan "
+                f"without store= and write the result with .to_zarr(...)")
     datas = [v.data for v in obj.data_vars.values()] if isinstance(obj, xr.Dataset) \
         else [obj.data]
-    if is_sharded(datas):
-        raise XStencilError(
-            f"{call}: store= streams in-memory and dask-backed scans; this data is a JAX "
-            f"array sharded over devices. Bring the initial state to the host "
-            f"(obj.copy(data=np.asarray(...)), or .chunk(...) it for dask) and call "
-            f"scan(..., store=...) again, or scan without store= and write the result with "
-            f".to_zarr(...)")
+    layout = layout_of(call, obj)
     chunks = None
     if any_dask(datas):
         chunks = {str(d): max(c) for d, c in obj.chunksizes.items() if d != dim}
@@ -201,7 +205,7 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
     elif isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
         raise XStencilError(f"{call}: segment={segment!r} must be an int >= 1 (saved "
                             f"positions per segment written to the store)")
-    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment, chunks)
+    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment, chunks, layout)
 
 
 def _evolving(obj: Any, dim: str) -> list[Any]:
@@ -250,11 +254,15 @@ def _numeric(tvals: np.ndarray) -> np.ndarray:
 
 def _next_state(out: Any, path: str, meta: dict[str, Any], run: _Run, done: int) -> Any:
     """The last ``k`` positions, the next segment's input: copied from the
-    segment in memory (not a view holding it), or read lazily from the store
-    for dask-backed data (so the segment's graph is not computed again)."""
+    segment in memory or on the devices (not a view holding it), or read
+    lazily from the store for dask-backed data (so the segment's graph is not
+    computed again).  After a resume, sharded data is put back on the
+    devices with the input's layout."""
     if out is not None and run.chunks is None:
         return out.isel({run.dim: slice(-run.k, None)}).copy(deep=True)
     state = _open(path, meta).isel({run.dim: slice(done - run.k, done)})
+    if run.layout is not None:
+        return reshard(state.load(), run.layout)
     if run.chunks is None:
         return state.load()
     return state.chunk({d: c for d, c in run.chunks.items() if d in state.dims})
@@ -352,14 +360,17 @@ def _name(name: Any) -> str | None:
 # -- the fingerprint ---------------------------------------------------------------------
 
 def _fingerprint(obj: Any, kernel: Any, dim: str, args: Any, kwargs: Any,
-                 options: Mapping[str, Any]) -> dict[str, Any]:
+                 options: Mapping[str, Any], layout: Layout | None = None) -> dict[str, Any]:
     """Hashes, stable across processes, of what determines the numbers: the
-    kernel, its arguments, the initial state; and the options (as text)."""
+    kernel, its arguments, the initial state; and the options (as text), with
+    the layout of sharded data among them."""
     lifted = describe([options["step"]] if kernel is None else [kernel])
+    text = {n: _text(v) for n, v in sorted(options.items()) if n not in _FREE and n != "step"}
+    if layout is not None:
+        text["sharded"] = layout.describe()
     return {"kernel": _hash((lifted.key, [np.asarray(x) for x in lifted.leaves])),
             "arguments": _hash((args, sorted(kwargs.items()))), "initial": _hash(obj),
-            "options": {n: _text(v) for n, v in sorted(options.items())
-                        if n not in _FREE and n != "step"}}
+            "options": text}
 
 
 def _text(v: Any) -> str:
