@@ -268,6 +268,38 @@ def write_sharded(obj: Any, store: Any, *, mode: str = "w-") -> None:
     else:
         raise XStencilError(f"{call}: expected a DataArray or Dataset, got {type(obj).__name__}: "
                             f"{obj!r:.80}; wrap arrays with xarray.DataArray first")
+    template, encoding, jaxvars = _template(call, ds)
+    if mode == "w-" and isinstance(store, str | os.PathLike) and os.path.exists(store):
+        raise XStencilError(f"{call}: store={os.fspath(store)!r} already exists; pass mode='w' "
+                            f"to overwrite it, or choose a new path")
+    failure: Exception | None = None
+    if jax.process_index() == 0:
+        try:
+            template.to_zarr(store, mode=mode, compute=False, encoding=encoding,
+                             consolidated=False)
+        except Exception as e:  # re-raised below, after telling the other processes
+            failure = e
+    # a collective that doubles as the barrier: no process waits forever on a failed process 0
+    ok = int(multihost_utils.broadcast_one_to_all(np.int32(failure is None)))
+    if failure is not None:
+        raise failure
+    if not ok:
+        raise XStencilError(f"{call}: process 0 could not write the store's metadata to "
+                            f"{store!r}; see the error on process 0")
+    failure = _write_blocks(ds, jaxvars, store)
+    # the closing barrier, and every process learns whether all of them wrote their blocks
+    oks = np.asarray(multihost_utils.process_allgather(np.int32(failure is None)))
+    if failure is not None:
+        raise failure
+    if not oks.all():
+        bad = [int(i) for i in np.flatnonzero(oks == 0)]
+        raise XStencilError(f"{call}: process(es) {bad} could not write their blocks to "
+                            f"{store!r}; see the errors there")
+
+
+def _template(call: str, ds: xr.Dataset) -> tuple[xr.Dataset, dict[Any, Any], list[Any]]:
+    """The store's layout without data: ``ds`` with every JAX variable as
+    lazy dask zeros chunked like its blocks, their encodings, and their names."""
     try:
         import dask.array as dsa
     except ImportError as e:  # pragma: no cover - dask is in the test and dask extras
@@ -287,23 +319,12 @@ def write_sharded(obj: Any, store: Any, *, mode: str = "w-") -> None:
                           ds[k].attrs)
         template[k] = var
         encoding[k] = {"chunks": chunks}
-    if mode == "w-" and isinstance(store, str | os.PathLike) and os.path.exists(store):
-        raise XStencilError(f"{call}: store={os.fspath(store)!r} already exists; pass mode='w' "
-                            f"to overwrite it, or choose a new path")
-    failure: Exception | None = None
-    if jax.process_index() == 0:
-        try:
-            template.to_zarr(store, mode=mode, compute=False, encoding=encoding,
-                             consolidated=False)
-        except Exception as e:  # re-raised below, after telling the other processes
-            failure = e
-    # a collective that doubles as the barrier: no process waits forever on a failed process 0
-    ok = int(multihost_utils.broadcast_one_to_all(np.int32(failure is None)))
-    if failure is not None:
-        raise failure
-    if not ok:
-        raise XStencilError(f"{call}: process 0 could not write the store's metadata to "
-                            f"{store!r}; see the error on process 0")
+    return template, encoding, jaxvars
+
+
+def _write_blocks(ds: xr.Dataset, jaxvars: list[Any], store: Any) -> Exception | None:
+    """Write this process's blocks of every JAX variable; the error, if any
+    (re-raised by the caller after telling the other processes)."""
     try:
         for k in jaxvars:
             x = ds[k].data
@@ -314,13 +335,6 @@ def write_sharded(obj: Any, store: Any, *, mode: str = "w-") -> None:
                 region = dict(zip(dims, _region(shard.index, x.shape), strict=True))
                 block = xr.Dataset({k: xr.Variable(dims, np.asarray(shard.data))})
                 block.to_zarr(store, region=region, mode="r+", consolidated=False)
-    except Exception as e:  # re-raised below, after telling the other processes
-        failure = e
-    # the closing barrier, and every process learns whether all of them wrote their blocks
-    oks = np.asarray(multihost_utils.process_allgather(np.int32(failure is None)))
-    if failure is not None:
-        raise failure
-    if not oks.all():
-        bad = [int(i) for i in np.flatnonzero(oks == 0)]
-        raise XStencilError(f"{call}: process(es) {bad} could not write their blocks to "
-                            f"{store!r}; see the errors there")
+    except Exception as e:  # re-raised by the caller, after telling the other processes
+        return e
+    return None
