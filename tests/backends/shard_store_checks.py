@@ -156,6 +156,24 @@ def check_resume_refuses_another_layout(tmp: Path) -> None:
         sharded().stencil.scan(diffuse, **OPTS, devices={"x": "b"}, store=store, resume=True)
 
 
+def check_mixed_layouts_refused(tmp: Path) -> None:
+    mesh = xstencil.make_devices({"y": 2, "x": 2})
+    rng = np.random.default_rng(5)
+
+    def put(spec):
+        return jax.device_put(rng.random((8, 16)).astype(np.float32),
+                              jax.sharding.NamedSharding(mesh, spec))
+
+    P = jax.sharding.PartitionSpec
+    ds = xr.Dataset({"a": (("y", "x"), put(P(None, "x"))), "b": (("y", "x"), put(P(None, "y")))})
+    with pytest.raises(XStencilError, match=r"variable 'b' is sharded as PartitionSpec\(None, "
+                                            r"'y'\).*unlike the other variables.*store= needs "
+                                            r"one layout"):
+        ds.stencil.scan(lambda s: {"a": s["a"](time=-1), "b": s["b"](time=-1)}, steps=2,
+                        boundary="periodic", store=tmp / "x")
+    assert not (tmp / "x").exists()
+
+
 def check_staggered_still_refused(tmp: Path) -> None:
     with pytest.raises(XStencilError, match=r"store= is not available with grid= \(a "
                                             r"staggered scan\)"):

@@ -26,7 +26,7 @@ pytest.importorskip("zarr")
 SCRIPT = Path(__file__).with_name("shard_store_checks.py")
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["dataset", "devices_equal_to_uninterrupted", "mesh_alias_warns_once",
-         "presharded_keeps_devices", "resume_refuses_another_layout",
+         "mixed_layouts_refused", "presharded_keeps_devices", "resume_refuses_another_layout",
          "staggered_still_refused"]
 
 

@@ -45,7 +45,7 @@ from xstencil._errors import XStencilError
 Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
 
 __all__ = ["Layout", "device_axes", "is_sharded", "layout", "make_mesh", "map_sharded",
-           "prepared", "exchange"]
+           "prepared", "exchange", "sharded_axes"]
 
 
 @dataclass(frozen=True)
@@ -103,17 +103,9 @@ def layout(call: str, dims: tuple[str, ...], arrays: Sequence[Any], mesh: Any) -
     sharding of the data."""
     data_mesh, data_names = None, None
     for x in arrays:
-        sh = getattr(x, "sharding", None)
-        if isinstance(sh, NamedSharding) and not x.is_fully_replicated:
-            spec = tuple(sh.spec) + (None,) * (x.ndim - len(sh.spec))
-            for d, s in zip(dims, spec, strict=False):
-                if isinstance(s, tuple):
-                    if len(s) != 1:
-                        raise XStencilError(
-                            f"{call}: dim {d!r} is sharded over several mesh axes {s!r}; "
-                            f"shard each dim over at most one axis")
-            data_mesh = sh.mesh
-            data_names = tuple(s[0] if isinstance(s, tuple) else s for s in spec)
+        got = sharded_axes(call, x, dims)
+        if got is not None:
+            data_mesh, data_names = got
             break
     if mesh is None:
         assert data_mesh is not None
@@ -126,6 +118,24 @@ def layout(call: str, dims: tuple[str, ...], arrays: Sequence[Any], mesh: Any) -
     else:
         devmesh = make_mesh(tuple(names.values()))
     return Layout(devmesh, tuple(names.get(d) for d in dims))
+
+
+def sharded_axes(call: str, x: Any, dims: Sequence[Hashable]
+                 ) -> tuple[Mesh, tuple[str | None, ...]] | None:
+    """The mesh ``x`` is split over and, per axis of ``x`` (named by
+    ``dims``), the mesh axis it is sharded over; ``None`` when ``x`` is not
+    split over several devices."""
+    sh = getattr(x, "sharding", None)
+    if not isinstance(sh, NamedSharding) or x.is_fully_replicated:
+        return None
+    spec = tuple(sh.spec) + (None,) * (x.ndim - len(sh.spec))
+    for d, s in zip(dims, spec, strict=False):
+        if isinstance(s, tuple):
+            if len(s) != 1:
+                raise XStencilError(
+                    f"{call}: dim {d!r} is sharded over several mesh axes {s!r}; "
+                    f"shard each dim over at most one axis")
+    return sh.mesh, tuple(s[0] if isinstance(s, tuple) else s for s in spec)
 
 
 def device_axes(call: str, devices: Any, dims: Sequence[Hashable]) -> dict[Hashable, str]:

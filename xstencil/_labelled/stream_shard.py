@@ -26,7 +26,7 @@ import xarray as xr
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xstencil._backends.shard import is_sharded
+from xstencil._backends.shard import sharded_axes
 from xstencil._engine.call import precision
 from xstencil._errors import XStencilError
 
@@ -56,33 +56,23 @@ def layout_of(call: str, obj: Any) -> Layout | None:
     sharded over several devices."""
     out: Layout | None = None
     for v in _variables(obj):
-        x = v.data
-        if not is_sharded([x]):
+        got = sharded_axes(call, v.data, v.dims)
+        if got is None:
             continue
-        if not x.is_fully_addressable:
+        if not v.data.is_fully_addressable:
             raise XStencilError(
                 f"{call}: store= streams from one process, but this data is a global array "
                 f"spanning the devices of {jax.process_count()} processes; scan without "
                 f"store= and write the result with xstencil.write_sharded(...)")
-        sh = x.sharding
-        spec = tuple(sh.spec) + (None,) * (x.ndim - len(sh.spec))
-        axes = {}
-        for d, s in zip(v.dims, spec, strict=True):
-            if isinstance(s, tuple):
-                if len(s) != 1:  # the backend says how to fix this, with the same words
-                    raise XStencilError(
-                        f"{call}: dim {d!r} is sharded over several mesh axes {s!r}; "
-                        f"shard each dim over at most one axis")
-                s = s[0]
-            if s is not None:
-                axes[d] = s
+        mesh, names = got
+        axes = {d: a for d, a in zip(v.dims, names, strict=True) if a is not None}
         if out is None:
-            out = Layout(sh.mesh, axes)
-        elif sh.mesh != out.mesh or any(out.axes.get(d, a) != a for d, a in axes.items()):
+            out = Layout(mesh, axes)
+        elif mesh != out.mesh or any(out.axes.get(d, a) != a for d, a in axes.items()):
             raise XStencilError(
-                f"{call}: variable {v.name!r} is sharded as {sh.spec!r} over {sh.mesh!r}, "
-                f"unlike the other variables ({out.describe()}); store= needs one layout: "
-                f"put every variable on the same mesh (xstencil.open_sharded does)")
+                f"{call}: variable {v.name!r} is sharded as {v.data.sharding.spec!r} over "
+                f"{mesh!r}, unlike the other variables ({out.describe()}); store= needs one "
+                f"layout: put every variable on the same mesh (xstencil.open_sharded does)")
         else:
             out = Layout(out.mesh, {**out.axes, **axes})
     return out
