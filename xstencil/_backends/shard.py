@@ -45,7 +45,7 @@ from xstencil._errors import XStencilError
 Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
 
 __all__ = ["Layout", "device_axes", "is_sharded", "layout", "make_mesh", "map_sharded",
-           "prepared", "exchange", "sharded_axes"]
+           "prepared", "exchange", "sharded_axes", "check_divides"]
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,18 @@ def sharded_axes(call: str, x: Any, dims: Sequence[Hashable]
     return sh.mesh, tuple(s[0] if isinstance(s, tuple) else s for s in spec)
 
 
+def check_divides(call: str, has: str, dim: Hashable, n: int, p: int, axis: Any) -> None:
+    """Raise unless the ``n`` points of ``dim`` split evenly over the ``p``
+    devices of mesh ``axis``; ``has`` starts the message (``"dim 'x' has 47
+    points"``)."""
+    if n % p:
+        m = -(-n // p) * p
+        raise XStencilError(
+            f"{call}: {has}, which does not divide evenly over the {p} devices of mesh axis "
+            f"{axis!r}; pad the data to {m} points (e.g. with .pad({{{dim!r}: (0, {m - n})}}, "
+            f"mode='edge')) or use a mesh axis whose size divides {n}")
+
+
 def device_axes(call: str, devices: Any, dims: Sequence[Hashable]) -> dict[Hashable, str]:
     """Check ``devices=`` against the data's ``dims``; return ``{dim: mesh axis}``.
 
@@ -181,12 +193,7 @@ def _check(plan: Plan, lay: Layout) -> None:
         p = lay.size(k)
         if p == 1:
             continue
-        if n % p:
-            raise XStencilError(
-                f"{plan.call}: dim {d!r} has {n} points, which does not divide evenly over "
-                f"the {p} devices of mesh axis {lay.names[k]!r}; pad the data to "
-                f"{-(-n // p) * p} points (e.g. with .pad({{{d!r}: (0, {-(-n // p) * p - n})}}, "
-                f"mode='edge')) or use a mesh axis whose size divides {n}")
+        check_divides(plan.call, f"dim {d!r} has {n} points", d, n, p, lay.names[k])
         local = n // p
         if s.mode == "valid" and (s.lo or s.hi):
             raise XStencilError(

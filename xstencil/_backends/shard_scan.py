@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from xstencil import _progress
 from xstencil._backends.edges import repad as edge_repad
 from xstencil._backends.halo import Block, BlockJob, Stepper, padded_coords, run_steps, time_padded
-from xstencil._backends.shard import Layout, exchange, layout
+from xstencil._backends.shard import Layout, check_divides, exchange, layout
 from xstencil._engine.call import as_array
 from xstencil._errors import XStencilError
 
@@ -67,11 +67,7 @@ def _grid(job: BlockJob, datas: Sequence[Any], devices: Any, K: int) -> _Grid:
     for a in split:
         s, n, p = plan.specs[a], plan.shape[a], lay.size(a)
         d = plan.dims[a]
-        if n % p:
-            raise XStencilError(
-                f"{call}: dim {d!r} has {n} points, which does not divide evenly over the "
-                f"{p} devices of mesh axis {lay.names[a]!r}; pad the data to "
-                f"{-(-n // p) * p} points or use a mesh axis whose size divides {n}")
+        check_divides(call, f"dim {d!r} has {n} points", d, n, p, lay.names[a])
         need = K * max(s.lo, s.hi) + (1 if s.mode == "reflect" else 0)
         if n // p < need:
             raise XStencilError(

@@ -32,7 +32,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xstencil._backends.shard import device_axes, make_mesh
+from xstencil._backends.shard import check_divides, device_axes, make_mesh
 from xstencil._engine.call import precision
 from xstencil._errors import XStencilError
 
@@ -87,12 +87,8 @@ def _global(call: str, name: Hashable, var: xr.Variable, mesh: Mesh,
     spec = P(*[names.get(d) for d in var.dims])
     for d, n in zip(var.dims, var.shape, strict=True):
         if d in names:
-            p = int(mesh.shape[names[d]])
-            if n % p:
-                raise XStencilError(
-                    f"{call}: variable {name!r} has {n} points along {d!r}, which does not "
-                    f"divide evenly over the {p} devices of mesh axis {names[d]!r}; pad the "
-                    f"data to {-(-n // p) * p} points or use a mesh axis whose size divides {n}")
+            check_divides(call, f"variable {name!r} has {n} points along {d!r}", d, n,
+                          int(mesh.shape[names[d]]), names[d])
 
     def read(index: tuple[slice, ...]) -> np.ndarray:
         return np.asarray(var[index].values)
