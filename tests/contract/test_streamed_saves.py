@@ -218,10 +218,7 @@ def test_clear_errors(tmp_path):
         u0.expand_dims(time=3).stencil.scan(heat, store=tmp_path / "a.zarr")
     with pytest.raises(XStencilError, match=r"save_every='last'"):
         u0.stencil.scan(heat, steps=4, save_every="last", store=tmp_path / "a.zarr")
-    with pytest.raises(XStencilError, match=r"store= is not available with devices=.*one "
-                                            r"device"):
-        u0.stencil.scan(heat, steps=4, boundary="periodic", devices={"x": "x"},
-                        store=tmp_path / "a.zarr")
+    # devices= streams now (tests/backends/test_shard_store.py)
     with pytest.raises(XStencilError, match=r"resume= and segment= go with store="):
         u0.stencil.scan(heat, steps=4, resume=True)
     with pytest.raises(XStencilError, match=r"steps=6 must be an int >= 1 and a multiple of "

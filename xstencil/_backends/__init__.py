@@ -4,12 +4,14 @@
   engine directly (jit + evaluate / mesh_evaluate / tscan).
 * ``dask``: dask arrays, lazily, one task per chunk and its neighbours' edge
   strips (:mod:`xstencil._backends.dask_halo`, :mod:`xstencil._backends.dask`,
-  :mod:`xstencil._backends.dask_scan`).
+  :mod:`xstencil._backends.dask_scan`; what the map and the scan share, the
+  per-process compile cache among it, is in :mod:`xstencil._backends.dask_base`).
 * ``shard``: JAX arrays sharded over several devices, under ``shard_map``
   (:mod:`xstencil._backends.shard`, :mod:`xstencil._backends.shard_scan`).
 
 The dask and sharded scans share the K-step block stepping of
-:mod:`xstencil._backends.halo`.  :func:`backend_for` picks one from the
+:mod:`xstencil._backends.halo` and the rebuilding of a block's halo on a
+global edge (:mod:`xstencil._backends.edges`).  :func:`backend_for` picks one from the
 arrays, as xarray's ``get_chunked_array_type`` picks a chunk manager.
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from xstencil._backends.dask import is_dask
+from xstencil._backends.dask_base import is_dask
 from xstencil._backends.shard import is_sharded
 from xstencil._errors import XStencilError
 

@@ -18,17 +18,18 @@ How a block is computed
   edge flags given at run time.
 * Every block is evaluated by one jitted engine function (the same lowering
   as in-memory maps: whole shifted slices, no padding copy).  The jitted
-  functions live in this importable module, in a per-process cache keyed by a
-  token of the kernel and the options computed once on the client.  A kernel
-  pickled to a worker is a new object on every task; keying by the token, not
-  by the object, is what keeps a worker at one compile per block geometry.
+  functions live in the per-process cache of
+  :mod:`xstencil._backends.dask_base`, keyed by a token of the kernel and the
+  options computed once on the client.  A kernel pickled to a worker is a new
+  object on every task; keying by the token, not by the object, is what keeps
+  a worker at one compile per block geometry.
 * Each block knows its global position (its chunk index), so strides,
   ``valid`` trimming, mesh regions by label or position, and coordinate
   windows (``u.coord``, sliced per block with its halo) are all exact across
   chunk borders.
 
 Scans over dask data (:func:`~xstencil._backends.dask_scan.scan_dask`) live in
-:mod:`xstencil._backends.dask_scan` and share this module's compile cache.
+:mod:`xstencil._backends.dask_scan` and share the compile cache.
 No xarray here: the labelled layer passes the raw arrays, the numeric
 coordinates and the kernel adapter (:class:`~xstencil._backends.jobs.Hooks`).
 """
@@ -36,9 +37,6 @@ coordinates and the kernel adapter (:class:`~xstencil._backends.jobs.Hooks`).
 from __future__ import annotations
 
 import math
-import sys
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,121 +45,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xstencil._backends.dask_base import (
+    any_dask,
+    cached,
+    clear_cache,
+    compile_count,
+    is_dask,
+    merged,
+    note_trace,
+    token,
+    with_progress,
+)
 from xstencil._backends.dask_halo import Overlap, assemble, halo_array
 from xstencil._backends.dask_pack import byte_width, pack, unpack
 from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._engine.call import precision, split_static, stand_in
 from xstencil._engine.coords import padded, read_dtype
-from xstencil._engine.kcache import lru_get
-from xstencil._engine.ktoken import token_parts
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._engine.mesh import Slab, branches, mesh_evaluate
 from xstencil._errors import XStencilError
 
 Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
 
+# is_dask, any_dask, compile_count, clear_cache and with_progress live in dask_base and
+# are re-exported here for the modules that import them from this one
 __all__ = ["is_dask", "any_dask", "map_dask", "compile_count", "clear_cache", "with_progress"]
-
-# The per-process compile cache: token -> jitted block function.  It is the one
-# piece of module state in xstencil, and exists because dask ships kernels to
-# worker processes as fresh objects on every task (see the module docstring).
-_CACHE_SIZE = 64
-_cache: OrderedDict[Any, Callable[..., Any]] = OrderedDict()
-_lock = threading.Lock()
-_traces = [0]
-
-
-def is_dask(x: Any) -> bool:
-    """Whether ``x`` is a dask array (without importing dask)."""
-    if "dask.array" not in sys.modules:
-        return False
-    import dask.array as dsa
-
-    return isinstance(x, dsa.Array)
-
-
-def any_dask(arrays: Sequence[Any]) -> bool:
-    return any(is_dask(x) for x in arrays)
-
-
-def compile_count() -> int:
-    """How many block functions this process has traced (and so compiled).
-
-    Run it on workers with ``client.run(xstencil.compile_count)`` to
-    check that a graph compiles once per block geometry, not once per task.
-    """
-    return _traces[0]
-
-
-def clear_cache() -> None:
-    """Drop this process's compiled block functions."""
-    with _lock:
-        _cache.clear()
-
-
-def with_progress(obj: Any) -> Any:
-    """``obj`` computed now and kept chunked, under dask's progress display.
-
-    ``obj`` is a dask collection (a dask array, or a DataArray or Dataset
-    backed by them); anything else is returned as it is.  With a distributed
-    ``Client`` as the default scheduler, the result is persisted on the
-    cluster under ``distributed.progress`` (a text bar, or a widget in a
-    notebook); otherwise it is persisted with the local scheduler under a
-    :class:`dask.diagnostics.ProgressBar` (printed to stdout).
-    """
-    import dask
-
-    if not dask.is_dask_collection(obj):
-        return obj
-    client = None
-    if "distributed" in sys.modules:
-        from distributed import default_client
-
-        try:
-            client = default_client()
-        except ValueError:  # no client: a local scheduler
-            client = None
-    if client is not None:
-        from distributed import progress
-
-        out = client.persist(obj)
-        progress(out)
-        return out
-    from dask.diagnostics import ProgressBar
-
-    with ProgressBar():
-        return dask.persist(obj)[0]
-
-
-def _cached(key: Any, build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
-    fn: Callable[..., Any] = lru_get(_cache, _lock, _CACHE_SIZE, key, build)
-    return fn
-
-
-def _token(call: str, *parts: Any) -> str:
-    """A deterministic name for the graph and the compile cache.
-
-    dask tokenizes functions by pickling them; an object it cannot tokenize
-    deterministically (an unpicklable kernel, say one closing over a lock)
-    would get a random token, so every call would recompile and name a new
-    graph.  That is an error here, not a silent slowdown.  Kernels are
-    tokenized by what they read (:func:`~xstencil._engine.ktoken.token_parts`):
-    dask tokenizes a module-level function by its name, which would miss a
-    changed global it reads.
-    """
-    import dask
-    from dask.base import tokenize
-
-    try:
-        with dask.config.set({"tokenize.ensure-deterministic": True}):
-            return tokenize(*[token_parts(p) for p in parts])
-    except Exception as e:  # dask raises RuntimeError, or the pickler's own error
-        raise XStencilError(
-            f"{call}: the kernel or its arguments cannot be tokenized deterministically by "
-            f"dask ({type(e).__name__}: {e}), so the compiled code could not be reused and "
-            f"the graph would get a new name on every call; make the kernel picklable (a "
-            f"module-level function, closing over picklable values), or .compute() the data "
-            f"and run in memory") from e
 
 
 # -- per-axis layout -------------------------------------------------------------------
@@ -192,7 +100,7 @@ def _axes(plan: Plan, chunks: Sequence[Sequence[int]]) -> list[_Axis]:
                 f"{plan.call}: dim {d!r} has a chunk of {min(ch)} points, smaller than the "
                 f"window's halo of {depth}; neighbouring chunks must supply the halo, so "
                 f"rechunk with every chunk >= {depth}, e.g. "
-                f".chunk({{{d!r}: {_merged(tuple(ch), depth)!r}}})"
+                f".chunk({{{d!r}: {merged(tuple(ch), depth)!r}}})"
             )
         edge = None  # the mode that rebuilds the halo on a global edge
         if depth and s.mode != "periodic":
@@ -207,17 +115,6 @@ def _axes(plan: Plan, chunks: Sequence[Sequence[int]]) -> list[_Axis]:
         out.append(_Axis(depth, edge, starts, tuple(int(c) for c in ch), tuple(rng), s.lo,
                          s.stride, off))
     return out
-
-
-def _merged(chunks: tuple[int, ...], depth: int) -> tuple[int, ...] | int:
-    """``chunks`` with every chunk smaller than ``depth`` merged into a neighbour."""
-    out: list[int] = []
-    for c in chunks:
-        if out and (c < depth or out[-1] < depth):
-            out[-1] += c
-        else:
-            out.append(c)
-    return tuple(out) if len(out) > 1 else out[0]
 
 
 # -- the task function -----------------------------------------------------------------
@@ -267,7 +164,7 @@ class BlockMap:
         leaves = jax.tree_util.tree_leaves(pieces)
         key = (self.token, tuple(geom), tuple(regions),
                tuple((x.shape, str(x.dtype)) for x in leaves))
-        fn = _cached(key, lambda: self._build(geom, regions))
+        fn = cached(key, lambda: self._build(geom, regions))
         with precision(jax.tree_util.tree_leaves(arrays), self.dyn, self.plan.dtype_probe()):
             out = fn(list(arrays), edges, coords, list(self.dyn), list(masks))
         return np.asarray(out)
@@ -283,7 +180,7 @@ class BlockMap:
         fill = 0 if plan.fill_value is None else plan.fill_value
 
         def run(arrays: Any, edges: Any, coords: Any, dyn: Any, masks: Any) -> Any:
-            _traces[0] += 1
+            note_trace()
             srcs = []
             masks = [jnp.block(m) for m in masks]
             for p in arrays:
@@ -389,9 +286,9 @@ def map_dask(job: MapJob) -> Any:
     else:
         dtype = np.dtype(leaves[0].dtype)
         extra = tuple((n,) for n in leaves[0].shape)
-    token = _token(plan.call, "xstencil-map", tuple(kernels), plan, static,
+    tok = token(plan.call, "xstencil-map", tuple(kernels), plan, static,
                    tuple(regions or ()), [x.name for x in arrays], dyn, coords)
-    fn = BlockMap(token, plan, job.hooks, tuple(kernels),
+    fn = BlockMap(tok, plan, job.hooks, tuple(kernels),
                   None if regions is None else tuple(regions), static, dyn, coords,
                   tuple(axes), len(arrays), stacked, packed)
     depth = tuple(ax.depth for ax in axes)
@@ -399,7 +296,7 @@ def map_dask(job: MapJob) -> Any:
         Overlap(dsa.from_array(np.asarray(m), chunks=out_chunks), (0,) * nfield)
         for m in masks]
     periodic = [s.mode == "periodic" for s in plan.specs]
-    out = halo_array(f"xstencil-map-{token}", fn, inputs, periodic, out_chunks + extra,
+    out = halo_array(f"xstencil-map-{tok}", fn, inputs, periodic, out_chunks + extra,
                      dtype, np.empty((0,) * (nfield + len(extra)), dtype=dtype))
     if not stacked:
         return jax.tree_util.tree_unflatten(treedef, [out])

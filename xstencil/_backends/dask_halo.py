@@ -12,8 +12,8 @@ The block function then joins the pieces into one block with a full halo on
 every side (:func:`assemble`, inside the compiled code), so every block of a
 chunk shape has the same shape, whatever its position, and compiles once;
 the halo on a global edge is rebuilt from the block's own cells in the
-boundary mode (:func:`repad`), from flags given at run time.  ``map_overlap``
-with a periodic boundary costs about 26 tasks per chunk; this costs
+boundary mode (:func:`~xstencil._backends.edges.repad`), from flags given at
+run time.  ``map_overlap`` with a periodic boundary costs about 26 tasks per chunk; this costs
 ``2 * ndim + 1`` plus the inputs' own.
 """
 
@@ -27,11 +27,10 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from xstencil._engine.boundary import pad
+from xstencil._backends.edges import repad
 
-__all__ = ["Overlap", "assemble", "halo_array", "repad"]
+__all__ = ["Overlap", "assemble", "halo_array"]
 
 
 @dataclass(frozen=True)
@@ -178,30 +177,6 @@ def _run(fn: Callable[..., Any], loc: tuple[int, ...], edges: np.ndarray, specs:
     pieces = [_pieces(Overlap(None, tuple(d), None if r is None else (r[0], r[1])), own, strips)
               for (d, r), (own, strips) in zip(specs, groups, strict=True)]
     return fn(tuple(int(c) for c in loc), edges, pieces)
-
-
-def repad(x: Any, axis: int, lo: int, hi: int, mode: str, fill: Any, at_lo: Any,
-          at_hi: Any) -> Any:
-    """Where ``at_lo`` / ``at_hi`` (traced bools), rebuild the outer ``lo`` /
-    ``hi`` cells of ``x`` along ``axis`` from the cells inside, in ``mode``."""
-    n = x.shape[axis]
-    widths = [(0, 0)] * x.ndim
-    modes = ["fill"] * x.ndim
-    modes[axis] = mode
-    if lo:
-        widths[axis] = (lo, 0)
-        inner = lax.slice_in_dim(x, lo, min(n, 2 * lo + 1), axis=axis)
-        edge = lax.slice_in_dim(pad(inner, widths, modes, fill), 0, lo, axis=axis)
-        old = lax.slice_in_dim(x, 0, lo, axis=axis)
-        x = lax.dynamic_update_slice_in_dim(x, jnp.where(at_lo, edge, old), 0, axis)
-    if hi:
-        widths[axis] = (0, hi)
-        inner = lax.slice_in_dim(x, max(0, n - 2 * hi - 1), n - hi, axis=axis)
-        m = inner.shape[axis]
-        edge = lax.slice_in_dim(pad(inner, widths, modes, fill), m, m + hi, axis=axis)
-        old = lax.slice_in_dim(x, n - hi, n, axis=axis)
-        x = lax.dynamic_update_slice_in_dim(x, jnp.where(at_hi, edge, old), n - hi, axis)
-    return x
 
 
 def assemble(pieces: Any, depth: Sequence[int], modes: Sequence[str | None], fill: Any,

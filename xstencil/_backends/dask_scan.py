@@ -9,7 +9,7 @@ step from the block's own cells (as the sharded scan's edge devices do), from
 flags given at run time, and the step count is a run-time input too, so a
 worker compiles one block program per chunk shape, whatever the chunk's
 position or the segment's length.  The jitted task functions use the
-per-process compile cache of :mod:`xstencil._backends.dask`.  The
+per-process compile cache of :mod:`xstencil._backends.dask_base`.  The
 labelled front end is :func:`xstencil._labelled.scale.scan_dask`.
 """
 
@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from xstencil._backends.blockmesh import BlockMesh
-from xstencil._backends.dask import _cached, _merged, _token, _traces, is_dask
+from xstencil._backends.dask_base import cached, is_dask, merged, note_trace, token
 from xstencil._backends.dask_halo import Overlap, assemble, halo_array
-from xstencil._backends.dask_halo import repad as halo_repad
+from xstencil._backends.edges import repad as halo_repad
 from xstencil._backends.halo import (
     Block,
     BlockJob,
@@ -92,7 +92,7 @@ class BlockScan:
                            for a in range(1, len(shape))], np.int32)
         key = (self.token, tuple((x.shape, str(x.dtype)) for x in jax.tree_util.tree_leaves(
             pieces)), tuple(cores))
-        fn = _cached(key, lambda: self._build(tuple(cores)))
+        fn = cached(key, lambda: self._build(tuple(cores)))
         with precision([own[0]], self.dyn):
             out, bad = fn(pieces, edges, coords, list(self.dyn), np.int32(self.t),
                           np.int32(self.n), origin, self.tcoord)
@@ -118,7 +118,7 @@ class BlockScan:
 
         def run(pieces: Any, edges: Any, coords: Any, dyn: Any, t: Any, n: Any, origin: Any,
                 tcoord: Any) -> Any:
-            _traces[0] += 1
+            note_trace()
 
             def repad(x: Any) -> Any:  # x: one new slab (*space)
                 for a, m in enumerate(edge_modes[1:], 1):
@@ -187,7 +187,7 @@ def _check_chunks(call: str, plan: Any, chunks: Any, split: Sequence[int],
                 f"{call}: dim {plan.dims[a]!r} has a chunk of {min(chunks[a])} points, smaller "
                 f"than the halo of {depth[a]} that halo_every={K} steps need; use a smaller "
                 f"halo_every or larger chunks, e.g. .chunk({{{plan.dims[a]!r}: "
-                f"{_merged(tuple(chunks[a]), depth[a])!r}}})")
+                f"{merged(tuple(chunks[a]), depth[a])!r}}})")
 
 
 def _as_dask(x: Any, chunks: Any = None) -> Any:
@@ -232,7 +232,7 @@ def scan_dask(job: BlockJob, halo_every: int | None = None) -> list[Any]:
     coords, periods = padded_coords(job, width)
     starts = tuple(tuple(int(v) for v in np.cumsum((0,) + tuple(c))[:-1]) for c in chunks)
     dyn = tuple(np.asarray(x) for x in job.dyn)
-    token = _token(call, "xstencil-scan", job.kernels, bmesh, masks, spec, job.static, dyn,
+    tok = token(call, "xstencil-scan", job.kernels, bmesh, masks, spec, job.static, dyn,
                    tuple(coords), depth, data.name, job.evolving, job.finite is not None)
     state = data[:spec.k * V].rechunk({0: -1})
     inp = None if spec.grown else _interleave([time_padded(spec, f) for f in fields])
@@ -243,7 +243,7 @@ def scan_dask(job: BlockJob, halo_every: int | None = None) -> list[Any]:
     dconsts = [_as_dask(c, chunks[1:])[None] for c in job.consts]
     saved = []
     for t, n, save in segments(spec, K):
-        fn = BlockScan(token, spec, job.hooks, job.kernels, bmesh, job.static, dyn,
+        fn = BlockScan(tok, spec, job.hooks, job.kernels, bmesh, job.static, dyn,
                        tuple(coords), periods, width, depth, periodic, starts, t, n,
                        inp is not None, F, len(dmasks), job.evolving, job.forced, job.finite,
                        job.tcoord)
@@ -256,7 +256,7 @@ def scan_dask(job: BlockJob, halo_every: int | None = None) -> list[Any]:
         ins += [Overlap(m, depth, (t, t + K) if timed else None)
                 for m, timed in zip(dmasks, bmesh.timed if bmesh else (), strict=True)]
         ins += [Overlap(c, depth) for c in dconsts]
-        state = halo_array(f"xstencil-scan-{t}-{token}", fn, ins, periodic, state.chunks,
+        state = halo_array(f"xstencil-scan-{t}-{tok}", fn, ins, periodic, state.chunks,
                            data.dtype, np.empty((0,) * data.ndim, dtype=data.dtype))
         if save:
             saved.append(state[-V:])

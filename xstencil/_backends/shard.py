@@ -23,7 +23,7 @@ Sharded scans (:func:`~xstencil._backends.shard_scan.scan_sharded`) live in
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +44,8 @@ from xstencil._errors import XStencilError
 
 Plan = Any  # xstencil._labelled.plan.Plan: a frozen description; backends read its fields
 
-__all__ = ["Layout", "is_sharded", "layout", "make_mesh", "map_sharded", "prepared",
-           "exchange"]
+__all__ = ["Layout", "device_axes", "is_sharded", "layout", "make_mesh", "map_sharded",
+           "prepared", "exchange", "sharded_axes", "check_divides"]
 
 
 @dataclass(frozen=True)
@@ -103,45 +103,89 @@ def layout(call: str, dims: tuple[str, ...], arrays: Sequence[Any], mesh: Any) -
     sharding of the data."""
     data_mesh, data_names = None, None
     for x in arrays:
-        sh = getattr(x, "sharding", None)
-        if isinstance(sh, NamedSharding) and not x.is_fully_replicated:
-            spec = tuple(sh.spec) + (None,) * (x.ndim - len(sh.spec))
-            for d, s in zip(dims, spec, strict=False):
-                if isinstance(s, tuple):
-                    if len(s) != 1:
-                        raise XStencilError(
-                            f"{call}: dim {d!r} is sharded over several mesh axes {s!r}; "
-                            f"shard each dim over at most one axis")
-            data_mesh = sh.mesh
-            data_names = tuple(s[0] if isinstance(s, tuple) else s for s in spec)
+        got = sharded_axes(call, x, dims)
+        if got is not None:
+            data_mesh, data_names = got
             break
     if mesh is None:
         assert data_mesh is not None
         return Layout(data_mesh, data_names)
+    names = device_axes(call, mesh, dims)
     if isinstance(mesh, Mesh):
-        for name in mesh.axis_names:
-            if name not in dims:
-                raise XStencilError(
-                    f"{call}: devices={mesh!r} has axis {name!r}, which is not a dim of the data "
-                    f"{dims!r}; name the axes after the dims, or pass devices={{dim: axis}}")
-        return Layout(mesh, tuple(d if d in mesh.axis_names else None for d in dims))
-    if not isinstance(mesh, Mapping) or not all(isinstance(v, str) for v in mesh.values()):
-        raise XStencilError(
-            f"{call}: devices={mesh!r} must map dim names to mesh axis names, such as "
-            f"{{{dims[-1]!r}: 'i'}}, or be a jax.sharding.Mesh whose axes are named after dims")
-    for d in mesh:
-        if d not in dims:
-            raise XStencilError(
-                f"{call}: devices={dict(mesh)!r}: dimension {d!r} not found; available dims are "
-                f"{dims!r}")
-    if len(set(mesh.values())) != len(mesh):
-        raise XStencilError(f"{call}: devices={dict(mesh)!r} shards two dims over one mesh axis; "
-                            f"give each dim its own axis")
-    if data_mesh is not None and all(v in data_mesh.axis_names for v in mesh.values()):
+        devmesh = mesh
+    elif data_mesh is not None and all(v in data_mesh.axis_names for v in names.values()):
         devmesh = data_mesh
     else:
-        devmesh = make_mesh(tuple(mesh.values()))
-    return Layout(devmesh, tuple(mesh.get(d) for d in dims))
+        devmesh = make_mesh(tuple(names.values()))
+    return Layout(devmesh, tuple(names.get(d) for d in dims))
+
+
+def sharded_axes(call: str, x: Any, dims: Sequence[Hashable]
+                 ) -> tuple[Mesh, tuple[str | None, ...]] | None:
+    """The mesh ``x`` is split over and, per axis of ``x`` (named by
+    ``dims``), the mesh axis it is sharded over; ``None`` when ``x`` is not
+    split over several devices."""
+    sh = getattr(x, "sharding", None)
+    if not isinstance(sh, NamedSharding) or x.is_fully_replicated:
+        return None
+    spec = tuple(sh.spec) + (None,) * (x.ndim - len(sh.spec))
+    for d, s in zip(dims, spec, strict=False):
+        if isinstance(s, tuple):
+            if len(s) != 1:
+                raise XStencilError(
+                    f"{call}: dim {d!r} is sharded over several mesh axes {s!r}; "
+                    f"shard each dim over at most one axis")
+    return sh.mesh, tuple(s[0] if isinstance(s, tuple) else s for s in spec)
+
+
+def check_divides(call: str, has: str, dim: Hashable, n: int, p: int, axis: Any) -> None:
+    """Raise unless the ``n`` points of ``dim`` split evenly over the ``p``
+    devices of mesh ``axis``; ``has`` starts the message (``"dim 'x' has 47
+    points"``)."""
+    if n % p:
+        m = -(-n // p) * p
+        raise XStencilError(
+            f"{call}: {has}, which does not divide evenly over the {p} devices of mesh axis "
+            f"{axis!r}; pad the data to {m} points (e.g. with .pad({{{dim!r}: (0, {m - n})}}, "
+            f"mode='edge')) or use a mesh axis whose size divides {n}")
+
+
+def device_axes(call: str, devices: Any, dims: Sequence[Hashable]) -> dict[Hashable, str]:
+    """Check ``devices=`` against the data's ``dims``; return ``{dim: mesh axis}``.
+
+    ``devices`` is a non-empty ``{dim: axis name}`` mapping, each dim of the
+    data with its own axis, or a :class:`jax.sharding.Mesh` whose axes are
+    named after dims (each axis shards the dim of its name).
+
+    Examples
+    --------
+    >>> from xstencil._backends.shard import device_axes
+    >>> device_axes("f()", {"x": "i"}, ("y", "x"))
+    {'x': 'i'}
+    """
+    if isinstance(devices, Mesh):
+        for name in devices.axis_names:
+            if name not in dims:
+                raise XStencilError(
+                    f"{call}: devices={devices!r} has axis {name!r}, which is not a dim of the "
+                    f"data {tuple(dims)!r}; name the axes after the dims, or pass "
+                    f"devices={{dim: axis}}")
+        return {d: d for d in devices.axis_names}
+    if not isinstance(devices, Mapping) or not devices or not all(
+            isinstance(v, str) for v in devices.values()):
+        raise XStencilError(
+            f"{call}: devices={devices!r} must map dim names to mesh axis names, such as "
+            f"{{{(tuple(dims) or ('x',))[-1]!r}: 'i'}}, or be a jax.sharding.Mesh whose axes "
+            f"are named after dims (xstencil.make_devices)")
+    for d in devices:
+        if d not in dims:
+            raise XStencilError(
+                f"{call}: devices={dict(devices)!r}: dimension {d!r} not found; available "
+                f"dims are {tuple(dims)!r}")
+    if len(set(devices.values())) != len(devices):
+        raise XStencilError(f"{call}: devices={dict(devices)!r} shards two dims over one mesh "
+                            f"axis; give each dim its own axis")
+    return dict(devices)
 
 
 def _check(plan: Plan, lay: Layout) -> None:
@@ -149,12 +193,7 @@ def _check(plan: Plan, lay: Layout) -> None:
         p = lay.size(k)
         if p == 1:
             continue
-        if n % p:
-            raise XStencilError(
-                f"{plan.call}: dim {d!r} has {n} points, which does not divide evenly over "
-                f"the {p} devices of mesh axis {lay.names[k]!r}; pad the data to "
-                f"{-(-n // p) * p} points (e.g. with .pad({{{d!r}: (0, {-(-n // p) * p - n})}}, "
-                f"mode='edge')) or use a mesh axis whose size divides {n}")
+        check_divides(plan.call, f"dim {d!r} has {n} points", d, n, p, lay.names[k])
         local = n // p
         if s.mode == "valid" and (s.lo or s.hi):
             raise XStencilError(

@@ -3,7 +3,8 @@
 :func:`scan_sharded` exchanges a halo ``halo_every`` (K) windows deep with
 :func:`~xstencil._backends.shard.exchange` every K steps, then advances K steps with
 the shared block scan of :mod:`xstencil._backends.halo`; the devices at the global
-edge rebuild their outer halo after every step (``_repad``).  The labelled
+edge rebuild their outer halo after every step
+(:func:`~xstencil._backends.edges.repad`).  The labelled
 front end is :func:`xstencil._labelled.scale.scan_sharded`.
 """
 
@@ -21,41 +22,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from xstencil import _progress
+from xstencil._backends.edges import repad as edge_repad
 from xstencil._backends.halo import Block, BlockJob, Stepper, padded_coords, run_steps, time_padded
-from xstencil._backends.shard import Layout, exchange, layout
-from xstencil._engine.boundary import pad
+from xstencil._backends.shard import Layout, check_divides, exchange, layout
 from xstencil._engine.call import as_array
 from xstencil._errors import XStencilError
 
 __all__ = ["Compiled", "scan_sharded"]
-
-
-def _repad(new: Any, axis: int, name: str, p: int, lo: int, hi: int, mode: str,
-           fill: Any) -> Any:
-    """On the edge devices, rebuild the outer ``lo``/``hi`` cells of ``new``
-    along ``axis`` from the cells inside, in boundary ``mode``."""
-    n = new.shape[axis]
-    idx = lax.axis_index(name)
-    widths = [(0, 0)] * new.ndim
-    modes = ["fill"] * new.ndim
-    modes[axis] = mode
-    # the outer w cells depend only on the w + 1 cells next to them, so only those
-    # are padded and only the halo slab is written back
-    if lo:
-        widths[axis] = (lo, 0)
-        inner = lax.slice_in_dim(new, lo, min(n, 2 * lo + 1), axis=axis)
-        edge = lax.slice_in_dim(pad(inner, widths, modes, fill), 0, lo, axis=axis)
-        old = lax.slice_in_dim(new, 0, lo, axis=axis)
-        new = lax.dynamic_update_slice_in_dim(new, jnp.where(idx == 0, edge, old), 0, axis)
-    if hi:
-        widths[axis] = (0, hi)
-        inner = lax.slice_in_dim(new, max(0, n - 2 * hi - 1), n - hi, axis=axis)
-        m = inner.shape[axis]
-        edge = lax.slice_in_dim(pad(inner, widths, modes, fill), m, m + hi, axis=axis)
-        old = lax.slice_in_dim(new, n - hi, n, axis=axis)
-        new = lax.dynamic_update_slice_in_dim(new, jnp.where(idx == p - 1, edge, old), n - hi,
-                                              axis)
-    return new
 
 
 @dataclass(frozen=True)
@@ -94,11 +67,7 @@ def _grid(job: BlockJob, datas: Sequence[Any], devices: Any, K: int) -> _Grid:
     for a in split:
         s, n, p = plan.specs[a], plan.shape[a], lay.size(a)
         d = plan.dims[a]
-        if n % p:
-            raise XStencilError(
-                f"{call}: dim {d!r} has {n} points, which does not divide evenly over the "
-                f"{p} devices of mesh axis {lay.names[a]!r}; pad the data to "
-                f"{-(-n // p) * p} points or use a mesh axis whose size divides {n}")
+        check_divides(call, f"dim {d!r} has {n} points", d, n, p, lay.names[a])
         need = K * max(s.lo, s.hi) + (1 if s.mode == "reflect" else 0)
         if n // p < need:
             raise XStencilError(
@@ -129,11 +98,13 @@ def _block(job: BlockJob, g: _Grid, periods: Any) -> Callable[..., Any]:
                   for a, s in enumerate(plan.specs) if a > 0)
     fill = 0 if plan.fill_value is None else plan.fill_value
 
-    def repad(new: Any) -> Any:
+    def repad(new: Any) -> Any:  # on the edge devices, rebuild the outer halo
         for a in split:
             s = plan.specs[a]
             if s.mode != "periodic":
-                new = _repad(new, a - 1, lay.names[a], lay.size(a), *deep[a], s.mode, fill)
+                idx = lax.axis_index(lay.names[a])
+                new = edge_repad(new, a - 1, *deep[a], s.mode, fill, idx == 0,
+                                 idx == lay.size(a) - 1)
         return new
 
     def block(hist: Any, inp: Any, t: Any, n: int, coords: Any, dyn: Any,

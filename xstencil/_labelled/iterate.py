@@ -168,6 +168,36 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
     body = step if free else body
     fixed = tol is None
     tol = -1.0 if fixed else tol
+    obj = _checked(call, obj, body, max_steps, min_steps, tol)
+    state = State(call, obj)
+    data, state.arrays = state.arrays, []  # the compiled loop keeps the layout, not the data
+    fnorm = _norm(call, norm, relative)
+    options = {"window": window, "boundary": boundary, "fill_value": fill_value,
+               "period": period}
+    step_function(call, body, state, options, free)  # validates body and options now
+    with precision(data, args, kwargs):
+        arrays = [as_array(call, "the data", x) for x in data]
+        dyn, static = split_static(call, (args, kwargs))
+        owner, bkey, resolve = cached_body(body)
+        key = ("iterate", free, fixed, state.key(), static, bkey,
+               canonical(norm) if callable(norm) else (norm, relative),
+               tuple(sorted((k, repr(v)) for k, v in options.items())))
+
+        def build() -> Callable[..., Any]:
+            return _loop(call, state, options, free, fixed, static, resolve, norm, fnorm)
+
+        fn = compiled(owner, key, build)
+        lim = jnp.asarray([min_steps, max_steps], jnp.int32)
+        xs, i, r, ok = settled(fn(arrays, dyn, jnp.asarray(tol, jnp.real(arrays[0]).dtype), lim),
+                               (arrays, dyn))
+    xs = host64(xs)
+    field = state.wrap(xs)
+    return report(call, Converged(field, i, r, ok), None if fixed else tol)
+
+
+def _checked(call: str, obj: Any, body: Any, max_steps: Any, min_steps: Any, tol: Any) -> Any:
+    """The field to iterate (a mesh's own data when ``obj`` is None), after
+    checking it against a mesh body, and the step limits and ``tol``."""
     if obj is None:
         if not isinstance(body, Mesh):
             raise XStencilError(f"{call}: obj=None needs a mesh as the body; pass the initial "
@@ -185,54 +215,40 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
     if isinstance(tol, bool) or not isinstance(tol, int | float | np.floating | np.integer
                                                | jax.Array):
         raise XStencilError(f"{call}: tol={tol!r:.60} must be a number, such as tol=1e-4")
-    state = State(call, obj)
-    data, state.arrays = state.arrays, []  # the compiled loop keeps the layout, not the data
-    fnorm = _norm(call, norm, relative)
-    options = {"window": window, "boundary": boundary, "fill_value": fill_value,
-               "period": period}
-    step_function(call, body, state, options, free)  # validates body and options now
-    with precision(data, args, kwargs):
-        arrays = [as_array(call, "the data", x) for x in data]
-        dyn, static = split_static(call, (args, kwargs))
-        owner, bkey, resolve = cached_body(body)
-        key = ("iterate", free, fixed, state.key(), static, bkey,
-               canonical(norm) if callable(norm) else (norm, relative),
-               tuple(sorted((k, repr(v)) for k, v in options.items())))
-        names = state.names
+    return obj
 
-        def build() -> Callable[..., Any]:
-            if callable(norm):
-                nref = weak(canonical(norm))
 
-            def as_norm_arg(xs: Any) -> Any:
-                return xs[0] if names is None else dict(zip(names, xs, strict=True))
+def _loop(call: str, state: Any, options: dict[str, Any], free: bool, fixed: bool,
+          static: Any, resolve: Callable[[], Any], norm: Any, fnorm: Any
+          ) -> Callable[..., Any]:
+    """The compiled ``while_loop``: ``run(arrays, dyn, tol, (min_steps,
+    max_steps))`` returns the field, the steps taken, the last residual and
+    whether it converged."""
+    names = state.names
+    if callable(norm):
+        nref = weak(canonical(norm))
 
-            def run(arrays: Any, dyn: Any, tol: Any, lim: Any) -> Any:
-                a, kw = merge_static(dyn, static)
-                f = nref() if callable(norm) else fnorm
-                step = step_function(call, resolve(), state, options, free)
+    def as_norm_arg(xs: Any) -> Any:
+        return xs[0] if names is None else dict(zip(names, xs, strict=True))
 
-                def cond(c: Any) -> Any:
-                    i, _, r = c
-                    return (i < lim[1]) & ((i < lim[0]) | ~(r <= tol))
+    def run(arrays: Any, dyn: Any, tol: Any, lim: Any) -> Any:
+        a, kw = merge_static(dyn, static)
+        f = nref() if callable(norm) else fnorm
+        step = step_function(call, resolve(), state, options, free)
 
-                def body_fn(c: Any) -> Any:
-                    i, xs, _ = c
-                    new = step(xs, a, kw)
-                    r = jnp.asarray(f(as_norm_arg(new), as_norm_arg(xs)))
-                    return i + 1, new, r.astype(rdt)
+        def cond(c: Any) -> Any:
+            i, _, r = c
+            return (i < lim[1]) & ((i < lim[0]) | ~(r <= tol))
 
-                rdt = jnp.result_type(*[jnp.real(x).dtype for x in arrays])
-                init = (jnp.asarray(0, jnp.int32), list(arrays), jnp.asarray(jnp.inf, rdt))
-                i, xs, r = jax.lax.while_loop(cond, body_fn, init)
-                return xs, i, r, (r <= tol) | fixed
+        def body_fn(c: Any) -> Any:
+            i, xs, _ = c
+            new = step(xs, a, kw)
+            r = jnp.asarray(f(as_norm_arg(new), as_norm_arg(xs)))
+            return i + 1, new, r.astype(rdt)
 
-            return jax.jit(run)
+        rdt = jnp.result_type(*[jnp.real(x).dtype for x in arrays])
+        init = (jnp.asarray(0, jnp.int32), list(arrays), jnp.asarray(jnp.inf, rdt))
+        i, xs, r = jax.lax.while_loop(cond, body_fn, init)
+        return xs, i, r, (r <= tol) | fixed
 
-        fn = compiled(owner, key, build)
-        lim = jnp.asarray([min_steps, max_steps], jnp.int32)
-        xs, i, r, ok = settled(fn(arrays, dyn, jnp.asarray(tol, jnp.real(arrays[0]).dtype), lim),
-                               (arrays, dyn))
-    xs = host64(xs)
-    field = state.wrap(xs)
-    return report(call, Converged(field, i, r, ok), None if fixed else tol)
+    return jax.jit(run)

@@ -167,6 +167,19 @@ def map(  # noqa: A001 - the contract's name
                        output_dims=output_dims, period=period, mesh=devices,
                        new_vars=new_vars)
         return res if dtype is None else res.astype(out_dtype(call, dtype))
+    return _map(call, obj, kernel, args, kwargs, (window, boundary, fill_value, stride,
+                                                  output_dims, period), devices, new_vars,
+                dtype)
+
+
+def _map(call: str, obj: Any, kernel: Callable[..., Any], args: tuple[Any, ...],
+         kwargs: dict[str, Any], options: tuple[Any, ...], devices: Any, new_vars: Any,
+         dtype: Any) -> Any:
+    """A plain map: a repeated call from the fast path, else validate and
+    plan, then run on the backend the arrays choose (the engine in memory).
+    ``options`` is ``(window, boundary, fill_value, stride, output_dims,
+    period)``."""
+    window, boundary, fill_value, stride, output_dims, period = options
     sig = None
     lifted = describe([kernel])  # the compile-cache key and closed-over arrays (kcache.py)
     if devices is None:  # a repeated call: skip validation and planning (see fastpath.py)

@@ -32,7 +32,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xstencil._backends.shard import make_mesh
+from xstencil._backends.shard import check_divides, device_axes, make_mesh
 from xstencil._engine.call import precision
 from xstencil._errors import XStencilError
 
@@ -76,29 +76,9 @@ def make_devices(axes: Mapping[str, int] | Sequence[str],
 
 def _mesh_and_names(call: str, devices: Any, dims: Sequence[Hashable]
                     ) -> tuple[Mesh, dict[Hashable, str]]:
-    if isinstance(devices, Mesh):
-        for name in devices.axis_names:
-            if name not in dims:
-                raise XStencilError(
-                    f"{call}: devices={devices!r} has axis {name!r}, which is not a dim of the "
-                    f"data {tuple(dims)!r}; name the axes after the dims, or pass "
-                    f"devices={{dim: axis}}")
-        return devices, {d: d for d in devices.axis_names}
-    if not isinstance(devices, Mapping) or not devices or not all(
-            isinstance(v, str) for v in devices.values()):
-        raise XStencilError(
-            f"{call}: devices={devices!r} must map dim names to mesh axis names, such as "
-            f"{{{(tuple(dims) or ('x',))[-1]!r}: 'i'}}, or be a jax.sharding.Mesh whose axes "
-            f"are named after dims (xstencil.make_devices)")
-    for d in devices:
-        if d not in dims:
-            raise XStencilError(
-                f"{call}: devices={dict(devices)!r}: dimension {d!r} not found; available "
-                f"dims are {tuple(dims)!r}")
-    if len(set(devices.values())) != len(devices):
-        raise XStencilError(f"{call}: devices={dict(devices)!r} shards two dims over one mesh "
-                            f"axis; give each dim its own axis")
-    return make_mesh(tuple(devices.values())), dict(devices)
+    names = device_axes(call, devices, dims)
+    mesh = devices if isinstance(devices, Mesh) else make_mesh(tuple(names.values()))
+    return mesh, names
 
 
 def _global(call: str, name: Hashable, var: xr.Variable, mesh: Mesh,
@@ -107,12 +87,8 @@ def _global(call: str, name: Hashable, var: xr.Variable, mesh: Mesh,
     spec = P(*[names.get(d) for d in var.dims])
     for d, n in zip(var.dims, var.shape, strict=True):
         if d in names:
-            p = int(mesh.shape[names[d]])
-            if n % p:
-                raise XStencilError(
-                    f"{call}: variable {name!r} has {n} points along {d!r}, which does not "
-                    f"divide evenly over the {p} devices of mesh axis {names[d]!r}; pad the "
-                    f"data to {-(-n // p) * p} points or use a mesh axis whose size divides {n}")
+            check_divides(call, f"variable {name!r} has {n} points along {d!r}", d, n,
+                          int(mesh.shape[names[d]]), names[d])
 
     def read(index: tuple[slice, ...]) -> np.ndarray:
         return np.asarray(var[index].values)
@@ -296,25 +272,7 @@ def write_sharded(obj: Any, store: Any, *, mode: str = "w-") -> None:
     else:
         raise XStencilError(f"{call}: expected a DataArray or Dataset, got {type(obj).__name__}: "
                             f"{obj!r:.80}; wrap arrays with xarray.DataArray first")
-    try:
-        import dask.array as dsa
-    except ImportError as e:  # pragma: no cover - dask is in the test and dask extras
-        raise XStencilError(f"{call}: needs dask to write the store's metadata without data; "
-                            f"pip install 'xstencil[dask,io]'") from e
-    bad = [k for k, v in ds.coords.items() if _is_jax(v.data)]
-    if bad:
-        raise XStencilError(f"{call}: coordinate {bad[0]!r} is a JAX array; coordinates must be "
-                            f"numpy (gather it, or assign numpy values)")
-    jaxvars = [k for k, v in ds.data_vars.items() if _is_jax(v.data)]
-    template = ds.copy()
-    encoding = {}
-    for k in jaxvars:
-        x = ds[k].data
-        chunks = tuple(int(c) for c in x.sharding.shard_shape(x.shape))
-        var = xr.Variable(ds[k].dims, dsa.zeros(x.shape, dtype=np.dtype(x.dtype), chunks=chunks),
-                          ds[k].attrs)
-        template[k] = var
-        encoding[k] = {"chunks": chunks}
+    template, encoding, jaxvars = _template(call, ds)
     path = os.fspath(store) if isinstance(store, str | os.PathLike) else None
     exists = XStencilError(f"{call}: store={path!r} already exists; pass mode='w' to "
                            f"overwrite it, or choose a new path")
@@ -340,6 +298,45 @@ def write_sharded(obj: Any, store: Any, *, mode: str = "w-") -> None:
     if state:
         raise XStencilError(f"{call}: process 0 could not write the store's metadata to "
                             f"{store!r}; see the error on process 0")
+    failure = _write_blocks(ds, jaxvars, store)
+    # the closing barrier, and every process learns whether all of them wrote their blocks
+    oks = np.asarray(multihost_utils.process_allgather(np.int32(failure is None)))
+    if failure is not None:
+        raise failure
+    if not oks.all():
+        bad = [int(i) for i in np.flatnonzero(oks == 0)]
+        raise XStencilError(f"{call}: process(es) {bad} could not write their blocks to "
+                            f"{store!r}; see the errors there")
+
+
+def _template(call: str, ds: xr.Dataset) -> tuple[xr.Dataset, dict[Any, Any], list[Any]]:
+    """The store's layout without data: ``ds`` with every JAX variable as
+    lazy dask zeros chunked like its blocks, their encodings, and their names."""
+    try:
+        import dask.array as dsa
+    except ImportError as e:  # pragma: no cover - dask is in the test and dask extras
+        raise XStencilError(f"{call}: needs dask to write the store's metadata without data; "
+                            f"pip install 'xstencil[dask,io]'") from e
+    bad = [k for k, v in ds.coords.items() if _is_jax(v.data)]
+    if bad:
+        raise XStencilError(f"{call}: coordinate {bad[0]!r} is a JAX array; coordinates must be "
+                            f"numpy (gather it, or assign numpy values)")
+    jaxvars = [k for k, v in ds.data_vars.items() if _is_jax(v.data)]
+    template = ds.copy()
+    encoding = {}
+    for k in jaxvars:
+        x = ds[k].data
+        chunks = tuple(int(c) for c in x.sharding.shard_shape(x.shape))
+        var = xr.Variable(ds[k].dims, dsa.zeros(x.shape, dtype=np.dtype(x.dtype), chunks=chunks),
+                          ds[k].attrs)
+        template[k] = var
+        encoding[k] = {"chunks": chunks}
+    return template, encoding, jaxvars
+
+
+def _write_blocks(ds: xr.Dataset, jaxvars: list[Any], store: Any) -> Exception | None:
+    """Write this process's blocks of every JAX variable; the error, if any
+    (re-raised by the caller after telling the other processes)."""
     try:
         for k in jaxvars:
             x = ds[k].data
@@ -350,13 +347,6 @@ def write_sharded(obj: Any, store: Any, *, mode: str = "w-") -> None:
                 region = dict(zip(dims, _region(shard.index, x.shape), strict=True))
                 block = xr.Dataset({k: xr.Variable(dims, np.asarray(shard.data))})
                 block.to_zarr(store, region=region, mode="r+", consolidated=False)
-    except Exception as e:  # re-raised below, after telling the other processes
-        failure = e
-    # the closing barrier, and every process learns whether all of them wrote their blocks
-    oks = np.asarray(multihost_utils.process_allgather(np.int32(failure is None)))
-    if failure is not None:
-        raise failure
-    if not oks.all():
-        bad = [int(i) for i in np.flatnonzero(oks == 0)]
-        raise XStencilError(f"{call}: process(es) {bad} could not write their blocks to "
-                            f"{store!r}; see the errors there")
+    except Exception as e:  # re-raised by the caller, after telling the other processes
+        return e
+    return None

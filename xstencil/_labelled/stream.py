@@ -20,7 +20,8 @@ a kernel reads them).
 The store also holds a fingerprint of what determines the result: the
 kernel's structure (:func:`xstencil._engine.kcache.describe`, the code, the
 constants and closed-over arrays it reads), the options, the arguments and the
-initial state.  A resume whose fingerprint differs is refused.
+initial state (:mod:`xstencil._labelled.stream_fingerprint`).  A resume whose
+fingerprint differs is refused.
 
 The call returns the result opened lazily from the store (``xr.open_zarr``:
 dask-backed, read on demand), so the trajectory is never in memory at once.
@@ -29,7 +30,12 @@ Dask-backed data streams the same way: each segment is the dask scan
 (:mod:`xstencil._backends.dask`) of the last ``k`` positions, read lazily back
 from the store, and is computed by its ``to_zarr`` write, chunk by chunk (the
 store's chunks follow the dask chunks, one position deep along ``dim``).
-Data sharded over JAX devices is refused.
+
+Data sharded over JAX devices (or ``devices=``) streams too: each segment is
+the sharded scan (a deep halo every ``halo_every`` steps), its saved
+positions are written between segments, and the next segment starts from the
+last ``k`` positions on the devices (after a resume, read back and put on
+the devices with the input's layout: :mod:`xstencil._labelled.stream_shard`).
 
 Zarr writes each chunk and each metadata document atomically (a temporary
 file renamed), so a kill leaves every file either old or new.
@@ -38,24 +44,21 @@ file renamed), so a kill leaves every file either old or new.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
 import os
-import re
 import shutil
-import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax
 import numpy as np
 import xarray as xr
 
-from xstencil._backends.dask import any_dask
-from xstencil._backends.shard import is_sharded
-from xstencil._engine.kcache import describe
+from xstencil._backends.dask_base import any_dask
 from xstencil._errors import XStencilError
+from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.scan_setup import grown_coord
+from xstencil._labelled.stream_fingerprint import fingerprint
+from xstencil._labelled.stream_shard import Layout, layout_of, reshard
 
 __all__ = ["streamed", "STORE_KEY", "SEGMENT_BYTES"]
 
@@ -64,9 +67,6 @@ STORE_KEY = "xstencil_stream"
 #: The default size of a segment's saved positions, in bytes.
 SEGMENT_BYTES = 64 * 2**20
 _DA = "__xarray_dataarray_variable__"
-#: Options that do not change the numbers (left out of the fingerprint).
-_FREE = ("progress", "checkpoint")
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +82,7 @@ class _Run:
     saves: int  # saved positions in all, the k initial ones included
     segment: int  # saved positions per segment
     chunks: dict[str, int] | None = None  # dask-backed: the input's chunk size per dim
+    layout: Layout | None = None  # sharded over devices: the input's layout
 
 
 def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: str,
@@ -89,9 +90,12 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
              store: Any, resume: bool, segment: int | None) -> Any:
     """Run ``scan(obj, kernel, dim, *args, **options, **kwargs)`` segment by
     segment into the Zarr ``store``; return the result opened from it."""
+    if options.get("mesh") is not None:  # the old name of devices=: warned about once
+        options = {**options, "devices": devices_arg(call, options.get("devices"),
+                                                     options["mesh"]), "mesh": None}
     run = _plan(call, obj, dim, options, store, segment)
     path = os.fspath(store)
-    meta = {"version": 1, **_fingerprint(obj, kernel, dim, args, kwargs, options),
+    meta = {"version": 1, **fingerprint(obj, kernel, dim, args, kwargs, options, run.layout),
             "kind": "DataArray" if isinstance(obj, xr.DataArray) else "Dataset",
             "name": None if isinstance(obj, xr.Dataset) else _name(obj.name),
             "dim": dim, "saves": run.saves, "complete": 0}
@@ -160,20 +164,14 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
         raise XStencilError(
             f"{call}: store= needs save_every=s (an int), got save_every={every!r}; "
             f"save_every='last' keeps one state, so run it without store=")
-    for opt in ("devices", "mesh", "halo_every", "grid", "at"):
+    for opt in ("grid", "at"):
         if options.get(opt) is not None:
             raise XStencilError(
-                f"{call}: store= is not available with {opt}=; streamed saves run in memory "
-                f"on one device: drop {opt}= (and load the data with obj.load())")
+                f"{call}: store= is not available with {opt}= (a staggered scan); scan "
+                f"without store= and write the result with .to_zarr(...)")
     datas = [v.data for v in obj.data_vars.values()] if isinstance(obj, xr.Dataset) \
         else [obj.data]
-    if is_sharded(datas):
-        raise XStencilError(
-            f"{call}: store= streams in-memory and dask-backed scans; this data is a JAX "
-            f"array sharded over devices. Bring the initial state to the host "
-            f"(obj.copy(data=np.asarray(...)), or .chunk(...) it for dask) and call "
-            f"scan(..., store=...) again, or scan without store= and write the result with "
-            f".to_zarr(...)")
+    layout = layout_of(call, obj)
     chunks = None
     if any_dask(datas):
         chunks = {str(d): max(c) for d, c in obj.chunksizes.items() if d != dim}
@@ -201,7 +199,7 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
     elif isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
         raise XStencilError(f"{call}: segment={segment!r} must be an int >= 1 (saved "
                             f"positions per segment written to the store)")
-    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment, chunks)
+    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment, chunks, layout)
 
 
 def _evolving(obj: Any, dim: str) -> list[Any]:
@@ -250,11 +248,15 @@ def _numeric(tvals: np.ndarray) -> np.ndarray:
 
 def _next_state(out: Any, path: str, meta: dict[str, Any], run: _Run, done: int) -> Any:
     """The last ``k`` positions, the next segment's input: copied from the
-    segment in memory (not a view holding it), or read lazily from the store
-    for dask-backed data (so the segment's graph is not computed again)."""
+    segment in memory or on the devices (not a view holding it), or read
+    lazily from the store for dask-backed data (so the segment's graph is not
+    computed again).  After a resume, sharded data is put back on the
+    devices with the input's layout."""
     if out is not None and run.chunks is None:
         return out.isel({run.dim: slice(-run.k, None)}).copy(deep=True)
     state = _open(path, meta).isel({run.dim: slice(done - run.k, done)})
+    if run.layout is not None:
+        return reshard(state.load(), run.layout)
     if run.chunks is None:
         return state.load()
     return state.chunk({d: c for d, c in run.chunks.items() if d in state.dims})
@@ -347,82 +349,3 @@ def _open(path: str, meta: dict[str, Any]) -> Any:
 
 def _name(name: Any) -> str | None:
     return None if name is None else str(name)
-
-
-# -- the fingerprint ---------------------------------------------------------------------
-
-def _fingerprint(obj: Any, kernel: Any, dim: str, args: Any, kwargs: Any,
-                 options: Mapping[str, Any]) -> dict[str, Any]:
-    """Hashes, stable across processes, of what determines the numbers: the
-    kernel, its arguments, the initial state; and the options (as text)."""
-    lifted = describe([options["step"]] if kernel is None else [kernel])
-    return {"kernel": _hash((lifted.key, [np.asarray(x) for x in lifted.leaves])),
-            "arguments": _hash((args, sorted(kwargs.items()))), "initial": _hash(obj),
-            "options": {n: _text(v) for n, v in sorted(options.items())
-                        if n not in _FREE and n != "step"}}
-
-
-def _text(v: Any) -> str:
-    """An option as text (an array, whose repr elides, by shape and hash)."""
-    if isinstance(v, np.ndarray | jax.Array) or (isinstance(v, list | tuple) and len(v) > 8):
-        a = np.asarray(v)
-        return f"<array {a.shape} {a.dtype} sha256 {_hash(a)[:16]}>"
-    return _ADDRESS.sub("", repr(v))
-
-
-def _hash(v: Any) -> str:
-    h = hashlib.sha256()
-    _feed(h, v)
-    return h.hexdigest()
-
-
-def _digest(block: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(block).tobytes()).hexdigest()
-
-
-def _feed(h: Any, v: Any) -> None:  # noqa: C901 - one case per kind of value
-    """Feed a canonical, process-independent form of ``v`` to the hash ``h``."""
-    if isinstance(v, xr.DataArray | xr.Dataset):
-        ds = v.to_dataset(name=_DA) if isinstance(v, xr.DataArray) else v
-        for n in sorted(ds.variables, key=str):
-            var = ds.variables[n]
-            _feed(h, ("var", str(n), var.dims, dict(sorted(var.attrs.items()))))
-            if any_dask([var.data]):  # block by block: never the whole array at once
-                _feed(h, ("blocks", var.shape, str(var.dtype), var.chunks))
-                import dask  # noqa: PLC0415 - optional; the data is dask-backed here
-
-                blocks = var.data.to_delayed().ravel()
-                _feed(h, list(dask.compute(*[dask.delayed(_digest)(b) for b in blocks])))
-            else:
-                _feed(h, np.asarray(var.values))
-        _feed(h, ("attrs", sorted(v.attrs.items(), key=lambda x: str(x[0])), v.name
-                  if isinstance(v, xr.DataArray) else None))
-    elif isinstance(v, np.ndarray | jax.Array | np.generic):
-        a = np.asarray(v)
-        h.update(f"array{a.shape}{a.dtype}".encode())
-        h.update(a.tobytes() if a.dtype.kind != "O" else repr(a.tolist()).encode())
-    elif isinstance(v, tuple | list):
-        h.update(f"{type(v).__name__}{len(v)}(".encode())
-        for x in v:
-            _feed(h, x)
-        h.update(b")")
-    elif isinstance(v, dict):
-        _feed(h, sorted(v.items(), key=lambda x: repr(x[0])))
-    elif isinstance(v, types.CodeType):
-        h.update(b"code")
-        h.update(v.co_code)
-        _feed(h, (v.co_names, v.co_varnames, v.co_freevars, v.co_cellvars, v.co_consts))
-    elif isinstance(v, type):
-        h.update(f"type {v.__module__}.{v.__qualname__}".encode())
-    elif type(v).__name__ == "_Id":
-        o = v.obj
-        h.update(f"id {type(o).__module__}.{type(o).__qualname__} "
-                 f"{getattr(o, '__module__', '')}.{getattr(o, '__qualname__', '')} "
-                 f"{getattr(o, '__name__', '')}".encode())
-    elif isinstance(v, types.FunctionType):
-        _feed(h, describe([v]).key)
-    elif isinstance(v, bool | int | float | complex | str | bytes | type(None)):
-        h.update(f"{type(v).__name__}:{v!r};".encode())
-    else:  # an address in a repr differs between processes
-        text = _ADDRESS.sub("", repr(v))
-        h.update(f"{type(v).__module__}.{type(v).__qualname__}:{text};".encode())

@@ -1,0 +1,93 @@
+"""Streamed saves of data sharded over JAX devices (see :mod:`xstencil._labelled.stream`).
+
+A sharded streamed scan runs every segment on the devices, as the sharded
+backend does (:mod:`xstencil._backends.shard_scan`: a deep halo exchanged
+every ``halo_every`` steps), and writes the segment's saved positions to the
+store between segments.  The next segment starts from the last ``k``
+positions, still on the devices; after a resume they are read back from the
+store and put on the devices again with the input's layout
+(:func:`reshard`), so a resumed run computes on the same devices and the
+same blocks as an uninterrupted one and is bitwise equal to it.
+
+The layout (mesh shape and the mesh axis of each dim) is part of the store's
+fingerprint: resuming with the data laid out differently, or in memory, is
+refused, since a different layout may round differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+import xarray as xr
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from xstencil._backends.shard import sharded_axes
+from xstencil._engine.call import precision
+from xstencil._errors import XStencilError
+
+__all__ = ["Layout", "layout_of", "reshard"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the input's variables live: the device mesh and, per dim, the
+    mesh axis it is sharded over (dims not listed are not split)."""
+
+    mesh: Mesh
+    axes: Mapping[Hashable, str]
+
+    def describe(self) -> str:
+        """The layout as text, for the store's fingerprint."""
+        shape = {str(k): int(v) for k, v in self.mesh.shape.items()}
+        return f"mesh {shape}, dims {dict(sorted((str(d), a) for d, a in self.axes.items()))}"
+
+
+def _variables(obj: Any) -> list[xr.DataArray]:
+    return [obj] if isinstance(obj, xr.DataArray) else list(obj.data_vars.values())
+
+
+def layout_of(call: str, obj: Any) -> Layout | None:
+    """The layout of ``obj``'s sharded variables, or ``None`` when none is
+    sharded over several devices."""
+    out: Layout | None = None
+    for v in _variables(obj):
+        got = sharded_axes(call, v.data, v.dims)
+        if got is None:
+            continue
+        if not v.data.is_fully_addressable:
+            raise XStencilError(
+                f"{call}: store= streams from one process, but this data is a global array "
+                f"spanning the devices of {jax.process_count()} processes; scan without "
+                f"store= and write the result with xstencil.write_sharded(...)")
+        mesh, names = got
+        axes = {d: a for d, a in zip(v.dims, names, strict=True) if a is not None}
+        if out is None:
+            out = Layout(mesh, axes)
+        elif mesh != out.mesh or any(out.axes.get(d, a) != a for d, a in axes.items()):
+            raise XStencilError(
+                f"{call}: variable {v.name!r} is sharded as {v.data.sharding.spec!r} over "
+                f"{mesh!r}, unlike the other variables ({out.describe()}); store= needs one "
+                f"layout: put every variable on the same mesh (xstencil.open_sharded does)")
+        else:
+            out = Layout(out.mesh, {**out.axes, **axes})
+    return out
+
+
+def reshard(obj: Any, lay: Layout) -> Any:
+    """``obj`` (numpy-backed, read from the store) with every variable put on
+    the devices of ``lay``, keeping its dtype."""
+
+    def put(v: xr.DataArray) -> xr.DataArray:
+        x = np.asarray(v.data)
+        sharding = NamedSharding(lay.mesh, P(*[lay.axes.get(d) for d in v.dims]))
+        with precision(x):
+            return v.copy(data=jax.device_put(x, sharding))
+
+    if isinstance(obj, xr.DataArray):
+        return put(obj)
+    return obj.assign({n: put(v) for n, v in obj.data_vars.items()})
