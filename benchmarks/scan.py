@@ -334,7 +334,7 @@ def run(quick: bool, kernex_python: str | None = None
 
     n_steps, n = (200, 128) if quick else (5000, 512)
     overhead["steps"] = n_steps
-    overhead["updates"] = n_steps // _progress.every(n_steps, n * n)
+XX
     _log(f"progress overhead: {overhead['overhead']:+.1%}")
     return rows, overhead, memory
 

@@ -18,13 +18,15 @@ At start-up this file also
 
 Cross-references are checked (``nitpicky = True``; the test builds with
 ``-n -W``).  Links into the docs of Python, numpy, scipy, xarray, JAX and dask
-go through intersphinx.  Their inventories are read from
-``docs/_intersphinx/<name>.inv`` when such a file is there, else from the
-projects' sites; a site that cannot be reached within a few seconds (an
-offline build: set ``XSTENCIL_DOCS_OFFLINE=1`` to skip the probe) is left out,
-and references into that project are then accepted unresolved
-(``nitpick_ignore_regex``) instead of failing the build, so an offline build
-renders them as plain code.
+go through intersphinx.  Their inventories are read from the projects'
+sites; when a site cannot be reached within a few seconds (an offline build,
+CI without network: set ``XSTENCIL_DOCS_OFFLINE=1`` to skip the probe), from
+the small inventory ``docs/_intersphinx/<name>.inv`` shipped with the docs
+(written by ``docs/_intersphinx/make_inventories.py``: the names these docs
+reference, at their real public addresses), so the references still resolve
+and render as external links.  Only a project with neither is left out; its
+references are then accepted unresolved (``nitpick_ignore_regex``) and
+render as plain code.
 """
 
 from __future__ import annotations
@@ -102,10 +104,10 @@ def _intersphinx() -> tuple[dict[str, tuple[str, str | None]], list[str]]:
     offline: list[str] = []
     for name, url in _SITES.items():
         local = HERE / "_intersphinx" / f"{name}.inv"
-        if local.is_file():
+        if _reachable(url):  # the site's full inventory (the shipped one if that fails)
+            mapping[name] = (url, (None, str(local)) if local.is_file() else None)
+        elif local.is_file():  # offline: the names these docs reference
             mapping[name] = (url, str(local))
-        elif _reachable(url):
-            mapping[name] = (url, None)
         else:
             offline.append(name)
     return mapping, offline
