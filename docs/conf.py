@@ -263,6 +263,18 @@ _HIDDEN = {
 }
 
 
+#: classes that users get from the library, never construct: their pages show
+#: no constructor signature (internal arguments), only what users write
+_NO_CONSTRUCTOR = {"xstencil.Window", "xstencil.WindowSet", "xstencil.Mesh",
+                   "xstencil.KernelMesh", "xstencil.StencilAccessor"}
+
+
+def _signature(app, what, name, obj, options, signature, return_annotation):  # noqa: ANN001, ANN202
+    if what == "class" and name in _NO_CONSTRUCTOR:
+        return "", None
+    return None
+
+
 def _skip_member(app, what, name, obj, skip, options):  # noqa: ANN001, ANN202
     owner = getattr(obj, "__qualname__", "").rpartition(".")[0]
     if name in {"tree_flatten", "tree_unflatten"}:
@@ -272,8 +284,9 @@ def _skip_member(app, what, name, obj, skip, options):  # noqa: ANN001, ANN202
     if owner and (owner.split(".")[-1], name) in _HIDDEN:
         return True
     qual = getattr(obj, "__qualname__", "")
-    if qual.startswith(("Mapping.", "Collection.", "Sized.", "Iterable.", "Container.")):
-        return True  # inherited Mapping methods (WindowSet): documented by Python
+    if qual.startswith(("Mapping.", "Collection.", "Sized.", "Iterable.", "Container.",
+                        "tuple.")):
+        return True  # inherited Mapping (WindowSet), tuple (Converged) methods: Python's
     return None
 
 
@@ -317,4 +330,5 @@ def _on_source_read(app, docname, source) -> None:  # noqa: ANN001
 def setup(app):  # noqa: ANN001, ANN201
     app.connect("builder-inited", _on_builder_inited)
     app.connect("autodoc-skip-member", _skip_member)
+    app.connect("autodoc-process-signature", _signature)
     app.connect("source-read", _on_source_read)
