@@ -93,7 +93,9 @@ def advance(token: Any, done: Any) -> np.int32:
     """Move bar ``token`` to ``done`` steps (:func:`report`) and return the
     step count at which the loop should report next (called from compiled
     code): :data:`INTERVAL` seconds ahead at the speed measured since the last
-    report, and at the next test while the speed is not known yet."""
+    report (since the bar opened, for the first report: so a run shorter than
+    :data:`INTERVAL` makes one callback, not two), and at the next test while
+    the speed is not known."""
     callback(token, done)
     with _LOCK:
         bar = _OPEN.get(int(token))
@@ -214,6 +216,7 @@ class Progress:
             from IPython.display import display
 
             self._shown = display(self.bar.container, display_id=True)
+        self._xstencil_last = (0, time.perf_counter())  # the clock of advance()
         with _LOCK:
             _OPEN[self.token] = self
         if threading.current_thread() is threading.main_thread():

@@ -33,11 +33,13 @@ def test_report_if_due_reports_only_when_due(monkeypatch: pytest.MonkeyPatch) ->
         # due at 10: 5 steps done -> nothing, the due count comes back unchanged
         assert int(f(tok, 5, jnp.int32(10))) == 10
         assert seen == []
-        # 10 done: a report; the speed is not known yet, so the next test reports
-        assert int(f(tok, 10, jnp.int32(10))) == 11
+        # 10 done: a report, and the host's answer lies ahead (INTERVAL s at
+        # the speed measured since the bar opened)
+        due = int(f(tok, 10, jnp.int32(10)))
+        assert due > 10
         assert seen == [10]
         # gate off (not the first device): no report even when due
-        assert int(f(tok, 20, jnp.int32(11), False)) == 11
+        assert int(f(tok, due, jnp.int32(due), False)) == due
         assert seen == [10]
     jax.effects_barrier()
 
@@ -56,7 +58,7 @@ def test_report_if_due_under_vmap(monkeypatch: pytest.MonkeyPatch) -> None:
         out, due = jax.vmap(member, in_axes=(0, None))(jnp.arange(3.0), tok)
         jax.effects_barrier()
     np.testing.assert_array_equal(np.asarray(out), [0.0, 2.0, 4.0])
-    assert int(np.max(due)) == 8  # reported at 7; speed unknown: the next test
+    assert int(np.max(due)) > 7  # reported at 7: the host's answer lies ahead
     assert seen == [7]
 
 

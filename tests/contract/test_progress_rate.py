@@ -48,11 +48,12 @@ def test_check_every_scales_with_the_work() -> None:
 
 
 def test_advance_aims_interval_seconds_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = iter([10.0, 10.5, 11.0])
+    clock = iter([10.0, 10.5, 11.0, 11.5])  # the bar opens at 10.0
     monkeypatch.setattr(_progress.time, "perf_counter", lambda: next(clock))
     with _progress.Progress(10_000, "t", disable=True) as p:
-        assert int(_progress.advance(p.token, 100)) == 101  # speed unknown: next test
-        # 100 steps in 0.5 s: 200 steps/s, so the next report is INTERVAL s ahead
+        # 100 steps in 0.5 s since the bar opened: 200 steps/s, so the next
+        # report is INTERVAL s ahead
+        assert int(_progress.advance(p.token, 100)) == 100 + int(200 * _progress.INTERVAL)
         assert int(_progress.advance(p.token, 200)) == 200 + int(200 * _progress.INTERVAL)
         assert int(_progress.advance(p.token, 1200)) == 1200 + int(2000 * _progress.INTERVAL)
     assert int(_progress.advance(p.token, 5000)) == np.iinfo(np.int32).max  # closed
