@@ -103,6 +103,9 @@ def _bootstrap(ratios: list[float], seed: int = 0, draws: int = 2000) -> tuple[f
 
 def overhead(n: int, steps: int, rounds: int) -> dict[str, Any]:
     """Paired, interleaved timings of ``progress=False``/``True`` (see the module doc)."""
+    import os
+
+    load = os.getloadavg()[0]
     f = heat_call(n, steps)
     off_wall: list[float] = []
     on_wall: list[float] = []
@@ -126,7 +129,8 @@ def overhead(n: int, steps: int, rounds: int) -> dict[str, Any]:
             "wall": statistics.median(wall) - 1,
             "wall_ci": tuple(x - 1 for x in _bootstrap(wall)),
             "cpu": statistics.median(cpu) - 1, "cpu_ci": tuple(x - 1 for x in _bootstrap(cpu)),
-            "updates": len(stamps) / rounds}
+            "updates": len(stamps) / rounds, "cpus": os.cpu_count(),
+            "load": (load + os.getloadavg()[0]) / 2}
 
 
 def callback_cost(n: int, steps: int, rounds: int) -> dict[str, Any]:
@@ -197,7 +201,10 @@ def section(o: dict[str, Any], c: dict[str, Any], g: dict[str, Any], quick: bool
         f"{platform.machine()} ({jax.devices()[0].device_kind}, jax {jax.__version__}), "
         f"{o['rounds']} rounds of one call without and one with a bar (alternating order), "
         "eager calls as a user writes them; overhead = median of the per-round ratios, "
-        "with its 90 % bootstrap interval.",
+        f"with its 90 % bootstrap interval. {o['cpus']} CPUs, load average about "
+        f"{o['load']:.1f} during the run: with more runnable processes than CPUs, the "
+        "wall-time ratio mostly measures the scheduler, and the CPU-time ratio and the "
+        "update cost below are the figures to go by.",
         "",
         "| case | without | with | overhead (wall) | overhead (CPU time) | bar updates "
         "per call | ≤ 2 % |",
