@@ -13,7 +13,8 @@ agree, and timed in alternating runs (at least 7 each, short calls batched);
 the ratio is the median of the per-run ratios, which keeps it meaningful on a
 machine with other load.  Also measured: XLA's peak memory for 10,000 steps
 of a 512² field saving every 1,000th (``memory_analysis()`` of the compiled
-program, so nothing is run), and the run-time overhead of ``progress=True``.
+program, so nothing is run), and the run-time overhead of ``progress=True``
+(measured by ``benchmarks/progress.py``, which has the full measurement).
 
 kernex's kscan on the same linear convection problems is timed with
 ``--kernex-python PY`` (an interpreter that has kernex; also read from
@@ -39,8 +40,10 @@ from typing import Any
 
 try:  # run as ``python benchmarks/scan.py``: benchmarks/ is sys.path[0]
     import _harness as H
+    import progress as P
 except ImportError:  # imported as ``benchmarks.scan`` from the repository root
     from benchmarks import _harness as H
+    from benchmarks import progress as P
 
 HERE = Path(__file__).resolve().parent
 TARGET = 1.3
@@ -315,12 +318,10 @@ def run(quick: bool, kernex_python: str | None = None
     if quick:
         cases = [convection(151, 51), convection(100, 200), heat(128, 200),
                  wave(128, 100), shallow_water(64, 200)]
-        prog = (heat(128, 200), heat(128, 200, progress=True))
         memory = _memory(64, 1000, 100)
     else:
         cases = [convection(151, 51), convection(500, 1000), heat(512, 1000),
                  wave(1024, 500), shallow_water(256, 1000)]
-        prog = (heat(512, 5000), heat(512, 5000, progress=True))
         memory = _memory(512, 10_000, 1_000)
     rows = []
     for c in cases:
@@ -329,40 +330,11 @@ def run(quick: bool, kernex_python: str | None = None
             if c[0].startswith(f"1-D linear convection {nt}×{nx} ") and f"{nt}x{nx}" in kx:
                 rows[-1]["kernex"] = kx[f"{nt}x{nx}"]
         _log(_row(rows[-1]))
-    overhead = _progress_overhead(prog[0], prog[1], rounds=9)
-    from xstencil import _progress
-
+    # eager calls, as a user makes them (benchmarks/progress.py has the full measurement)
     n_steps, n = (200, 128) if quick else (5000, 512)
-    overhead["steps"] = n_steps
-    overhead["updates"] = n_steps // _progress.every(n_steps, n * n)
-    _log(f"progress overhead: {overhead['overhead']:+.1%}")
+    overhead = P.overhead(n, n_steps, rounds=9)
+    _log(f"progress overhead: {overhead['wall']:+.1%}")
     return rows, overhead, memory
-
-
-def _progress_overhead(off_case: Any, on_case: Any, rounds: int) -> dict[str, Any]:
-    """Median over interleaved rounds (one call without, one with a bar) of
-    the per-round ratio, so machine noise affects both sides alike."""
-    import statistics
-    import time
-
-    import jax
-    import jax.numpy as jnp
-
-    x = jnp.asarray(off_case[1])
-    sink = io.StringIO()
-    with contextlib.redirect_stderr(sink):
-        f_off, _ = H.compile_jax(off_case[2], x)
-        f_on, _ = H.compile_jax(on_case[2], x)
-        jax.block_until_ready((f_off(x), f_on(x)))
-        t_off, t_on = [], []
-        for _ in range(rounds):
-            for f, acc in ((f_off, t_off), (f_on, t_on)):
-                t0 = time.perf_counter()
-                jax.block_until_ready(f(x))
-                acc.append(time.perf_counter() - t0)
-    ratios = [b / a for a, b in zip(t_off, t_on, strict=True)]
-    return {"off": statistics.median(t_off), "on": statistics.median(t_on),
-            "overhead": statistics.median(ratios) - 1, "rounds": rounds}
 
 
 def _log(msg: str) -> None:
@@ -404,12 +376,11 @@ def section(rows: list[dict[str, Any]], overhead: dict[str, Any], memory: dict[s
         "|---|---|---|---|---|---|---|",
         *[_row(r) for r in rows],
         "",
-        f"`progress=True` overhead on 2-D heat 512², {overhead['steps']:,} steps "
-        f"({overhead['updates']} bar update{'s' if overhead['updates'] != 1 else ''} from "
-        f"inside the loop; {overhead['rounds']} "
-        f"alternating rounds): {H.fmt_time(overhead['off'])} without, "
-        f"{H.fmt_time(overhead['on'])} with a bar: {overhead['on'] / overhead['off'] - 1:+.1%} "
-        f"from the medians, {overhead['overhead']:+.1%} as the median of per-round ratios "
+        f"`progress=True` overhead on 2-D heat {overhead['n']}², {overhead['steps']:,} steps "
+        f"({overhead['updates']:.1f} bar updates per call from inside the loop; "
+        f"{overhead['rounds']} alternating rounds of eager calls): "
+        f"{H.fmt_time(overhead['off'])} without, {H.fmt_time(overhead['on'])} with a bar, "
+        f"{overhead['wall']:+.1%} as the median of per-round ratios "
         f"(target < 2%; on a loaded machine both carry a few % of noise).",
         "",
     ]

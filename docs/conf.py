@@ -18,13 +18,15 @@ At start-up this file also
 
 Cross-references are checked (``nitpicky = True``; the test builds with
 ``-n -W``).  Links into the docs of Python, numpy, scipy, xarray, JAX and dask
-go through intersphinx.  Their inventories are read from
-``docs/_intersphinx/<name>.inv`` when such a file is there, else from the
-projects' sites; a site that cannot be reached within a few seconds (an
-offline build: set ``XSTENCIL_DOCS_OFFLINE=1`` to skip the probe) is left out,
-and references into that project are then accepted unresolved
-(``nitpick_ignore_regex``) instead of failing the build, so an offline build
-renders them as plain code.
+go through intersphinx.  Their inventories are read from the projects'
+sites; when a site cannot be reached within a few seconds (an offline build,
+CI without network: set ``XSTENCIL_DOCS_OFFLINE=1`` to skip the probe), from
+the small inventory ``docs/_intersphinx/<name>.inv`` shipped with the docs
+(written by ``docs/_intersphinx/make_inventories.py``: the names these docs
+reference, at their real public addresses), so the references still resolve
+and render as external links.  Only a project with neither is left out; its
+references are then accepted unresolved (``nitpick_ignore_regex``) and
+render as plain code.
 """
 
 from __future__ import annotations
@@ -102,10 +104,10 @@ def _intersphinx() -> tuple[dict[str, tuple[str, str | None]], list[str]]:
     offline: list[str] = []
     for name, url in _SITES.items():
         local = HERE / "_intersphinx" / f"{name}.inv"
-        if local.is_file():
+        if _reachable(url):  # the site's full inventory (the shipped one if that fails)
+            mapping[name] = (url, (None, str(local)) if local.is_file() else None)
+        elif local.is_file():  # offline: the names these docs reference
             mapping[name] = (url, str(local))
-        elif _reachable(url):
-            mapping[name] = (url, None)
         else:
             offline.append(name)
     return mapping, offline
@@ -261,6 +263,18 @@ _HIDDEN = {
 }
 
 
+#: classes that users get from the library, never construct: their pages show
+#: no constructor signature (internal arguments), only what users write
+_NO_CONSTRUCTOR = {"xstencil.Window", "xstencil.WindowSet", "xstencil.Mesh",
+                   "xstencil.KernelMesh", "xstencil.StencilAccessor"}
+
+
+def _signature(app, what, name, obj, options, signature, return_annotation):  # noqa: ANN001, ANN202
+    if what == "class" and name in _NO_CONSTRUCTOR:
+        return "", None
+    return None
+
+
 def _skip_member(app, what, name, obj, skip, options):  # noqa: ANN001, ANN202
     owner = getattr(obj, "__qualname__", "").rpartition(".")[0]
     if name in {"tree_flatten", "tree_unflatten"}:
@@ -270,8 +284,9 @@ def _skip_member(app, what, name, obj, skip, options):  # noqa: ANN001, ANN202
     if owner and (owner.split(".")[-1], name) in _HIDDEN:
         return True
     qual = getattr(obj, "__qualname__", "")
-    if qual.startswith(("Mapping.", "Collection.", "Sized.", "Iterable.", "Container.")):
-        return True  # inherited Mapping methods (WindowSet): documented by Python
+    if qual.startswith(("Mapping.", "Collection.", "Sized.", "Iterable.", "Container.",
+                        "tuple.")):
+        return True  # inherited Mapping (WindowSet), tuple (Converged) methods: Python's
     return None
 
 
@@ -315,4 +330,5 @@ def _on_source_read(app, docname, source) -> None:  # noqa: ANN001
 def setup(app):  # noqa: ANN001, ANN201
     app.connect("builder-inited", _on_builder_inited)
     app.connect("autodoc-skip-member", _skip_member)
+    app.connect("autodoc-process-signature", _signature)
     app.connect("source-read", _on_source_read)

@@ -172,7 +172,7 @@ def test_keyboard_interrupt_during_scan_leaves_nothing_behind(monkeypatch: Any) 
 
     from xstencil import _progress
 
-    monkeypatch.setattr(_progress, "CELLS_PER_UPDATE", 1)  # update often
+    monkeypatch.setattr(_progress, "INTERVAL", 0.0)  # update at every test
     interrupted = threading.Event()
     real_report = _progress.report
 

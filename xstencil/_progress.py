@@ -5,12 +5,15 @@ call.  The loop calls :func:`report` through ``jax.debug.callback`` every few
 steps, with the bar's integer token as an argument, so the compiled code does
 not depend on which bar is open and is reused between calls.
 
-The in-memory scans adapt the update rate to the run (:func:`advance`): the
-loop tests for a due report every :func:`check_every` steps (a scalar
-compare), and at a report the host answers, from the measured speed, the
-step count of the next one, about :data:`INTERVAL` seconds ahead.  So the bar
+The scans adapt the update rate to the run (:func:`advance`,
+:func:`report_if_due`): the loop tests for a due report every
+:func:`check_every` steps in memory, after each block of ``halo_every``
+steps when sharded (a scalar compare), and at a report the host answers,
+from the measured speed, the step count of the next one, about
+:data:`INTERVAL` seconds ahead.  So the bar
 moves every 0.1-0.5 s whatever the grid size, kernel or device, and the
-callbacks (about 1 ms each) cost well under 1 % of the run.  Bars are
+callbacks (1-2 ms each on a loaded 2-core CPU, about 5 per second) cost
+about 1 % of the run (``benchmarks/progress.py`` measures it).  Bars are
 registered only while their call runs; the bar is closed, and unregistered,
 when the call returns, fails or is interrupted (``KeyboardInterrupt``), after
 ``jax.effects_barrier()`` has flushed every pending callback.
@@ -36,45 +39,18 @@ from types import TracebackType
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jax.experimental import io_callback
 
-__all__ = ["Progress", "Interrupted", "report", "callback", "every", "advance",
+__all__ = ["Progress", "Interrupted", "report", "callback", "advance", "report_if_due",
            "check_every", "label"]
 
 # open bars by token; entries live only inside a ``with Progress(...)`` block
 _OPEN: dict[int, Any] = {}
 _TOKENS = itertools.count(1)
 _LOCK = threading.Lock()
-
-
-#: A callback from compiled code measured about 1 ms on this project's 2-core
-#: CPU machine (more when it is loaded: the host thread must be scheduled),
-#: while a 5-point stencil step costs about 0.2 ns per cell there.  A chunk of
-#: steps between updates does at least this many cell updates (~200 ms of
-#: such work), so that updates stay under 1% of the run time; with 10^8 the
-#: 2-D heat benchmark (512², 5,000 steps) paid +7% for its 13 updates.
-CELLS_PER_UPDATE = 1_000_000_000
-
-#: At most this many cell updates between two updates, however long the run
-#: (the 25-update cap would otherwise space them by minutes), so that Ctrl-C,
-#: which takes effect at the next update, is honoured within about that much
-#: work.
-MAX_CELLS_PER_UPDATE = CELLS_PER_UPDATE
-
-#: A step's fixed cost (loop overhead, a few microseconds) in cell updates.
-STEP_CELLS = 20_000
-
-
-def every(steps: int, cells: int = 1, updates: int = 25) -> int:
-    """Steps between updates: at most ``updates`` over the run, and no more
-    often than every :data:`CELLS_PER_UPDATE` cell updates (``cells`` per
-    step), but at least every :data:`MAX_CELLS_PER_UPDATE` (plus
-    :data:`STEP_CELLS` per step).  The bar is completed when the call returns
-    in any case."""
-    by_count = -(-steps // updates)
-    by_work = -(-CELLS_PER_UPDATE // max(cells, 1))
-    by_time = -(-MAX_CELLS_PER_UPDATE // (max(cells, 1) + STEP_CELLS))
-    return max(1, min(max(by_count, by_work), by_time))
 
 
 class Interrupted(Exception):
@@ -117,7 +93,9 @@ def advance(token: Any, done: Any) -> np.int32:
     """Move bar ``token`` to ``done`` steps (:func:`report`) and return the
     step count at which the loop should report next (called from compiled
     code): :data:`INTERVAL` seconds ahead at the speed measured since the last
-    report, and at the next test while the speed is not known yet."""
+    report (since the bar opened, for the first report: so a run shorter than
+    :data:`INTERVAL` makes one callback, not two), and at the next test while
+    the speed is not known."""
     callback(token, done)
     with _LOCK:
         bar = _OPEN.get(int(token))
@@ -130,6 +108,17 @@ def advance(token: Any, done: Any) -> np.int32:
         return np.int32(done + 1)
     rate = (done - last[0]) / (now - last[1])
     return np.int32(min(done + max(1, int(rate * INTERVAL)), int(_NEVER)))
+
+
+def report_if_due(token: Any, done: Any, due: Any, gate: Any = True) -> Any:
+    """In compiled code, after ``done`` steps: if a report is ``due`` (and
+    ``gate``), call :func:`advance` on the host, which moves the bar and
+    answers the step count of the next report; return that count (``due``
+    when no report was due).  A ``while_loop`` of zero or one trip, not a
+    ``cond``: JAX cannot vmap a ``cond`` holding an ``io_callback``."""
+    done = jnp.asarray(done, jnp.int32)
+    return lax.while_loop(lambda d: gate & (done >= d), lambda d: io_callback(
+        advance, jax.ShapeDtypeStruct((), jnp.int32), token, done, ordered=False), due)
 
 
 def label(call: str) -> str:
@@ -227,6 +216,7 @@ class Progress:
             from IPython.display import display
 
             self._shown = display(self.bar.container, display_id=True)
+        self._xstencil_last = (0, time.perf_counter())  # the clock of advance()
         with _LOCK:
             _OPEN[self.token] = self
         if threading.current_thread() is threading.main_thread():

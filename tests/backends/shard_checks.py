@@ -334,24 +334,26 @@ def check_scan_time_coord():
 
 
 def check_scan_progress():
-    """progress=True: a bar fed from inside the sharded loop (every device
-    reports; the bar only moves forward) and completed at the end."""
+    """progress=True: a bar fed from inside the sharded loop by the first
+    device, at the step counts the host asks for (the adaptive rule of the
+    in-memory scans), and completed at the end."""
     from xstencil import _progress
     from xstencil._labelled.scale import scan_sharded
     from xstencil._labelled.scan import scan
 
     seen = []
-    report, cells = _progress.report, _progress.CELLS_PER_UPDATE
+    report, interval = _progress.report, _progress.INTERVAL
     _progress.report = lambda token, done: (seen.append(int(done)), report(token, done))[1]
-    _progress.CELLS_PER_UPDATE = 1  # update as often as 25 times per run
+    _progress.INTERVAL = 0.0  # the host asks for a report at each test
     try:
         kw = dict(steps=40, boundary="periodic", save_every="last")
         out = scan_sharded(field(), heat, "time", devices={"x": "i"}, halo_every=4,
                            progress=True, **kw)
     finally:
-        _progress.report, _progress.CELLS_PER_UPDATE = report, cells
+        _progress.report, _progress.INTERVAL = report, interval
     same(out, scan(field(), heat, dim="time", **kw), rtol=1e-5)
-    assert sorted(set(seen)) == list(range(4, 41, 4)), seen
+    # one report per block of 4 steps, from one device only (no repeats)
+    assert seen == list(range(4, 41, 4)), seen
     assert not _progress._OPEN  # the bar was closed
 
 

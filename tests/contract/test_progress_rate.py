@@ -48,11 +48,12 @@ def test_check_every_scales_with_the_work() -> None:
 
 
 def test_advance_aims_interval_seconds_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = iter([10.0, 10.5, 11.0])
+    clock = iter([10.0, 10.5, 11.0, 11.5])  # the bar opens at 10.0
     monkeypatch.setattr(_progress.time, "perf_counter", lambda: next(clock))
     with _progress.Progress(10_000, "t", disable=True) as p:
-        assert int(_progress.advance(p.token, 100)) == 101  # speed unknown: next test
-        # 100 steps in 0.5 s: 200 steps/s, so the next report is INTERVAL s ahead
+        # 100 steps in 0.5 s since the bar opened: 200 steps/s, so the next
+        # report is INTERVAL s ahead
+        assert int(_progress.advance(p.token, 100)) == 100 + int(200 * _progress.INTERVAL)
         assert int(_progress.advance(p.token, 200)) == 200 + int(200 * _progress.INTERVAL)
         assert int(_progress.advance(p.token, 1200)) == 1200 + int(2000 * _progress.INTERVAL)
     assert int(_progress.advance(p.token, 5000)) == np.iinfo(np.int32).max  # closed
@@ -71,13 +72,18 @@ def test_bar_moves_at_least_every_half_second(monkeypatch: pytest.MonkeyPatch,
     per_step = (time.perf_counter() - t) / 2000
     steps = int(4.0 / per_step)
     stamps = _spy(monkeypatch)
-    start = time.perf_counter()
-    np.asarray(u0.stencil.scan(heat, "time", steps=steps, progress=True, **kw))
-    end = time.perf_counter()
-    run = end - stamps[0][0]
-    assert run > 2.0, f"the scan took {run:.2f} s after its first report; it should be > 2 s"
-    times = [s[0] for s in stamps] + [end]
-    gaps = np.diff(times)
+    # a wall-clock check on a shared machine: a second try absorbs one descheduling
+    # of this process; a broken update rule misses the bound on both
+    for _attempt in range(2):
+        stamps.clear()
+        start = time.perf_counter()
+        np.asarray(u0.stencil.scan(heat, "time", steps=steps, progress=True, **kw))
+        end = time.perf_counter()
+        run = end - stamps[0][0]
+        assert run > 2.0, f"the scan took {run:.2f} s after its first report; it should be > 2 s"
+        gaps = np.diff([s[0] for s in stamps] + [end])
+        if gaps.max() <= 0.5:
+            break
     assert gaps.max() <= 0.5, (f"{len(stamps)} updates over {end - start:.2f} s, gaps "
                                f"{np.round(gaps, 3).tolist()}")
     assert [s[1] for s in stamps] == sorted(s[1] for s in stamps)

@@ -10,7 +10,6 @@ front end is :func:`xstencil._labelled.scale.scan_sharded`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +50,7 @@ class Compiled:
 
     fn: Callable[..., Any]
     inputs: tuple[Any, ...]
-    report_every: int  # progress-bar updates every this many steps (0: no bar)
+    report_every: int  # 1: the loop feeds a progress bar (0: no bar)
     steps: int  # positions computed
 
 
@@ -167,27 +166,30 @@ def _body(job: BlockJob, g: _Grid, block: Callable[..., Any], K: int,
 
     def body(hist0: Any, inp: Any, coords: Any, dyn: Any, masks: Any,
              consts: Any, tcoord: Any, forcing: Any, token: Any) -> Any:
-        def advance(hist: Any, t: Any, bad: Any, n: int) -> Any:
+        # the lead device's loop feeds the bar, at the step counts that the host
+        # asks for (the adaptive rule of the in-memory scans, _progress.advance)
+        lead = jnp.asarray(True)
+        for name in (n for n in lay.names if n):
+            lead = lead & (lax.axis_index(name) == 0)
+
+        def advance(hist: Any, t: Any, bad: Any, due: Any, n: int) -> Any:
             hist, b = run_block(hist, inp, t, n, coords, dyn, masks, consts, tcoord, forcing)
-            if report_every:  # a bar update each time a block passes a multiple of it
-                done = t + n - k
-                lax.cond(done // report_every > (t - k) // report_every,
-                         lambda: jax.debug.callback(_progress.callback, token, done),
-                         lambda: None)
-            return hist, t + n, jnp.where(bad < 0, b, bad)
+            if report_every:  # after each block of K steps: is a bar update due?
+                due = _progress.report_if_due(token, t + n - k, due, lead)
+            return hist, t + n, jnp.where(bad < 0, b, bad), due
 
         def one_save(carry: Any, _: Any) -> Any:
-            hist, t, bad = carry
             if q:
-                hist, t, bad = lax.fori_loop(0, q, lambda i, c: advance(*c, K), (hist, t, bad))
+                carry = lax.fori_loop(0, q, lambda i, c: advance(*c, K), carry)
             if r:
-                hist, t, bad = advance(hist, t, bad, r)
-            return (hist, t, bad), hist[-1]
+                carry = advance(*carry, r)
+            return carry, carry[0][-1]
 
         start = tuple(hist0[j * V:(j + 1) * V] for j in range(k))
         none = jnp.asarray(-1, jnp.int32)
-        (_, _, bad), saved = lax.scan(one_save, (start, jnp.asarray(k, jnp.int32), none),
-                                      None, length=spec.nsave)
+        (_, _, bad, _), saved = lax.scan(
+            one_save, (start, jnp.asarray(k, jnp.int32), none, jnp.asarray(0, jnp.int32)),
+            None, length=spec.nsave)
         # the first bad position over all devices (-1: none)
         axes = tuple(n for n in lay.names if n)
         if axes:
@@ -215,7 +217,6 @@ def scan_sharded(job: BlockJob, devices: Any = None, halo_every: int = 1) -> Com
     data's sharding.
     """
     call, spec = job.call, job.spec
-    plan = spec.plan
     K = int(halo_every)
     if K < 1:
         raise XStencilError(f"{call}: halo_every={halo_every!r} must be an int >= 1")
@@ -231,8 +232,7 @@ def scan_sharded(job: BlockJob, devices: Any = None, halo_every: int = 1) -> Com
         _packed([time_padded(spec, as_array(call, "the data", f)) for f in job.forcings]),
         sharding)
     n_steps = spec.total - spec.k  # positions computed
-    report_every = (_progress.every(n_steps, math.prod(plan.shape[1:]) * len(job.evolving))
-                    if job.progress else 0)
+    report_every = 1 if job.progress else 0  # the loop asks the host when to report
     body = _body(job, g, _block(job, g, periods), K, report_every)
     lay, masks = g.lay, job.masks
     out_spec = ((lay.spec() if spec.every else P(*lay.names[1:]),) * len(job.evolving), P())

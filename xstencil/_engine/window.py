@@ -49,29 +49,43 @@ def _binary(op: Any, reflected: bool = False) -> Any:
 
 @jax.tree_util.register_pytree_node_class
 class Window:
-    """One window of a field, as seen by the kernel.
+    """The neighbourhood of one cell, as a kernel receives it.
 
-    Parameters
-    ----------
-    data
-        The per-cell array, of the window's shape.
-    dims
-        A name per window axis (``None`` for unnamed axes).
-    centre
-        The centre cell's index along each axis.
-    rolled
-        If true, the array view is rolled so that index 0 is the centre
-        (kernex's ``relative=True``).
-    absolute
-        If true, integer indices address window cells from the window's first
-        cell (kernex's ``relative=False``); indices outside the window raise
-        instead of being clamped.
-    field
-        Every dim of the data mapped to the ``(lo, hi)`` reach of the window
-        along it; dims of the data that this window lacks may be read at any
-        offset within that reach (the value does not vary along them).
-    coords
-        Coordinate windows, for :meth:`coord`.
+    A kernel ``f(u)`` is called with a window ``u`` (a Dataset kernel with a
+    :class:`WindowSet` of them); the library builds it, the kernel reads it:
+
+    ``u(x=1, y=-1)``
+        The cell at these offsets from the centre, by dim name; ``u()`` is
+        the centre.  Offsets are Python ints within the window (the default
+        window reaches as far as the kernel reads; ``window=`` sets it).  In
+        :func:`~xstencil.scan`, ``u(time=-1)`` is the previous step.
+    ``u[1, -1]``
+        The same by position: one offset per window axis, in the window's
+        dim order (``u.dims``).  Slices (``u[:, 0]``) index the window as an
+        array; the kernex-style array API also takes axis names,
+        ``u["i+1", "j"]``.
+    ``u.coord("x")``
+        The window over coordinate ``x``, read the same way:
+        ``x = u.coord("x"); x(x=1) - x(x=-1)``.
+    ``u * w``, ``u.sum()``, ``jnp.mean(u)``
+        The window is also an array of the window's shape (``u.shape``,
+        ``u.dtype``; ``u.array`` is that array), and a JAX pytree.
+
+    A read outside the window raises :class:`~xstencil.WindowIndexError`,
+    an unknown dim an :class:`~xstencil.XStencilError`.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> da = xr.DataArray([0.0, 1.0, 4.0, 9.0, 16.0], dims="x",
+    ...                   coords={"x": np.arange(5.0) * 0.5})
+    >>> def slope(u):
+    ...     x = u.coord("x")
+    ...     return (u(x=1) - u(x=-1)) / (x(x=1) - x(x=-1))
+    >>> da.stencil.map(slope, boundary="valid").values
+    array([ 4.,  8., 12.])
+    >>> da.stencil.map(lambda u: u[1] - u[-1], window={"x": 3}, boundary="valid").values
+    array([ 4.,  8., 12.])
     """
 
     def __init__(
@@ -86,6 +100,33 @@ class Window:
         coords: dict[str, Window] | None = None,
         label: str = "window",
     ):
+        """Built by the library, not by users.
+
+        Parameters
+        ----------
+        data
+            The per-cell array, of the window's shape.
+        dims
+            A name per window axis (``None`` for unnamed axes).
+        centre
+            The centre cell's index along each axis.
+        rolled
+            If true, the array view is rolled so that index 0 is the centre
+            (kernex's ``relative=True``).
+        absolute
+            If true, integer indices address window cells from the window's
+            first cell (kernex's ``relative=False``); indices outside the
+            window raise instead of being clamped.
+        field
+            Every dim of the data mapped to the ``(lo, hi)`` reach of the
+            window along it; dims of the data that this window lacks may be
+            read at any offset within that reach (the value does not vary
+            along them).
+        coords
+            Coordinate windows, for :meth:`coord`.
+        label
+            The window's name in error messages (``u``, ``s['u']``).
+        """
         self._data = data
         self._dims = tuple(dims)
         self._centre = tuple(centre)
@@ -330,8 +371,21 @@ class Window:
 
 @jax.tree_util.register_pytree_node_class
 class WindowSet(Mapping[str, Window]):
-    """The windows of several variables (a Dataset kernel's argument):
-    ``s["u"]`` or ``s.u``."""
+    """The windows of a Dataset's variables, as a Dataset kernel receives them.
+
+    ``s["u"]`` (or ``s.u``) is the :class:`Window` of data variable ``u``,
+    read as usual: ``s["u"](x=1)``, ``s["u"][1]``, ``s["u"].coord("x")``.
+    ``"u" in s``, ``list(s)`` and ``len(s)`` work as on a mapping; an unknown
+    name raises an :class:`~xstencil.XStencilError` listing the variables.
+    The kernel returns one value, or a dict of them by variable name.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xstencil
+    >>> ds = xr.Dataset({"u": ("x", [0.0, 1.0, 4.0, 9.0]), "c": ("x", np.full(4, 2.0))})
+    >>> ds.stencil.map(lambda s: s["c"]() * s["u"](x=1), boundary="extend").values
+    array([ 2.,  8., 18., 18.])
+    """
 
     def __init__(self, windows: dict[str, Window], label: str = "s"):
         self._windows = dict(windows)

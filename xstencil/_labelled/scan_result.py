@@ -4,7 +4,7 @@ positions as a DataArray or Dataset."""
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,11 +31,7 @@ def call_with_progress(fn: Any, runargs: Any, every: int, steps: int, call: str)
     with _progress.Progress(steps, _progress.label(call)) as p:
         try:
             out = settled(fn(*runargs, jnp.asarray(p.token, jnp.int32)), runargs)
-            # wait in Python, not inside the runtime, so that a Ctrl-C runs its handler
-            # (which the next progress update turns into an abort of the loop)
-            leaves = [x for x in jax.tree_util.tree_leaves(out) if hasattr(x, "is_ready")]
-            while not all(x.is_ready() for x in leaves):
-                time.sleep(0.02)
+            _wait(out)
             jax.block_until_ready(out)
         except jax.errors.JaxRuntimeError as e:
             # Ctrl-C: the progress callback aborted the loop (see xstencil._progress)
@@ -45,6 +41,31 @@ def call_with_progress(fn: Any, runargs: Any, every: int, steps: int, call: str)
         if p.interrupted:  # Ctrl-C after the last update: the run finished anyway
             raise KeyboardInterrupt
     return out
+
+
+def _wait(out: Any) -> None:
+    """Wait until ``out`` is computed, in Python, not inside the runtime, so
+    that a Ctrl-C runs its handler (which the next progress update turns into
+    an abort of the loop).  A helper thread blocks on the result and wakes
+    this one at once; the timeout only lets a pending signal handler run.
+    (Polling ``is_ready`` every 20 ms instead cost 10 ms per call on average,
+    about 1.5 % of a 0.6 s scan.)"""
+    leaves = [x for x in jax.tree_util.tree_leaves(out) if hasattr(x, "is_ready")]
+    if all(x.is_ready() for x in leaves):
+        return
+    ready = threading.Event()
+
+    def block() -> None:
+        try:
+            jax.block_until_ready(leaves)
+        except Exception:  # the caller waits again, in its thread, and raises it
+            pass
+        finally:
+            ready.set()
+
+    threading.Thread(target=block, name="xstencil-progress-wait", daemon=True).start()
+    while not ready.wait(0.05):
+        pass
 
 
 def finite(call: str, bad: Any, tvals: Any, dim: str) -> None:
