@@ -162,7 +162,7 @@ def evaluate(
     # a dense constant-weight sum: one correlation (separable, conv or FFT)
     # (not under a NaN guard: the guarded slices below keep non-finite values
     # of unselected cells out of derivatives)
-    dense = None if guard is not None else dense_windows.lower(jaxpr, sources, geom)
+    dense = None if guard is not None else dense_windows.lower(jaxpr, sources, geom, dyn)
     if dense is not None:
         return jax.tree_util.tree_unflatten(out_tree, dense)
 
