@@ -137,9 +137,9 @@ def _slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
 
 def _runtime_slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
     """:func:`_slices` with runtime weights: every cell is a term, times its
-    runtime scalar.  When ``p`` holds a non-finite value, each slice is
-    masked where its weight is 0 (a cell of weight 0 is not read, and
-    ``0 * nan`` would be NaN)."""
+    runtime scalar.  When some weight is 0 and ``p`` holds a non-finite
+    value, each slice is masked where its weight is 0 (a cell of weight 0
+    is not read, and ``0 * nan`` would be NaN)."""
     w = w.astype(p.dtype)
 
     def total(p: Any, w: Any, masked: bool) -> Any:
@@ -158,8 +158,14 @@ def _runtime_slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int])
                      for i in range(0, len(terms), 2)]
         return terms[0]
 
-    return lax.cond(jnp.all(jnp.isfinite(p)), lambda p, w: total(p, w, False),
-                    lambda p, w: total(p, w, True), p, w)
+    def plain(p: Any, w: Any) -> Any:
+        return total(p, w, False)
+
+    def checked(p: Any, w: Any) -> Any:  # some weight is 0: is there a NaN to mask?
+        return lax.cond(jnp.all(jnp.isfinite(p)), plain, lambda p, w: total(p, w, True), p, w)
+
+    # no weight 0 (dense weights): nothing to mask, and no pass over p to check
+    return lax.cond(jnp.all(w != 0), plain, checked, p, w)
 
 
 def _fast_size(n: int) -> int:
