@@ -159,7 +159,8 @@ def evaluate(
         return jax.tree_util.tree_unflatten(out_tree, [
             jnp.zeros(field_shape + tuple(v.aval.shape), v.aval.dtype)
             for v in jaxpr.jaxpr.outvars])
-    # a dense constant-weight sum: one correlation (separable, conv or FFT)
+    # a dense linear sum (constant or runtime weights): one correlation (separable,
+    # slices or FFT)
     # (not under a NaN guard: the guarded slices below keep non-finite values
     # of unselected cells out of derivatives)
     dense = None if guard is not None else dense_windows.lower(jaxpr, sources, geom, dyn)
