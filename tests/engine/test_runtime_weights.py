@@ -166,7 +166,7 @@ def test_nans_stay_local_with_runtime_zeros(x64: None, k: int, mode: str) -> Non
     np.testing.assert_allclose(out[ok], ref[ok], rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("k", [9, 15])
+@pytest.mark.parametrize("k", [3, 15])  # runtime slices (3x3: 9 cells) and the FFT
 def test_gradient_with_respect_to_weights(x64: None, k: int) -> None:
     rng = np.random.default_rng(5)
     a = rng.standard_normal((24, 26))
@@ -177,9 +177,9 @@ def test_gradient_with_respect_to_weights(x64: None, k: int) -> None:
         return jnp.sum((out - target) ** 2)
 
     w0 = jnp.asarray(rng.standard_normal((k, k)))
-    check_grads(fit, (w0,), order=1, modes=["rev", "fwd"], atol=1e-5, rtol=1e-5)
+    check_grads(jax.jit(fit), (w0,), order=1, modes=["rev", "fwd"], atol=1e-5, rtol=1e-5)
     # against finite differences of the numpy reference, at one weight
-    g = jax.grad(fit)(w0)
+    g = jax.jit(jax.grad(fit))(w0)
     e = np.zeros((k, k))
     e[1, 2] = 1e-6
     wn = np.asarray(w0)
@@ -299,3 +299,26 @@ def test_is_affine_reads_the_jaxpr() -> None:
 
     twice.defjvp(lambda p, tg: (twice(p[0]), 3.0 * tg[0]))
     assert not _affine(lambda u, t: twice(u).sum(), t)  # a custom rule: refused
+
+
+def test_window_wider_than_the_periodic_field(x64: None) -> None:
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((20, 25))
+    w = rng.standard_normal((31, 27))
+    da = xr.DataArray(a, dims=("y", "x"))
+    out = da.stencil.map(lambda u: (u * w).sum(), window={"y": 31, "x": 27},
+                         boundary="periodic").values
+    np.testing.assert_allclose(out, _loop(a, w, "periodic"), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(("shape", "window"), [((50,), (41,)), ((12, 13, 14), (5, 5, 5))])
+def test_one_and_three_dims(x64: None, shape: tuple[int, ...], window: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(14)
+    a = rng.standard_normal(shape)
+    w = rng.standard_normal(window)
+    dims = ("z", "y", "x")[-len(shape):]
+    out = xr.DataArray(a, dims=dims).stencil.map(
+        lambda u: (u * w).sum(), window=dict(zip(dims, window, strict=True)),
+        boundary="symmetric").values
+    np.testing.assert_allclose(out, ndi.correlate(a, w, mode="reflect"), rtol=1e-10,
+                               atol=1e-10)

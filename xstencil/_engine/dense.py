@@ -27,13 +27,16 @@ block holds a NaN or an infinity, such cells are masked out.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from xstencil._engine.affine import runtime_weights
 from xstencil._engine.linear import weights
@@ -140,32 +143,59 @@ def _runtime_slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int])
     runtime scalar.  When some weight is 0 and ``p`` holds a non-finite
     value, each slice is masked where its weight is 0 (a cell of weight 0
     is not read, and ``0 * nan`` would be NaN)."""
-    w = w.astype(p.dtype)
+    return _runtime_sum(p, w.astype(p.dtype), tuple(steps), tuple(counts))
 
-    def total(p: Any, w: Any, masked: bool) -> Any:
-        terms = []
-        for cell in np.ndindex(w.shape):
-            limits = [s + st * (n - 1) + 1 for s, st, n in zip(cell, steps, counts, strict=True)]
-            piece = lax.slice(p, list(cell), limits, tuple(steps))
-            c = w[cell]
-            if masked:
-                piece = jnp.where(c != 0, piece, jnp.zeros((), p.dtype))
-            terms.append(piece * c)
-        if not terms:
-            return jnp.zeros(tuple(counts), p.dtype)
-        while len(terms) > 1:
-            terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
-                     for i in range(0, len(terms), 2)]
-        return terms[0]
 
+def _total(p: Any, w: Any, steps: tuple[int, ...], counts: tuple[int, ...],
+           masked: bool) -> Any:
+    """``sum_c w[c] * slice_c(p)``, as a balanced tree; ``masked`` drops the
+    slices of cells whose weight is 0."""
+    terms = []
+    for cell in np.ndindex(w.shape):
+        limits = [s + st * (n - 1) + 1 for s, st, n in zip(cell, steps, counts, strict=True)]
+        piece = lax.slice(p, list(cell), limits, steps)
+        c = w[cell]
+        if masked:
+            piece = jnp.where(c != 0, piece, jnp.zeros((), p.dtype))
+        terms.append(piece * c)
+    if not terms:
+        return jnp.zeros(counts, p.dtype)
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
+                 for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def _runtime_sum(p: Any, w: Any, steps: tuple[int, ...], counts: tuple[int, ...]) -> Any:
     def plain(p: Any, w: Any) -> Any:
-        return total(p, w, False)
+        return _total(p, w, steps, counts, False)
 
     def checked(p: Any, w: Any) -> Any:  # some weight is 0: is there a NaN to mask?
-        return lax.cond(jnp.all(jnp.isfinite(p)), plain, lambda p, w: total(p, w, True), p, w)
+        return lax.cond(jnp.all(jnp.isfinite(p)), plain,
+                        lambda p, w: _total(p, w, steps, counts, True), p, w)
 
     # no weight 0 (dense weights): nothing to mask, and no pass over p to check
     return lax.cond(jnp.all(w != 0), plain, checked, p, w)
+
+
+@functools.partial(_runtime_sum.defjvp, symbolic_zeros=True)
+def _runtime_sum_jvp(steps: tuple[int, ...], counts: tuple[int, ...], primals: Any,
+                     tangents: Any) -> tuple[Any, Any]:
+    """The sum is bilinear: its tangent is two sums without the branches
+    (whose derivatives, through ``lax.cond``, compiled in 13 s for a 9x9
+    window against 2 s).  Non-finite values of ``p`` read as 0 in the
+    weights' tangent, as a cell of weight 0 is not read."""
+    p, w = primals
+    dp, dw = tangents
+    out = _runtime_sum(p, w, steps, counts)
+    t = jnp.zeros(counts, p.dtype)
+    if not isinstance(dp, SymbolicZero):
+        t = t + _total(dp, w, steps, counts, False)
+    if not isinstance(dw, SymbolicZero):
+        clean = jnp.where(jnp.isfinite(p), p, jnp.zeros((), p.dtype))
+        t = t + _total(clean, dw, steps, counts, False)
+    return out, t
 
 
 def _fast_size(n: int) -> int:
@@ -200,21 +230,21 @@ def _spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
 
 def _runtime_spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
                       lows: Sequence[int] | None) -> Any:
-    """:func:`_spectrum` of traced weights (one axis at a time, so the first
-    pass transforms only the weights' own rows), times the phase of a roll
-    by ``-lows`` (a constant)."""
+    """:func:`_spectrum` of traced weights (``w.shape <= sizes``), one axis
+    at a time: each axis is zero-padded to its size, and rolled by ``-lows``
+    when given (the weights wrapped onto a periodic field), just before its
+    transform, so every pass but the last transforms only the weights' rows."""
     real = np.float64 if np.dtype(dtype) == np.float64 else np.float32
     cplx = np.complex128 if real == np.float64 else np.complex64
-    spec = jnp.fft.rfft(w.astype(real), n=sizes[-1], axis=-1)
-    for a in range(w.ndim - 1):
-        spec = jnp.fft.fft(spec, n=sizes[a], axis=a)
-    spec = jnp.conj(spec).astype(cplx)
-    if lows is not None and any(lows):
-        for a, (lo, n) in enumerate(zip(lows, sizes, strict=True)):
-            f = np.arange(spec.shape[a])
-            phase = np.exp(-2j * np.pi * f * lo / n).astype(cplx)
-            spec = spec * phase.reshape([-1 if b == a else 1 for b in range(w.ndim)])
-    return spec
+    spec = w.astype(real)
+    for a in [w.ndim - 1, *range(w.ndim - 1)]:
+        widths = [(0, 0)] * w.ndim
+        widths[a] = (0, sizes[a] - w.shape[a])
+        spec = jnp.pad(spec, widths)
+        if lows is not None and lows[a]:
+            spec = jnp.roll(spec, -lows[a], axis=a)
+        spec = jnp.fft.rfft(spec, axis=a) if a == w.ndim - 1 else jnp.fft.fft(spec, axis=a)
+    return jnp.conj(spec).astype(cplx)
 
 
 def _finite_guard(x: Any, w: Any, run: Callable[[Any, Any], Any]) -> Any:
