@@ -27,18 +27,20 @@ block holds a NaN or an infinity, such cells are masked out.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 
 from xstencil._engine.affine import runtime_weights
+from xstencil._engine.dense_runtime import (
+    runtime_slices,
+    runtime_spectrum,
+    wrapped_runtime_spectrum,
+)
 from xstencil._engine.linear import weights
 
 __all__ = ["lower", "correlate", "choose", "separable", "SLICE_TAPS", "FFT_TAPS"]
@@ -122,7 +124,7 @@ def correlate(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]
 
 def _slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
     if not isinstance(w, np.ndarray):
-        return _runtime_slices(p, w, steps, counts)
+        return runtime_slices(p, w, steps, counts)
     terms = []
     for cell in zip(*np.nonzero(w), strict=True):
         starts = [int(c) for c in cell]
@@ -136,66 +138,6 @@ def _slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
         terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
                  for i in range(0, len(terms), 2)]
     return terms[0]
-
-
-def _runtime_slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
-    """:func:`_slices` with runtime weights: every cell is a term, times its
-    runtime scalar.  When some weight is 0 and ``p`` holds a non-finite
-    value, each slice is masked where its weight is 0 (a cell of weight 0
-    is not read, and ``0 * nan`` would be NaN)."""
-    return _runtime_sum(p, w.astype(p.dtype), tuple(steps), tuple(counts))
-
-
-def _total(p: Any, w: Any, steps: tuple[int, ...], counts: tuple[int, ...],
-           masked: bool) -> Any:
-    """``sum_c w[c] * slice_c(p)``, as a balanced tree; ``masked`` drops the
-    slices of cells whose weight is 0."""
-    terms = []
-    for cell in np.ndindex(w.shape):
-        limits = [s + st * (n - 1) + 1 for s, st, n in zip(cell, steps, counts, strict=True)]
-        piece = lax.slice(p, list(cell), limits, steps)
-        c = w[cell]
-        if masked:
-            piece = jnp.where(c != 0, piece, jnp.zeros((), p.dtype))
-        terms.append(piece * c)
-    if not terms:
-        return jnp.zeros(counts, p.dtype)
-    while len(terms) > 1:
-        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
-                 for i in range(0, len(terms), 2)]
-    return terms[0]
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def _runtime_sum(p: Any, w: Any, steps: tuple[int, ...], counts: tuple[int, ...]) -> Any:
-    def plain(p: Any, w: Any) -> Any:
-        return _total(p, w, steps, counts, False)
-
-    def checked(p: Any, w: Any) -> Any:  # some weight is 0: is there a NaN to mask?
-        return lax.cond(jnp.all(jnp.isfinite(p)), plain,
-                        lambda p, w: _total(p, w, steps, counts, True), p, w)
-
-    # no weight 0 (dense weights): nothing to mask, and no pass over p to check
-    return lax.cond(jnp.all(w != 0), plain, checked, p, w)
-
-
-@functools.partial(_runtime_sum.defjvp, symbolic_zeros=True)
-def _runtime_sum_jvp(steps: tuple[int, ...], counts: tuple[int, ...], primals: Any,
-                     tangents: Any) -> tuple[Any, Any]:
-    """The sum is bilinear: its tangent is two sums without the branches
-    (whose derivatives, through ``lax.cond``, compiled in 13 s for a 9x9
-    window against 2 s).  Non-finite values of ``p`` read as 0 in the
-    weights' tangent, as a cell of weight 0 is not read."""
-    p, w = primals
-    dp, dw = tangents
-    out = _runtime_sum(p, w, steps, counts)
-    t = jnp.zeros(counts, p.dtype)
-    if not isinstance(dp, SymbolicZero):
-        t = t + _total(dp, w, steps, counts, False)
-    if not isinstance(dw, SymbolicZero):
-        clean = jnp.where(jnp.isfinite(p), p, jnp.zeros((), p.dtype))
-        t = t + _total(clean, dw, steps, counts, False)
-    return out, t
 
 
 def _fast_size(n: int) -> int:
@@ -218,33 +160,14 @@ def _spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
               lows: Sequence[int] | None = None) -> Any:
     """``conj(rfftn(w))`` zero-padded to ``sizes``, computed once in float64
     (a constant of the program, not an FFT at run time).  Runtime weights
-    get an FFT in the program (:func:`_runtime_spectrum`), and ``lows``
-    rolls them back by that much (see :func:`_circular_raw`)."""
+    get an FFT in the program (see :mod:`xstencil._engine.dense_runtime`),
+    and ``lows`` rolls them back by that much (see :func:`_circular_raw`)."""
     if not isinstance(w, np.ndarray):
-        return _runtime_spectrum(w, sizes, dtype, lows)
+        return runtime_spectrum(w, sizes, dtype, lows)
     big = np.zeros(sizes)
     big[tuple(slice(0, k) for k in w.shape)] = w
     spec = np.conj(np.fft.rfftn(big))
     return spec.astype(np.complex128 if np.dtype(dtype) == np.float64 else np.complex64)
-
-
-def _runtime_spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
-                      lows: Sequence[int] | None) -> Any:
-    """:func:`_spectrum` of traced weights (``w.shape <= sizes``), one axis
-    at a time: each axis is zero-padded to its size, and rolled by ``-lows``
-    when given (the weights wrapped onto a periodic field), just before its
-    transform, so every pass but the last transforms only the weights' rows."""
-    real = np.float64 if np.dtype(dtype) == np.float64 else np.float32
-    cplx = np.complex128 if real == np.float64 else np.complex64
-    spec = w.astype(real)
-    for a in [w.ndim - 1, *range(w.ndim - 1)]:
-        widths = [(0, 0)] * w.ndim
-        widths[a] = (0, sizes[a] - w.shape[a])
-        spec = jnp.pad(spec, widths)
-        if lows is not None and lows[a]:
-            spec = jnp.roll(spec, -lows[a], axis=a)
-        spec = jnp.fft.rfft(spec, axis=a) if a == w.ndim - 1 else jnp.fft.fft(spec, axis=a)
-    return jnp.conj(spec).astype(cplx)
 
 
 def _finite_guard(x: Any, w: Any, run: Callable[[Any, Any], Any]) -> Any:
@@ -286,20 +209,6 @@ def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int])
     return full[index].astype(p.dtype)
 
 
-def _wrapped_runtime_spectrum(w: Any, shape: tuple[int, ...], dtype: Any,
-                              lows: Sequence[int]) -> Any:
-    """The spectrum of traced weights wrapped onto the periodic field: a
-    phase-shifted FFT of the weights, or (a window wider than the field)
-    an explicit wrap first."""
-    if any(k > n for k, n in zip(w.shape, shape, strict=True)):
-        grids = np.meshgrid(*[(np.arange(k) - lo) % n for k, lo, n in zip(w.shape, lows, shape,
-                                                                          strict=True)],
-                            indexing="ij")
-        wrapped = jnp.zeros(shape, w.dtype).at[tuple(grids)].add(w)
-        return _runtime_spectrum(wrapped, shape, dtype, None)
-    return _runtime_spectrum(w, shape, dtype, lows)
-
-
 def _whole_periodic(src: Any, geom: Sequence[Any]) -> bool:
     """Whether the slab is the whole periodic field (no padding is needed:
     the FFT's own wrap-around is the boundary)."""
@@ -319,7 +228,7 @@ def _circular(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
 def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],
                   counts: Sequence[int]) -> Any:
     if not isinstance(w, np.ndarray):
-        spec = _wrapped_runtime_spectrum(w, x.shape, x.dtype, lows)
+        spec = wrapped_runtime_spectrum(w, x.shape, x.dtype, lows)
         axes = tuple(range(x.ndim))
         full = jnp.fft.irfftn(jnp.fft.rfftn(x, axes=axes) * spec, x.shape, axes)
         index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
