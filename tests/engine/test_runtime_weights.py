@@ -322,3 +322,30 @@ def test_one_and_three_dims(x64: None, shape: tuple[int, ...], window: tuple[int
         boundary="symmetric").values
     np.testing.assert_allclose(out, ndi.correlate(a, w, mode="reflect"), rtol=1e-10,
                                atol=1e-10)
+
+
+@pytest.mark.parametrize("k", [3, 15])
+def test_weight_gradient_stays_finite_next_to_a_nan(x64: None, k: int) -> None:
+    """The outputs a NaN reaches are dropped from the loss; the gradient of
+    the rest is finite and matches finite differences of the numpy loop."""
+    rng = np.random.default_rng(15)
+    a = rng.standard_normal((22, 24))
+    a[10, 12] = np.nan
+    w0 = rng.standard_normal((k, k))
+    w0[0, 0] = 0.0  # a zero weight: the cell is not read
+
+    def loss_np(w: np.ndarray) -> float:
+        out = _loop(a, w, "periodic")
+        return float(np.sum(np.where(np.isfinite(out), out, 0.0) ** 2))
+
+    def loss(w: Any) -> Any:
+        out = _map(a, lambda u: (u * w).sum(), k, "periodic").data
+        return jnp.sum(jnp.where(jnp.isfinite(out), out, 0.0) ** 2)
+
+    g = np.asarray(jax.jit(jax.grad(loss))(jnp.asarray(w0)))
+    assert np.isfinite(g).all()
+    for i, j in [(1, 1), (k - 1, k // 2)]:
+        e = np.zeros((k, k))
+        e[i, j] = 1e-6
+        fd = (loss_np(w0 + e) - loss_np(w0 - e)) / 2e-6
+        np.testing.assert_allclose(g[i, j], fd, rtol=1e-6)
