@@ -350,8 +350,7 @@ def dense_columns(n: int, k: int) -> tuple[Columns, str]:
     if numba is not None:
         out = np.empty_like(a)
         cols["numba prange"] = lambda: _dense(np.pad(a, h, mode="wrap"), w, out)
-    # The lowering dense.choose picks for these weights as constants.  Not checked to be
-    # what the labelled map runs: closed-over weights are now inputs of the compiled
-    # function (compile once), so ``(u * w).sum()`` takes the generic lowering (9x9 at
-    # 1024²: 39 ms, 2026-11-30) and 21x21 and larger raise the 1 GiB window error.
-    return cols, dense.choose(w.astype(np.float64))
+    # Closed-over weights are inputs of the compiled function (compile once), so the
+    # labelled map computes them in the program (xstencil._engine.affine) and picks the
+    # lowering by the window's size: what dense.choose says for a traced weight array.
+    return cols, dense.choose(jax.ShapeDtypeStruct(w.shape, w.dtype))

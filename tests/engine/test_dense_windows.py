@@ -195,15 +195,7 @@ def test_huge_linear_window_runs_instead_of_being_refused(x64: None) -> None:
                                atol=1e-12)
 
 
-_DYNAMIC_WEIGHTS = pytest.mark.xfail(
-    strict=True,
-    reason="closed-over weights are inputs of the compiled function (compile once, "
-           "xstencil._engine.kcache), so the labelled map does not see them as constants and "
-           "takes the generic lowering, with the literal 0 * NaN = NaN of zero-weight cells")
-
-
-@pytest.mark.parametrize("how", ["fft", pytest.param("slices", marks=_DYNAMIC_WEIGHTS),
-                                 "separable"])
+@pytest.mark.parametrize("how", ["fft", "slices", "separable"])
 @pytest.mark.parametrize("mode", ["fill", "periodic", "extend"])
 def test_nans_stay_local(x64: None, mode: str, how: str) -> None:
     """A NaN in the data (or the default NaN fill) spoils only the outputs

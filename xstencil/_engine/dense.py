@@ -1,6 +1,10 @@
 """Lower constant-weight linear window sums by cost (DESIGN.md section 5).
 
-The weights come from :func:`xstencil._engine.linear.weights`:
+The weights come from :func:`xstencil._engine.linear.weights` when they are
+constants of the program, and otherwise (arrays the kernel closes over are
+inputs of the compiled program, see :mod:`xstencil._engine.kcache`) from
+:func:`xstencil._engine.affine.runtime_weights`, computed in the program from
+the current values.  Constant weights:
 
 * few nonzero weights (:data:`SLICE_TAPS`): the caller keeps its fused
   shifted slices, interior and boundary shell apart;
@@ -12,6 +16,13 @@ Each pads the block it reads once, with the boundary code of
 :mod:`xstencil._engine.boundary`, and then takes a 'valid' correlation, so
 every boundary mode and stride is honoured and one expression is compiled
 whatever the window size.
+
+Runtime weights (traced arrays) are lowered by the window's size alone, as
+their values are unknown when compiling: up to :data:`SLICE_TAPS` cells the
+caller's shifted slices, up to :data:`FFT_TAPS` one sum of shifted slices
+with a runtime scalar per cell, above an FFT of the runtime weights.  A cell
+whose runtime weight is 0 is not read, as with constant weights: when the
+block holds a NaN or an infinity, such cells are masked out.
 """
 
 from __future__ import annotations
@@ -24,6 +35,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from xstencil._engine.affine import runtime_weights
+from xstencil._engine.dense_runtime import (
+    runtime_slices,
+    runtime_spectrum,
+    wrapped_runtime_spectrum,
+)
 from xstencil._engine.linear import weights
 
 __all__ = ["lower", "correlate", "choose", "separable", "SLICE_TAPS", "FFT_TAPS"]
@@ -46,10 +63,14 @@ FFT_TAPS = 100
 
 
 
-def choose(w: np.ndarray) -> str:
+def choose(w: Any) -> str:
     """The lowering for one weight array: 'shell' (keep the shifted-slice
     lowering of :mod:`~xstencil._engine.lower`, interior and boundary shell
-    apart), 'separable', 'slices' (one sum over the padded block) or 'fft'."""
+    apart), 'separable', 'slices' (one sum over the padded block) or 'fft'.
+    Runtime (traced) weights are chosen by their size, never 'separable'."""
+    if not isinstance(w, np.ndarray):
+        size = math.prod(w.shape)
+        return "shell" if size <= SLICE_TAPS else "slices" if size <= FFT_TAPS else "fft"
     nnz = int(np.count_nonzero(w))
     if nnz <= SLICE_TAPS:
         return "shell"
@@ -101,7 +122,9 @@ def correlate(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]
     return _fft(p, w, steps, counts)
 
 
-def _slices(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
+def _slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
+    if not isinstance(w, np.ndarray):
+        return runtime_slices(p, w, steps, counts)
     terms = []
     for cell in zip(*np.nonzero(w), strict=True):
         starts = [int(c) for c in cell]
@@ -133,16 +156,21 @@ def _fast_size(n: int) -> int:
     return best
 
 
-def _spectrum(w: np.ndarray, sizes: tuple[int, ...], dtype: Any) -> np.ndarray:
+def _spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
+              lows: Sequence[int] | None = None) -> Any:
     """``conj(rfftn(w))`` zero-padded to ``sizes``, computed once in float64
-    (a constant of the program, not an FFT at run time)."""
+    (a constant of the program, not an FFT at run time).  Runtime weights
+    get an FFT in the program (see :mod:`xstencil._engine.dense_runtime`),
+    and ``lows`` rolls them back by that much (see :func:`_circular_raw`)."""
+    if not isinstance(w, np.ndarray):
+        return runtime_spectrum(w, sizes, dtype, lows)
     big = np.zeros(sizes)
     big[tuple(slice(0, k) for k in w.shape)] = w
     spec = np.conj(np.fft.rfftn(big))
     return spec.astype(np.complex128 if np.dtype(dtype) == np.float64 else np.complex64)
 
 
-def _finite_guard(x: Any, w: np.ndarray, run: Callable[[Any, np.ndarray], Any]) -> Any:
+def _finite_guard(x: Any, w: Any, run: Callable[[Any, Any], Any]) -> Any:
     """``run(x, w)`` (an FFT correlation), with non-finite inputs handled as a
     direct sum would: an FFT spreads one NaN or inf over the whole output, so
     when ``x`` holds any, they are zeroed for the FFT and the outputs whose
@@ -158,7 +186,9 @@ def _finite_guard(x: Any, w: np.ndarray, run: Callable[[Any, np.ndarray], Any]) 
     def dirty(x: Any) -> Any:
         ok = jnp.isfinite(x)
         out = run(jnp.where(ok, x, jnp.zeros((), x.dtype)), w)
-        hits = run((~ok).astype(x.dtype), (w != 0).astype(np.float64))
+        support = ((w != 0).astype(np.float64) if isinstance(w, np.ndarray)
+                   else (w != 0).astype(x.dtype))  # runtime weights: a runtime support
+        hits = run((~ok).astype(x.dtype), support)
         return jnp.where(hits > 0.5, jnp.asarray(np.nan, out.dtype), out)
 
     return lax.cond(jnp.all(jnp.isfinite(x)), clean, dirty, x).astype(dtype)
@@ -195,8 +225,14 @@ def _circular(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
     return _finite_guard(x, w, lambda x, w: _circular_raw(x, w, lows, steps, counts))
 
 
-def _circular_raw(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
+def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],
                   counts: Sequence[int]) -> Any:
+    if not isinstance(w, np.ndarray):
+        spec = wrapped_runtime_spectrum(w, x.shape, x.dtype, lows)
+        axes = tuple(range(x.ndim))
+        full = jnp.fft.irfftn(jnp.fft.rfftn(x, axes=axes) * spec, x.shape, axes)
+        index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
+        return full[index].astype(x.dtype)
     wrapped = np.zeros(x.shape)
     grids = np.meshgrid(*[(np.arange(k) - lo) % n for k, lo, n in zip(w.shape, lows, x.shape,
                                                                       strict=True)],
@@ -209,13 +245,16 @@ def _circular_raw(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[in
     return full[index].astype(x.dtype)
 
 
-def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any]) -> list[Any] | None:
+def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
+          dyn: Any = None) -> list[Any] | None:
     """The kernel's output leaves over the slab ``geom``, lowered as
-    correlations, or ``None`` when the kernel is not a constant-weight
-    linear sum or every weight array is small enough for shifted slices.
+    correlations, or ``None`` when the kernel is not a linear sum of its
+    windows or every weight array is small enough for shifted slices.
 
     ``sources`` and ``geom`` are :class:`~xstencil._engine.lower.Source` and
-    :class:`~xstencil._engine.lower.AxisGeom` objects.
+    :class:`~xstencil._engine.lower.AxisGeom` objects; ``dyn`` holds the
+    kernel's other inputs (the jaxpr's inputs after the cells), from which
+    runtime weights are computed when the weights are not constants.
     """
     rank = len(geom)
     shapes = [tuple(geom[a].size for a in s.cell_axes) for s in sources]
@@ -225,12 +264,17 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any]) -> list[Any]
         return None
     found = weights(closed, shapes)
     if found is None:
-        return None
+        if dyn is None or any(tuple(s.axes) != tuple(range(rank)) for s in sources) or all(
+                math.prod(s) <= SLICE_TAPS for s in shapes):
+            return None
+        found = runtime_weights(closed, shapes, dyn)
+        if found is None:
+            return None
     plans = []
     for per in found:
         terms = []
         for src, w in zip(sources, per[:-1], strict=True):
-            if not np.any(w):
+            if isinstance(w, np.ndarray) and not np.any(w):
                 continue
             if tuple(src.axes) != tuple(range(rank)):
                 return None
@@ -266,7 +310,9 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any]) -> list[Any]
             out = part if out is None else out + part
         if out is None:
             out = jnp.zeros(field, dtype)
-        if np.any(bias):
+        if not isinstance(bias, np.ndarray):  # runtime weights: a traced bias
+            out = out + bias.astype(dtype)
+        elif np.any(bias):
             out = out + np.asarray(bias, dtype)
         leaves.append(out.astype(dtype))
     return leaves

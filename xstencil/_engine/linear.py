@@ -7,7 +7,8 @@ constant bias), and returns those weights when the kernel is
 ``jnp.sum(w * u)``, ``u @ v`` with a constant ``v``, sums of
 ``c * u(x=i)`` terms and so on.  Anything else (a product of two window
 values, a weight that is a traced argument, a non-linear function) returns
-``None``.  :mod:`xstencil._engine.dense` lowers such kernels by cost.
+``None`` (:mod:`xstencil._engine.affine` then computes traced weights in the
+program).  :mod:`xstencil._engine.dense` lowers such kernels by cost.
 """
 
 from __future__ import annotations

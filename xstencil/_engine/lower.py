@@ -160,10 +160,11 @@ def evaluate(
         return jax.tree_util.tree_unflatten(out_tree, [
             jnp.zeros(field_shape + tuple(v.aval.shape), v.aval.dtype)
             for v in jaxpr.jaxpr.outvars])
-    # a dense constant-weight sum: one correlation (separable, conv or FFT)
+    # a dense linear sum (constant or runtime weights): one correlation (separable,
+    # slices or FFT)
     # (not under a NaN guard: the guarded slices below keep non-finite values
     # of unselected cells out of derivatives)
-    dense = None if guard is not None else dense_windows.lower(jaxpr, sources, geom)
+    dense = None if guard is not None else dense_windows.lower(jaxpr, sources, geom, dyn)
     if dense is not None:
         return jax.tree_util.tree_unflatten(out_tree, dense)
 
@@ -350,10 +351,13 @@ def _gathered(x: Any, src: Source, shift: Sequence[int], geom: Sequence[AxisGeom
             f"a {window} window ({math.prod(cell_shape)} cells) over {field_shape} outputs "
             f"needs every window at once ({size / 2**30:.1f} GiB, over the "
             f"{MAX_GATHER_BYTES / 2**30:.0f} GiB limit), and as shifted slices it would not "
-            f"compile in reasonable time; a weighted sum with constant weights (closed over, "
-            f"not passed as an argument) is lowered as an FFT or separable passes whatever "
-            f"its size, otherwise use scipy.ndimage.correlate or scipy.signal.fftconvolve, "
-            f"a smaller window, a stride, or separable passes (one dim at a time)")
+            f"compile in reasonable time; a kernel linear in its window (a weighted sum such "
+            f"as (u * w).sum(), the weights closed over or passed as arguments) is lowered "
+            f"as an FFT whatever its size, but this one is not (a product of window values, "
+            f"a non-linear function, or a weight computed from the window); write the "
+            f"linear part as its own map, or use scipy.ndimage.correlate or "
+            f"scipy.signal.fftconvolve, a smaller window, a stride, or separable passes "
+            f"(one dim at a time)")
     stack = jnp.broadcast_to(x[tuple(index)], field_shape + tuple(cell_shape))
     return stack.reshape((-1,) + tuple(cell_shape))
 

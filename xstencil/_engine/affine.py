@@ -1,0 +1,164 @@
+"""Linear window sums whose weights are only known at run time.
+
+Arrays a kernel closes over are inputs of the compiled program
+(:mod:`xstencil._engine.kcache`), so in ``lambda u: (u * w).sum()`` the
+weights ``w`` are traced values, not constants, and
+:func:`xstencil._engine.linear.weights` cannot read them.  This module
+splits the question in two:
+
+* :func:`is_affine` decides *symbolically*, from the jaxpr alone, that every
+  output is ``sum(W * u) + b`` where ``W`` and ``b`` may depend on anything
+  but the window cells: cells may only flow through linear operations (sums,
+  rearrangements, a product with or a division by a value that depends on no
+  cell, a selection whose predicate depends on no cell);
+* :func:`runtime_weights` then computes ``W`` and ``b`` *inside* the program,
+  from the current values: ``b`` is the kernel at a zero window and ``W`` its
+  derivative there (one ``jax.vjp``; a kernel that is affine has that
+  derivative everywhere).  So new weight values give new answers with no
+  recompile and nothing can go stale, and gradients with respect to the
+  weights flow through.
+
+Custom derivative rules (``custom_jvp``/``custom_vjp``), ``stop_gradient``
+and control flow on cell values are refused: there the derivative need not
+be the function.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jcore
+
+__all__ = ["is_affine", "runtime_weights", "MAX_JACFWD"]
+
+#: ``(window cells) ** 2`` above which a kernel that widens its cells' dtype
+#: (float32 cells, float64 output) is not given runtime weights (see
+#: :func:`runtime_weights`); such kernels keep the generic lowering.
+MAX_JACFWD = 2**22
+
+# primitives linear in every operand (the operands that may carry cells)
+_UNARY = frozenset({"neg", "copy", "copy_p", "reduce_precision", "slice", "squeeze", "reshape",
+                    "transpose", "broadcast_in_dim", "rev", "expand_dims", "reduce_sum",
+                    "cumsum", "split"})
+_JOINT = frozenset({"add", "sub", "add_any", "concatenate", "pad", "optimization_barrier"})
+# primitive -> the operand positions that may carry cells (the others, indices or
+# predicates, must depend on no cell)
+_DATA_AT = {"select_n": lambda n: range(1, n), "gather": lambda n: (0,),
+            "dynamic_slice": lambda n: (0,), "dynamic_update_slice": lambda n: (0, 1),
+            "scatter-add": lambda n: (0, 2), "scatter_add": lambda n: (0, 2)}
+_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint"})
+
+
+class _NotAffine(Exception):
+    pass
+
+
+def is_affine(closed: Any, n_cells: int) -> bool:
+    """Whether every output of ``closed`` (a ClosedJaxpr whose first
+    ``n_cells`` inputs are the window cells) is a floating scalar affine in
+    the cells, with coefficients that depend on no cell."""
+    jaxpr = closed.jaxpr
+    tags = [True] * n_cells + [False] * (len(jaxpr.invars) - n_cells)
+    try:
+        _tags(jaxpr, tags)
+    except _NotAffine:
+        return False
+    return all(v.aval.shape == () and np.issubdtype(np.dtype(v.aval.dtype), np.floating)
+               for v in jaxpr.outvars)
+
+
+def _tags(jaxpr: Any, args: Sequence[bool]) -> list[bool]:
+    """Which values depend on a cell (``True``: affinely); raises
+    :class:`_NotAffine` where a cell reaches a non-linear operation."""
+    env: dict[Any, bool] = dict.fromkeys(jaxpr.constvars, False)
+    env.update(zip(jaxpr.invars, args, strict=True))
+
+    def read(v: Any) -> bool:
+        return False if isinstance(v, jcore.Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        if any(ins):
+            outs = _eqn(eqn, ins)
+        else:
+            outs = [False] * len(eqn.outvars)
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _eqn(eqn: Any, ins: list[bool]) -> list[bool]:
+    name = eqn.primitive.name
+    n_out = len(eqn.outvars)
+    if name in _CALLS:
+        sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if sub is None:
+            raise _NotAffine
+        sub = sub.jaxpr if isinstance(sub, jcore.ClosedJaxpr) else sub
+        return _tags(sub, ins[len(ins) - len(sub.invars):])
+    if name == "optimization_barrier":
+        return list(ins)
+    if name in _UNARY or name in _JOINT:
+        return [True] * n_out
+    if name == "convert_element_type":
+        if not np.issubdtype(np.dtype(eqn.params["new_dtype"]), np.floating):
+            raise _NotAffine
+        return [True]
+    if name in ("mul", "dot_general"):
+        if all(ins):
+            raise _NotAffine  # a product of two cell values
+        return [True]
+    if name == "div":
+        if ins[1]:
+            raise _NotAffine
+        return [True]
+    if name in _DATA_AT:
+        data = set(_DATA_AT[name](len(ins)))
+        if any(t for i, t in enumerate(ins) if i not in data):
+            raise _NotAffine  # an index or predicate computed from cells
+        return [True] * n_out
+    raise _NotAffine
+
+
+def runtime_weights(closed: Any, shapes: Sequence[tuple[int, ...]],
+                    dyn: Any) -> list[list[Any]] | None:
+    """The weights of each output, per source (traced arrays of the source's
+    cell shape), with the bias last, computed in the program from the
+    kernel's current inputs ``dyn``; ``None`` when the kernel is not affine
+    in its cells (see :func:`is_affine`).
+
+    The weights come from one ``jax.vjp`` at a zero window, in the cells'
+    dtype.  A kernel that computes in a wider dtype than its cells (float32
+    data, float64 weights) would lose the weights' low bits that way, so its
+    weights come from forward derivatives (one per cell, exact) instead, up
+    to :data:`MAX_JACFWD`.
+    """
+    n = len(shapes)
+    if not is_affine(closed, n):
+        return None
+    fn = jcore.jaxpr_as_fun(closed)
+    leaves = jax.tree_util.tree_leaves(dyn)
+    avals = [v.aval for v in closed.jaxpr.invars[:n]]
+    zeros = [jnp.zeros(a.shape, a.dtype) for a in avals]
+
+    def kernel(*cells: Any) -> list[Any]:
+        return list(fn(*cells, *leaves))
+
+    out_sizes = [np.dtype(v.aval.dtype).itemsize for v in closed.jaxpr.outvars]
+    widens = any(s > np.dtype(a.dtype).itemsize for s in out_sizes for a in avals)
+    if widens:
+        if sum(math.prod(s) for s in shapes) ** 2 > MAX_JACFWD:
+            return None
+        biases = kernel(*zeros)
+        jac = jax.jacfwd(kernel, argnums=tuple(range(n)))(*zeros)
+        return [list(per) + [b] for per, b in zip(jac, biases, strict=True)]
+    biases, pull = jax.vjp(kernel, *zeros)
+    result = []
+    for k, b in enumerate(biases):
+        cts = [jnp.ones_like(c) if i == k else jnp.zeros_like(c) for i, c in enumerate(biases)]
+        result.append(list(pull(cts)) + [b])
+    return result
