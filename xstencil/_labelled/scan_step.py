@@ -20,13 +20,14 @@ from xstencil._engine.kcache import compiled
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
+from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite
-from xstencil._labelled.scan_setup import Opts, grown_coord
+from xstencil._labelled.scan_setup import grown_coord
 
 __all__ = ["run_step"]
 
 
-def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any,
+def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
              dtype: Any = None) -> Any:
     """``scan(obj, step=fn, steps=N)``: ``fn`` maps the previous state to the next.
 
@@ -97,7 +98,7 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any,
                                 f"to step; pass dtype=... to fix the state's dtype")
         evolving = [i for i, (x, sd) in enumerate(zip(arrays, shapes, strict=True))
                     if sd is not None]
-        loop = Loop(1, o.steps, o.save_every, 1, 0, 0, "fill", o.checkpoint,
+        loop = Loop(1, o.steps, o.every, 1, 0, 0, "fill", o.checkpoint,
                     _progress.check_every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
                     if o.progress else 0, o.check_finite)
         key = ("step", static, loop, names, tuple(evolving), tuple(
@@ -129,8 +130,8 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any,
                                        loop.steps, call)
     outs = host64(outs)
     finite(call, bad, tvals, dim)
-    pos = (np.array([o.steps]) if o.save_every == 0 else
-           np.concatenate([[0], o.save_every * np.arange(1, o.steps // o.save_every + 1)]))
+    pos = (np.array([o.steps]) if o.every == 0 else
+           np.concatenate([[0], o.every * np.arange(1, o.steps // o.every + 1)]))
     tc = {} if tvals is None else {dim: (dim, np.asarray(tvals)[pos])}
     if names is None:
         out: Any = xr.DataArray(outs[0], dims=(dim,) + tuple(template.dims),
@@ -141,7 +142,7 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any,
         for j, i in enumerate(evolving):
             n = names[i]
             out[n] = ((dim,) + tuple(template[n].dims), outs[j], template[n].attrs)
-    return out.isel({dim: 0}) if o.save_every == 0 else out
+    return out.isel({dim: 0}) if o.every == 0 else out
 
 
 def _step_result(call: str, new: Any, names: tuple[str, ...] | None, template: Any,
