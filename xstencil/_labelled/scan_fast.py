@@ -171,7 +171,7 @@ def run(entry: Entry, obj: Any, args: Any, kwargs: Any, lifted: Lifted) -> Any:
                                      _TOKEN), (datas, dyn, leaves))
         if entry.post is not None:
             outs = entry.post(outs)
-        outs = host64(outs)
+    outs = host64(outs)  # outside the x64 context: float64 stays float64 on the host
     finite(sp.call, bad, sp.tvals, sp.dim)
     if isinstance(entry.recipe, _DataArrayRecipe):
         return _dataarray(entry.recipe, obj, outs[0])
