@@ -245,19 +245,32 @@ def scan(
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(time=-1) + ..., or step=fn")
-    cast = state_dtype(call, obj, [kernel], kernel, o, args, kwargs, dtype)
-    out = scale_out(cast, kernel, dim, args, dict(
-        window=window, boundary=boundary, fill_value=fill_value, steps=steps, dt=dt,
-        coord=coord, save_every=save_every, period=period, progress=progress,
-        checkpoint=checkpoint, check_finite=check_finite, **kwargs),
-        devices=devices, halo_every=halo_every)
+    return _scan_kernel(obj, kernel, o, options, args, kwargs, dtype, devices, halo_every,
+                        (lifted, sig))
+
+
+def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], args: Any,
+                 kwargs: Any, dtype: Any, devices: Any, halo_every: Any, fast: Any) -> Any:
+    """A kernel scanned by the backend the arrays choose; ``fast`` is the
+    ``(describe key, signature)`` to record an in-memory call under (or
+    ``(None, None)``)."""
+    cast = state_dtype(o.call, obj, [kernel], kernel, o, args, kwargs, dtype)
+    opts = dict(zip(_OPTIONS, options[1:], strict=True))
+    out = scale_out(cast, kernel, o.dim, args, {**opts, **kwargs}, devices=devices,
+                    halo_every=halo_every)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
+    lifted, sig = fast
 
     def keep(sp: ScanPlan, fn: Any, coords: Any, tcoord: Any, res: Any) -> None:
         scan_fast.remember(lifted, sig, obj, cast, sp, fn, coords, tcoord, res)
 
-    return _run(call, cast, [kernel], None, o, args, kwargs, None if sig is None else keep)
+    return _run(o.call, cast, [kernel], None, o, args, kwargs, None if sig is None else keep)
+
+
+#: The scan options after ``dim``, in the order :class:`ScanPlan` takes them.
+_OPTIONS = ("window", "boundary", "fill_value", "steps", "dt", "coord", "save_every",
+            "progress", "checkpoint", "check_finite", "period")
 
 
 def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
