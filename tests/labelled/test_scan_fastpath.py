@@ -209,7 +209,8 @@ def test_dataset_takes_the_fast_path_with_constants_read_afresh(counts):
 
     def ds(k):
         return xr.Dataset({"T": (("y", "x"), v, {"units": "K"}), "S": (("y", "x"), 2 * v),
-                           "k": (("y", "x"), np.broadcast_to(k, (3, 8)))}, coords={"x": np.arange(8.0)}, attrs={"title": "t"})
+                           "k": (("y", "x"), np.broadcast_to(k, (3, 8)))},
+                          coords={"x": np.arange(8.0)}, attrs={"title": "t"})
 
     k1, k2 = np.zeros(8), np.linspace(0, 1, 8)
     ds(k1).stencil.scan(kern, **OPTS)
@@ -302,3 +303,29 @@ def test_inside_jit(counts):
     np.testing.assert_allclose(np.asarray(f(v)), np_heat(v, 4), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(f(v)), np_heat(v, 4), rtol=1e-5)
     assert counts["fast"] >= 1
+
+
+def test_nan_fill_value_and_kernel_arguments(counts):
+    def kern(u, c, scale=1.0):
+        return u(time=-1) + scale * c * (u(time=-1, x=1) - u(time=-1))
+
+    da = _da()
+    opts = dict(steps=2, boundary="fill", fill_value=np.nan)
+    a = da.stencil.scan(kern, "time", np.float64(0.5), scale=2.0, **opts)
+    b = da.stencil.scan(kern, "time", np.float64(0.25), scale=2.0, **opts)  # a traced argument
+    c = da.stencil.scan(kern, "time", np.float64(0.25), scale=1.0, **opts)  # a static one
+    assert counts == {"fast": 1, "full": 2}
+
+    def ref(c):
+        out = [da.values]
+        for _ in range(2):
+            u = out[-1]
+            right = np.concatenate([u[:, 1:], np.full((3, 1), np.nan)], axis=1)
+            out.append(u + c * (right - u))
+        return np.stack(out)
+
+    np.testing.assert_allclose(a.values, ref(1.0), rtol=1e-12)
+    np.testing.assert_allclose(b.values, ref(0.5), rtol=1e-12)
+    np.testing.assert_allclose(c.values, ref(0.25), rtol=1e-12)
+    with pytest.raises(xstencil.XStencilError, match="neither an array nor hashable"):
+        da.stencil.scan(kern, "time", np.float64(0.5), scale={1.0}, **opts)

@@ -40,6 +40,7 @@ import xarray as xr
 from xstencil._engine.call import precision, settled, split_static
 from xstencil._engine.coords import coord_values
 from xstencil._engine.kcache import Lifted, peek, put
+from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import finite, initial_finite
@@ -85,7 +86,9 @@ def _freeze(x: Any) -> Hashable:
     if isinstance(x, np.ndarray):
         return ("<array>", x.dtype.str, x.shape, x.tobytes())
     if isinstance(x, np.generic):
-        return (type(x), x.item())
+        return (type(x), _freeze(x.item()))
+    if isinstance(x, float):
+        return (type(x), x.hex())  # exact, and NaN equal to itself
     return (type(x), x)
 
 
@@ -115,7 +118,10 @@ def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Has
     if not all(_local(v._data) for _, v in variables):
         return None
     if args or kwargs:
-        dyn, static = split_static("scan", (args, kwargs))
+        try:
+            dyn, static = split_static("scan", (args, kwargs))
+        except XStencilError:  # an unhashable argument: the full path says so
+            return None
         arg_key: Any = (static, tuple((np.shape(x), str(getattr(x, "dtype", ""))) for x in dyn))
     else:
         arg_key = None
