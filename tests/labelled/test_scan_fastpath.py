@@ -329,3 +329,24 @@ def test_nan_fill_value_and_kernel_arguments(counts):
     np.testing.assert_allclose(c.values, ref(0.25), rtol=1e-12)
     with pytest.raises(xstencil.XStencilError, match="neither an array nor hashable"):
         da.stencil.scan(kern, "time", np.float64(0.5), scale={1.0}, **opts)
+
+
+def test_fast_result_keeps_the_full_results_order(counts):
+    v = np.random.default_rng(7).random((3, 8))
+    ds = xr.Dataset({"b": (("y", "x"), v), "a": (("y", "x"), v)},
+                    coords={"x": np.arange(8.0), "lat": ("y", [1.0, 2, 3]), "y": [5, 6, 7]})
+
+    def kern(s):
+        return {"a": heat(s["a"]), "b": heat(s["b"])}
+
+    full = ds.stencil.scan(kern, **OPTS)
+    fast = ds.stencil.scan(kern, **OPTS)
+    assert counts == {"fast": 1, "full": 1}
+    assert list(fast.variables) == list(full.variables)
+    assert list(fast.coords) == list(full.coords) and list(fast.data_vars) == ["b", "a"]
+    xr.testing.assert_identical(fast, full)
+    da = ds["b"]
+    full = da.stencil.scan(heat, **OPTS)
+    fast = da.stencil.scan(heat, **OPTS)
+    assert list(fast.coords) == list(full.coords)
+    assert repr(fast) == repr(full)

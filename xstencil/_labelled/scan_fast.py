@@ -65,6 +65,7 @@ class Entry(NamedTuple):
 class _Coords(NamedTuple):
     fixed: dict[str, tuple[xr.Variable, Any]]  # coords made by the scan: variable, index
     live: tuple[str, ...]  # coords taken from the call's object as they are
+    order: tuple[str, ...]  # the result's coordinates, in order
 
 
 class _DataArrayRecipe(NamedTuple):
@@ -76,6 +77,7 @@ class _DatasetRecipe(NamedTuple):
     variables: tuple[tuple[str, int | None, tuple[str, ...]], ...]  # name, output index, dims
     coords: _Coords
     sizes: dict[str, int]
+    order: tuple[Hashable, ...]  # the result's variables, in order
 
 
 def _freeze(x: Any) -> Hashable:
@@ -219,7 +221,7 @@ def _coords_of(rc: _Coords, obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         coords[n] = v.copy(deep=index is None)  # index variables are immutable
         if index is not None:
             indexes[n] = index
-    return coords, indexes
+    return {n: coords[n] for n in rc.order}, indexes
 
 
 def _dataarray(recipe: _DataArrayRecipe, obj: xr.DataArray, data: Any) -> xr.DataArray:
@@ -230,12 +232,12 @@ def _dataarray(recipe: _DataArrayRecipe, obj: xr.DataArray, data: Any) -> xr.Dat
 
 def _dataset(recipe: _DatasetRecipe, obj: xr.Dataset, outs: Sequence[Any]) -> xr.Dataset:
     coords, indexes = _coords_of(recipe.coords, obj)
-    variables: dict[Hashable, Any] = {}
+    variables: dict[Hashable, Any] = dict(coords)
     for n, j, dims in recipe.variables:
         own = obj._variables[n]
         variables[n] = own.copy(deep=False) if j is None else xr.Variable(
             dims, outs[j], dict(own.attrs), fastpath=True)
-    variables.update(coords)
+    variables = {n: variables[n] for n in recipe.order}
     return xr.Dataset._construct_direct(variables, set(coords), dict(recipe.sizes),
                                         dict(obj.attrs), indexes)
 
@@ -254,7 +256,7 @@ def _coord_recipe(sp: ScanPlan, obj: Any, out: Any) -> _Coords | None:
             return None
     if set(live) != set(have) - along:
         return None
-    return _Coords(fixed, tuple(live))
+    return _Coords(fixed, tuple(live), tuple(_coord_vars(out)))
 
 
 def _post(sp: ScanPlan, dims_out: Sequence[tuple[str, ...]]) -> Callable[..., Any] | None:
@@ -299,7 +301,7 @@ def remember(lifted: Lifted, sig: Hashable | None, obj: Any, cast: Any, sp: Scan
             return  # a variable along dim read but not advanced: the full path
         dims_out = [tuple(out[names[i]].dims) for i in sp.evolving]
         recipe = _DatasetRecipe(tuple((n, evolving.get(n), tuple(out[n].dims)) for n in names),
-                                rc, dict(out.sizes))
+                                rc, dict(out.sizes), tuple(out._variables))
     before = [np.dtype((obj if n is None else obj[n]).dtype) for n in keys]
     after = [np.dtype((cast if n is None else cast[n]).dtype) for n in keys]
     casts = tuple(None if a == b else a for a, b in zip(after, before, strict=True))
