@@ -350,3 +350,54 @@ def test_fast_result_keeps_the_full_results_order(counts):
     fast = da.stencil.scan(heat, **OPTS)
     assert list(fast.coords) == list(full.coords)
     assert repr(fast) == repr(full)
+
+
+@pytest.mark.parametrize("save_every", [1, 2, "last"])
+def test_repeats_do_not_compile(counts, save_every):
+    got: list[int] = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            got.append(1)
+
+    da = _da().transpose("x", "y")  # the result's dims differ from the loop's
+    ds = xr.Dataset({"a": da, "b": da.T})
+    kern = lambda s: {"a": heat(s["a"]), "b": heat(s["b"])}  # noqa: E731
+    da.stencil.scan(heat, save_every=save_every, **OPTS)
+    ds.stencil.scan(kern, save_every=save_every, **OPTS)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for _ in range(2):
+            a = da.stencil.scan(heat, save_every=save_every, **OPTS)
+            b = ds.stencil.scan(kern, save_every=save_every, **OPTS)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert not got and counts["fast"] == 4
+    assert a.dims[-2:] == ("x", "y") and b["b"].dims[-2:] == ("y", "x")
+    full = np_heat(da.values.T, 4)
+    want = full[-1] if save_every == "last" else full[::save_every]
+    np.testing.assert_allclose(a.transpose(..., "y", "x").values, want, rtol=1e-12)
+    np.testing.assert_allclose(b["b"].values, want, rtol=1e-12)
+
+
+def test_dataset_variables_in_other_dim_orders_square(counts):
+    """Square variables stored in different dim orders: a transposition
+    missed on the fast path would give a wrong result of the right shape."""
+    v = np.random.default_rng(8).random((6, 6))
+    ds = xr.Dataset({"a": (("y", "x"), v), "b": (("x", "y"), v)})
+    kern = lambda s: {"a": heat(s["a"]), "b": heat(s["b"])}  # noqa: E731
+    for _ in range(2):
+        out = ds.stencil.scan(kern, **OPTS)
+    assert counts == {"fast": 1, "full": 1}
+    np.testing.assert_allclose(out["a"].transpose("time", "y", "x").values, np_heat(v, 4),
+                               rtol=1e-12)
+    np.testing.assert_allclose(out["b"].transpose("time", "y", "x").values, np_heat(v.T, 4),
+                               rtol=1e-12)
+    traj = xr.Dataset({"a": (("x", "time", "y"), np.stack([v, v], 1)),
+                       "b": (("time", "y", "x"), np.stack([v, v]))})
+    for _ in range(2):
+        out = traj.stencil.scan(kern, boundary="fill", fill_value=0.0)
+    assert counts == {"fast": 2, "full": 2}
+    np.testing.assert_allclose(out["a"].transpose("time", "y", "x").values, np_heat(v.T, 1),
+                               rtol=1e-12)
+    np.testing.assert_allclose(out["b"].values, np_heat(v, 1), rtol=1e-12)

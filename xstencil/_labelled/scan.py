@@ -262,8 +262,9 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
         return out
     lifted, sig = fast
 
-    def keep(sp: ScanPlan, fn: Any, coords: Any, tcoord: Any, res: Any) -> None:
-        scan_fast.remember(lifted, sig, obj, cast, sp, fn, coords, tcoord, res)
+    def keep(sp: ScanPlan, fn: Any, coords: Any, tcoord: Any, outs: Any, res: Any) -> None:
+        scan_fast.remember(lifted, sig, obj, cast, sp, fn, coords, tcoord, (args, kwargs),
+                           outs, res)
 
     return _run(o.call, cast, [kernel], None, o, args, kwargs, None if sig is None else keep)
 
@@ -310,7 +311,7 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
 def _run(call: str, obj: Any, kernels: Sequence[Any], mesh: Any, o: ScanPlan, args: Any,
          kwargs: Any, keep: Callable[..., None] | None = None) -> Any:
     """The in-memory scan (the slow path: every check runs).  ``keep(sp, fn,
-    coords, tcoord, out)`` is told what was compiled and passed, for the
+    coords, tcoord, outs, out)`` is told what was compiled and passed, for the
     repeat-call fast path (:mod:`xstencil._labelled.scan_fast`)."""
     udyn, static = split_static(call, (args, kwargs))
     lifted = describe(kernels)  # the compile-cache key, closed-over arrays (kcache.py)
@@ -337,7 +338,7 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], mesh: Any, o: ScanPlan, ar
     finite(call, bad, sp.tvals, sp.dim)
     out = rewrap(sp, f, obj, outs)
     if keep is not None:
-        keep(sp, fn, coords, tcoord, out)
+        keep(sp, fn, coords, tcoord, outs, out)
     return out
 
 

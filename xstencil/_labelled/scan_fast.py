@@ -56,6 +56,7 @@ class Entry(NamedTuple):
     post: Callable[..., Any] | None  # the loop's outputs in the result's layout (jitted)
     casts: tuple[Any, ...]  # per variable, the state's dtype (None: kept)
     state: list[np.ndarray]  # per variable, an empty array of the state's dtype (precision)
+    perms: tuple[tuple[int, ...] | None, ...]  # per variable, its own dims to the loop's
     coords: list[Any]  # padded spatial coordinates on the device
     tcoord: Any  # the padded time coordinate (or its stand-in, or None)
     checked: tuple[tuple[str, tuple[str, ...], Any, np.ndarray], ...]  # name, dims, index, values
@@ -172,7 +173,7 @@ def run(entry: Entry, obj: Any, args: Any, kwargs: Any, lifted: Lifted) -> Any:
     leaves = list(lifted.leaves)
     with precision(entry.state, dyn):
         datas = [x if c is None else x.astype(c) for x, c in zip(datas, entry.casts, strict=True)]
-        arrays, init = _inputs(sp, datas)
+        arrays, init = _inputs(sp, datas, entry.perms)
         if sp.check_finite:
             initial_finite(sp.call, init, sp.dim, sp.k)
         outs, bad = settled(entry.fn(arrays, init, entry.coords, entry.tcoord, [], dyn, leaves,
@@ -186,15 +187,15 @@ def run(entry: Entry, obj: Any, args: Any, kwargs: Any, lifted: Lifted) -> Any:
     return _dataset(entry.recipe, obj, outs)
 
 
-def _inputs(sp: ScanPlan, datas: Sequence[Any]) -> tuple[list[Any], list[list[Any]]]:
-    """As :func:`xstencil._labelled.scan.inputs`, without copying numpy data
-    to the device first (the compiled call takes it as it is)."""
-    dim, k = sp.dim, sp.k
-    xs = []
-    for x, vd in zip(datas, sp.plan.var_dims, strict=True):
-        if dim in vd and vd.index(dim):
-            x = (np.moveaxis if isinstance(x, np.ndarray) else jnp.moveaxis)(x, vd.index(dim), 0)
-        xs.append(x)
+def _inputs(sp: ScanPlan, datas: Sequence[Any], perms: Sequence[tuple[int, ...] | None]
+            ) -> tuple[list[Any], list[list[Any]]]:
+    """As :func:`xstencil._labelled.scan.inputs` on the variables' own data
+    (``perms`` puts each in the loop's layout: dim first, then the plan's
+    order), without copying numpy data to the device first (the compiled
+    call takes it as it is)."""
+    k = sp.k
+    xs = [x if p is None else (np.transpose if isinstance(x, np.ndarray) else jnp.transpose)(
+        x, p) for x, p in zip(datas, perms, strict=True)]
     init = []
     for i in sp.evolving:
         x, v = xs[i], sp.variables[i]
@@ -259,6 +260,15 @@ def _coord_recipe(sp: ScanPlan, obj: Any, out: Any) -> _Coords | None:
     return _Coords(fixed, tuple(live), tuple(_coord_vars(out)))
 
 
+def _perm(sp: ScanPlan, i: int, own: Sequence[Hashable]) -> tuple[int, ...] | None:
+    """The transposition of variable ``i``'s own data (dims ``own``) into the
+    loop's layout: ``dim`` first (where it has it), then the plan's order."""
+    vd = sp.plan.var_dims[i]
+    want = ((sp.dim,) if sp.dim in own else ()) + tuple(d for d in vd if d != sp.dim)
+    perm = tuple(list(own).index(d) for d in want)
+    return None if perm == tuple(range(len(own))) else perm
+
+
 def _post(sp: ScanPlan, dims_out: Sequence[tuple[str, ...]]) -> Callable[..., Any] | None:
     """A jitted function putting the loop's outputs (dim first, then the
     variable's other dims in plan order) into the result's dims, or None."""
@@ -281,9 +291,12 @@ def _post(sp: ScanPlan, dims_out: Sequence[tuple[str, ...]]) -> Callable[..., An
 
 
 def remember(lifted: Lifted, sig: Hashable | None, obj: Any, cast: Any, sp: ScanPlan,
-             fn: Callable[..., Any], coords: Sequence[Any], tcoord: Any, out: Any) -> None:
+             fn: Callable[..., Any], coords: Sequence[Any], tcoord: Any, arguments: Any,
+             outs: Sequence[Any], out: Any) -> None:
     """Record the entry for ``sig`` after a successful full call on ``obj``
-    (``cast``: ``obj`` with the state's dtype, as scanned; ``out``: its result)."""
+    (``cast``: ``obj`` with the state's dtype, as scanned; ``arguments``: the
+    kernel's ``(args, kwargs)``; ``outs``: what the loop returned; ``out``:
+    the result)."""
     if sig is None or any(isinstance(c, jax.core.Tracer) for c in [*coords, tcoord]):
         return
     names = sp.plan.var_names
@@ -306,6 +319,11 @@ def remember(lifted: Lifted, sig: Hashable | None, obj: Any, cast: Any, sp: Scan
     after = [np.dtype((cast if n is None else cast[n]).dtype) for n in keys]
     casts = tuple(None if a == b else a for a, b in zip(after, before, strict=True))
     state = [np.zeros(0, a) for a in after]
-    put(("scan-fast", lifted.key, sig), Entry(sp, fn, _post(sp, dims_out), casts, state,
-                                              list(coords), tcoord, _checked(obj, sp.dim),
-                                              recipe))
+    perms = tuple(_perm(sp, i, (obj if n is None else obj[n]).dims) for i, n in enumerate(keys))
+    post = _post(sp, dims_out)
+    if post is not None and not any(isinstance(x, jax.core.Tracer) for x in outs):
+        # compile it now, in the first call, rather than in the first repeat
+        with precision(state, split_static("scan", arguments)[0]):
+            jax.block_until_ready(post(outs))
+    put(("scan-fast", lifted.key, sig), Entry(sp, fn, post, casts, state, perms, list(coords),
+                                              tcoord, _checked(obj, sp.dim), recipe))
