@@ -13,7 +13,10 @@ agree, and timed in alternating runs (at least 7 each, short calls batched);
 the ratio is the median of the per-run ratios, which keeps it meaningful on a
 machine with other load.  Also measured: XLA's peak memory for 10,000 steps
 of a 512² field saving every 1,000th (``memory_analysis()`` of the compiled
-program, so nothing is run), and the run-time overhead of ``progress=True``.
+program, so nothing is run), the run-time overhead of ``progress=True``, and
+warm repeated eager calls (``da.stencil.scan`` of 10 steps at 64², all saved
+or the last only, and a two-variable Dataset) against one jitted hand
+``lax.scan`` call each: the labelled per-call cost (target ≤ 3×).
 
 kernex's kscan on the same linear convection problems is timed with
 ``--kernex-python PY`` (an interpreter that has kernex; also read from
