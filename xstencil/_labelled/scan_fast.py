@@ -189,7 +189,7 @@ def run(entry: Entry, obj: Any, args: Any, kwargs: Any, lifted: Lifted) -> Any:
 
 def _inputs(sp: ScanPlan, datas: Sequence[Any], perms: Sequence[tuple[int, ...] | None]
             ) -> tuple[list[Any], list[list[Any]]]:
-    """As :func:`xstencil._labelled.scan.inputs` on the variables' own data
+    """As :func:`xstencil._labelled.scan_loop.inputs` on the variables' own data
     (``perms`` puts each in the loop's layout: dim first, then the plan's
     order), without copying numpy data to the device first (the compiled
     call takes it as it is)."""
