@@ -13,8 +13,11 @@ agree, and timed in alternating runs (at least 7 each, short calls batched);
 the ratio is the median of the per-run ratios, which keeps it meaningful on a
 machine with other load.  Also measured: XLA's peak memory for 10,000 steps
 of a 512² field saving every 1,000th (``memory_analysis()`` of the compiled
-program, so nothing is run), and the run-time overhead of ``progress=True``
-(measured by ``benchmarks/progress.py``, which has the full measurement).
+program, so nothing is run), the run-time overhead of ``progress=True``
+(measured by ``benchmarks/progress.py``, which has the full measurement), and
+warm repeated eager calls (``da.stencil.scan`` of 10 steps at 64², all saved
+or the last only, and a two-variable Dataset) against one jitted hand
+``lax.scan`` call each: the labelled per-call cost (target ≤ 3×).
 
 kernex's kscan on the same linear convection problems is timed with
 ``--kernex-python PY`` (an interpreter that has kernex; also read from
@@ -199,6 +202,92 @@ def shallow_water(n: int, steps: int) -> tuple[str, Any, Any, Any]:
     return f"shallow water (u, v, h) {n}², {steps} steps, periodic (last)", x0, xs, hand
 
 
+# -- warm repeated calls: the labelled per-call cost (issue 17 item 4) ---------------------
+
+#: A warm ``da.stencil.scan`` call (10 steps at 64²) must cost at most this many
+#: hand ``lax.scan`` calls (jitted) doing the same update.
+WARM_TARGET = 3.0
+
+
+def warm_cases(n: int = 64, steps: int = 10) -> list[tuple[str, Any, Any]]:
+    """(name, labelled call, hand call): eager, warm, repeated calls on the same
+    DataArray/Dataset, as a time-stepping driver makes them.  The labelled
+    call returns a DataArray/Dataset (setup, cache look-up and rewrap
+    included); the hand call is one jitted ``lax.scan`` on the raw array."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import xarray as xr
+    from jax import lax
+
+    import xstencil  # noqa: F401
+
+    a = 0.2
+    x0 = np.random.default_rng(0).random((n, n)).astype(np.float32)
+    coords = {"y": np.arange(n) * 0.1, "x": np.arange(n) * 0.1}
+    da = xr.DataArray(x0, dims=("y", "x"), coords=coords, name="T", attrs={"units": "K"})
+    ds = xr.Dataset({"T": da, "S": da * 2})
+
+    def kernel(u: Any) -> Any:
+        c = u(time=-1)
+        return c + a * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
+                        + u(time=-1, y=-1) - 4 * c)
+
+    def kernel_ds(s: Any) -> Any:
+        return {"T": kernel(s["T"]), "S": kernel(s["S"])}
+
+    def update(u: Any) -> Any:
+        p = jnp.pad(u, 1)
+        return u + a * (p[1:-1, 2:] + p[1:-1, :-2] + p[2:, 1:-1] + p[:-2, 1:-1] - 4 * u)
+
+    @jax.jit
+    def hand(x: Any) -> Any:  # the full trajectory, as save_every=1 returns it
+        def step(u: Any, _: Any) -> tuple[Any, Any]:
+            u = update(u)
+            return u, u
+
+        return jnp.concatenate([x[None], lax.scan(step, x, None, length=steps)[1]])
+
+    @jax.jit
+    def hand_last(x: Any) -> Any:
+        return lax.fori_loop(0, steps, lambda _, u: update(u), x)
+
+    @jax.jit
+    def hand_ds(x: Any, y: Any) -> Any:
+        return hand(x), hand(y)
+
+    raw = jnp.asarray(x0)
+    opts = dict(steps=steps, boundary="fill", fill_value=0.0)
+    tag = f"{n}², {steps} steps"
+    return [
+        (f"warm da.stencil.scan {tag}",
+         lambda: da.stencil.scan(kernel, "time", **opts).data, lambda: hand(raw)),
+        (f"warm da.stencil.scan {tag}, save_every='last'",
+         lambda: da.stencil.scan(kernel, "time", save_every="last", **opts).data,
+         lambda: hand_last(raw)),
+        (f"warm ds.stencil.scan {tag} (2 variables)",
+         lambda: ds.stencil.scan(kernel_ds, "time", **opts)["S"].data,
+         lambda: hand_ds(raw, 2 * raw)[1]),
+    ]
+
+
+def warm_pair(case: tuple[str, Any, Any], runs: int) -> dict[str, Any]:
+    """Time a warm labelled call against its hand ``lax.scan`` call in
+    alternating runs (short calls batched); checked to agree first."""
+    import numpy as np
+
+    name, xs, hand = case
+    np.testing.assert_allclose(np.asarray(xs()), np.asarray(hand()), rtol=2e-5, atol=2e-6)
+    tx, th, ratio = _interleaved(lambda _: xs(), lambda _: hand(), None, runs)
+    return {"name": name, "xstencil": tx, "hand": th, "ratio": ratio}
+
+
+def _warm_row(r: dict[str, Any]) -> str:
+    ok = "yes" if r["ratio"] <= WARM_TARGET else "**no**"
+    return (f"| {r['name']} | {H.fmt_time(r['xstencil'].median)} | "
+            f"{H.fmt_time(r['hand'].median)} | {r['ratio']:.2f}× | {ok} |")
+
+
 # -- running ------------------------------------------------------------------------------
 
 def _time_pair(case: tuple[str, Any, Any, Any], runs: int) -> dict[str, Any]:
@@ -308,7 +397,7 @@ def _memory(n: int, steps: int, every: int) -> dict[str, Any]:
 
 
 def run(quick: bool, kernex_python: str | None = None
-        ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+        ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     runs = 7
     conv = [(151, 51, 3)] if quick else [(151, 51, 3), (500, 1000, 0)]
     kx = {}
@@ -334,7 +423,11 @@ def run(quick: bool, kernex_python: str | None = None
     n_steps, n = (200, 128) if quick else (5000, 512)
     overhead = P.overhead(n, n_steps, rounds=9)
     _log(f"progress overhead: {overhead['wall']:+.1%}")
-    return rows, overhead, memory
+    warm = []
+    for c in warm_cases():
+        warm.append(warm_pair(c, 15))
+        _log(_warm_row(warm[-1]))
+    return rows, overhead, memory, warm
 
 
 def _log(msg: str) -> None:
@@ -359,7 +452,7 @@ def _mb(b: float) -> str:
 
 
 def section(rows: list[dict[str, Any]], overhead: dict[str, Any], memory: dict[str, Any],
-            quick: bool) -> str:
+            quick: bool, warm: list[dict[str, Any]] = ()) -> str:
     import jax
 
     lines = [
@@ -394,6 +487,17 @@ def section(rows: list[dict[str, Any]], overhead: dict[str, Any], memory: dict[s
             f"trajectory would be {_mb(memory['trajectory'])}.",
             "",
         ]
+    if warm:
+        lines += [
+            "Warm repeated eager calls (the labelled per-call cost: setup, cache look-up, "
+            "rewrap), each against one jitted hand `lax.scan` call doing the same update; "
+            f"median of 15 alternating runs. Target: ≤ {WARM_TARGET:g}×.",
+            "",
+            f"| case | xstencil | hand `lax.scan` (jit) | ratio | ≤ {WARM_TARGET:g}× |",
+            "|---|---|---|---|---|",
+            *[_warm_row(r) for r in warm],
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -404,8 +508,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="an interpreter with kernex, to time its kscan on the convection "
                         "cases (default: $XSTENCIL_KERNEX_PYTHON; skipped when unset)")
     args = p.parse_args(argv)
-    rows, overhead, memory = run(args.quick, args.kernex_python)
-    H.publish("scan", section(rows, overhead, memory, args.quick), args, _log)
+    rows, overhead, memory, warm = run(args.quick, args.kernex_python)
+    H.publish("scan", section(rows, overhead, memory, args.quick, warm), args, _log)
     return 0
 
 

@@ -16,7 +16,6 @@ trajectory, inputs along it (a forcing), stacked like the advanced ones.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from xstencil._backends.halo import ScanSpec
 from xstencil._engine.call import precision, split_static
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import Fields, prepare
+from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_setup import check_monotonic, grown_coord, padded_time, returned
 
 __all__ = ["Prepared", "setup", "saved_positions", "rewrap"]
@@ -56,15 +56,6 @@ class Prepared:
     def labels(self) -> Any:
         """The trajectory's coordinate along dim (positions when grown), or None."""
         return self.coords.get(self.spec.dim)
-
-
-def _save_every(call: str, save_every: Any) -> int:
-    if save_every == "last":
-        return 0
-    if isinstance(save_every, numbers.Integral) and not isinstance(save_every, bool) \
-            and save_every >= 1:
-        return int(save_every)
-    raise XStencilError(f"{call}: save_every={save_every!r} must be an int >= 1 or 'last'")
 
 
 def _variables(call: str, obj: Any, dim: str) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
@@ -97,9 +88,9 @@ def _field(obj: Any, name: str | None, dim: str, space: Sequence[str]) -> Any:
     return v.transpose(*space).data
 
 
-def _check_call(call: str, kernels: Sequence[Callable[..., Any]], dim: Any, steps: Any,
-                unsupported: Mapping[str, Any]) -> int | None:
-    """The call's own arguments; returns ``steps`` as an int (or None)."""
+def _check_call(call: str, kernels: Sequence[Callable[..., Any]],
+                unsupported: Mapping[str, Any]) -> None:
+    """The call's own arguments (the options are checked by :class:`ScanPlan`)."""
     bad = {k: v for k, v in unsupported.items() if v not in (None, False)}
     if bad:
         raise XStencilError(
@@ -108,13 +99,6 @@ def _check_call(call: str, kernels: Sequence[Callable[..., Any]], dim: Any, step
     for kernel in kernels:
         if not callable(kernel):
             raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable")
-    if not isinstance(dim, str):
-        raise XStencilError(f"{call}: dim={dim!r} must be a dim name (str)")
-    if steps is None:
-        return None
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
-        raise XStencilError(f"{call}: steps={steps!r} must be an int >= 1")
-    return int(steps)
 
 
 def _template(obj: Any, dim: str, steps: int | None, guess: int) -> Any:
@@ -226,8 +210,11 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
           period: Any = None, check_finite: bool = False, progress: bool = False,
           checkpoint: bool = False, **unsupported: Any) -> Prepared:
     """Validate a scale-out scan and reduce it to a :class:`ScanSpec`."""
-    steps = _check_call(call, kernels, dim, steps, unsupported)
-    every = _save_every(call, save_every)
+    # the options are validated as for an in-memory scan: one ScanPlan
+    request = ScanPlan(call, dim, window, boundary, fill_value, steps, dt, coord, save_every,
+                       progress, checkpoint, check_finite, period)
+    _check_call(call, kernels, unsupported)
+    steps, every, boundary = request.steps, request.every, request.boundary
     names, space = _variables(call, obj, dim)
     has_dim = dim in obj.dims
     n0 = obj.sizes[dim] if has_dim else 0

@@ -29,10 +29,11 @@ from xstencil._errors import XStencilError
 from xstencil._labelled.core import kernel_caller
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.returns import kernel_cells
-from xstencil._labelled.scan_setup import Opts, coord_dtype, setup
+from xstencil._labelled.scan_plan import ScanPlan
+from xstencil._labelled.scan_setup import coord_dtype, setup
 
-__all__ = ["out_dtype", "carry_dtypes", "cast_state", "state_dtype", "PrecisionWarning",
-           "warn_narrowed"]
+__all__ = ["out_dtype", "carry_dtypes", "cast_state", "state_dtype", "state_casts",
+           "PrecisionWarning", "warn_narrowed"]
 
 
 class PrecisionWarning(UserWarning):
@@ -91,17 +92,24 @@ def carry_dtypes(call: str, plan: Plan, kernels: Sequence[Any], args: Any, kwarg
     return {i: d for i, d in enumerate(dtypes) if d != np.dtype(plan.var_dtypes[i])}
 
 
-def state_dtype(call: str, obj: Any, kernels: Sequence[Any], owner: Any, o: Opts,
+def state_dtype(call: str, obj: Any, kernels: Sequence[Any], owner: Any, o: ScanPlan,
                 args: Any, kwargs: Any, dtype: Any) -> Any:
     """``obj`` with the scanned variables cast to the state's dtype: ``dtype=``
     if given, else the promoted dtype of the input and the kernels' results
     (:func:`carry_dtypes`; a no-op when the kernels keep the input's dtype)."""
+    return cast_state(obj, *state_casts(call, obj, kernels, owner, o, args, kwargs, dtype))
+
+
+def state_casts(call: str, obj: Any, kernels: Sequence[Any], owner: Any, o: ScanPlan,
+                args: Any, kwargs: Any, dtype: Any) -> tuple[dict[int, Any], Any]:
+    """What :func:`state_dtype` casts: ``({variable index: dtype}, variable
+    names)`` (names ``None`` for a DataArray)."""
     explicit = None if dtype is None else out_dtype(call, dtype)
     udyn, static = split_static(call, (args, kwargs))
     shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in udyn)
     x64 = bool(jax.config.read("jax_enable_x64"))
     # a repeated call with the same layout skips the setup (as map's fast path)
-    sig: Any = ("carry-call", _layout(obj), _freeze(o.__dict__), static, shapes,
+    sig: Any = ("carry-call", _layout(obj), _freeze(o.options), static, shapes,
                 tuple(kernels), x64, None if explicit is None else str(explicit))
     try:
         hash(sig)
@@ -109,8 +117,9 @@ def state_dtype(call: str, obj: Any, kernels: Sequence[Any], owner: Any, o: Opts
         sig = None
 
     def decide() -> Any:
-        s = setup(call, obj, kernels, o, args, kwargs)
+        s, _ = setup(obj, kernels, o, args, kwargs)
         plan = s.plan
+        assert plan is not None
         if explicit is not None:
             casts = {i: explicit for i in s.evolving
                      if np.dtype(plan.var_dtypes[i]) != explicit}
@@ -124,10 +133,8 @@ def state_dtype(call: str, obj: Any, kernels: Sequence[Any], owner: Any, o: Opts
         return lambda: (dict(casts), names)
 
     if sig is None:
-        casts, names = decide()()
-    else:
-        casts, names = compiled(owner, sig, decide)()
-    return cast_state(obj, casts, names)
+        return decide()()
+    return compiled(owner, sig, decide)()
 
 
 def _freeze(x: Any) -> Any:

@@ -25,100 +25,31 @@ position, timedeltas as seconds.  It must increase strictly when read.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from xstencil import _progress
-from xstencil._engine.boundary import canonical_mode
-from xstencil._engine.call import as_array, precision, split_static, stand_in
-from xstencil._engine.kcache import cached, describe, rebuild, settle
-from xstencil._engine.lower import AxisGeom, Source
-from xstencil._engine.mesh import Mask, Slab
-from xstencil._engine.tscan import Var, run_loop, stencil_step, time_reads
+from xstencil._engine.call import precision, split_static
+from xstencil._engine.kcache import cached, describe, settle
+from xstencil._engine.mesh import Slab
 from xstencil._errors import XStencilError, raised_here
-from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
+from xstencil._labelled import scan_fast
+from xstencil._labelled.core import Fields, coord_arrays
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.dtypes import out_dtype, state_dtype
-from xstencil._labelled.plan import Plan
 from xstencil._labelled.scale import scale_out
+from xstencil._labelled.scan_loop import build_loop, inputs, time_input
+from xstencil._labelled.scan_plan import MAX_STEPS, ScanPlan
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite, rewrap
-from xstencil._labelled.scan_setup import (
-    Opts,
-    Setup,
-    check_dt,
-    check_monotonic,
-    engine_vars,
-    evolving_indices,
-    make_loop,
-    returned,
-    setup,
-    size_text,
-    time_coord,
-    time_placeholder,
-)
+from xstencil._labelled.scan_setup import evolving_indices, returned, setup
 from xstencil._labelled.scan_step import run_step
 from xstencil._labelled.staggered_ops import FILL, scan_grid
 from xstencil._labelled.stream import streamed
 
 __all__ = ["scan", "scan_mesh", "MAX_STEPS"]
-
-#: The most steps one scan runs: loop positions are int32 on the device.
-MAX_STEPS = 2**31 - 2**16
-
-
-
-def _options(call: str, dim: Any, window: Any, boundary: Any, fill_value: Any, steps: Any,
-             dt: Any, coord: Any, save_every: Any, progress: Any, checkpoint: Any,
-             check_finite: Any, period: Any) -> Opts:
-    if not isinstance(dim, str):
-        raise XStencilError(f"{call}: dim={dim!r} must be a dim name (str), e.g. dim='time'")
-    if steps is not None:
-        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
-            raise XStencilError(f"{call}: steps={steps!r} must be an int >= 1 (the number of "
-                                f"new positions to compute along {dim!r})")
-        steps = int(steps)
-        if steps > MAX_STEPS:
-            raise XStencilError(
-                f"{call}: steps={steps!r} is more than a scan can run: the loop counts "
-                f"positions in int32, so at most {MAX_STEPS} steps, and the {dim!r} "
-                f"coordinate alone would need {size_text(8 * (steps + 1))} (int64); split the "
-                f"run into several scans of at most {MAX_STEPS} steps (save_every='last' "
-                f"each, continuing from the last state)")
-    if save_every == "last":
-        every = 0
-    elif isinstance(save_every, numbers.Integral) and not isinstance(save_every, bool):
-        every = int(save_every)
-        if every <= 0:
-            raise XStencilError(f"{call}: save_every={save_every!r} must be an int >= 1 or "
-                                f"'last'")
-        if steps is not None and every > steps:
-            raise XStencilError(f"{call}: save_every={save_every!r} is larger than "
-                                f"steps={steps!r}, so nothing would be saved; use "
-                                f"save_every<={steps} or save_every='last'")
-        if steps is not None and steps % every:
-            raise XStencilError(
-                f"{call}: steps={steps!r} is not a multiple of save_every={save_every!r}; "
-                f"use steps={steps - steps % every or every} or another save_every")
-    else:
-        raise XStencilError(f"{call}: save_every={save_every!r} must be an int >= 1 or 'last'")
-    if (dt is not None or coord is not None) and steps is None:
-        raise XStencilError(f"{call}: dt= and coord= build the {dim!r} coordinate of a grown "
-                            f"trajectory; they need steps=N")
-    if dt is not None and coord is not None:
-        raise XStencilError(f"{call}: pass dt= or coord=, not both")
-    # scipy.ndimage/numpy names ('wrap', 'nearest', ...) become xstencil's
-    boundary = ({d: canonical_mode(m) for d, m in boundary.items()}
-                if isinstance(boundary, Mapping) else canonical_mode(boundary))
-    if dt is not None:
-        check_dt(call, dt)
-    return Opts(dim, window, boundary, fill_value, steps, dt, coord, every, bool(progress),
-                 bool(checkpoint), bool(check_finite), period)
 
 
 @raised_here
@@ -283,8 +214,18 @@ def scan(
             fill_value=fill_value, period=period)
     call = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.scan(...)"
     devices = devices_arg(call, devices, mesh)
-    o = _options(call, dim, window, boundary, fill_value, steps, dt, coord, save_every,
-                 progress, checkpoint, check_finite, period)
+    options = (dim, window, boundary, fill_value, steps, dt, coord, save_every, progress,
+               checkpoint, check_finite, period)
+    sig, lifted = None, None
+    if step is None and devices is None and halo_every is None and not progress \
+            and callable(kernel):  # a repeated call: skip the setup (see scan_fast.py)
+        lifted = describe([kernel])
+        sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),),
+                                  args, kwargs)
+        entry = None if sig is None else scan_fast.lookup(lifted, sig, obj)
+        if entry is not None:
+            return scan_fast.run(entry, obj, args, kwargs, lifted)
+    o = ScanPlan(call, *options)
     if step is not None:
         if kernel is not None:
             raise XStencilError(f"{call}: pass a kernel or step=, not both")
@@ -294,15 +235,33 @@ def scan(
     if not callable(kernel):
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(time=-1) + ..., or step=fn")
-    obj = state_dtype(call, obj, [kernel], kernel, o, args, kwargs, dtype)
-    out = scale_out(obj, kernel, dim, args, dict(
-        window=window, boundary=boundary, fill_value=fill_value, steps=steps, dt=dt,
-        coord=coord, save_every=save_every, period=period, progress=progress,
-        checkpoint=checkpoint, check_finite=check_finite, **kwargs),
-        devices=devices, halo_every=halo_every)
+    return _scan_kernel(obj, kernel, o, options, args, kwargs, dtype, devices, halo_every,
+                        (lifted, sig))
+
+
+def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], args: Any,
+                 kwargs: Any, dtype: Any, devices: Any, halo_every: Any, fast: Any) -> Any:
+    """A kernel scanned by the backend the arrays choose; ``fast`` is the
+    ``(describe key, signature)`` to record an in-memory call under (or
+    ``(None, None)``)."""
+    cast = state_dtype(o.call, obj, [kernel], kernel, o, args, kwargs, dtype)
+    opts = dict(zip(_OPTIONS, options[1:], strict=True))
+    out = scale_out(cast, kernel, o.dim, args, {**opts, **kwargs}, devices=devices,
+                    halo_every=halo_every)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
-    return _run(call, obj, [kernel], kernel, None, o, args, kwargs)
+    lifted, sig = fast
+
+    def keep(sp: ScanPlan, fn: Any, coords: Any, tcoord: Any, outs: Any, res: Any) -> None:
+        scan_fast.remember(lifted, sig, obj, cast, sp, fn, coords, tcoord, (args, kwargs),
+                           outs, res)
+
+    return _run(o.call, cast, [kernel], None, o, args, kwargs, None if sig is None else keep)
+
+
+#: The scan options after ``dim``, in the order :class:`ScanPlan` takes them.
+_OPTIONS = ("window", "boundary", "fill_value", "steps", "dt", "coord", "save_every",
+            "progress", "checkpoint", "check_finite", "period")
 
 
 def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
@@ -321,7 +280,7 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
     dtype = options.pop("dtype", m._options.get("dtype"))
     kwargs = {k: v for k, v in options.items() if k not in known}
     opts.update({k: v for k, v in options.items() if k in known})
-    o = _options(call, dim, opts.get("window"), opts.get("boundary", "fill"),
+    o = ScanPlan(call, dim, opts.get("window"), opts.get("boundary", "fill"),
                  opts.get("fill_value"), opts.get("steps"), opts.get("dt"), opts.get("coord"),
                  opts.get("save_every", 1), opts.get("progress", False),
                  opts.get("checkpoint", False), opts.get("check_finite", False),
@@ -334,141 +293,59 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                     devices=m._options.get("devices"), halo_every=halo_every, function_mesh=m)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
-    return _run(call, obj, kernels, m, m, o, args, kwargs)
+    return _run(call, obj, kernels, m, o, args, kwargs)
 
 
 # -- running ----------------------------------------------------------------------------
 
-def _run(call: str, obj: Any, kernels: Sequence[Any], owner: Any, mesh: Any, o: Opts,
-         args: Any, kwargs: Any) -> Any:
-    dim = o.dim
-    s = setup(call, obj, kernels, o, args, kwargs)
-    with precision(s.f.arrays, args, kwargs):
-        udyn, static = split_static(call, (args, kwargs))
-        shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in udyn)
-        lifted = describe(kernels)  # the compile-cache key, closed-over arrays (kcache.py)
-        names = None  # a Dataset kernel's results, traced once per kernel structure and plan
-        if s.plan.var_names is not None:
-            got = cached(("returned", lifted.key, s.plan, static, shapes),
-                         lambda: returned(call, s.plan, kernels, static, udyn))
-            names = None if got is None else list(got)  # a copy: the cached list stays intact
-        if names is not None and s.grown and dim not in obj.dims:
-            s = setup(call, obj, kernels, o, args, kwargs, evolve=names)
-        plan = s.plan
-        evolving = evolving_indices(call, s, names, dim)
-        t_ax = plan.axis(dim)
-        geom = plan.geom
-        sub = [AxisGeom(0, 1, 1, 1) if a == t_ax else g for a, g in enumerate(geom)]
-        spatial = dataclasses.replace(plan, coord_dims=tuple(d for d in plan.coord_dims
-                                                             if d != dim))
-        coords = [jnp.asarray(c) for c in coord_arrays(spatial, s.f, o.period)]
-        # the padded time coordinate is as long as the trajectory: built only if read
-        tcoord = time_placeholder(s, o)
-        variables = engine_vars(s, dim, evolving)
-        loop = make_loop(s, o)
-        arrays = [_input(x, vd, dim) for x, vd in zip(s.f.arrays, plan.var_dims, strict=True)]
-        init = [_initial(arrays[i], s, variables[i]) for i in evolving]
-        if o.check_finite:
-            initial_finite(call, init, dim, s.k)
-        slab_avals = [stand_in(
-            tuple(plan.shape[plan.axis(d)] for d in vd if d != dim), np.dtype(dt))
-            for vd, dt in zip(plan.var_dims, plan.var_dtypes, strict=True)]
-        extra = [Source(c, (plan.axis(d),), (plan.axis(d),))
-                 for d, c in zip(spatial.coord_dims, coords, strict=True)]
-        lcalls = [_labelled_call(plan, kernel_caller(plan, k, static), dim, names)
-                  for k in kernels]
-        reads, t_used = cached(("reads", lifted.key, plan, static, loop, tuple(evolving),
-                                tuple(names or ()), tcoord is None, shapes),
-                               lambda: time_reads(lcalls, variables, slab_avals, extra, sub,
-                                                    t_ax, tcoord, udyn, loop))
-        if s.grown:
-            ahead = sorted({(plan.var_names or ("u",))[v] for v, off in reads
-                            if off >= 0 and variables[v].state is not None})
-            if ahead:
-                what = "u" if plan.var_names is None else f"s[{ahead[0]!r}]"
-                raise XStencilError(
-                    f"{call}: the kernel reads {what} at offset >= 0 along {dim!r} (e.g. "
-                    f"{what}() or {what}({dim}=1)); when growing a trajectory with steps= "
-                    f"there is no input there; read the previous value {what}({dim}=-1)")
-        if t_used:
-            check_monotonic(call, dim, s.tvals)
-            tcoord = time_coord(call, s, o)
+def _run(call: str, obj: Any, kernels: Sequence[Any], mesh: Any, o: ScanPlan, args: Any,
+         kwargs: Any, keep: Callable[..., None] | None = None) -> Any:
+    """The in-memory scan (the slow path: every check runs).  ``keep(sp, fn,
+    coords, tcoord, outs, out)`` is told what was compiled and passed, for the
+    repeat-call fast path (:mod:`xstencil._labelled.scan_fast`)."""
+    udyn, static = split_static(call, (args, kwargs))
+    lifted = describe(kernels)  # the compile-cache key, closed-over arrays (kcache.py)
+    sp, f = _plan(obj, kernels, o, args, kwargs, lifted, static, udyn)
+    with precision(f.arrays, args, kwargs):
+        spatial = dataclasses.replace(sp.plan, coord_dims=tuple(
+            d for d in sp.plan.coord_dims if d != sp.dim))
+        coords = [jnp.asarray(c) for c in coord_arrays(spatial, f, o.period)]
+        tcoord = time_input(sp, kernels, lifted, static, udyn, coords)
         if mesh is not None:
-            regions, masks = mesh.regions(plan, dim)
+            regions, masks = mesh.regions(sp.plan, sp.dim)
         else:
-            regions, masks = [Slab(tuple((0, g.count, 1) for g in geom))], []
-        key = ("scan", lifted.key, plan, static, loop, tuple(evolving), tuple(names or ()),
-               tuple(regions), tcoord is None, s.total)
-        k = s.k
-
-        def build() -> Callable[..., Any]:
-            def run(arrays: Any, init: Any, coords: Any, tcoord: Any, masks: Any, udyn: Any,
-                    leaves: Any, token: Any) -> Any:
-                kernels = rebuild(lifted, leaves)  # reading this call's closed-over arrays
-                calls = [_labelled_call(plan, kernel_caller(plan, kn, static), dim, names)
-                         for kn in kernels]
-                base = _labelled_call(plan, identity_caller(
-                    plan, kernel_caller(plan, kernels[-1], static)), dim, names)
-                branches = [(r if isinstance(r, Slab) else Mask(masks[r]), c)
-                            for r, c in zip(regions, calls, strict=True)]
-                ex = [Source(c, (plan.axis(d),), (plan.axis(d),))
-                      for d, c in zip(spatial.coord_dims, coords, strict=True)]
-                stepf = stencil_step(branches, base, variables, arrays, ex, geom, t_ax, tcoord,
-                                     udyn, loop, s.total)
-                prog = (_progress.advance, token) if loop.progress_every else None
-                saved, bad = run_loop(stepf, init, loop, prog)
-                outs = []
-                for h, x in zip(init, saved, strict=True):
-                    if loop.every and k:
-                        x = jnp.concatenate([jnp.stack(h[-k:]), x])
-                    outs.append(x)
-                return outs, bad
-
-            return jax.jit(run)
-
-        fn = cached(key, build)
-        arrays_in = [a if v.has_time or v.state is None else None
-                     for a, v in zip(arrays, variables, strict=True)]
+            regions, masks = [Slab(tuple((0, g.count, 1) for g in sp.plan.geom))], []
+        fn = cached(("scan", lifted.key, sp.key, static, tuple(regions), tcoord is None),
+                    lambda: build_loop(sp, lifted, static, regions))
+        arrays_in, init = inputs(sp, f.arrays)
+        if sp.check_finite:
+            initial_finite(call, init, sp.dim, sp.k)
         runargs = (arrays_in, init, coords, tcoord, [jnp.asarray(m) for m in masks], udyn,
                    list(lifted.leaves))
-        outs, bad = call_with_progress(fn, runargs, loop.progress_every, loop.steps,
+        outs, bad = call_with_progress(fn, runargs, sp.loop.progress_every, sp.loop.steps,
                                        call)
         settle(lifted)  # lists the trace wrote to (trace counters) stop being keyed
-    finite(call, bad, s.tvals, dim)
-    return rewrap(s, o, outs, evolving)
+    finite(call, bad, sp.tvals, sp.dim)
+    out = rewrap(sp, f, obj, outs)
+    if keep is not None:
+        keep(sp, fn, coords, tcoord, outs, out)
+    return out
 
 
-def _labelled_call(plan: Plan, caller: Any, dim: str, order: Sequence[str] | None) -> Any:
-    """Engine-facing: ``cells`` = variables then spatial coords, ``dyn`` =
-    ``(user dyn, time-coordinate window)``; returns a tuple (one per evolving
-    variable, in ``order``)."""
-    nvar = len(plan.var_dims)
-
-    def c(cells: Sequence[Any], dyn: Any) -> Any:
-        udyn, tw = dyn
-        it = iter(cells[nvar:])
-        cs = [tw if d == dim else next(it) for d in plan.coord_dims]
-        out = caller(list(cells[:nvar]) + cs, udyn)
-        if order is None:
-            return out
-        return tuple(out[n] for n in order) if isinstance(out, Mapping) else out
-
-    return c
-
-
-def _input(x: Any, vdims: Sequence[str], dim: str) -> Any:
-    x = as_array("scan", "the data", x)
-    if dim in vdims:
-        ax = list(vdims).index(dim)
-        if ax:
-            x = jnp.moveaxis(x, ax, 0)
-    return x
-
-
-def _initial(x: Any, s: Setup, v: Var) -> list[Any]:
-    """The last ``max(k, 1)`` initial slabs, oldest first."""
-    if s.k == 0:
-        return [jnp.zeros(x.shape[1:], x.dtype)]
-    if not v.has_time and s.grown and x.ndim == len(v.axes):
-        return [x]
-    return [x[i] for i in range(s.k)]
+def _plan(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: Any,
+          lifted: Any, static: Any, udyn: Any) -> tuple[ScanPlan, Fields]:
+    """The request completed with the data's layout, and the evolving
+    variables: for a Dataset, those the kernels return (traced once per
+    kernel structure and plan)."""
+    call = o.call
+    sp, f = setup(obj, kernels, o, args, kwargs)
+    if sp.plan.var_names is None:
+        return sp, f
+    shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in udyn)
+    with precision(f.arrays, args, kwargs):
+        got = cached(("returned", lifted.key, sp.plan, static, shapes),
+                     lambda: returned(call, sp.plan, kernels, static, udyn))
+    names = None if got is None else list(got)  # a copy: the cached list stays intact
+    if names is not None and sp.grown and sp.dim not in obj.dims:
+        sp, f = setup(obj, kernels, o, args, kwargs, evolve=names)
+    return dataclasses.replace(sp, evolving=evolving_indices(sp, names)), f

@@ -15,10 +15,9 @@ import xarray as xr
 
 from xstencil import _progress
 from xstencil._engine.call import settled
-from xstencil._engine.tscan import Loop
 from xstencil._errors import XStencilError
-from xstencil._labelled.core import host64
-from xstencil._labelled.scan_setup import Opts, Setup, make_loop
+from xstencil._labelled.core import Fields, host64
+from xstencil._labelled.scan_plan import ScanPlan
 
 __all__ = ["call_with_progress", "finite", "initial_finite", "not_finite", "rewrap"]
 
@@ -114,19 +113,15 @@ def not_finite(call: str, dim: str, tvals: Any, position: int, where: str = "") 
         f"{dim!r}{label}{where}; check the time step (stability) and the boundary values")
 
 
-def _positions(s: Setup, loop: Loop) -> np.ndarray:
-    if loop.every == 0:
-        return np.array([s.k + loop.steps - 1 if loop.steps else s.total - 1])
-    return np.concatenate([np.arange(s.k), s.k - 1 + loop.every * np.arange(
-        1, loop.saves + 1)]).astype(int)
-
-
-def rewrap(s: Setup, o: Opts, outs: Sequence[Any], evolving: Sequence[int]) -> Any:
+def rewrap(s: ScanPlan, f: Fields, obj: Any, outs: Sequence[Any]) -> Any:
+    """The saved slabs ``outs`` (one per advanced variable, dim first) as a
+    DataArray or Dataset like ``obj``; ``f`` (from :func:`~xstencil._labelled.
+    scan_setup.setup`) holds the trajectory's coordinates."""
     outs = host64(outs)
-    dim = o.dim
-    plan = s.plan
-    pos = _positions(s, make_loop(s, o))
-    coords = s.f.obj.coords.to_dataset()
+    dim, plan, evolving = s.dim, s.plan, s.evolving
+    assert plan is not None
+    pos = s.positions
+    coords = f.obj.coords.to_dataset()
     if dim in coords.dims:
         coords = coords.isel({dim: pos})
     datas = {}
@@ -135,7 +130,6 @@ def rewrap(s: Setup, o: Opts, outs: Sequence[Any], evolving: Sequence[int]) -> A
         # numpy for host results (float64 with x64 off): a jnp op would truncate them
         move = np.moveaxis if isinstance(x, np.ndarray) else jnp.moveaxis
         datas[i] = move(x, 0, ax) if ax else x
-    obj = s.obj
     if plan.var_names is None:
         out: Any = xr.DataArray(datas[0], dims=plan.var_dims[0], coords=coords.coords,
                                 name=obj.name, attrs=dict(obj.attrs))
@@ -154,4 +148,4 @@ def rewrap(s: Setup, o: Opts, outs: Sequence[Any], evolving: Sequence[int]) -> A
             order += [d for d in da.dims if d not in order]
             rest[n] = da.transpose(*order)
         out = rest[[str(n) for n in obj.data_vars]]
-    return out.isel({dim: 0}) if make_loop(s, o).every == 0 else out
+    return out.isel({dim: 0}) if s.every == 0 else out

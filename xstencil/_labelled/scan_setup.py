@@ -1,13 +1,12 @@
-"""Setting up a scan (:mod:`xstencil._labelled.scan`): the validated options, the
-plan and fields of the whole trajectory, its ``dim`` coordinate, the variables the
-kernel advances, and the engine's :class:`~xstencil._engine.tscan.Var` and
-:class:`~xstencil._engine.tscan.Loop` descriptions."""
+"""Setting up a scan (:mod:`xstencil._labelled.scan`): a validated request
+(:class:`~xstencil._labelled.scan_plan.ScanPlan`) completed with the plan and
+fields of the whole trajectory, its ``dim`` coordinate and the variables the
+kernel advances."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,7 +16,6 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from xstencil import _progress
 from xstencil._engine.coords import (
     coord_values,
     numeric_coord,
@@ -25,47 +23,15 @@ from xstencil._engine.coords import (
     pad_coord,
     read_dtype,
 )
-from xstencil._engine.tscan import Loop, Var
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.returns import kernel_cells
-from xstencil._labelled.sizes import check_fits, check_inputs, size_text
+from xstencil._labelled.scan_plan import ScanPlan
+from xstencil._labelled.sizes import check_fits, check_inputs
 
-__all__ = ["Opts", "Setup", "grown_coord", "setup", "engine_vars", "returned",
-           "evolving_indices", "time_coord", "padded_time", "coord_dtype", "check_monotonic",
-           "make_loop", "time_placeholder", "check_dt", "size_text"]
-
-
-def check_dt(call: str, dt: Any) -> None:
-    """``dt=`` must be one positive, finite real number or timedelta."""
-    ok = False
-    if isinstance(dt, np.timedelta64 | datetime.timedelta):
-        td = np.timedelta64(dt)
-        ok = not np.isnat(td) and td > np.timedelta64(0, td.dtype.str[-2:-1] or "s")
-    elif isinstance(dt, numbers.Real) and not isinstance(dt, bool):
-        ok = bool(np.isfinite(dt) and dt > 0)
-    if not ok:
-        raise XStencilError(
-            f"{call}: dt={dt!r:.60} must be one positive, finite spacing between positions: "
-            f"a real number (e.g. dt=0.5) or a timedelta for a datetime coordinate (e.g. "
-            f"dt=np.timedelta64(6, 'h')); for irregular positions pass coord= instead")
-
-
-@dataclasses.dataclass(frozen=True)
-class Opts:
-    dim: str
-    window: Any
-    boundary: Any
-    fill_value: Any
-    steps: int | None
-    dt: Any
-    coord: Any
-    save_every: int  # 0: last
-    progress: bool
-    checkpoint: bool
-    check_finite: bool
-    period: Any
+__all__ = ["grown_coord", "setup", "returned", "evolving_indices", "time_coord",
+           "padded_time", "coord_dtype", "check_monotonic", "time_placeholder"]
 
 
 def _time_boundary(boundary: Any, dim: str) -> tuple[Any, str]:
@@ -138,21 +104,7 @@ def _tz_aware(c: Any) -> bool:
     return c.dtype.kind == "O" and bool(v.size) and isinstance(v[0], datetime.datetime)
 
 
-@dataclasses.dataclass
-class Setup:
-    plan: Plan
-    f: Fields
-    k: int
-    total: int
-    grown: bool
-    n0: int
-    evolving: tuple[int, ...]  # variable indices advanced by the scan
-    tvals: Any  # the dim coordinate of the whole trajectory (None; step numbers: a pd.RangeIndex)
-    tmode: str
-    obj: Any
-
-
-def _fields(call: str, obj: Any, o: Opts, evolve: Sequence[str] | None,
+def _fields(call: str, obj: Any, o: ScanPlan, evolve: Sequence[str] | None,
             total: int) -> tuple[Fields, int, np.ndarray | None]:
     """The Fields of the whole trajectory (arrays: the input), ``n0`` (input
     length along dim) and the trajectory's dim coordinate."""
@@ -188,69 +140,58 @@ def _fields(call: str, obj: Any, o: Opts, evolve: Sequence[str] | None,
                   f.dtypes), n0, tvals
 
 
-def setup(call: str, obj: Any, kernels: Sequence[Any], o: Opts, args: Any,
-          kwargs: Any, evolve: Sequence[str] | None = None) -> Setup:
-    dim = o.dim
-    # the input holds the k initial positions (or none, k = 1): the total to expect
-    total_guess = None if o.steps is None else max(obj.sizes.get(dim, 0), 1) + o.steps
-    f, n0, tvals = _fields(call, obj, o, evolve, total_guess or 0)
-    boundary, tmode = _time_boundary(o.boundary, dim)
-    plan = prepare(call, f, kernels, window=o.window, boundary=boundary,
-                   fill_value=o.fill_value, stride=None, output_dims=None, args=args,
-                   kwargs=kwargs)
-    spec = plan.specs[plan.axis(dim)]
-    k = spec.lo
-    if o.steps is not None:
-        if k == 0:
-            raise XStencilError(
-                f"{call}: the kernel reads no earlier position along {dim!r} (such as "
-                f"u({dim}=-1)), so there is nothing to grow with steps={o.steps}")
-        if n0 not in (0, k) or (n0 == 0 and k != 1):
-            what = f"{n0} position(s)" if n0 else f"no {dim!r}"
-            raise XStencilError(
-                f"{call}: steps={o.steps} grows a trajectory from its initial conditions, "
-                f"which are the first {k} position(s) along {dim!r} (the window reaches {k} "
-                f"back); the input has {what}. Pass "
-                + (f"obj.isel({dim}=slice(0, {k}))" if n0 > k else
-                   f"{k} initial position(s) along {dim!r}")
-                + (" or scan the input's own trajectory without steps=" if n0 > k else ""))
-        if k + o.steps != total_guess:
-            f, n0, tvals = _fields(call, obj, o, evolve, k + o.steps)
-            plan = prepare(call, f, kernels, window=o.window, boundary=boundary,
-                           fill_value=o.fill_value, stride=None, output_dims=None,
-                           args=args, kwargs=kwargs)
-    total = f.shape[f.dims.index(dim)]
-    if o.steps is None and k == 0:
+def _grown_length(o: ScanPlan, n0: int, k: int) -> None:
+    """Check that the input holds the ``k`` initial positions a grown
+    trajectory starts from."""
+    call, dim = o.call, o.dim
+    if k == 0:
+        raise XStencilError(
+            f"{call}: the kernel reads no earlier position along {dim!r} (such as "
+            f"u({dim}=-1)), so there is nothing to grow with steps={o.steps}")
+    if n0 not in (0, k) or (n0 == 0 and k != 1):
+        what = f"{n0} position(s)" if n0 else f"no {dim!r}"
+        raise XStencilError(
+            f"{call}: steps={o.steps} grows a trajectory from its initial conditions, "
+            f"which are the first {k} position(s) along {dim!r} (the window reaches {k} "
+            f"back); the input has {what}. Pass "
+            + (f"obj.isel({dim}=slice(0, {k}))" if n0 > k else
+               f"{k} initial position(s) along {dim!r}")
+            + (" or scan the input's own trajectory without steps=" if n0 > k else ""))
+
+
+def _own_length(o: ScanPlan, total: int, k: int) -> None:
+    """Check the input's own trajectory: long enough, and a whole number of
+    ``save_every`` intervals after the ``k`` initial positions."""
+    call, dim, every = o.call, o.dim, o.every
+    if k == 0:
         raise XStencilError(
             f"{call}: the kernel reads no earlier position along {dim!r} (such as "
             f"u({dim}=-1)); there is nothing to scan. Read the previous value u({dim}=-1), "
             f"or use .stencil.map(...) for a kernel that does not step along {dim!r}")
-    if o.steps is None and total < k:
+    if total < k:
         raise XStencilError(
             f"{call}: the window reaches {k} positions back along {dim!r}, which has only "
             f"{total}; the first {k} positions are the initial conditions")
     n_comp = total - k
-    if o.steps is None and o.save_every and o.save_every > n_comp:
+    if every and every > n_comp:
         raise XStencilError(
-            f"{call}: save_every={o.save_every} is larger than the {n_comp} positions to "
+            f"{call}: save_every={every} is larger than the {n_comp} positions to "
             f"compute along {dim!r}, so nothing would be computed; use "
             f"save_every<={n_comp} or save_every='last'")
-    if o.steps is None and o.save_every and n_comp % o.save_every:
-        fit = max(e for e in range(1, o.save_every + 1) if n_comp % e == 0)
+    if every and n_comp % every:
+        fit = max(e for e in range(1, every + 1) if n_comp % e == 0)
         raise XStencilError(
             f"{call}: the {n_comp} positions to compute along {dim!r} (positions {k}.."
-            f"{total - 1}) are not a multiple of save_every={o.save_every}, so the last "
-            f"{n_comp % o.save_every} would be neither computed nor returned; use "
+            f"{total - 1}) are not a multiple of save_every={every}, so the last "
+            f"{n_comp % every} would be neither computed nor returned; use "
             f"save_every={fit} or 'last', or trim the input (obj.isel({dim}=slice(0, "
-            f"{total - n_comp % o.save_every})))")
-    if tmode not in ("fill", "extend") or spec.hi and tmode == "fill":
-        b = dict(o.boundary) if isinstance(o.boundary, Mapping) else dict.fromkeys(
-            f.dims, o.boundary)
-        b[dim] = tmode
-        plan = prepare(call, f, kernels, window=o.window, boundary=b, fill_value=o.fill_value,
-                       stride=None, output_dims=None, args=args, kwargs=kwargs)
+            f"{total - n_comp % every})))")
+
+
+def _check_size(o: ScanPlan, f: Fields, plan: Plan, k: int, total: int) -> None:
+    """The saved trajectory must fit in memory; no dim but ``dim`` may be 'valid'."""
+    call, dim, every = o.call, o.dim, o.every
     check_inputs(call, f.names or (None,), f.arrays)
-    every = o.save_every
     saves = 1 if not every else k + (total - k) // every
     slab = sum(int(np.prod([n for d, n in zip(f.dims, f.shape, strict=True)
                             if d in plan.var_dims[i] and d != dim]))
@@ -264,30 +205,46 @@ def setup(call: str, obj: Any, kernels: Sequence[Any], o: Opts, args: Any,
             raise XStencilError(
                 f"{call}: boundary 'valid' along {d!r} would shrink each step's output; a scan "
                 f"needs a padding boundary mode for {d!r} (e.g. 'periodic' or 'extend')")
+
+
+def setup(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: Any,
+          evolve: Sequence[str] | None = None) -> tuple[ScanPlan, Fields]:
+    """The request ``o`` completed with the data's layout, and the fields of
+    the whole trajectory (whose arrays are the input's)."""
+    call, dim = o.call, o.dim
+
+    def planned(f: Fields, boundary: Any) -> Plan:
+        return prepare(call, f, kernels, window=o.window, boundary=boundary,
+                       fill_value=o.fill_value, stride=None, output_dims=None, args=args,
+                       kwargs=kwargs)
+
+    # the input holds the k initial positions (or none, k = 1): the total to expect
+    total_guess = None if o.steps is None else max(obj.sizes.get(dim, 0), 1) + o.steps
+    f, n0, tvals = _fields(call, obj, o, evolve, total_guess or 0)
+    boundary, tmode = _time_boundary(o.boundary, dim)
+    plan = planned(f, boundary)
+    spec = plan.specs[plan.axis(dim)]
+    k = spec.lo
+    if o.steps is not None:
+        _grown_length(o, n0, k)
+        if k + o.steps != total_guess:
+            f, n0, tvals = _fields(call, obj, o, evolve, k + o.steps)
+            plan = planned(f, boundary)
+    total = f.shape[f.dims.index(dim)]
+    if o.steps is None:
+        _own_length(o, total, k)
+    if tmode not in ("fill", "extend") or spec.hi and tmode == "fill":
+        b = dict(o.boundary) if isinstance(o.boundary, Mapping) else dict.fromkeys(
+            f.dims, o.boundary)
+        b[dim] = tmode
+        plan = planned(f, b)
+    _check_size(o, f, plan, k, total)
     if plan.var_names is None:
         evolving: tuple[int, ...] = (0,)
     else:
         evolving = tuple(i for i, vd in enumerate(plan.var_dims) if dim in vd)
-    return Setup(plan, f, k, total, o.steps is not None, n0, evolving, tvals, tmode, obj)
-
-
-def engine_vars(s: Setup, dim: str, evolving: Sequence[int]) -> list[Var]:
-    plan = s.plan
-    wset = set(plan.window_dims)
-    out = []
-    for i, vdims in enumerate(plan.var_dims):
-        axes = tuple(plan.axis(d) for d in vdims if d != dim)
-        specs = [plan.specs[a] for a in axes]
-        wd = [d for d in vdims if d in wset]
-        out.append(Var(
-            axes, tuple(a for a in axes if plan.dims[a] in wset),
-            tuple((sp.pad_lo, sp.pad_hi) for sp in specs),
-            tuple(sp.mode if sp.mode != "valid" else "fill" for sp in specs),
-            0 if plan.fill_value is None else plan.fill_value,
-            wd.index(dim) if dim in wd else None,
-            evolving.index(i) if i in evolving else None,
-            dim in vdims and not (s.grown and i in evolving)))
-    return out
+    return dataclasses.replace(o, plan=plan, k=k, total=total, n0=n0, evolving=evolving,
+                               tvals=tvals, tmode=tmode), f
 
 
 def returned(call: str, plan: Plan, kernels: Sequence[Any], static: Any,
@@ -318,9 +275,11 @@ def returned(call: str, plan: Plan, kernels: Sequence[Any], static: Any,
     return names
 
 
-def evolving_indices(call: str, s: Setup, names: Sequence[str] | None,
-                     dim: str) -> tuple[int, ...]:
-    plan = s.plan
+def evolving_indices(s: ScanPlan, names: Sequence[str] | None) -> tuple[int, ...]:
+    """The indices of the variables a Dataset kernel returns (``names``),
+    checked: each has ``dim``, and a grown trajectory advances all that do."""
+    call, dim, plan = s.call, s.dim, s.plan
+    assert plan is not None
     if names is None:
         return (0,)
     assert plan.var_names is not None
@@ -341,21 +300,25 @@ def evolving_indices(call: str, s: Setup, names: Sequence[str] | None,
     return evolving
 
 
-def time_coord(call: str, s: Setup, o: Opts) -> Any:
+def time_coord(s: ScanPlan) -> Any:
+    """The trajectory's ``dim`` coordinate as the kernel reads it, padded
+    (``None`` when the kernel cannot read it)."""
     plan = s.plan
-    if o.dim not in plan.coord_dims or s.tvals is None:
+    assert plan is not None
+    if s.dim not in plan.coord_dims or s.tvals is None:
         return None
-    spec = plan.specs[plan.axis(o.dim)]
-    return jnp.asarray(padded_time(call, plan, o.dim, s.tvals, spec.lo, spec.hi, s.tmode))
+    spec = plan.specs[plan.axis(s.dim)]
+    return jnp.asarray(padded_time(s.call, plan, s.dim, s.tvals, spec.lo, spec.hi, s.tmode))
 
 
-def time_placeholder(s: Setup, o: Opts) -> Any:
+def time_placeholder(s: ScanPlan) -> Any:
     """A stand-in for :func:`time_coord` (``None`` where that is ``None``), one
     window long, for a kernel that does not read the time coordinate."""
     plan = s.plan
-    if o.dim not in plan.coord_dims or s.tvals is None:
+    assert plan is not None
+    if s.dim not in plan.coord_dims or s.tvals is None:
         return None
-    spec = plan.specs[plan.axis(o.dim)]
+    spec = plan.specs[plan.axis(s.dim)]
     cdt = pack_coord(np.zeros(0), coord_dtype(plan)).dtype
     return jnp.zeros((spec.lo + spec.hi + 1,), cdt)
 
@@ -385,18 +348,3 @@ def check_monotonic(call: str, dim: str, tvals: Any) -> None:
             f"{call}: the kernel reads u.coord({dim!r}), but coordinate {dim!r} does not "
             f"increase strictly (position {bad + 1}: {tvals[bad]!r} -> {tvals[bad + 1]!r}); "
             f"sort the data along {dim!r} (obj.sortby({dim!r})) or pass increasing coord=")
-
-
-def make_loop(s: Setup, o: Opts) -> Loop:
-    k = s.k
-    steps = s.total - k
-    every = o.save_every
-    if every:
-        steps = steps // every * every
-    plan = s.plan
-    cells = sum(int(np.prod([plan.shape[plan.axis(d)] for d in plan.var_dims[i] if d != o.dim]))
-                for i in s.evolving)
-    prog = _progress.check_every(steps, cells) if o.progress and steps else 0
-    return Loop(k, steps, every, plan.specs[plan.axis(o.dim)].lo,
-                plan.specs[plan.axis(o.dim)].hi, 0 if s.grown else s.total, s.tmode,
-                o.checkpoint, prog, o.check_finite)

@@ -20,18 +20,51 @@ from xstencil._engine.kcache import compiled
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
+from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite
-from xstencil._labelled.scan_setup import Opts, grown_coord
+from xstencil._labelled.scan_setup import grown_coord
 
 __all__ = ["run_step"]
 
 
-def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any,
+def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
              dtype: Any = None) -> Any:
     """``scan(obj, step=fn, steps=N)``: ``fn`` maps the previous state to the next.
 
     The state has the promoted dtype of the input and the step's result, or
     ``dtype`` (already applied to ``obj``), to which each result is cast."""
+    dim = o.dim
+    state0, names, arrays, tvals = _state(call, obj, fn, o)
+    with precision(arrays, args, kwargs):
+        arrays = [as_array(call, "the data", x) for x in arrays]
+        udyn, static = split_static(call, (args, kwargs))
+        template = state0.copy(deep=False)
+
+        def apply(datas: Sequence[Any], udyn: Any) -> list[Any]:
+            a, kw = merge_static(udyn, static)
+            new = fn(_wrap(template, names, datas), *a, **kw)
+            return _step_result(call, new, names, template, datas)
+
+        arrays, evolving = _widened(call, apply, arrays, udyn, dtype)
+        loop = Loop(1, o.steps, o.every, 1, 0, 0, "fill", o.checkpoint,
+                    _progress.check_every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
+                    if o.progress else 0, o.check_finite)
+        key = ("step", static, loop, names, tuple(evolving), tuple(
+            (tuple(x.shape), str(x.dtype)) for x in arrays))
+        if o.check_finite:
+            initial_finite(call, [[arrays[i]] for i in evolving], dim, 1)
+        run = compiled(fn, key, lambda: _build(apply, loop, evolving))
+        outs, bad = call_with_progress(run, (arrays, udyn), loop.progress_every,
+                                       loop.steps, call)
+    outs = host64(outs)
+    finite(call, bad, tvals, dim)
+    return _trajectory(o, template, names, evolving, outs, tvals)
+
+
+def _state(call: str, obj: Any, fn: Any, o: ScanPlan
+           ) -> tuple[Any, tuple[str, ...] | None, list[Any], Any]:
+    """The initial state (without ``dim``), its variable names (``None``: a
+    DataArray), their data and the trajectory's ``dim`` coordinate; checked."""
     dim = o.dim
     if o.steps is None:
         raise XStencilError(f"{call}: step= grows a trajectory from an initial state; pass "
@@ -66,71 +99,64 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any,
             f"{call}: step= runs on one device, but the data is sharded over several; "
             f"gather it first (numpy.asarray), or write the step as one kernel "
             f"(scan(obj, kernel, ...) advances sharded data with a halo exchange)")
-    with precision(arrays, args, kwargs):
-        arrays = [as_array(call, "the data", x) for x in arrays]
-        udyn, static = split_static(call, (args, kwargs))
-        template = state0.copy(deep=False)
+    return state0, names, arrays, tvals
 
-        def wrap(datas: Sequence[Any]) -> Any:
-            if names is None:
-                return xr.DataArray(datas[0], dims=template.dims, coords=template.coords,
-                                    name=template.name, attrs=template.attrs)
-            return xr.Dataset({n: (template[n].dims, d, template[n].attrs)
-                               for n, d in zip(names, datas, strict=True)},
-                              coords=template.coords, attrs=template.attrs)
 
-        def apply(datas: Sequence[Any], udyn: Any) -> list[Any]:
-            a, kw = merge_static(udyn, static)
-            new = fn(wrap(datas), *a, **kw)
-            return _step_result(call, new, names, template, datas)
+def _wrap(template: Any, names: tuple[str, ...] | None, datas: Sequence[Any]) -> Any:
+    """The state as a DataArray or Dataset like ``template``, holding ``datas``."""
+    if names is None:
+        return xr.DataArray(datas[0], dims=template.dims, coords=template.coords,
+                            name=template.name, attrs=template.attrs)
+    return xr.Dataset({n: (template[n].dims, d, template[n].attrs)
+                       for n, d in zip(names, datas, strict=True)},
+                      coords=template.coords, attrs=template.attrs)
 
+
+def _widened(call: str, apply: Callable[..., Any], arrays: list[Any], udyn: Any,
+             dtype: Any) -> tuple[list[Any], list[int]]:
+    """The state in the promoted dtype of the input and the step's result
+    (unless ``dtype`` fixed it), and the variables the step returns."""
+    shapes = jax.eval_shape(apply, arrays, udyn)
+    for _ in range(4):  # the state takes the promoted dtype of input and result
+        wider = [promote(x.dtype, sd.dtype) if sd is not None and dtype is None
+                 else x.dtype for x, sd in zip(arrays, shapes, strict=True)]
+        if all(w == x.dtype for w, x in zip(wider, arrays, strict=True)):
+            break
+        arrays = [x.astype(w) for x, w in zip(arrays, wider, strict=True)]
         shapes = jax.eval_shape(apply, arrays, udyn)
-        for _ in range(4):  # the state takes the promoted dtype of input and result
-            wider = [promote(x.dtype, sd.dtype) if sd is not None and dtype is None
-                     else x.dtype for x, sd in zip(arrays, shapes, strict=True)]
-            if all(w == x.dtype for w, x in zip(wider, arrays, strict=True)):
-                break
-            arrays = [x.astype(w) for x, w in zip(arrays, wider, strict=True)]
-            shapes = jax.eval_shape(apply, arrays, udyn)
-        else:
-            raise XStencilError(f"{call}: the step's result dtype keeps widening from step "
-                                f"to step; pass dtype=... to fix the state's dtype")
-        evolving = [i for i, (x, sd) in enumerate(zip(arrays, shapes, strict=True))
-                    if sd is not None]
-        loop = Loop(1, o.steps, o.save_every, 1, 0, 0, "fill", o.checkpoint,
-                    _progress.check_every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
-                    if o.progress else 0, o.check_finite)
-        key = ("step", static, loop, names, tuple(evolving), tuple(
-            (tuple(x.shape), str(x.dtype)) for x in arrays))
+    else:
+        raise XStencilError(f"{call}: the step's result dtype keeps widening from step "
+                            f"to step; pass dtype=... to fix the state's dtype")
+    return arrays, [i for i, sd in enumerate(shapes) if sd is not None]
 
-        def build() -> Callable[..., Any]:
-            def run(arrays: Any, udyn: Any, token: Any) -> Any:
-                def stepf(t: Any, hist: Any) -> tuple[Any, ...]:
-                    datas = list(arrays)
-                    for j, i in enumerate(evolving):
-                        datas[i] = hist[j][-1]
-                    new = apply(datas, udyn)
-                    return tuple(new[i].astype(arrays[i].dtype) for i in evolving)
 
-                init = [[arrays[i]] for i in evolving]
-                prog = (_progress.advance, token) if loop.progress_every else None
-                saved, bad = run_loop(stepf, init, loop, prog)
-                if loop.every:
-                    saved = tuple(jnp.concatenate([arrays[i][None], x])
-                                  for i, x in zip(evolving, saved, strict=True))
-                return saved, bad
+def _build(apply: Callable[..., Any], loop: Loop, evolving: Sequence[int]) -> Callable[..., Any]:
+    """The jitted loop of ``apply`` (the step on the state's arrays)."""
+    def run(arrays: Any, udyn: Any, token: Any) -> Any:
+        def stepf(t: Any, hist: Any) -> tuple[Any, ...]:
+            datas = list(arrays)
+            for j, i in enumerate(evolving):
+                datas[i] = hist[j][-1]
+            new = apply(datas, udyn)
+            return tuple(new[i].astype(arrays[i].dtype) for i in evolving)
 
-            return jax.jit(run)
+        init = [[arrays[i]] for i in evolving]
+        prog = (_progress.advance, token) if loop.progress_every else None
+        saved, bad = run_loop(stepf, init, loop, prog)
+        if loop.every:
+            saved = tuple(jnp.concatenate([arrays[i][None], x])
+                          for i, x in zip(evolving, saved, strict=True))
+        return saved, bad
 
-        if o.check_finite:
-            initial_finite(call, [[arrays[i]] for i in evolving], dim, 1)
-        run = compiled(fn, key, build)
-        outs, bad = call_with_progress(run, (arrays, udyn), loop.progress_every,
-                                       loop.steps, call)
-    outs = host64(outs)
-    finite(call, bad, tvals, dim)
-    pos = (np.array([o.steps]) if o.save_every == 0 else
-           np.concatenate([[0], o.save_every * np.arange(1, o.steps // o.save_every + 1)]))
+    return jax.jit(run)
+
+
+def _trajectory(o: ScanPlan, template: Any, names: tuple[str, ...] | None,
+                evolving: Sequence[int], outs: Sequence[Any], tvals: Any) -> Any:
+    """The saved states as a DataArray or Dataset along ``dim``."""
+    dim = o.dim
+    pos = (np.array([o.steps]) if o.every == 0 else
+           np.concatenate([[0], o.every * np.arange(1, o.steps // o.every + 1)]))
     tc = {} if tvals is None else {dim: (dim, np.asarray(tvals)[pos])}
     if names is None:
         out: Any = xr.DataArray(outs[0], dims=(dim,) + tuple(template.dims),
@@ -141,7 +167,7 @@ def run_step(call: str, obj: Any, fn: Any, o: Opts, args: Any, kwargs: Any,
         for j, i in enumerate(evolving):
             n = names[i]
             out[n] = ((dim,) + tuple(template[n].dims), outs[j], template[n].attrs)
-    return out.isel({dim: 0}) if o.save_every == 0 else out
+    return out.isel({dim: 0}) if o.every == 0 else out
 
 
 def _step_result(call: str, new: Any, names: tuple[str, ...] | None, template: Any,

@@ -1,0 +1,329 @@
+"""The repeat-call fast path of ``scan``: a repeated scan skips its setup.
+
+A labelled scan validates its options, reads the data's layout into a
+:class:`~xstencil._labelled.scan_plan.ScanPlan`, finds the state's dtype,
+traces the kernel to see what it reads, pads the coordinates, looks up the
+compiled loop and rewraps the saved slabs: milliseconds of Python for a loop
+that may run in tens of microseconds.  The first call (the slow path, where
+every error is raised) records an :class:`Entry` under a *signature* of the
+call and the kernel's :func:`~xstencil._engine.kcache.describe` key (so a
+changed closed-over global is a different key, and closed-over arrays are
+read afresh); a later call with the same signature goes straight to the
+compiled loop and a cheap rewrap.
+
+The signature holds the data's type, each variable's name, dims, shape and
+dtype, the coordinates' names, dims and dtypes, every option, the static
+kernel arguments and the shapes and dtypes of the dynamic ones, and JAX's
+x64 flag.  Coordinate *values* are checked on every hit: the indexed
+coordinates (by the identity of their index objects, else by value) and the
+coordinates along the scanned dim (by value), because the compiled loop's
+padded coordinates, the time coordinate and the labels of the saved
+positions were made from them.  Other coordinates, the name and the attrs
+are taken from the call's own object.
+
+Only in-memory data takes the fast path (numpy or single-device JAX data, or
+tracers), with one kernel, no ``progress`` bar and no ``devices=`` or
+``halo_every=``; for a Dataset, every variable must be advanced or have no
+scanned dim.  Anything else takes the full path every time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+from xstencil._engine.call import precision, settled, split_static
+from xstencil._engine.coords import coord_values
+from xstencil._engine.kcache import Lifted, peek, put
+from xstencil._errors import XStencilError
+from xstencil._labelled.core import host64
+from xstencil._labelled.scan_plan import ScanPlan
+from xstencil._labelled.scan_result import finite, initial_finite
+
+__all__ = ["Entry", "signature", "lookup", "run", "remember"]
+
+_TOKEN = np.int32(0)  # the progress token of a loop without a bar
+
+
+class Entry(NamedTuple):
+    plan: ScanPlan
+    fn: Callable[..., Any]  # the compiled loop
+    post: Callable[..., Any] | None  # the loop's outputs in the result's layout (jitted)
+    casts: tuple[Any, ...]  # per variable, the state's dtype (None: kept)
+    state: list[np.ndarray]  # per variable, an empty array of the state's dtype (precision)
+    perms: tuple[tuple[int, ...] | None, ...]  # per variable, its own dims to the loop's
+    coords: list[Any]  # padded spatial coordinates on the device
+    tcoord: Any  # the padded time coordinate (or its stand-in, or None)
+    checked: tuple[tuple[str, tuple[str, ...], Any, np.ndarray], ...]  # name, dims, index, values
+    recipe: Any  # how the result is put together (_DataArrayRecipe or _DatasetRecipe)
+
+
+class _Coords(NamedTuple):
+    fixed: dict[str, tuple[xr.Variable, Any]]  # coords made by the scan: variable, index
+    live: tuple[str, ...]  # coords taken from the call's object as they are
+    order: tuple[str, ...]  # the result's coordinates, in order
+
+
+class _DataArrayRecipe(NamedTuple):
+    dims: tuple[str, ...]
+    coords: _Coords
+
+
+class _DatasetRecipe(NamedTuple):
+    variables: tuple[tuple[str, int | None, tuple[str, ...]], ...]  # name, output index, dims
+    coords: _Coords
+    sizes: dict[str, int]
+    order: tuple[Hashable, ...]  # the result's variables, in order
+
+
+def _freeze(x: Any) -> Hashable:
+    if isinstance(x, Mapping):
+        return ("<map>",) + tuple((k, _freeze(v)) for k, v in x.items())
+    if isinstance(x, list | tuple):
+        return (type(x).__name__,) + tuple(_freeze(v) for v in x)
+    if isinstance(x, np.ndarray):
+        return ("<array>", x.dtype.str, x.shape, x.tobytes())
+    if isinstance(x, np.generic):
+        return (type(x), _freeze(x.item()))
+    if isinstance(x, float):
+        return (type(x), x.hex())  # exact, and NaN equal to itself
+    return (type(x), x)
+
+
+def _local(data: Any) -> bool:
+    """In memory on one device (or a tracer): the in-memory scan's data."""
+    if isinstance(data, np.ndarray | jax.core.Tracer):
+        return True
+    return isinstance(data, jax.Array) and len(data.sharding.device_set) == 1
+
+
+def _coord_vars(obj: Any) -> dict[Hashable, Any]:
+    """The coordinate variables of a DataArray or Dataset, in order."""
+    if type(obj) is xr.DataArray:
+        return obj._coords
+    names = obj._coord_names
+    return {n: v for n, v in obj._variables.items() if n in names}
+
+
+def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Hashable | None:
+    """The call's signature, or None where the fast path does not apply."""
+    if type(obj) is xr.DataArray:
+        variables = [(None, obj.variable)]
+    elif type(obj) is xr.Dataset:
+        variables = [(n, obj._variables[n]) for n in obj.data_vars]
+    else:
+        return None
+    if not all(_local(v._data) for _, v in variables):
+        return None
+    if args or kwargs:
+        try:
+            dyn, static = split_static("scan", (args, kwargs))
+        except XStencilError:  # an unhashable argument: the full path says so
+            return None
+        arg_key: Any = (static, tuple((np.shape(x), str(getattr(x, "dtype", ""))) for x in dyn))
+    else:
+        arg_key = None
+    coords = tuple((n, v.dims, v.dtype.str) for n, v in _coord_vars(obj).items())
+    try:
+        key = (type(obj), tuple((n, v.dims, v.shape, v.dtype.str) for n, v in variables),
+               coords, _freeze(options), arg_key, bool(jax.config.read("jax_enable_x64")))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _checked(obj: Any, dim: str) -> tuple[tuple[str, tuple[str, ...], Any, np.ndarray], ...]:
+    """The coordinates whose values the cached entry depends on, as they are now."""
+    out = []
+    for n, v in _coord_vars(obj).items():
+        index = obj._indexes.get(n)
+        if index is not None or n == dim or dim in v.dims or n in obj.dims:
+            out.append((n, v.dims, index, np.array(coord_values(v), copy=True)))
+    return tuple(out)
+
+
+def lookup(lifted: Lifted, sig: Hashable, obj: Any) -> Entry | None:
+    """The entry recorded for this kernel and signature, if the coordinates
+    it depends on still have the same values."""
+    entry = peek(("scan-fast", lifted.key, sig))
+    if entry is None:
+        return None
+    indexes, coords = obj._indexes, _coord_vars(obj)
+    for name, dims, index, values in entry.checked:
+        if index is not None and indexes.get(name) is index:
+            continue
+        v = coords.get(name)
+        if v is None or v.dims != dims or not np.array_equal(coord_values(v), values):
+            return None
+    return entry
+
+
+def run(entry: Entry, obj: Any, args: Any, kwargs: Any, lifted: Lifted) -> Any:
+    """The scan of ``obj`` with the cached plan, loop and coordinates."""
+    sp = entry.plan
+    names = sp.plan.var_names
+    datas = [obj.variable._data] if names is None else [obj._variables[n]._data for n in names]
+    dyn = split_static("scan", (args, kwargs))[0] if args or kwargs else []
+    leaves = list(lifted.leaves)
+    with precision(entry.state, dyn):
+        datas = [x if c is None else x.astype(c) for x, c in zip(datas, entry.casts, strict=True)]
+        arrays, init = _inputs(sp, datas, entry.perms)
+        if sp.check_finite:
+            initial_finite(sp.call, init, sp.dim, sp.k)
+        outs, bad = settled(entry.fn(arrays, init, entry.coords, entry.tcoord, [], dyn, leaves,
+                                     _TOKEN), (datas, dyn, leaves))
+        if entry.post is not None:
+            outs = entry.post(outs)
+    outs = host64(outs)  # outside the x64 context: float64 stays float64 on the host
+    finite(sp.call, bad, sp.tvals, sp.dim)
+    if isinstance(entry.recipe, _DataArrayRecipe):
+        return _dataarray(entry.recipe, obj, outs[0])
+    return _dataset(entry.recipe, obj, outs)
+
+
+def _inputs(sp: ScanPlan, datas: Sequence[Any], perms: Sequence[tuple[int, ...] | None]
+            ) -> tuple[list[Any], list[list[Any]]]:
+    """As :func:`xstencil._labelled.scan_loop.inputs` on the variables' own data
+    (``perms`` puts each in the loop's layout: dim first, then the plan's
+    order), without copying numpy data to the device first (the compiled
+    call takes it as it is)."""
+    k = sp.k
+    xs = [x if p is None else (np.transpose if isinstance(x, np.ndarray) else jnp.transpose)(
+        x, p) for x, p in zip(datas, perms, strict=True)]
+    init = []
+    for i in sp.evolving:
+        x, v = xs[i], sp.variables[i]
+        if k == 0:
+            init.append([jnp.zeros(x.shape[1:], x.dtype)])
+        elif not v.has_time and sp.grown and x.ndim == len(v.axes):
+            init.append([x])
+        else:
+            init.append([x[j] for j in range(k)])
+    return [a if v.has_time or v.state is None else None
+            for a, v in zip(xs, sp.variables, strict=True)], init
+
+
+def _coords_of(rc: _Coords, obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The result's coordinate variables and indexes."""
+    coords: dict[str, Any] = {}
+    indexes: dict[str, Any] = {}
+    have = _coord_vars(obj)
+    for n in rc.live:
+        coords[n] = have[n].copy(deep=False)
+        if n in obj._indexes:
+            indexes[n] = obj._indexes[n]
+    for n, (v, index) in rc.fixed.items():
+        coords[n] = v.copy(deep=index is None)  # index variables are immutable
+        if index is not None:
+            indexes[n] = index
+    return {n: coords[n] for n in rc.order}, indexes
+
+
+def _dataarray(recipe: _DataArrayRecipe, obj: xr.DataArray, data: Any) -> xr.DataArray:
+    coords, indexes = _coords_of(recipe.coords, obj)
+    var = xr.Variable(recipe.dims, data, dict(obj.attrs), fastpath=True)
+    return xr.DataArray(var, coords=coords, name=obj.name, indexes=indexes, fastpath=True)
+
+
+def _dataset(recipe: _DatasetRecipe, obj: xr.Dataset, outs: Sequence[Any]) -> xr.Dataset:
+    coords, indexes = _coords_of(recipe.coords, obj)
+    variables: dict[Hashable, Any] = dict(coords)
+    for n, j, dims in recipe.variables:
+        own = obj._variables[n]
+        variables[n] = own.copy(deep=False) if j is None else xr.Variable(
+            dims, outs[j], dict(own.attrs), fastpath=True)
+    variables = {n: variables[n] for n in recipe.order}
+    return xr.Dataset._construct_direct(variables, set(coords), dict(recipe.sizes),
+                                        dict(obj.attrs), indexes)
+
+
+def _coord_recipe(sp: ScanPlan, obj: Any, out: Any) -> _Coords | None:
+    dim = sp.dim
+    fixed, live = {}, []
+    have = _coord_vars(obj)
+    along = {n for n, v in have.items() if n == dim or dim in v.dims}
+    for n, v in _coord_vars(out).items():
+        if n in along or n == dim or dim in v.dims:
+            fixed[n] = (v.copy(deep=True), out._indexes.get(n))
+        elif n in have and have[n].dims == v.dims:
+            live.append(n)
+        else:
+            return None
+    if set(live) != set(have) - along:
+        return None
+    return _Coords(fixed, tuple(live), tuple(_coord_vars(out)))
+
+
+def _perm(sp: ScanPlan, i: int, own: Sequence[Hashable]) -> tuple[int, ...] | None:
+    """The transposition of variable ``i``'s own data (dims ``own``) into the
+    loop's layout: ``dim`` first (where it has it), then the plan's order."""
+    vd = sp.plan.var_dims[i]
+    want = ((sp.dim,) if sp.dim in own else ()) + tuple(d for d in vd if d != sp.dim)
+    perm = tuple(list(own).index(d) for d in want)
+    return None if perm == tuple(range(len(own))) else perm
+
+
+def _post(sp: ScanPlan, dims_out: Sequence[tuple[str, ...]]) -> Callable[..., Any] | None:
+    """A jitted function putting the loop's outputs (dim first, then the
+    variable's other dims in plan order) into the result's dims, or None."""
+    perms, needed = [], False
+    for i, dims in zip(sp.evolving, dims_out, strict=True):
+        have = (sp.dim,) + tuple(d for d in sp.plan.var_dims[i] if d != sp.dim)
+        if sp.every == 0:
+            have = have[1:]
+        perm = tuple(have.index(d) for d in dims)
+        needed |= sp.every == 0 or perm != tuple(range(len(perm)))
+        perms.append(perm)
+    if not needed:
+        return None
+    last = sp.every == 0
+
+    def post(outs: Sequence[Any]) -> list[Any]:
+        return [jnp.transpose(x[0] if last else x, p) for x, p in zip(outs, perms, strict=True)]
+
+    return jax.jit(post)
+
+
+def remember(lifted: Lifted, sig: Hashable | None, obj: Any, cast: Any, sp: ScanPlan,
+             fn: Callable[..., Any], coords: Sequence[Any], tcoord: Any, arguments: Any,
+             outs: Sequence[Any], out: Any) -> None:
+    """Record the entry for ``sig`` after a successful full call on ``obj``
+    (``cast``: ``obj`` with the state's dtype, as scanned; ``arguments``: the
+    kernel's ``(args, kwargs)``; ``outs``: what the loop returned; ``out``:
+    the result)."""
+    if sig is None or any(isinstance(c, jax.core.Tracer) for c in [*coords, tcoord]):
+        return
+    names = sp.plan.var_names
+    keys = [None] if names is None else list(names)
+    rc = _coord_recipe(sp, obj, out)
+    if rc is None:
+        return
+    if names is None:
+        dims_out: list[tuple[str, ...]] = [tuple(out.dims)]
+        recipe: Any = _DataArrayRecipe(tuple(out.dims), rc)
+    else:
+        evolving = {names[i]: j for j, i in enumerate(sp.evolving)}
+        if any(n not in evolving and sp.dim in obj[n].dims for n in names) \
+                or list(out.data_vars) != list(names):
+            return  # a variable along dim read but not advanced: the full path
+        dims_out = [tuple(out[names[i]].dims) for i in sp.evolving]
+        recipe = _DatasetRecipe(tuple((n, evolving.get(n), tuple(out[n].dims)) for n in names),
+                                rc, dict(out.sizes), tuple(out._variables))
+    before = [np.dtype((obj if n is None else obj[n]).dtype) for n in keys]
+    after = [np.dtype((cast if n is None else cast[n]).dtype) for n in keys]
+    casts = tuple(None if a == b else a for a, b in zip(after, before, strict=True))
+    state = [np.zeros(0, a) for a in after]
+    perms = tuple(_perm(sp, i, (obj if n is None else obj[n]).dims) for i, n in enumerate(keys))
+    post = _post(sp, dims_out)
+    if post is not None and not any(isinstance(x, jax.core.Tracer) for x in outs):
+        # compile it now, in the first call, rather than in the first repeat
+        with precision(state, split_static("scan", arguments)[0]):
+            jax.block_until_ready(post(outs))
+    put(("scan-fast", lifted.key, sig), Entry(sp, fn, post, casts, state, perms, list(coords),
+                                              tcoord, _checked(obj, sp.dim), recipe))
