@@ -23,8 +23,10 @@ constants and closed-over arrays it reads), the options, the arguments and the
 initial state (:mod:`xstencil._labelled.stream_fingerprint`).  A resume whose
 fingerprint differs is refused.
 
-The call returns the result opened lazily from the store (``xr.open_zarr``:
-dask-backed, read on demand), so the trajectory is never in memory at once.
+The call returns the result opened lazily from the store (``xr.open_zarr``),
+so the trajectory is never in memory at once: dask-backed for dask-backed
+input (the store's chunks in space, ``segment`` positions along ``dim``), else
+numpy read from the store on first use (:func:`_open`).
 
 Dask-backed data streams the same way: each segment is the dask scan
 (:mod:`xstencil._backends.dask`) of the last ``k`` positions, read lazily back
@@ -44,7 +46,6 @@ file renamed), so a kill leaves every file either old or new.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -106,7 +107,7 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
             f"saved there, or remove it (shutil.rmtree) to start again")
     done = _reopen(call, path, meta) if exists else 0
     if done == run.saves:
-        return _open(path, meta)
+        return _open(path, meta, run)
 
     def step(o: Any, a: int, b: int) -> Any:
         return _segment(scan, run, o, kernel, args, kwargs, options, a, b)
@@ -132,7 +133,7 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
         done = b
         state = _next_state(out, path, meta, run, done)
         del out, new
-    return _open(path, meta)
+    return _open(path, meta, run)
 
 
 def _zarr() -> Any:
@@ -254,7 +255,7 @@ def _next_state(out: Any, path: str, meta: dict[str, Any], run: _Run, done: int)
     devices with the input's layout."""
     if out is not None and run.chunks is None:
         return out.isel({run.dim: slice(-run.k, None)}).copy(deep=True)
-    state = _open(path, meta).isel({run.dim: slice(done - run.k, done)})
+    state = _open(path, meta, run).isel({run.dim: slice(done - run.k, done)})
     if run.layout is not None:
         return reshard(state.load(), run.layout)
     if run.chunks is None:
@@ -332,9 +333,14 @@ def _truncate(g: Any, dim: str, n: int) -> None:
                 arr.resize(tuple(n if i == ax else s for i, s in enumerate(arr.shape)))
 
 
-def _open(path: str, meta: dict[str, Any]) -> Any:
-    # lazily: dask-backed where dask is installed, else xarray's lazy backend arrays
-    chunks = "auto" if importlib.util.find_spec("dask") else None
+def _open(path: str, meta: dict[str, Any], run: _Run) -> Any:
+    """The result, opened lazily from the store.  Dask-backed input: dask
+    chunks that are the store's chunks (the input's chunks) in space and
+    ``segment`` positions along ``dim``, so a later lazy step reads the store
+    chunk by chunk.  In memory or sharded: xarray's lazy backend arrays, read
+    into numpy on first use, as an in-memory scan returns numpy (a sharded
+    trajectory, which the devices need not hold, is not put back on them)."""
+    chunks = {run.dim: run.segment} if run.chunks is not None else None
     ds = xr.open_zarr(path, consolidated=False, chunks=chunks)
     attrs = {n: v for n, v in ds.attrs.items() if n != STORE_KEY}
     if meta["kind"] == "DataArray":
