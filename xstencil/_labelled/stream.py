@@ -59,7 +59,7 @@ from xstencil._errors import XStencilError
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.scan_setup import grown_coord
 from xstencil._labelled.stream_fingerprint import fingerprint
-from xstencil._labelled.stream_shard import Layout, layout_of, reshard
+from xstencil._labelled.stream_shard import Layout, layout_of, on_devices, reshard, write_blocks
 
 __all__ = ["streamed", "STORE_KEY", "SEGMENT_BYTES"]
 
@@ -271,6 +271,9 @@ def _encode(out: Any, meta: dict[str, Any], run: _Run) -> xr.Dataset:
 def _write(ds: xr.Dataset, path: str, run: _Run, first: bool) -> None:
     """Write (``first``) or append one segment's saved positions."""
     dim = run.dim
+    if on_devices(ds):  # sharded: each device's blocks, never the whole segment
+        write_blocks(ds, path, dim, first)
+        return
     if run.chunks is not None:  # dask: zarr chunks aligned with the dask chunks
         ds = ds.chunk({d: 1 if d == dim else run.chunks.get(d, -1) for d in ds.dims})
     if first:

@@ -9,6 +9,11 @@ store and put on the devices again with the input's layout
 (:func:`reshard`), so a resumed run computes on the same devices and the
 same blocks as an uninterrupted one and is bitwise equal to it.
 
+A segment is written without gathering it to the host (:func:`write_blocks`):
+the store's chunks are the devices' blocks, one position deep along ``dim``,
+and each block is copied from its device and written on its own, so the host
+holds one block at a time.
+
 The layout (mesh shape and the mesh axis of each dim) is part of the store's
 fingerprint: resuming with the data laid out differently, or in memory, is
 refused, since a different layout may round differently.
@@ -30,7 +35,7 @@ from xstencil._backends.shard import sharded_axes
 from xstencil._engine.call import precision
 from xstencil._errors import XStencilError
 
-__all__ = ["Layout", "layout_of", "reshard"]
+__all__ = ["Layout", "layout_of", "on_devices", "reshard", "write_blocks"]
 
 
 @dataclass(frozen=True)
@@ -91,3 +96,56 @@ def reshard(obj: Any, lay: Layout) -> Any:
     if isinstance(obj, xr.DataArray):
         return put(obj)
     return obj.assign({n: put(v) for n, v in obj.data_vars.items()})
+
+
+def on_devices(ds: xr.Dataset) -> bool:
+    """Whether a variable of ``ds`` is a JAX array spread over several devices
+    (sharded input, or in-memory input scanned with ``devices=``)."""
+    return any(isinstance(v.data, jax.Array) and len(v.data.sharding.device_set) > 1
+               for v in ds.data_vars.values())
+
+
+def write_blocks(ds: xr.Dataset, path: str, dim: str, first: bool) -> None:
+    """Write (``first``) or append ``ds`` along ``dim`` to the Zarr store at
+    ``path``, block by block: the metadata and the numpy variables first
+    (``compute=False`` with lazy zeros standing in for the JAX variables),
+    then each device's block of each JAX variable with ``to_zarr(region=...)``.
+    The Zarr chunks are the blocks (one position deep along ``dim``), so no
+    chunk is written twice and none is read back to be updated."""
+    import dask.array as dsa  # noqa: PLC0415 - optional (the dask extra), needed here only
+
+    names = [n for n, v in ds.data_vars.items() if isinstance(v.data, jax.Array)]
+    template, enc = ds.copy(), {}
+    for n in names:
+        v = ds[n].variable
+        shard = v.data.sharding.shard_shape(v.shape)
+        chunks = tuple(1 if d == dim else int(c) for d, c in zip(v.dims, shard, strict=True))
+        template[n] = xr.Variable(v.dims, dsa.zeros(v.shape, dtype=v.dtype, chunks=chunks),
+                                  v.attrs)
+        enc[n] = {"chunks": chunks}
+    if first:
+        enc.update({n: {"chunks": tuple(1 if d == dim else s
+                                        for d, s in zip(v.dims, v.shape, strict=True))}
+                    for n, v in ds.variables.items() if dim in v.dims and n not in enc})
+        start = 0
+        template.to_zarr(path, mode="w-", encoding=enc, consolidated=False, compute=False)
+    else:
+        start = int(xr.open_zarr(path, consolidated=False).sizes[dim])
+        keep = [n for n, v in ds.variables.items() if dim not in v.dims]
+        template.drop_vars(keep).to_zarr(path, append_dim=dim, consolidated=False,
+                                         compute=False)
+    for n in names:
+        v = ds[n].variable
+        if not first and dim not in v.dims:  # constant: written with the first segment
+            continue
+        for sh in v.data.addressable_shards:
+            if sh.replica_id != 0:  # a replicated block is written once
+                continue
+            region = {d: slice(*s.indices(size)[:2])
+                      for d, s, size in zip(v.dims, sh.index, v.shape, strict=True)}
+            if dim in region:
+                region[dim] = slice(region[dim].start + start, region[dim].stop + start)
+            with precision(sh.data):
+                block = np.asarray(sh.data)
+            xr.Dataset({n: xr.Variable(v.dims, block)}).to_zarr(
+                path, region=region, mode="r+", consolidated=False)
