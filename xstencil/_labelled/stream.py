@@ -55,11 +55,20 @@ import numpy as np
 import xarray as xr
 
 from xstencil._backends.dask_base import any_dask
+from xstencil._engine.call import precision
 from xstencil._errors import XStencilError
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.scan_setup import grown_coord
 from xstencil._labelled.stream_fingerprint import fingerprint
-from xstencil._labelled.stream_shard import Layout, layout_of, on_devices, reshard, write_blocks
+from xstencil._labelled.stream_shard import (
+    Layout,
+    layout_of,
+    lead,
+    on_devices,
+    reshard,
+    spans_processes,
+    write_blocks,
+)
 
 __all__ = ["streamed", "STORE_KEY", "SEGMENT_BYTES"]
 
@@ -84,6 +93,7 @@ class _Run:
     segment: int  # saved positions per segment
     chunks: dict[str, int] | None = None  # dask-backed: the input's chunk size per dim
     layout: Layout | None = None  # sharded over devices: the input's layout
+    together: bool = False  # global arrays over several processes: collective store access
 
 
 def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: str,
@@ -100,12 +110,15 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
             "kind": "DataArray" if isinstance(obj, xr.DataArray) else "Dataset",
             "name": None if isinstance(obj, xr.Dataset) else _name(obj.name),
             "dim": dim, "saves": run.saves, "complete": 0}
-    exists = os.path.exists(path)
+    # over several processes, process 0 alone looks at and changes the store's metadata
+    # (another process could see what process 0 has just written), and tells the others
+    exists = bool(lead(call, lambda: int(os.path.exists(path)), run.together))
     if exists and not resume:
         raise XStencilError(
             f"{call}: store={path!r} already exists; pass resume=True to continue the run "
             f"saved there, or remove it (shutil.rmtree) to start again")
-    done = _reopen(call, path, meta) if exists else 0
+    done = lead(call, lambda: _reopen(call, path, meta), run.together) if exists else 0
+    meta["complete"] = done
     if done == run.saves:
         return _open(path, meta, run)
 
@@ -113,13 +126,13 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
         return _segment(scan, run, o, kernel, args, kwargs, options, a, b)
 
     if done == 0:
-        if exists:
-            shutil.rmtree(path)  # killed in its first write: ours (it has our attribute)
+        if exists:  # killed in its first write: ours (it has our attribute)
+            lead(call, lambda: shutil.rmtree(path) or 0, run.together)
         b = min(run.saves, run.k + run.segment)
         out = step(obj, 0, b)
         _write(_encode(out, meta, run), path, run, first=True)
         done = out.sizes[dim]
-        _mark(path, meta, done)
+        _marked(call, path, meta, done, run)
         state = _next_state(out, path, meta, run, done)
         del out
     else:
@@ -127,9 +140,10 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
     while done < run.saves:
         b = min(run.saves, done + run.segment)
         out = step(state, done, b)
-        new = out.isel({dim: slice(run.k, None)})
+        with precision(*_datas(out)):
+            new = out.isel({dim: slice(run.k, None)})
         _write(_encode(new, meta, run), path, run, first=False)
-        _mark(path, meta, b)
+        _marked(call, path, meta, b, run)
         done = b
         state = _next_state(out, path, meta, run, done)
         del out, new
@@ -173,6 +187,7 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
     datas = [v.data for v in obj.data_vars.values()] if isinstance(obj, xr.Dataset) \
         else [obj.data]
     layout = layout_of(call, obj)
+    together = layout is not None and spans_processes(obj)
     chunks = None
     if any_dask(datas):
         chunks = {str(d): max(c) for d, c in obj.chunksizes.items() if d != dim}
@@ -200,7 +215,8 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
     elif isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
         raise XStencilError(f"{call}: segment={segment!r} must be an int >= 1 (saved "
                             f"positions per segment written to the store)")
-    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment, chunks, layout)
+    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment, chunks, layout,
+                together)
 
 
 def _evolving(obj: Any, dim: str) -> list[Any]:
@@ -254,10 +270,13 @@ def _next_state(out: Any, path: str, meta: dict[str, Any], run: _Run, done: int)
     computed again).  After a resume, sharded data is put back on the
     devices with the input's layout."""
     if out is not None and run.chunks is None:
-        return out.isel({run.dim: slice(-run.k, None)}).copy(deep=True)
+        with precision(*_datas(out)):
+            last = out.isel({run.dim: slice(-run.k, None)})
+        # a slice of a JAX array is a new array; of numpy, a view holding the segment
+        return last if on_devices(last) else last.copy(deep=True)
     state = _open(path, meta, run).isel({run.dim: slice(done - run.k, done)})
-    if run.layout is not None:
-        return reshard(state.load(), run.layout)
+    if run.layout is not None:  # each process reads its own blocks
+        return reshard(state, run.layout)
     if run.chunks is None:
         return state.load()
     return state.chunk({d: c for d, c in run.chunks.items() if d in state.dims})
@@ -285,6 +304,17 @@ def _write(ds: xr.Dataset, path: str, run: _Run, first: bool) -> None:
     else:
         keep = [n for n, v in ds.variables.items() if dim not in v.dims]
         ds.drop_vars(keep).to_zarr(path, append_dim=dim, consolidated=False)
+
+
+def _datas(obj: Any) -> list[Any]:
+    return [v.data for v in obj.data_vars.values()] if isinstance(obj, xr.Dataset) \
+        else [obj.data]
+
+
+def _marked(call: str, path: str, meta: dict[str, Any], done: int, run: _Run) -> None:
+    """:func:`_mark`, by process 0 alone when the data spans several processes."""
+    lead(call, lambda: _mark(path, meta, done) or 0, run.together)
+    meta["complete"] = int(done)
 
 
 def _mark(path: str, meta: dict[str, Any], done: int) -> None:
