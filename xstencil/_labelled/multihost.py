@@ -135,6 +135,14 @@ def open_sharded(source: Any, devices: Any, *, engine: str | None = None) -> Any
         dims, coords, attrs and names; ``.stencil.map`` and ``.stencil.scan``
         on it run sharded and keep the sharding.
 
+    Warns
+    -----
+    PrecisionWarning
+        When a 64-bit variable is sharded over several devices while JAX's
+        x64 flag is off: xstencil keeps it 64-bit, but JAX operations on it
+        outside xstencil (``.sum()``, ``+ 1``) would truncate it or fail.
+        Enable x64 first (``jax.config.update("jax_enable_x64", True)``).
+
     Examples
     --------
     >>> import numpy as np, xarray as xr, xstencil

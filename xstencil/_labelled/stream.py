@@ -38,6 +38,9 @@ the sharded scan (a deep halo every ``halo_every`` steps), its saved
 positions are written between segments, and the next segment starts from the
 last ``k`` positions on the devices (after a resume, read back and put on
 the devices with the input's layout: :mod:`xstencil._labelled.stream_shard`).
+Each device's block is written on its own (never the whole segment on the
+host), and a global array spanning several processes streams with process 0
+alone looking at and changing the store's metadata (``run.together``).
 
 Zarr writes each chunk and each metadata document atomically (a temporary
 file renamed), so a kill leaves every file either old or new.

@@ -12,7 +12,11 @@ same blocks as an uninterrupted one and is bitwise equal to it.
 A segment is written without gathering it to the host (:func:`write_blocks`):
 the store's chunks are the devices' blocks, one position deep along ``dim``,
 and each block is copied from its device and written on its own, so the host
-holds one block at a time.
+holds one block at a time.  A global array spanning several processes
+(:func:`jax.distributed.initialize`) streams the same way: process 0 alone
+creates, checks, cuts back and marks the store (:func:`lead`, which also
+hands its answer to the others), each process writes its own devices'
+blocks, and a resume reads back each process's own blocks (:func:`reshard`).
 
 The layout (mesh shape and the mesh axis of each dim) is part of the store's
 fingerprint: resuming with the data laid out differently, or in memory, is
