@@ -73,6 +73,24 @@ def run(tmp: Path, name: str, obj: xr.DataArray, **kw) -> dict:
             "dtype": str(out.dtype)}
 
 
+def precision_warnings(T: xr.DataArray, mesh) -> dict:
+    """open_sharded warns for float64 sharded over several devices with x64 off (JAX
+    operations on it outside xstencil would truncate or fail), not for float32 or with
+    x64 on; with x64 on, .sum() of the result is float64."""
+    out = {}
+    for name, data, x64 in (("float64", T, False), ("float32", T.astype(np.float32), False),
+                            ("float64_x64", T, True)):
+        with warnings.catch_warnings(record=True) as caught, jax.enable_x64(x64):
+            warnings.simplefilter("always")
+            opened = xstencil.open_sharded(data, mesh)
+            total = opened.stencil.scan(heat, **OPTS).sum() if x64 else None
+        out[name] = [f"{w.category.__name__}: {w.message}" for w in caught]
+        if total is not None:
+            out["sum_x64"] = [str(total.dtype), float(total)]
+    out["sum_numpy"] = float(numpy_heat(T.values).sum())
+    return out
+
+
 def main() -> dict:
     assert jax.device_count() == 4, jax.devices()
     rng = np.random.default_rng(11)
@@ -84,7 +102,8 @@ def main() -> dict:
         with warnings.catch_warnings():  # float64 sharded with x64 off: warned, and kept
             warnings.simplefilter("ignore", xstencil.PrecisionWarning)
             Ts = xstencil.open_sharded(T, mesh)
-        return {"presharded": run(tmp, "p.zarr", Ts),
+        return {"warnings": precision_warnings(T, mesh),
+                "presharded": run(tmp, "p.zarr", Ts),
                 "devices": run(tmp, "d.zarr", T, devices={"y": "a", "x": "b"})}
 
 

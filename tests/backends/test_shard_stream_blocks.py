@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("zarr")
@@ -39,3 +40,14 @@ def test_each_device_writes_its_own_blocks(seen, how):
     assert got["chunks"] == [1, 8, 12]  # the store's chunks are the devices' blocks
     assert got["bitwise"] and got["identical"] and got["numpy"]
     assert got["dtype"] == "float64"
+
+
+def test_open_sharded_warns_for_float64_with_x64_off(seen):
+    got = seen["warnings"]
+    assert len(got["float64"]) == 1, got["float64"]
+    assert got["float64"][0].startswith("PrecisionWarning: xstencil.open_sharded(...): "
+                                        "{'T': 'float64'} are 64-bit JAX arrays sharded")
+    assert "jax.config.update('jax_enable_x64', True)" in got["float64"][0]
+    assert got["float32"] == [] and got["float64_x64"] == []
+    assert got["sum_x64"][0] == "float64"
+    np.testing.assert_allclose(got["sum_x64"][1], got["sum_numpy"], rtol=1e-13)
