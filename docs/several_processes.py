@@ -23,6 +23,8 @@ port = sys.argv[2] if len(sys.argv) > 2 else "12355"
 folder = sys.argv[3] if len(sys.argv) > 3 else "."
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU only
+# float64 data: with x64 on, JAX operations on the results (traj.sum()) stay float64
+jax.config.update("jax_enable_x64", True)
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                            process_id=process_id)
 

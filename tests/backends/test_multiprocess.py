@@ -206,6 +206,37 @@ def _check_in_memory(work: Path, ds: xr.Dataset) -> None:
     np.testing.assert_array_equal(got.values, last.values)
 
 
+def _check_streamed(work: Path, ds: xr.Dataset, two: list[dict], one: list[dict]) -> None:
+    """scan(..., store=...) on a global array: each process wrote its own blocks, and the
+    store (written, then cut back to 2 positions and resumed) is bitwise equal to one
+    process's and to the in-memory scan."""
+    for s in two + one:
+        assert s["stream_type"] == "ndarray"  # numpy, read from the store on each process
+        assert s["stream_chunks"] == [1, 8, 12]  # the devices' blocks, one position deep
+        assert s["stream_resumed_bitwise"] and s["stream_complete"] == 4
+    a, b = _open(work / "out2_stream.zarr"), _open(work / "out1_stream.zarr")
+    xr.testing.assert_identical(a, b)
+    np.testing.assert_array_equal(a.values, b.values)  # bitwise
+    ref = ds["u"].stencil.scan(heat, "time", steps=12, save_every=4,
+                               boundary={"y": "periodic", "x": "reflect"})
+    xr.testing.assert_identical(a, ref)
+    np.testing.assert_array_equal(a.values, ref.values)
+
+
+def _check_float64_with_x64_off(work: Path, two: list[dict], one: list[dict]) -> None:
+    """open_sharded warns (float64 sharded over 4 devices, x64 off) and names the fix;
+    .sum() then fails in JAX, and works, in float64, with x64 on."""
+    for s in two + one:
+        assert len(s["open_warnings"]) == 3, s["open_warnings"]  # zarr, lazy and nc opens
+        assert all("jax.config.update('jax_enable_x64', True)" in w and "{'u': 'float64'}" in w
+                   for w in s["open_warnings"])
+        assert "make_array_from_callback" in s["sum_x64_off"], s["sum_x64_off"]
+    total = np.load(work / "gathered2_0.npy").sum()
+    for s in two + one:
+        assert s["sum_x64_on"][0] == "float64"
+        np.testing.assert_allclose(s["sum_x64_on"][1], total, rtol=1e-13)
+
+
 def _check_gather_and_values(work: Path, two: list[dict], one: list[dict]) -> None:
     whole = [np.load(work / f"gathered2_{pid}.npy") for pid in (0, 1)]
     np.testing.assert_array_equal(whole[0], whole[1])
@@ -258,6 +289,8 @@ def test_two_processes(tmp_path):
     _check_two_write_what_one_writes(work)
     _check_in_memory(work, ds)
     _check_gather_and_values(work, two, one)
+    _check_streamed(work, ds, two, one)
+    _check_float64_with_x64_off(work, two, one)
     docs = tmp_path / "docs"
     docs.mkdir()
     _check_docs_script(docs)

@@ -22,6 +22,7 @@ local devices, which is how the doctests below run.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,7 @@ from jax.sharding import PartitionSpec as P
 from xstencil._backends.shard import check_divides, device_axes, make_mesh
 from xstencil._engine.call import precision
 from xstencil._errors import XStencilError
+from xstencil._labelled.dtypes import PrecisionWarning
 
 __all__ = ["gather", "make_devices", "open_sharded", "write_sharded"]
 
@@ -133,6 +135,14 @@ def open_sharded(source: Any, devices: Any, *, engine: str | None = None) -> Any
         dims, coords, attrs and names; ``.stencil.map`` and ``.stencil.scan``
         on it run sharded and keep the sharding.
 
+    Warns
+    -----
+    PrecisionWarning
+        When a 64-bit variable is sharded over several devices while JAX's
+        x64 flag is off: xstencil keeps it 64-bit, but JAX operations on it
+        outside xstencil (``.sum()``, ``+ 1``) would truncate it or fail.
+        Enable x64 first (``jax.config.update("jax_enable_x64", True)``).
+
     Examples
     --------
     >>> import numpy as np, xarray as xr, xstencil
@@ -159,9 +169,37 @@ def open_sharded(source: Any, devices: Any, *, engine: str | None = None) -> Any
         f"DataArray or Dataset; open other formats with xarray.open_dataset first")
 
 
+def _warn_wide(call: str, out: Any) -> None:
+    """Warn about 64-bit arrays sharded over several devices while JAX's x64
+    flag is off: JAX operations outside xstencil would truncate or fail."""
+    if jax.config.read("jax_enable_x64"):
+        return
+    das = [out] if isinstance(out, xr.DataArray) else list(out.data_vars.values())
+    wide = {str(da.name): str(da.dtype) for da in das
+            if isinstance(da.data, jax.Array) and len(da.data.sharding.device_set) > 1
+            and np.dtype(da.dtype).itemsize >= 8}
+    if wide:
+        warnings.warn(
+            f"{call}: {wide} are 64-bit JAX arrays sharded over several devices while "
+            f"JAX's x64 flag is off. xstencil keeps them 64-bit (its maps and "
+            f"scans, xstencil.gather, xstencil.write_sharded), but JAX operations on them "
+            f"outside xstencil (result.sum(), result + 1) truncate them to 32 bits or fail "
+            f"with JAX's 'If `dtype` is provided to `jax.make_array_from_callback`, it must "
+            f"match' ValueError. To keep 64 bits, enable x64 on every process before opening: "
+            f"jax.config.update('jax_enable_x64', True); or open 32-bit data "
+            f"(.astype('float32'))", PrecisionWarning, stacklevel=3)
+
+
 def _shard(call: str, ds: Any, devices: Any) -> Any:
     """``ds`` with every variable along a sharded dim as a global array, the rest in
     memory; ``ds`` itself is not loaded (``compute``, not ``load``)."""
+    out = _shard_vars(call, ds, devices)
+    _warn_wide(call, out)
+    return out
+
+
+def _shard_vars(call: str, ds: Any, devices: Any) -> Any:
+    """:func:`_shard` without the warning."""
     mesh, names = _mesh_and_names(call, devices, tuple(ds.dims))
     if isinstance(ds, xr.DataArray):
         var = ds.variable

@@ -23,8 +23,10 @@ constants and closed-over arrays it reads), the options, the arguments and the
 initial state (:mod:`xstencil._labelled.stream_fingerprint`).  A resume whose
 fingerprint differs is refused.
 
-The call returns the result opened lazily from the store (``xr.open_zarr``:
-dask-backed, read on demand), so the trajectory is never in memory at once.
+The call returns the result opened lazily from the store (``xr.open_zarr``),
+so the trajectory is never in memory at once: dask-backed for dask-backed
+input (the store's chunks in space, ``segment`` positions along ``dim``), else
+numpy read from the store on first use (:func:`_open`).
 
 Dask-backed data streams the same way: each segment is the dask scan
 (:mod:`xstencil._backends.dask`) of the last ``k`` positions, read lazily back
@@ -36,6 +38,9 @@ the sharded scan (a deep halo every ``halo_every`` steps), its saved
 positions are written between segments, and the next segment starts from the
 last ``k`` positions on the devices (after a resume, read back and put on
 the devices with the input's layout: :mod:`xstencil._labelled.stream_shard`).
+Each device's block is written on its own (never the whole segment on the
+host), and a global array spanning several processes streams with process 0
+alone looking at and changing the store's metadata (``run.together``).
 
 Zarr writes each chunk and each metadata document atomically (a temporary
 file renamed), so a kill leaves every file either old or new.
@@ -44,7 +49,6 @@ file renamed), so a kill leaves every file either old or new.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -54,11 +58,20 @@ import numpy as np
 import xarray as xr
 
 from xstencil._backends.dask_base import any_dask
+from xstencil._engine.call import precision
 from xstencil._errors import XStencilError
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.scan_setup import grown_coord
 from xstencil._labelled.stream_fingerprint import fingerprint
-from xstencil._labelled.stream_shard import Layout, layout_of, reshard
+from xstencil._labelled.stream_shard import (
+    Layout,
+    layout_of,
+    lead,
+    on_devices,
+    reshard,
+    spans_processes,
+    write_blocks,
+)
 
 __all__ = ["streamed", "STORE_KEY", "SEGMENT_BYTES"]
 
@@ -83,6 +96,7 @@ class _Run:
     segment: int  # saved positions per segment
     chunks: dict[str, int] | None = None  # dask-backed: the input's chunk size per dim
     layout: Layout | None = None  # sharded over devices: the input's layout
+    together: bool = False  # global arrays over several processes: collective store access
 
 
 def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: str,
@@ -99,26 +113,29 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
             "kind": "DataArray" if isinstance(obj, xr.DataArray) else "Dataset",
             "name": None if isinstance(obj, xr.Dataset) else _name(obj.name),
             "dim": dim, "saves": run.saves, "complete": 0}
-    exists = os.path.exists(path)
+    # over several processes, process 0 alone looks at and changes the store's metadata
+    # (another process could see what process 0 has just written), and tells the others
+    exists = bool(lead(call, lambda: int(os.path.exists(path)), run.together))
     if exists and not resume:
         raise XStencilError(
             f"{call}: store={path!r} already exists; pass resume=True to continue the run "
             f"saved there, or remove it (shutil.rmtree) to start again")
-    done = _reopen(call, path, meta) if exists else 0
+    done = lead(call, lambda: _reopen(call, path, meta), run.together) if exists else 0
+    meta["complete"] = done
     if done == run.saves:
-        return _open(path, meta)
+        return _open(path, meta, run)
 
     def step(o: Any, a: int, b: int) -> Any:
         return _segment(scan, run, o, kernel, args, kwargs, options, a, b)
 
     if done == 0:
-        if exists:
-            shutil.rmtree(path)  # killed in its first write: ours (it has our attribute)
+        if exists:  # killed in its first write: ours (it has our attribute)
+            lead(call, lambda: shutil.rmtree(path) or 0, run.together)
         b = min(run.saves, run.k + run.segment)
         out = step(obj, 0, b)
         _write(_encode(out, meta, run), path, run, first=True)
         done = out.sizes[dim]
-        _mark(path, meta, done)
+        _marked(call, path, meta, done, run)
         state = _next_state(out, path, meta, run, done)
         del out
     else:
@@ -126,13 +143,14 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
     while done < run.saves:
         b = min(run.saves, done + run.segment)
         out = step(state, done, b)
-        new = out.isel({dim: slice(run.k, None)})
+        with precision(*_datas(out)):
+            new = out.isel({dim: slice(run.k, None)})
         _write(_encode(new, meta, run), path, run, first=False)
-        _mark(path, meta, b)
+        _marked(call, path, meta, b, run)
         done = b
         state = _next_state(out, path, meta, run, done)
         del out, new
-    return _open(path, meta)
+    return _open(path, meta, run)
 
 
 def _zarr() -> Any:
@@ -172,6 +190,7 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
     datas = [v.data for v in obj.data_vars.values()] if isinstance(obj, xr.Dataset) \
         else [obj.data]
     layout = layout_of(call, obj)
+    together = layout is not None and spans_processes(obj)
     chunks = None
     if any_dask(datas):
         chunks = {str(d): max(c) for d, c in obj.chunksizes.items() if d != dim}
@@ -199,7 +218,8 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
     elif isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
         raise XStencilError(f"{call}: segment={segment!r} must be an int >= 1 (saved "
                             f"positions per segment written to the store)")
-    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment, chunks, layout)
+    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment, chunks, layout,
+                together)
 
 
 def _evolving(obj: Any, dim: str) -> list[Any]:
@@ -253,10 +273,13 @@ def _next_state(out: Any, path: str, meta: dict[str, Any], run: _Run, done: int)
     computed again).  After a resume, sharded data is put back on the
     devices with the input's layout."""
     if out is not None and run.chunks is None:
-        return out.isel({run.dim: slice(-run.k, None)}).copy(deep=True)
-    state = _open(path, meta).isel({run.dim: slice(done - run.k, done)})
-    if run.layout is not None:
-        return reshard(state.load(), run.layout)
+        with precision(*_datas(out)):
+            last = out.isel({run.dim: slice(-run.k, None)})
+        # a slice of a JAX array is a new array; of numpy, a view holding the segment
+        return last if on_devices(last) else last.copy(deep=True)
+    state = _open(path, meta, run).isel({run.dim: slice(done - run.k, done)})
+    if run.layout is not None:  # each process reads its own blocks
+        return reshard(state, run.layout)
     if run.chunks is None:
         return state.load()
     return state.chunk({d: c for d, c in run.chunks.items() if d in state.dims})
@@ -270,6 +293,9 @@ def _encode(out: Any, meta: dict[str, Any], run: _Run) -> xr.Dataset:
 def _write(ds: xr.Dataset, path: str, run: _Run, first: bool) -> None:
     """Write (``first``) or append one segment's saved positions."""
     dim = run.dim
+    if on_devices(ds):  # sharded: each device's blocks, never the whole segment
+        write_blocks(ds, path, dim, first)
+        return
     if run.chunks is not None:  # dask: zarr chunks aligned with the dask chunks
         ds = ds.chunk({d: 1 if d == dim else run.chunks.get(d, -1) for d in ds.dims})
     if first:
@@ -281,6 +307,17 @@ def _write(ds: xr.Dataset, path: str, run: _Run, first: bool) -> None:
     else:
         keep = [n for n, v in ds.variables.items() if dim not in v.dims]
         ds.drop_vars(keep).to_zarr(path, append_dim=dim, consolidated=False)
+
+
+def _datas(obj: Any) -> list[Any]:
+    return [v.data for v in obj.data_vars.values()] if isinstance(obj, xr.Dataset) \
+        else [obj.data]
+
+
+def _marked(call: str, path: str, meta: dict[str, Any], done: int, run: _Run) -> None:
+    """:func:`_mark`, by process 0 alone when the data spans several processes."""
+    lead(call, lambda: _mark(path, meta, done) or 0, run.together)
+    meta["complete"] = int(done)
 
 
 def _mark(path: str, meta: dict[str, Any], done: int) -> None:
@@ -332,9 +369,14 @@ def _truncate(g: Any, dim: str, n: int) -> None:
                 arr.resize(tuple(n if i == ax else s for i, s in enumerate(arr.shape)))
 
 
-def _open(path: str, meta: dict[str, Any]) -> Any:
-    # lazily: dask-backed where dask is installed, else xarray's lazy backend arrays
-    chunks = "auto" if importlib.util.find_spec("dask") else None
+def _open(path: str, meta: dict[str, Any], run: _Run) -> Any:
+    """The result, opened lazily from the store.  Dask-backed input: dask
+    chunks that are the store's chunks (the input's chunks) in space and
+    ``segment`` positions along ``dim``, so a later lazy step reads the store
+    chunk by chunk.  In memory or sharded: xarray's lazy backend arrays, read
+    into numpy on first use, as an in-memory scan returns numpy (a sharded
+    trajectory, which the devices need not hold, is not put back on them)."""
+    chunks = {run.dim: run.segment} if run.chunks is not None else None
     ds = xr.open_zarr(path, consolidated=False, chunks=chunks)
     attrs = {n: v for n, v in ds.attrs.items() if n != STORE_KEY}
     if meta["kind"] == "DataArray":

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 import xarray as xr
+from jax.experimental import multihost_utils
 
 from xstencil._backends.dask_base import any_dask
 from xstencil._engine.kcache import describe
@@ -64,6 +65,27 @@ def _digest(block: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(block).tobytes()).hexdigest()
 
 
+def _global_digests(x: jax.Array) -> np.ndarray:
+    """The digest of every block of a global array spanning several processes,
+    without gathering it: each process digests the blocks of its own devices
+    into its rows of a table (one row per block, in block order), and the
+    tables of all processes are combined (a collective: every process calls
+    it).  The result depends on the values and the blocks, not on which
+    process holds which block."""
+    shard = x.sharding.shard_shape(x.shape)
+    grid = tuple(-(-n // max(b, 1)) for n, b in zip(x.shape, shard, strict=True))
+    own = np.zeros((int(np.prod(grid)), 32), np.uint8)
+    for sh in x.addressable_shards:
+        if sh.replica_id != 0:  # a replicated block is digested once
+            continue
+        at = tuple(s.indices(n)[0] // max(b, 1)
+                   for s, n, b in zip(sh.index, x.shape, shard, strict=True))
+        own[np.ravel_multi_index(at, grid)] = np.frombuffer(
+            bytes.fromhex(_digest(np.asarray(sh.data))), np.uint8)
+    every = np.asarray(multihost_utils.process_allgather(own))
+    return np.bitwise_or.reduce(every.reshape(-1, *own.shape), axis=0)
+
+
 def _feed(h: Any, v: Any) -> None:  # noqa: C901 - one case per kind of value
     """Feed a canonical, process-independent form of ``v`` to the hash ``h``."""
     if isinstance(v, xr.DataArray | xr.Dataset):
@@ -77,6 +99,8 @@ def _feed(h: Any, v: Any) -> None:  # noqa: C901 - one case per kind of value
 
                 blocks = var.data.to_delayed().ravel()
                 _feed(h, list(dask.compute(*[dask.delayed(_digest)(b) for b in blocks])))
+            elif isinstance(var.data, jax.Array) and not var.data.is_fully_addressable:
+                _feed(h, ("global", var.shape, str(var.dtype), _global_digests(var.data)))
             else:
                 _feed(h, np.asarray(var.values))
         _feed(h, ("attrs", sorted(v.attrs.items(), key=lambda x: str(x[0])), v.name
