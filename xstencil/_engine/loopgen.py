@@ -323,14 +323,25 @@ def _index(s: Source, k: int, idx: tuple[int, ...], geom: Sequence[AxisGeom],
 
 def _body(sources: Sequence[Source], geom: Sequence[AxisGeom], lines: list[str],
           reads: list[tuple[int, tuple[int, ...], str]], results: list[str],
-          boundary: bool) -> list[str]:
+          boundary: bool) -> tuple[list[str], list[str]]:
+    """The statements of one output point, and (interior only) the row views
+    hoisted out of the innermost loop."""
     starts, t = [], 0
     for s in sources:
         starts.append(t)
         t += len(s.axes) if s.pads else 0
+    last = len(geom) - 1
+    hoisted: dict[str, str] = {}
     out = []
     for k, idx, name in reads:
-        index, conds = _index(sources[k], k, idx, geom, boundary, starts[k])
+        src = sources[k]
+        index, conds = _index(src, k, idx, geom, boundary, starts[k])
+        if not boundary and len(index) > 1 and src.axes[-1] == last:
+            # a 1-D view of the row: the innermost loop indexes one axis only
+            row = f"a{k}[{', '.join(index[:-1])}]"
+            view = hoisted.setdefault(row, f"w{len(hoisted)}")
+            out.append(f"{name} = {view}[{index[-1]}]")
+            continue
         ref = f"a{k}[{', '.join(index)}]" if index else f"a{k}[()]"
         if conds:
             out.append(f"{name} = {ref} if ({' and '.join(conds)}) else f{k}")
@@ -339,46 +350,55 @@ def _body(sources: Sequence[Source], geom: Sequence[AxisGeom], lines: list[str],
     out += lines
     at = ", ".join(f"j{a}" for a in range(len(geom)))
     out += [f"o{m}[{at}] = {r}" for m, r in enumerate(results)]
-    return out
+    return out, [f"{v} = {row}" for row, v in hoisted.items()]
 
 
 def _render(sources: Sequence[Source], geom: Sequence[AxisGeom], params: Sequence[Param],
             lines: list[str], reads: list[tuple[int, tuple[int, ...], str]],
             results: list[str]) -> str:
+    """``kernel(*args)``: a loop over the field (``prange`` over the first
+    axis).  Each row along the last axis runs its interior with direct
+    indexing and then its boundary points (two runs, or the whole row where
+    an outer index is in the shell) through the boundary tables; the shell
+    body is written once to keep numba's compile short."""
     rank = len(geom)
-    inner = _body(sources, geom, lines, reads, results, boundary=False)
-    shell = _body(sources, geom, lines, reads, results, boundary=True)
+    inner, views = _body(sources, geom, lines, reads, results, boundary=False)
+    shell, _ = _body(sources, geom, lines, reads, results, boundary=True)
     ntab = sum(len(s.axes) for s in sources if s.pads)
-    names = ([f"o{m}" for m in range(len(results))] + [f"a{k}" for k in range(len(sources))]
-             + [f"t{i}" for i in range(ntab)] + [f"f{k}" for k in range(len(sources))]
-             + [f"p{p.index}" for p in params])
-    src = [f"def kernel({', '.join(names)}):"]
+    names = ", ".join([f"o{m}" for m in range(len(results))]
+                      + [f"a{k}" for k in range(len(sources))]
+                      + [f"t{i}" for i in range(ntab)] + [f"f{k}" for k in range(len(sources))]
+                      + [f"p{p.index}" for p in params])
+    last = rank - 1
+    src = [f"def kernel({names}):"]
     ranges = [_interior(sources, a, g) for a, g in enumerate(geom)]
+    lo, hi = ranges[last]
+    n = geom[last].count
 
     def emit(depth: int, head: str, body: list[str]) -> None:
         src.append("    " * depth + head)
         src.extend("    " * (depth + 1) + b for b in body)
 
-    last = rank - 1
-    lo, hi = ranges[last]
-    n = geom[last].count
     if rank == 1:
-        emit(1, f"for j0 in range(0, {lo}):", shell)
         emit(1, f"for j0 in prange({lo}, {hi}):", inner)
-        emit(1, f"for j0 in range({hi}, {n}):", shell)
+        emit(1, "for seg in range(2):", [f"b, e = (0, {lo}) if seg == 0 else ({hi}, {n})"])
+        emit(2, "for j0 in range(b, e):", shell)
         return "\n".join(src) + "\n"
     depth = 1
-    for a in range(rank - 1):
+    for a in range(last):
         loop = "prange" if a == 0 else "range"
         src.append("    " * depth + f"for j{a} in {loop}({geom[a].count}):")
         depth += 1
         a_lo, a_hi = ranges[a]
         cond = f"({a_lo} <= j{a} < {a_hi})"
         src.append("    " * depth + (f"i{a} = {cond}" if a == 0 else f"i{a} = i{a - 1} and {cond}"))
-    src.append("    " * depth + f"if i{rank - 2}:")
-    emit(depth + 1, f"for j{last} in range(0, {lo}):", shell)
+    pad = "    " * (depth + 1)
+    src.append("    " * depth + f"if i{last - 1}:")
+    src.extend(pad + v for v in views)
     emit(depth + 1, f"for j{last} in range({lo}, {hi}):", inner)
-    emit(depth + 1, f"for j{last} in range({hi}, {n}):", shell)
+    src.append(pad + f"b0, e0, b1, e1 = 0, {lo}, {hi}, {n}")
     src.append("    " * depth + "else:")
-    emit(depth + 1, f"for j{last} in range({n}):", shell)
+    src.append(pad + f"b0, e0, b1, e1 = 0, {n}, 0, 0")
+    emit(depth, "for seg in range(2):", ["b, e = (b0, e0) if seg == 0 else (b1, e1)"])
+    emit(depth + 1, f"for j{last} in range(b, e):", shell)
     return "\n".join(src) + "\n"
