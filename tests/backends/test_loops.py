@@ -314,6 +314,11 @@ def test_fallbacks_give_the_xla_result(ran: list[int], monkeypatch: pytest.Monke
     out = da.stencil.map(lambda u: jnp.stack([u(x=1), u()]), boundary="periodic",
                          output_dims="k", backend="loops")
     np.testing.assert_array_equal(out.values[..., 0], np.roll(a, -1, axis=1))
+    # a kernel over the statement limit (numba's compile time grows with it)
+    monkeypatch.setitem(L.MAX_STATEMENTS, "loops", 8)
+    out = da.stencil.map(_lap(2), boundary="reflect", backend="loops")
+    np.testing.assert_array_equal(out.values, ref)
+    monkeypatch.setitem(L.MAX_STATEMENTS, "loops", 1000)
     assert not ran
     # backend="xla", the environment variable, and auto below its size
     da.stencil.map(_lap(2), boundary="reflect", backend="xla")

@@ -47,6 +47,11 @@ BACKENDS = ("auto", "loops", "xla")
 #: numba compile takes about a second, XLA's a tenth of that, and below this
 #: size XLA's run time is already a fraction of a millisecond.
 AUTO_MIN_POINTS = 2**18
+#: The most statements (window reads and scalar operations) one output point
+#: may take on the loop path, for ``"auto"`` and for ``"loops"``.  numba's
+#: compile time grows faster than linearly with them: a 9 x 9 weighted sum
+#: (about 320) compiled in 4.8 s of CPU time, a 15 x 15 one in over a minute.
+MAX_STATEMENTS = {"auto": 200, "loops": 1000}
 
 _ALIGN = 64  # jax.device_put takes a 64-byte aligned numpy buffer without a copy
 
@@ -161,15 +166,15 @@ class LoopOrJit:
                tuple(map(_sig, dleaves)), tuple(map(_sig, leaves)), x64)
         built = self.built.get(key)
         if built is None:  # the first call compiles by running
-            built, out = self._build(arrays, coords, dyn, leaves)
+            built, out = self._build(arrays, coords, dyn, leaves, MAX_STATEMENTS[mode])
             self.built[key] = built
             return out
         if isinstance(built, str):
             return None
         return run_loops(built, arrays, coords, dleaves, leaves)
 
-    def _build(self, arrays: Any, coords: Any, dyn: Any,
-               leaves: Any) -> tuple[_Built | str, Any]:
+    def _build(self, arrays: Any, coords: Any, dyn: Any, leaves: Any,
+               limit: int) -> tuple[_Built | str, Any]:
         """Trace, generate, compile and run: the loop and the output, or a
         string that says why the loops do not apply (and ``None``)."""
         try:
@@ -183,7 +188,11 @@ class LoopOrJit:
                 return f"tracing warned: {caught[0].message}", None
             params = [Param(i, tuple(v.aval.shape), np.dtype(v.aval.dtype))
                       for i, v in enumerate(closed.jaxpr.invars[len(sources):])]
-            source, _ = generate(closed, sources, self.geom, params)
+            source, _ = generate(closed, sources, self.geom, params, limit)
+            # idle OpenMP threads that spin (the default) starve XLA's thread
+            # pool and every other process on a shared machine; read by the
+            # OpenMP runtime when numba first starts it
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
             namespace: dict[str, Any] = {"np": np, "prange": numba.prange}
             exec(compile(source, "<xstencil loop kernel>", "exec"), namespace)  # noqa: S102
             fn = numba.njit(parallel=True, error_model="numpy")(namespace["kernel"])

@@ -50,6 +50,7 @@ class Code:
 
     expr: str
     dtype: np.dtype
+    const: bool = False  # a literal (weakly typed in the jaxpr: it takes the other operand's dtype)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ class CodeAlgebra:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.prologue: list[str] = []  # constants and parameter reads, hoisted out of the loops
+        self._hoisted: dict[str, str] = {}
         self._n = 0
 
     def _new(self, expr: str, dt: np.dtype) -> Code:
@@ -104,11 +107,17 @@ class CodeAlgebra:
         self.lines.append(f"{name} = {expr}")
         return Code(name, dt)
 
-    @staticmethod
-    def constant(value: Any, idx: tuple[int, ...]) -> Code:
+    def _hoist(self, expr: str, prefix: str) -> str:
+        name = self._hoisted.get(expr)
+        if name is None:
+            name = self._hoisted[expr] = f"{prefix}{len(self._hoisted)}"
+            self.prologue.append(f"{name} = {expr}")
+        return name
+
+    def constant(self, value: Any, idx: tuple[int, ...]) -> Code:
         if isinstance(value, Param):
             flat = int(np.ravel_multi_index(idx, value.shape)) if value.shape else 0
-            return Code(f"p{value.index}[{flat}]", value.dtype)
+            return Code(self._hoist(f"p{value.index}[{flat}]", "q"), value.dtype)
         if isinstance(value, Code):
             return value
         if not isinstance(value, np.ndarray | np.generic | int | float | bool):
@@ -118,7 +127,7 @@ class CodeAlgebra:
                 raise Unliftable(f"constant {type(value).__name__}") from e
         arr = np.asarray(value)
         v = arr[idx] if idx else arr
-        return Code(literal(v, arr.dtype), _dt(arr.dtype))
+        return Code(self._hoist(literal(v, arr.dtype), "k"), _dt(arr.dtype), const=True)
 
     def apply(self, prim: Any, elems: Sequence[Any], params: dict[str, Any],
               dtypes: Sequence[Any]) -> Code:
@@ -128,10 +137,11 @@ class CodeAlgebra:
         typed = [_dt(d) if d is not None else e.dtype for e, d in zip(es, dtypes, strict=True)]
         if name in _ARITH or name in _COMPARE or name in ("div", "max", "min", "pow", "and",
                                                            "or", "xor", "rem"):
-            lits = [e.expr.startswith(("np.", "True", "False")) for e in es]
-            dt = next((t for t, lit in zip(typed, lits, strict=True) if not lit), typed[0])
+            dt = next((t for t, e in zip(typed, es, strict=True) if not e.const), typed[0])
             a, b = (_cast(e, dt) for e in es)
             if name in _ARITH:
+                if dt.kind == "f":  # numba keeps float32 arithmetic in float32
+                    return self._new(f"{a} {_ARITH[name]} {b}", dt)
                 return self._new(f"np.{dt.name}({a} {_ARITH[name]} {b})" if dt.kind != "b"
                                  else _bool_arith(name, a, b), dt)
             if name in _COMPARE:
@@ -139,7 +149,7 @@ class CodeAlgebra:
             if name == "div":
                 if dt.kind != "f":
                     raise Unliftable("integer division")
-                return self._new(f"np.{dt.name}({a} / {b})", dt)
+                return self._new(f"{a} / {b}", dt)
             if name == "pow":
                 if dt.kind != "f":
                     raise Unliftable("integer pow")
@@ -160,6 +170,8 @@ class CodeAlgebra:
             (e,), dt = es, typed[0]
             if dt.kind == "b":
                 raise Unliftable("neg on bool")
+            if dt.kind == "f":
+                return self._new(f"-{_cast(e, dt)}", dt)
             return self._new(f"np.{dt.name}(-{_cast(e, dt)})", dt)
         if name == "abs":
             dt = typed[0]
@@ -177,12 +189,13 @@ class CodeAlgebra:
             return self._integer_pow(es[0], typed[0], int(params["y"]))
         if name == "square":
             a = _cast(es[0], typed[0])
-            return self._new(f"np.{typed[0].name}({a} * {a})", typed[0])
+            return self._new(_mul(a, a, typed[0]), typed[0])
         if name == "rsqrt":
             dt = typed[0]
             if dt.kind != "f":
                 raise Unliftable("rsqrt on ints")
-            return self._new(f"np.{dt.name}(np.{dt.name}(1) / np.sqrt({_cast(es[0], dt)}))", dt)
+            one = self.constant(np.ones((), dt), ())
+            return self._new(f"{one.expr} / np.sqrt({_cast(es[0], dt)})", dt)
         if name in _FLOAT_FUNCS:
             dt = typed[0]
             if dt.kind != "f":
@@ -220,23 +233,26 @@ class CodeAlgebra:
         if dt.kind == "b":
             raise Unliftable("integer_pow on bool")
         if y == 0:
-            return Code(literal(1, dt), dt)
+            return self.constant(np.ones((), dt), ())
         recip, y = y < 0, abs(y)
         acc: Code | None = None
         base = Code(_cast(x, dt), dt)
         while y > 0:
             if y & 1:
-                acc = base if acc is None else self._new(
-                    f"np.{dt.name}({acc.expr} * {base.expr})", dt)
+                acc = base if acc is None else self._new(_mul(acc.expr, base.expr, dt), dt)
             y >>= 1
             if y > 0:
-                base = self._new(f"np.{dt.name}({base.expr} * {base.expr})", dt)
+                base = self._new(_mul(base.expr, base.expr, dt), dt)
         assert acc is not None
         if recip:
             if dt.kind != "f":
                 raise Unliftable("negative integer_pow on ints")
-            return self._new(f"np.{dt.name}({literal(1, dt)} / {acc.expr})", dt)
+            return self._new(f"{self.constant(np.ones((), dt), ()).expr} / {acc.expr}", dt)
         return acc
+
+
+def _mul(a: str, b: str, dt: np.dtype) -> str:
+    return f"{a} * {b}" if dt.kind == "f" else f"np.{dt.name}({a} * {b})"
 
 
 def _bool_arith(name: str, a: str, b: str) -> str:
@@ -263,11 +279,12 @@ def boundary_tables(sources: Sequence[Source], geom: Sequence[AxisGeom]) -> list
 
 
 def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
-             params: Sequence[Param]) -> tuple[str, int]:
+             params: Sequence[Param], limit: int = 1000) -> tuple[str, int]:
     """The source of the loop function and its number of outputs.
 
     ``closed`` is the per-cell jaxpr with invars ``cells + params``.  Raises
-    :class:`Unliftable` when the kernel cannot be written as scalar code.
+    :class:`Unliftable` when the kernel cannot be written as scalar code, or
+    takes more than ``limit`` statements (reads and operations) per point.
     """
     algebra = CodeAlgebra()
     table = Table(algebra)  # type: ignore[arg-type]
@@ -298,7 +315,13 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
         else:
             e = algebra.constant(o, ())
         results.append(_cast(e, dt) if isinstance(e, Code) else literal(e, dt))
-    return _render(sources, geom, params, algebra.lines, reads, results), len(results)
+    if len(reads) + len(algebra.lines) > limit:
+        raise Unliftable(f"{len(reads) + len(algebra.lines)} statements per point, over the "
+                         f"loop backend's {limit}")
+    src = _render(sources, geom, params, algebra.lines, reads, results)
+    head, _, body = src.partition("\n")
+    prologue = "".join(f"    {line}\n" for line in algebra.prologue)
+    return f"{head}\n{prologue}{body}", len(results)
 
 
 def _index(s: Source, k: int, idx: tuple[int, ...], geom: Sequence[AxisGeom],
@@ -349,8 +372,14 @@ def _body(sources: Sequence[Source], geom: Sequence[AxisGeom], lines: list[str],
             out.append(f"{name} = {ref}")
     out += lines
     at = ", ".join(f"j{a}" for a in range(len(geom)))
-    out += [f"o{m}[{at}] = {r}" for m, r in enumerate(results)]
-    return out, [f"{v} = {row}" for row, v in hoisted.items()]
+    views = [f"{v} = {row}" for row, v in hoisted.items()]
+    for m, r in enumerate(results):
+        if boundary or last == 0:
+            out.append(f"o{m}[{at}] = {r}")
+        else:  # the output row as a 1-D view too
+            views.append(f"x{m} = o{m}[{at.rsplit(', ', 1)[0]}]")
+            out.append(f"x{m}[j{last}] = {r}")
+    return out, views
 
 
 def _render(sources: Sequence[Source], geom: Sequence[AxisGeom], params: Sequence[Param],
