@@ -162,7 +162,7 @@ class LoopOrJit:
         if jax.default_backend() != "cpu":
             return None
         x64 = bool(jax.config.read("jax_enable_x64"))
-        key = (tuple((x.shape, x.dtype.str) for x in arrays), tuple(map(_sig, coords)),
+        key = (mode, tuple((x.shape, x.dtype.str) for x in arrays), tuple(map(_sig, coords)),
                tuple(map(_sig, dleaves)), tuple(map(_sig, leaves)), x64)
         built = self.built.get(key)
         if built is None:  # the first call compiles by running
