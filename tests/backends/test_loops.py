@@ -356,3 +356,27 @@ def test_bad_backend_names_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(L.ENV, "fast")
     with pytest.raises(XStencilError, match=r"XSTENCIL_BACKEND='fast' is not a backend"):
         da.stencil.map(lambda u: u(x=-1), boundary="periodic")
+
+
+def test_layouts_nan_fill_and_constant_kernels(ran: list[int]) -> None:
+    a = np.random.default_rng(13).random((6, 7)).astype(np.float32)
+    k = lambda u: u(x=1) - 2 * u(y=-1)  # noqa: E731
+    ro = a.copy()
+    ro.setflags(write=False)
+    cases = [(xr.DataArray(a.T, dims=("x", "y")), "periodic"),  # not C-contiguous
+             (xr.DataArray(ro, dims=("y", "x")), "periodic"),  # read-only
+             (xr.DataArray(np.asfortranarray(a), dims=("y", "x")), "reflect"),
+             (xr.DataArray(a, dims=("y", "x")), "fill")]  # the default fill: NaN
+    for da, mode in cases:
+        got, xla = _both(da, k, boundary=mode)
+        np.testing.assert_array_equal(got, xla)
+    assert np.isnan(got[0]).all() and not np.isnan(got[1:, :-1]).any()
+    assert len(ran) == 4
+    out = xr.DataArray(a, dims=("y", "x")).stencil.map(lambda u: 1.0, window={"x": 3},
+                                                       backend="loops")
+    assert out.dtype == np.float32 and (out.values == 1).all()
+    assert len(ran) == 5
+    # empty data: XLA's path
+    empty = xr.DataArray(np.zeros((0, 5), np.float32), dims=("y", "x"))
+    assert empty.stencil.map(k, boundary="periodic", backend="loops").shape == (0, 5)
+    assert len(ran) == 5

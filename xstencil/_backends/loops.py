@@ -154,7 +154,8 @@ class LoopOrJit:
         if mode == "auto" and math.prod(g.count for g in self.geom) < AUTO_MIN_POINTS:
             return None
         if not arrays or not all(isinstance(x, np.ndarray) and x.dtype.kind in "biuf"
-                                 for x in arrays):
+                                 and x.size for x in arrays) \
+                or not all(g.count for g in self.geom):  # empty: XLA's path is trivial
             return None
         dleaves = jax.tree_util.tree_leaves(dyn)
         if not _concrete(list(coords) + dleaves + list(leaves)):
