@@ -17,6 +17,7 @@ compile wins).  ``"loops"`` uses loops at any size where they apply.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import warnings
@@ -53,6 +54,7 @@ AUTO_MIN_POINTS = 2**18
 #: (about 320) compiled in 4.8 s of CPU time, a 15 x 15 one in over a minute.
 MAX_STATEMENTS = {"auto": 200, "loops": 1000}
 
+_LOG = logging.getLogger("xstencil.loops")
 _ALIGN = 64  # jax.device_put takes a 64-byte aligned numpy buffer without a copy
 
 
@@ -169,6 +171,8 @@ class LoopOrJit:
         if built is None:  # the first call compiles by running
             built, out = self._build(arrays, coords, dyn, leaves, MAX_STATEMENTS[mode])
             self.built[key] = built
+            if isinstance(built, str):
+                _LOG.debug("map runs with XLA: %s", built)
             return out
         if isinstance(built, str):
             return None
