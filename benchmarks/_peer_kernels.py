@@ -206,7 +206,10 @@ def laplace_columns(shape: tuple[int, ...], mode: str) -> tuple[Callable[[], Any
     opts = {"boundary": "periodic"} if mode == "periodic" else {"boundary": "fill",
                                                                    "fill_value": 0.0}
     cols: Columns = {
-        "xstencil": lambda: jax.block_until_ready(da.stencil.map(kernel, **opts).data)}
+        # the default backend: numba loops on numpy data this large (docs/performance.rst)
+        "xstencil": lambda: jax.block_until_ready(da.stencil.map(kernel, **opts).data),
+        "xstencil XLA": lambda: jax.block_until_ready(
+            da.stencil.map(kernel, backend="xla", **opts).data)}
     if numba is not None:
         if ndim == 2:
             f = _lap2_periodic if mode == "periodic" else _lap2_fill

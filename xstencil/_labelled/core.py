@@ -406,7 +406,8 @@ def _kept_dtype(plan: Plan, centre: Any, shape: Any) -> Any:
 def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | Lifted,
                 key_extra: Any, body: Callable[..., Any], args: Any, kwargs: Any,
                 period: Mapping[str, float] | None, dynamic: Sequence[Any] = (),
-                used: dict[str, Any] | None = None) -> Any:
+                used: dict[str, Any] | None = None,
+                loops: Callable[..., Any] | None = None) -> Any:
     """Run ``body(kernels, plan, static, arrays, coords, dyn, dynamic)`` under jit.
 
     The compiled function is shared by every call whose kernels have the same
@@ -414,7 +415,9 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
     close over travel as dynamic inputs (``body`` gets copies of the kernels
     that read them).  ``used``, if given, receives the compiled function
     (``"fn"``), the padded coordinate arrays (``"coords"``) and the lifted
-    kernels (``"lifted"``), for the repeat-call fast path.
+    kernels (``"lifted"``), for the repeat-call fast path.  ``loops``, if
+    given, wraps the jitted function, ``loops(jitted, kernels, static)``
+    (the CPU loop backend of maps, :mod:`xstencil._backends.loops`).
     """
     lifted = kernels if isinstance(kernels, Lifted) else describe(kernels)
     with precision(f.arrays, args, kwargs, dtype_probe(plan)):
@@ -432,7 +435,8 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
                 return body(rebuild(template, leaves), plan, static, arrays, coords, dyn,
                             dynamic)
 
-            return jax.jit(run)
+            jitted = jax.jit(run)
+            return jitted if loops is None else loops(jitted, template, static)
 
         fn = cached(key, build)
         if used is not None:

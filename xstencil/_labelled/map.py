@@ -11,8 +11,9 @@ import numpy as np
 import xarray as xr
 
 from xstencil._backends.dask import with_progress
+from xstencil._backends.loops import LoopOrJit, backend_arg
 from xstencil._engine.call import split_static
-from xstencil._engine.kcache import cached, describe
+from xstencil._engine.kcache import cached, describe, rebuild
 from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError, raised_here
 from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
@@ -44,6 +45,7 @@ def map(  # noqa: A001 - the contract's name
     at: Mapping[str, str] | None = None,
     dtype: Any = None,
     progress: bool = False,
+    backend: str | None = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Apply a stencil kernel at every point of a DataArray or Dataset.
@@ -159,8 +161,9 @@ def map(  # noqa: A001 - the contract's name
         return with_progress(map(obj, kernel, *args, window=window, boundary=boundary,
                                  fill_value=fill_value, stride=stride, output_dims=output_dims,
                                  period=period, devices=devices, mesh=mesh, new_vars=new_vars,
-                                 grid=grid, at=at, dtype=dtype, **kwargs))
+                                 grid=grid, at=at, dtype=dtype, backend=backend, **kwargs))
     devices = devices_arg(call, devices, mesh)
+    backend = backend_arg(call, backend)
     if grid is not None or at is not None:  # staggered: translated into a plain call
         res = map_grid(map, obj, kernel, args, kwargs, grid=grid, at=at, window=window,
                        boundary=boundary, fill_value=fill_value, stride=stride,
@@ -184,7 +187,8 @@ def _map(call: str, obj: Any, kernel: Callable[..., Any], args: tuple[Any, ...],
     lifted = describe([kernel])  # the compile-cache key and closed-over arrays (kcache.py)
     if devices is None:  # a repeated call: skip validation and planning (see fastpath.py)
         sig = signature(obj, (window, boundary, fill_value, stride, output_dims, period,
-                              str(dtype) if dtype is not None else None), args, kwargs)
+                              str(dtype) if dtype is not None else None, backend), args,
+                        kwargs)
         entry = None if sig is None else lookup(lifted, sig, obj)
         if entry is not None:
             return run(entry, obj, args, kwargs, lifted)
@@ -204,7 +208,8 @@ def _map(call: str, obj: Any, kernel: Callable[..., Any], args: tuple[Any, ...],
     if out is not None:  # dask-backed or sharded: the backend chosen by the arrays
         return rewrap(plan, f, out, leaf_dims)
     used: dict[str, Any] = {}
-    out = call_engine(plan, f, lifted, None, _body, args, kwargs, period, used=used)
+    out = call_engine(plan, f, lifted, ("loops", backend), _body, args, kwargs, period,
+                      used=used, loops=_loop_backend(plan, backend))
     remember(lifted, sig, obj, plan, f, period, args, kwargs, used)
     return rewrap(plan, f, out, leaf_dims)
 
@@ -213,6 +218,19 @@ def _body(kernels: Any, plan: Any, static: Any, arrays: Any, coords: Any, dyn: A
           dynamic: Any) -> Any:
     return evaluate(kernel_caller(plan, kernels[0], static), sources(plan, arrays, coords),
                     plan.geom, dyn)
+
+
+def _loop_backend(plan: Any, backend: str | None) -> Callable[..., Any]:
+    """Wrap the jitted map in the CPU loop backend (``_backends/loops.py``)."""
+
+    def wrap(jitted: Callable[..., Any], template: Any, static: Any) -> LoopOrJit:
+        def kernel(cells: Any, dyn: Any, leaves: Any) -> Any:
+            return kernel_caller(plan, rebuild(template, leaves)[0], static)(cells, dyn)
+
+        return LoopOrJit(jitted, kernel, lambda arrays, coords: sources(plan, arrays, coords),
+                         plan.geom, backend)
+
+    return wrap
 
 
 def leaf_dims_cached(plan: Any, f: Any, kernels: Sequence[Any], kernels_key: Any, args: Any,

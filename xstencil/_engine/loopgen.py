@@ -1,0 +1,325 @@
+"""Generate a numba loop nest from a traced kernel (the CPU loop backend).
+
+The kernel's per-cell jaxpr is replayed by :func:`~xstencil._engine.lift.interpret`
+with :class:`CodeAlgebra`: every element is a scalar expression of Python
+source instead of a whole-field array.  Structural window operations,
+reductions and ``dot_general`` are unrolled exactly as for the XLA lowering
+(:mod:`xstencil._engine.lift`, :mod:`xstencil._engine.unroll`), so the scalar
+program performs the same operations in the same order.
+
+:func:`generate` turns the result into the source of one function::
+
+    kernel(out0, ..., src0, ..., table0_0, ..., fill0, ..., param0, ...)
+
+that loops over the output field (``prange`` over the first axis) and writes
+every output point.  The interior of the field reads the arrays with direct
+indexing; the boundary shell maps every padded position through a per-axis
+table built by :func:`~xstencil._engine.boundary.source_index` (-1: the fill
+value), the very function the XLA path's halos are built from, so both paths
+read the same cells.  Anything outside the supported primitives raises
+:class:`~xstencil._engine.lift.Unliftable` (the caller falls back to XLA).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from xstencil._engine.boundary import source_index
+from xstencil._engine.lift import Lifted, Table, Unliftable, cell_grid, interpret
+from xstencil._engine.loopnest import render
+from xstencil._engine.lower import AxisGeom, Source
+
+__all__ = ["Code", "CodeAlgebra", "Param", "generate", "boundary_tables"]
+
+_KINDS = "biuf"
+
+_ARITH = {"add": "+", "sub": "-", "mul": "*"}
+_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_FLOAT_FUNCS = {"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt", "tanh": "np.tanh",
+                "sin": "np.sin", "cos": "np.cos", "log1p": "np.log1p", "expm1": "np.expm1",
+                "floor": "np.floor", "ceil": "np.ceil", "exp2": "np.exp2"}
+_IDENTITY = ("stop_gradient", "copy", "copy_p", "reduce_precision_identity")
+
+
+@dataclass(frozen=True)
+class Code:
+    """A scalar element: a Python expression (a name or literal) and its dtype."""
+
+    expr: str
+    dtype: np.dtype
+    const: bool = False  # a literal (weakly typed in the jaxpr: it takes the other operand's dtype)
+
+
+@dataclass(frozen=True)
+class Param:
+    """A runtime array argument of the generated function (flattened)."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def _dt(dtype: Any) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt.kind not in _KINDS or (dt.kind == "f" and dt.itemsize not in (4, 8)):
+        raise Unliftable(f"dtype {dt} is not supported by the loop backend")
+    return dt
+
+
+def literal(value: Any, dtype: Any) -> str:
+    """A typed scalar literal of ``dtype`` holding ``value`` exactly."""
+    dt = _dt(dtype)
+    v = np.asarray(value).astype(dt).item()
+    if dt.kind == "b":
+        return "True" if v else "False"
+    if dt.kind == "f":
+        if np.isnan(v):
+            return f"np.{dt.name}(np.nan)"
+        if np.isinf(v):
+            return f"np.{dt.name}({'-' if v < 0 else ''}np.inf)"
+        return f"np.{dt.name}({float(v)!r})"
+    return f"np.{dt.name}({int(v)})"
+
+
+def _cast(e: Code, dt: np.dtype) -> str:
+    if e.dtype == dt:
+        return e.expr
+    if dt.kind == "b":
+        return f"({e.expr} != 0)"
+    return f"np.{dt.name}({e.expr})"
+
+
+class CodeAlgebra:
+    """Elements are :class:`Code`; operations append statements to ``lines``."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.prologue: list[str] = []  # constants and parameter reads, hoisted out of the loops
+        self._hoisted: dict[str, str] = {}
+        self._n = 0
+
+    def _new(self, expr: str, dt: np.dtype) -> Code:
+        name = f"v{self._n}"
+        self._n += 1
+        self.lines.append(f"{name} = {expr}")
+        return Code(name, dt)
+
+    def _hoist(self, expr: str, prefix: str) -> str:
+        name = self._hoisted.get(expr)
+        if name is None:
+            name = self._hoisted[expr] = f"{prefix}{len(self._hoisted)}"
+            self.prologue.append(f"{name} = {expr}")
+        return name
+
+    def constant(self, value: Any, idx: tuple[int, ...]) -> Code:
+        if isinstance(value, Param):
+            flat = int(np.ravel_multi_index(idx, value.shape)) if value.shape else 0
+            return Code(self._hoist(f"p{value.index}[{flat}]", "q"), value.dtype)
+        if isinstance(value, Code):
+            return value
+        if not isinstance(value, np.ndarray | np.generic | int | float | bool):
+            try:
+                value = np.asarray(value)
+            except Exception as e:  # a tracer or something foreign
+                raise Unliftable(f"constant {type(value).__name__}") from e
+        arr = np.asarray(value)
+        v = arr[idx] if idx else arr
+        return Code(self._hoist(literal(v, arr.dtype), "k"), _dt(arr.dtype), const=True)
+
+    def apply(self, prim: Any, elems: Sequence[Any], params: dict[str, Any],
+              dtypes: Sequence[Any]) -> Code:
+        name = prim.name
+        es = [e if isinstance(e, Code) else self.constant(e, ()) for e in elems]
+        # binary ops: the operands share one dtype (a literal may be declared wider)
+        typed = [_dt(d) if d is not None else e.dtype for e, d in zip(es, dtypes, strict=True)]
+        if name in _ARITH or name in _COMPARE or name in ("div", "max", "min", "pow", "and",
+                                                           "or", "xor", "rem"):
+            dt = next((t for t, e in zip(typed, es, strict=True) if not e.const), typed[0])
+            a, b = (_cast(e, dt) for e in es)
+            if name in _ARITH:
+                if dt.kind == "f":  # numba keeps float32 arithmetic in float32
+                    return self._new(f"{a} {_ARITH[name]} {b}", dt)
+                return self._new(f"np.{dt.name}({a} {_ARITH[name]} {b})" if dt.kind != "b"
+                                 else _bool_arith(name, a, b), dt)
+            if name in _COMPARE:
+                return self._new(f"({a} {_COMPARE[name]} {b})", np.dtype(bool))
+            if name == "div":
+                if dt.kind != "f":
+                    raise Unliftable("integer division")
+                return self._new(f"{a} / {b}", dt)
+            if name == "pow":
+                if dt.kind != "f":
+                    raise Unliftable("integer pow")
+                return self._new(f"np.{dt.name}({a} ** {b})", dt)
+            if name in ("max", "min"):
+                op = ">" if name == "max" else "<"
+                if dt.kind == "f":  # NaN propagates, as in lax.max/lax.min
+                    return self._new(f"({a} if ({a} {op} {b} or {a} != {a}) else {b})", dt)
+                return self._new(f"({a} if {a} {op} {b} else {b})", dt)
+            if name in ("and", "or", "xor"):
+                sym = {"and": "&", "or": "|", "xor": "^"}[name]
+                if dt.kind == "f":
+                    raise Unliftable(f"{name} on floats")
+                expr = f"({a} {sym} {b})"
+                return self._new(expr if dt.kind == "b" else f"np.{dt.name}{expr}", dt)
+            raise Unliftable(f"primitive {name!r}")
+        if name == "neg":
+            (e,), dt = es, typed[0]
+            if dt.kind == "b":
+                raise Unliftable("neg on bool")
+            if dt.kind == "f":
+                return self._new(f"-{_cast(e, dt)}", dt)
+            return self._new(f"np.{dt.name}(-{_cast(e, dt)})", dt)
+        if name == "abs":
+            dt = typed[0]
+            if dt.kind == "b":
+                raise Unliftable("abs on bool")
+            return self._new(f"np.{dt.name}(abs({_cast(es[0], dt)}))", dt)
+        if name == "not":
+            dt = typed[0]
+            if dt.kind == "b":
+                return self._new(f"(not {_cast(es[0], dt)})", dt)
+            if dt.kind == "f":
+                raise Unliftable("not on floats")
+            return self._new(f"np.{dt.name}(~{_cast(es[0], dt)})", dt)
+        if name == "integer_pow":
+            return self._integer_pow(es[0], typed[0], int(params["y"]))
+        if name == "square":
+            a = _cast(es[0], typed[0])
+            return self._new(_mul(a, a, typed[0]), typed[0])
+        if name == "rsqrt":
+            dt = typed[0]
+            if dt.kind != "f":
+                raise Unliftable("rsqrt on ints")
+            one = self.constant(np.ones((), dt), ())
+            return self._new(f"{one.expr} / np.sqrt({_cast(es[0], dt)})", dt)
+        if name in _FLOAT_FUNCS:
+            dt = typed[0]
+            if dt.kind != "f":
+                raise Unliftable(f"{name} on ints")
+            return self._new(f"np.{dt.name}({_FLOAT_FUNCS[name]}({_cast(es[0], dt)}))", dt)
+        if name == "is_finite":
+            return self._new(f"np.isfinite({_cast(es[0], typed[0])})", np.dtype(bool))
+        if name == "convert_element_type":
+            dt = _dt(params["new_dtype"])
+            return self._new(_cast(Code(_cast(es[0], typed[0]), typed[0]), dt), dt)
+        if name == "select_n":
+            pred, cases = es[0], es[1:]
+            dt = typed[1]
+            vals = [_cast(c, dt) for c in cases]
+            p = _cast(pred, typed[0])
+            if typed[0].kind == "b":
+                if len(vals) != 2:
+                    raise Unliftable("select_n with a bool predicate and many cases")
+                return self._new(f"({vals[1]} if {p} else {vals[0]})", dt)
+            expr = vals[-1]
+            for k in range(len(vals) - 2, -1, -1):
+                expr = f"({vals[k]} if {p} == {k} else {expr})"
+            return self._new(expr, dt)
+        if name == "clamp":
+            lo, x, hi = (_cast(e, typed[1]) for e in es)
+            dt = typed[1]
+            inner = self._new(f"({x} if {x} > {lo} else {lo})", dt)
+            return self._new(f"({inner.expr} if {inner.expr} < {hi} else {hi})", dt)
+        if name in _IDENTITY:
+            return es[0]
+        raise Unliftable(f"primitive {name!r} in the loop backend")
+
+    def _integer_pow(self, x: Code, dt: np.dtype, y: int) -> Code:
+        """``x ** y`` by repeated squaring, in the order of jax's lowering."""
+        if dt.kind == "b":
+            raise Unliftable("integer_pow on bool")
+        if y == 0:
+            return self.constant(np.ones((), dt), ())
+        recip, y = y < 0, abs(y)
+        acc: Code | None = None
+        base = Code(_cast(x, dt), dt)
+        while y > 0:
+            if y & 1:
+                acc = base if acc is None else self._new(_mul(acc.expr, base.expr, dt), dt)
+            y >>= 1
+            if y > 0:
+                base = self._new(_mul(base.expr, base.expr, dt), dt)
+        assert acc is not None
+        if recip:
+            if dt.kind != "f":
+                raise Unliftable("negative integer_pow on ints")
+            return self._new(f"{self.constant(np.ones((), dt), ()).expr} / {acc.expr}", dt)
+        return acc
+
+
+def _mul(a: str, b: str, dt: np.dtype) -> str:
+    return f"{a} * {b}" if dt.kind == "f" else f"np.{dt.name}({a} * {b})"
+
+
+def _bool_arith(name: str, a: str, b: str) -> str:
+    if name == "add":
+        return f"({a} or {b})"
+    if name == "mul":
+        return f"({a} and {b})"
+    raise Unliftable(f"{name} on bool")
+
+
+def boundary_tables(sources: Sequence[Source], geom: Sequence[AxisGeom]) -> list[np.ndarray]:
+    """Per padded source axis: the array index each padded position of the
+    slab reads (-1 for the fill value), from ``geom[a].start`` on."""
+    out = []
+    for s in sources:
+        if not s.pads:
+            continue
+        for k, a in enumerate(s.axes):
+            g = geom[a]
+            size = g.size if a in s.cell_axes else 1
+            p = np.arange(g.start, g.start + g.step * max(g.count - 1, 0) + size)
+            out.append(source_index(p - s.pads[k][0], s.array.shape[k], s.modes[k]))
+    return out
+
+
+def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
+             params: Sequence[Param], limit: int = 1000) -> tuple[str, int]:
+    """The source of the loop function and its number of outputs.
+
+    ``closed`` is the per-cell jaxpr with invars ``cells + params``.  Raises
+    :class:`Unliftable` when the kernel cannot be written as scalar code, or
+    takes more than ``limit`` statements (reads and operations) per point.
+    """
+    algebra = CodeAlgebra()
+    table = Table(algebra)  # type: ignore[arg-type]
+    reads: list[tuple[int, tuple[int, ...], str]] = []
+
+    def read(k: int, idx: tuple[int, ...], dt: np.dtype) -> Code:
+        name = f"r{k}_{'_'.join(map(str, idx))}"
+        reads.append((k, idx, name))
+        return Code(name, dt)
+
+    cells = []
+    for k, s in enumerate(sources):
+        dt = _dt(s.array.dtype)
+        shape = tuple(geom[a].size for a in s.cell_axes)
+        cells.append(cell_grid(table, shape, lambda idx, k=k, dt=dt: read(k, idx, dt), dt))
+    args: list[Any] = list(cells)
+    for p in params:
+        _dt(p.dtype)
+        args.append(Lifted(table.constant_ids(p), p.dtype))
+    outs = interpret(closed.jaxpr, closed.consts, args, table)
+    results = []
+    for o, v in zip(outs, closed.jaxpr.outvars, strict=True):
+        dt = _dt(v.aval.dtype)
+        if v.aval.shape:
+            raise Unliftable("the kernel returns an array per point")
+        if isinstance(o, Lifted):
+            e = table.get(int(o.ids[()]))
+        else:
+            e = algebra.constant(o, ())
+        results.append(_cast(e, dt) if isinstance(e, Code) else literal(e, dt))
+    if len(reads) + len(algebra.lines) > limit:
+        raise Unliftable(f"{len(reads) + len(algebra.lines)} statements per point, over the "
+                         f"loop backend's {limit}")
+    src = render(sources, geom, params, algebra.lines, reads, results)
+    head, _, body = src.partition("\n")
+    prologue = "".join(f"    {line}\n" for line in algebra.prologue)
+    return f"{head}\n{prologue}{body}", len(results)
