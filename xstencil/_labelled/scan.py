@@ -42,6 +42,7 @@ from xstencil._engine.lower import AxisGeom, Source
 from xstencil._engine.mesh import Mask, Slab
 from xstencil._engine.tscan import Var, run_loop, stencil_step, time_reads
 from xstencil._errors import XStencilError, raised_here
+from xstencil._labelled.blocking import blocked
 from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.dtypes import out_dtype, state_dtype
@@ -148,6 +149,7 @@ def scan(
     store: Any = None,
     resume: bool = False,
     segment: int | None = None,
+    blocking: bool | Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Scan a stencil kernel along a dim: explicit time stepping.
@@ -226,6 +228,13 @@ def scan(
         that was killed from its last complete saved position, bitwise as if
         uninterrupted, and refuses a store written with other kernels, options
         or inputs.  See :doc:`/scaling`.
+    blocking
+        Temporal blocking of an in-memory scan (see :doc:`/performance`):
+        ``None`` (the default) steps cache-sized tiles K steps at a time on
+        threads when the state is large (4 MiB or more per position) and the
+        scan supports it; ``True`` blocks whenever supported; ``False`` never
+        does; ``{"tile": 512, "steps": 16}`` (or ``{"tile": {"x": 512, ...}}``)
+        blocks with these sizes.  Results are the same, bitwise, either way.
 
     Returns
     -------
@@ -301,6 +310,12 @@ def scan(
         checkpoint=checkpoint, check_finite=check_finite, **kwargs),
         devices=devices, halo_every=halo_every)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
+        return out
+    out = blocked(obj, kernel, dim, args, kwargs, blocking, window=window, boundary=boundary,
+                  fill_value=fill_value, steps=steps, dt=dt, coord=coord, save_every=save_every,
+                  period=period, progress=progress, checkpoint=checkpoint,
+                  check_finite=check_finite)
+    if out is not None:  # in memory, large: tiles stepped K steps at a time (blocking.py)
         return out
     return _run(call, obj, [kernel], kernel, None, o, args, kwargs)
 
