@@ -125,7 +125,7 @@ def choose(shape: Sequence[int], reach: Sequence[int], row_bytes: int, steps_per
                     and len(bs) > 1 for a, b in bs), default=None)
     r = max((reach[a] for a in range(nd) if len(bounds[a]) > 1), default=0)
     if steps is None:
-        k = MAX_STEPS if not r or smallest is None else smallest // (8 * r)
+        k = MAX_STEPS if not r or smallest is None else min(MAX_STEPS, smallest // (8 * r))
     else:
         k = steps
     if r and smallest is not None:

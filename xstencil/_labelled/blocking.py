@@ -114,7 +114,7 @@ def _retyped(prep: Prepared, out: Any) -> Any:
     return out
 
 
-def _tiling(prep: Prepared, how: dict[str, Any] | bool | None, forced: bool
+def _tiling(call: str, prep: Prepared, how: dict[str, Any] | bool | None, forced: bool
             ) -> tiles.Tiling | None:
     spec = prep.spec
     plan = spec.plan
@@ -125,6 +125,11 @@ def _tiling(prep: Prepared, how: dict[str, Any] | bool | None, forced: bool
     opts = how if isinstance(how, dict) else {}
     tile = opts.get("tile")
     if isinstance(tile, Mapping):
+        unknown = [d for d in tile if d not in prep.space]
+        if unknown:
+            raise XStencilError(
+                f"{call}: blocking={{'tile': {tile!r}}}: dim {unknown[0]!r} is not a dim the "
+                f"scan tiles; available dims are {prep.space!r}")
         tile = [int(tile.get(d, n)) for d, n in zip(prep.space, shape, strict=True)]
     elif tile is not None:
         tile = [int(tile)] * len(shape)
@@ -163,7 +168,7 @@ def blocked(obj: Any, kernel: Callable[..., Any], dim: str, args: Any, kwargs: A
         prep = setup(call, obj, (kernel,), dim, args, kwargs, **options)
     except XStencilError:  # not for the block scans: the whole-array loop decides
         return None
-    tiling = _tiling(prep, how, forced)
+    tiling = _tiling(call, prep, how, forced)
     if tiling is None:
         return None
     job = block_job(call, prep, (kernel,), kernel, None, options.get("period"))

@@ -42,7 +42,7 @@ from xstencil._engine.lower import AxisGeom, Source
 from xstencil._engine.mesh import Mask, Slab
 from xstencil._engine.tscan import Var, run_loop, stencil_step, time_reads
 from xstencil._errors import XStencilError, raised_here
-from xstencil._labelled.blocking import blocked
+from xstencil._labelled.blocking import blocked, blocking_arg
 from xstencil._labelled.core import coord_arrays, identity_caller, kernel_caller
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.dtypes import out_dtype, state_dtype
@@ -294,6 +294,7 @@ def scan(
     devices = devices_arg(call, devices, mesh)
     o = _options(call, dim, window, boundary, fill_value, steps, dt, coord, save_every,
                  progress, checkpoint, check_finite, period)
+    blocking_arg(call, blocking)
     if step is not None:
         if kernel is not None:
             raise XStencilError(f"{call}: pass a kernel or step=, not both")
