@@ -39,7 +39,7 @@ __all__ = ["MIN_BYTES", "MIN_STEPS", "blocking_arg", "blocked"]
 #: is blocked by default: below it the whole array stays in cache and the
 #: whole-array loop is faster (measured: docs/performance.rst, "Temporal
 #: blocking").
-MIN_BYTES = 4 << 20
+MIN_BYTES = 12 << 20
 #: The fewest steps between saves that are blocked by default (each save
 #: ends a layer of tiles, so fewer steps leave too little to amortise).
 MIN_STEPS = 8

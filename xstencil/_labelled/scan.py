@@ -231,7 +231,7 @@ def scan(
     blocking
         Temporal blocking of an in-memory scan (see :doc:`/performance`):
         ``None`` (the default) steps cache-sized tiles K steps at a time on
-        threads when the state is large (4 MiB or more per position) and the
+        threads when the state is large (12 MiB or more per position) and the
         scan supports it; ``True`` blocks whenever supported; ``False`` never
         does; ``{"tile": 512, "steps": 16}`` (or ``{"tile": {"x": 512, ...}}``)
         blocks with these sizes.  Results are the same, bitwise, either way.
