@@ -104,6 +104,16 @@ def choose(shape: Sequence[int], reach: Sequence[int], row_bytes: int, steps_per
     ``tile`` (cells per spatial axis) and ``steps`` override either choice;
     ``K`` is then still capped by the steps between saves and so that the
     halo fits in a neighbouring tile.
+
+    Examples
+    --------
+    A 2048² float32 heat scan (reach 1, 200 steps between saves) on 2 cores:
+    16 tiles of 512², 32 steps at a time.
+
+    >>> from xstencil._backends.tiles import choose
+    >>> t = choose((2048, 2048), (1, 1), 4, 200, cores=2)
+    >>> t.count, t.bounds[0][:2], t.steps
+    (16, ((0, 512), (512, 1024)), 32)
     """
     cores = cores or workers()
     nd = len(shape)
