@@ -152,6 +152,18 @@ def test_a_given_trajectory_with_datetimes(spy: list[Any]) -> None:
     assert got.sizes["time"] == 5
 
 
+def test_reads_ahead_and_spatial_coordinates_across_a_periodic_seam(spy: list[Any]) -> None:
+    base = field((18, 20)).expand_dims(time=np.arange(10.0)).copy()
+
+    def ahead(u: Any) -> Any:  # the input one position ahead, and x read across the seam
+        return heat(u) + 0.05 * u(time=1) + 0.01 * (u.coord("x")(x=1) - u.coord("x")())
+
+    ref, got = both(base, ahead, {"tile": 5, "steps": 3}, spy, save_every=3,
+                    boundary={"time": "extend", "x": "periodic", "y": "reflect"},
+                    period={"x": 10.0})
+    xr.testing.assert_identical(got, ref)
+
+
 def test_one_and_three_dims(spy: list[Any]) -> None:
     line = xr.DataArray(np.random.default_rng(5).random(50, np.float32), dims="x")
 
