@@ -270,7 +270,7 @@ def test_transforms_and_unsupported_options_take_the_whole_array_loop(
     xstencil.scan(da, step=lambda s: s + 1, **kw)
     m = xstencil.mesh(da)
     m[...] = heat
-    m.scan("time", steps=6, save_every="last")
+    m.scan("time", steps=6, save_every="last", blocking=True)  # not a kernel argument
     xstencil.scan(da, heat, "time", blocking=False, steps=6)
     assert spy == []
 

@@ -334,6 +334,7 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                             f"mesh yet; scan a single kernel with store=, or write m.scan(...) "
                             f"with .to_zarr(...)")
     halo_every = options.pop("halo_every", None)
+    blocking_arg(call, options.pop("blocking", None))  # checked; a mesh runs unblocked
     dtype = options.pop("dtype", m._options.get("dtype"))
     kwargs = {k: v for k, v in options.items() if k not in known}
     opts.update({k: v for k, v in options.items() if k in known})
