@@ -262,9 +262,15 @@ def heat_columns(n: int, steps: int) -> Columns:
         return c + alpha * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
                             + u(time=-1, y=-1) - 4 * c)
 
-    cols: Columns = {"xstencil scan": lambda: jax.block_until_ready(xstencil.scan(
-        da, kernel, "time", steps=steps, save_every="last", boundary="fill",
-        fill_value=0.0).data)}
+    def run(blocking: Any) -> Any:
+        return jax.block_until_ready(xstencil.scan(
+            da, kernel, "time", steps=steps, save_every="last", boundary="fill",
+            fill_value=0.0, blocking=blocking).data)
+
+    # the default (temporal blocking where the state is large), then each path forced
+    cols: Columns = {"xstencil scan": lambda: run(None),
+                     "xstencil blocked": lambda: run(True),
+                     "xstencil unblocked": lambda: run(False)}
     if numba is not None:
         cols["numba prange"] = lambda: _heat(a, steps, alpha)
         c32 = np.float32(alpha)

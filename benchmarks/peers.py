@@ -129,8 +129,8 @@ def map_cases(quick: bool, rounds: int) -> tuple[str, list[str]]:
 
 def scan_cases(quick: bool, rounds: int) -> tuple[str, list[str]]:
     cases = [(256, 200)] if quick else [(512, 1000), (2048, 200)]
-    peers = ["xstencil scan", "numba prange", "numba @stencil", "pystencils", "devito",
-             "numpy slices"]
+    peers = ["xstencil scan", "xstencil blocked", "xstencil unblocked", "numba prange",
+             "numba @stencil", "pystencils", "devito", "numpy slices"]
     lines = ["| case | " + " | ".join(peers) + " |", "|---" * (len(peers) + 1) + "|"]
     notes = []
     for n, steps in cases:

@@ -172,12 +172,12 @@ def map(  # noqa: A001 - the contract's name
         return res if dtype is None else res.astype(out_dtype(call, dtype))
     return _map(call, obj, kernel, args, kwargs, (window, boundary, fill_value, stride,
                                                   output_dims, period), devices, new_vars,
-                dtype)
+                dtype, backend)
 
 
 def _map(call: str, obj: Any, kernel: Callable[..., Any], args: tuple[Any, ...],
          kwargs: dict[str, Any], options: tuple[Any, ...], devices: Any, new_vars: Any,
-         dtype: Any) -> Any:
+         dtype: Any, backend: str | None = None) -> Any:
     """A plain map: a repeated call from the fast path, else validate and
     plan, then run on the backend the arrays choose (the engine in memory).
     ``options`` is ``(window, boundary, fill_value, stride, output_dims,

@@ -37,6 +37,7 @@ from xstencil._engine.kcache import cached, describe, settle
 from xstencil._engine.mesh import Slab
 from xstencil._errors import XStencilError, raised_here
 from xstencil._labelled import scan_fast
+from xstencil._labelled.blocking import blocked, blocking_arg
 from xstencil._labelled.core import Fields, coord_arrays
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.dtypes import out_dtype, state_dtype
@@ -79,6 +80,7 @@ def scan(
     store: Any = None,
     resume: bool = False,
     segment: int | None = None,
+    blocking: bool | Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Scan a stencil kernel along a dim: explicit time stepping.
@@ -157,6 +159,13 @@ def scan(
         that was killed from its last complete saved position, bitwise as if
         uninterrupted, and refuses a store written with other kernels, options
         or inputs.  See :doc:`/scaling`.
+    blocking
+        Temporal blocking of an in-memory scan (see :doc:`/performance`):
+        ``None`` (the default) steps cache-sized tiles K steps at a time on
+        threads when the state is large (12 MiB or more per position) and the
+        scan supports it; ``True`` blocks whenever supported; ``False`` never
+        does; ``{"tile": 512, "steps": 16}`` (or ``{"tile": {"x": 512, ...}}``)
+        blocks with these sizes.  Results are the same, bitwise, either way.
 
     Returns
     -------
@@ -217,7 +226,9 @@ def scan(
     options = (dim, window, boundary, fill_value, steps, dt, coord, save_every, progress,
                checkpoint, check_finite, period)
     sig, lifted = None, None
+    blocking_arg(call, blocking)
     if step is None and devices is None and halo_every is None and not progress \
+            and blocking in (None, False) \
             and callable(kernel):  # a repeated call: skip the setup (see scan_fast.py)
         lifted = describe([kernel])
         sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),),
@@ -236,11 +247,12 @@ def scan(
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(time=-1) + ..., or step=fn")
     return _scan_kernel(obj, kernel, o, options, args, kwargs, dtype, devices, halo_every,
-                        (lifted, sig))
+                        (lifted, sig), blocking)
 
 
 def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], args: Any,
-                 kwargs: Any, dtype: Any, devices: Any, halo_every: Any, fast: Any) -> Any:
+                 kwargs: Any, dtype: Any, devices: Any, halo_every: Any, fast: Any,
+                 blocking: Any = None) -> Any:
     """A kernel scanned by the backend the arrays choose; ``fast`` is the
     ``(describe key, signature)`` to record an in-memory call under (or
     ``(None, None)``)."""
@@ -249,6 +261,9 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
     out = scale_out(cast, kernel, o.dim, args, {**opts, **kwargs}, devices=devices,
                     halo_every=halo_every)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
+        return out
+    out = blocked(cast, kernel, o.dim, args, kwargs, blocking, **opts)
+    if out is not None:  # in memory, large: tiles stepped K steps at a time (blocking.py)
         return out
     lifted, sig = fast
 
@@ -277,6 +292,7 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                             f"mesh yet; scan a single kernel with store=, or write m.scan(...) "
                             f"with .to_zarr(...)")
     halo_every = options.pop("halo_every", None)
+    blocking_arg(call, options.pop("blocking", None))  # checked; a mesh runs unblocked
     dtype = options.pop("dtype", m._options.get("dtype"))
     kwargs = {k: v for k, v in options.items() if k not in known}
     opts.update({k: v for k, v in options.items() if k in known})
