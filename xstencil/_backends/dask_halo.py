@@ -30,7 +30,7 @@ import numpy as np
 
 from xstencil._backends.edges import repad
 
-__all__ = ["Overlap", "assemble", "halo_array"]
+__all__ = ["Overlap", "assemble", "halo_array", "neighbour_offsets", "strip_slices", "block_pieces"]
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,12 @@ class Overlap:
     rows: tuple[int, int] | None = None
 
 
-def _offsets(depth: Sequence[int]) -> list[tuple[int, ...]]:
+def neighbour_offsets(depth: Sequence[int]) -> list[tuple[int, ...]]:
     """The neighbour offsets of a block, itself first (``(0, ...)``)."""
     return list(itertools.product(*[(0, -1, 1) if d else (0,) for d in depth]))
 
 
-def _strip(x: Overlap, axis: int, last: bool) -> tuple[slice, ...]:
+def strip_slices(x: Overlap, axis: int, last: bool) -> tuple[slice, ...]:
     """The slices of a chunk's strip along ``axis``: its last ``depth`` cells
     (the next block's low halo) or its first ones."""
     d = x.depth[axis]
@@ -99,7 +99,7 @@ def halo_array(name: str, fn: Callable[..., Any], inputs: Sequence[Overlap],
             layer = strips.setdefault(sname, {})
             sources[sname] = set(x.array.__dask_layers__())
             keys: list[Any] = []
-            for o in _offsets(x.depth)[1:]:
+            for o in neighbour_offsets(x.depth)[1:]:
                 cc = []
                 for a, (ci, oi) in enumerate(zip(c, o, strict=True)):
                     j = ci + oi
@@ -113,7 +113,7 @@ def halo_array(name: str, fn: Callable[..., Any], inputs: Sequence[Overlap],
                 key = (sname, a, int(o[a] < 0)) + tuple(cc)
                 if key not in layer:
                     layer[key] = (operator.getitem, (x.array.name,) + tuple(cc),
-                                  _strip(x, a, o[a] < 0))
+                                  strip_slices(x, a, o[a] < 0))
                 keys.append(key)
             groups.append([(x.array.name,) + c, keys])
         edges = np.array([[not periodic[a] and c[a] == 0, not periodic[a] and c[a] == n - 1]
@@ -140,11 +140,11 @@ def _rows(x: np.ndarray, rows: tuple[int, int] | None, cut: bool) -> np.ndarray:
     return x
 
 
-def _pieces(x: Overlap, own: np.ndarray, strips: Sequence[np.ndarray | None]) -> Any:
+def block_pieces(x: Overlap, own: np.ndarray, strips: Sequence[np.ndarray | None]) -> Any:
     """The nested list of a block's pieces (see :func:`halo_array`)."""
     own = _rows(own, x.rows, True)
     flat = {}
-    for o, s in zip(_offsets(x.depth), [None, *strips], strict=True):
+    for o, s in zip(neighbour_offsets(x.depth), [None, *strips], strict=True):
         if not any(o):
             flat[o] = own
             continue
@@ -174,7 +174,8 @@ def _run(fn: Callable[..., Any], loc: tuple[int, ...], edges: np.ndarray, specs:
          groups: Sequence[Any]) -> Any:
     """The task of one block: its pieces (``specs``: per input its depth and
     rows, as plain lists), then ``fn``."""
-    pieces = [_pieces(Overlap(None, tuple(d), None if r is None else (r[0], r[1])), own, strips)
+    pieces = [block_pieces(Overlap(None, tuple(d), None if r is None else (r[0], r[1])), own,
+                           strips)
               for (d, r), (own, strips) in zip(specs, groups, strict=True)]
     return fn(tuple(int(c) for c in loc), edges, pieces)
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from xstencil._backends.dask_halo import Overlap, _offsets, _pieces, _strip
+from xstencil._backends.dask_halo import Overlap, block_pieces, neighbour_offsets, strip_slices
 from xstencil._backends.dask_scan import BlockScan
 from xstencil._backends.halo import BlockJob, padded_coords, segments, time_padded
 from xstencil._engine.call import precision
@@ -183,15 +183,15 @@ def _tile_pieces(x: np.ndarray, depth: tuple[int, ...], rows: tuple[int, int] | 
 
     ov = Overlap(x, depth, rows)
     strips: list[np.ndarray | None] = []
-    for o in _offsets(depth)[1:]:
+    for o in neighbour_offsets(depth)[1:]:
         cc = [(ci + oi) % grid[a] if periodic[a] else ci + oi
               for a, (ci, oi) in enumerate(zip(c, o, strict=True))]
         if any(j < 0 or j >= n for j, n in zip(cc, grid, strict=True)):
             strips.append(None)
             continue
         a = next(a for a, oi in enumerate(o) if oi)
-        strips.append(chunk(cc)[_strip(ov, a, o[a] < 0)])
-    return _pieces(Overlap(None, depth, rows), chunk(c), strips)
+        strips.append(chunk(cc)[strip_slices(ov, a, o[a] < 0)])
+    return block_pieces(Overlap(None, depth, rows), chunk(c), strips)
 
 
 def _edges(c: tuple[int, ...], grid: Sequence[int], periodic: Sequence[bool]) -> np.ndarray:

@@ -70,7 +70,7 @@ _LIBRARIES = frozenset({"numpy", "jax", "jaxlib", "scipy", "xarray", "xstencil",
 _BUDGET = 400  # values visited per kernel before it is treated as opaque
 
 
-class _Id:
+class Identity:
     """Compares by identity and keeps its object alive (so no id is reused)."""
 
     __slots__ = ("obj",)
@@ -79,7 +79,7 @@ class _Id:
         self.obj = obj
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is _Id and other.obj is self.obj
+        return type(other) is Identity and other.obj is self.obj
 
     def __hash__(self) -> int:
         return id(self.obj)
@@ -163,8 +163,8 @@ class _Walk:
                 new = next(self.subst) if self.subst is not None else v
                 return ("leaf", tuple(np.shape(v)), str(v.dtype)), new
             if isinstance(v, np.ndarray):  # read through an attribute: by content
-                return ("array", _Id(v), v.shape, str(v.dtype), hash(v.tobytes())), v
-            return ("array", _Id(v)), v
+                return ("array", Identity(v), v.shape, str(v.dtype), hash(v.tobytes())), v
+            return ("array", Identity(v)), v
         if type(v) is tuple:
             before = len(self.leaves)
             parts = [self.value(x, names, lift) for x in v]
@@ -175,7 +175,7 @@ class _Walk:
             return self.mutable(v, names, lift)
         if type(v) is types.FunctionType:
             if _library(v.__module__):
-                return ("id", _Id(v)), v
+                return ("id", Identity(v)), v
             return self.function(v)
         if isinstance(v, types.MethodType):
             fk, _ = self.value(v.__func__, names, lift=False)
@@ -193,7 +193,7 @@ class _Walk:
             items = [(k, x) for k, x in items if _is_array(x) and lift]
         before = len(self.leaves)
         parts = [(k, self.value(k, ())[0], self.value(x, names, lift)) for k, x in items]
-        key = (type(v).__name__, _Id(v) if sink else None,
+        key = (type(v).__name__, Identity(v) if sink else None,
                tuple((kk, p[0]) for _, kk, p in parts))
         if not sink:
             self.containers.append((v, tuple(items)))
@@ -210,19 +210,19 @@ class _Walk:
             v if isinstance(v, type) else type(v), "__module__", None)
         if callable(v) and not isinstance(v, type) and _library(mod) or \
                 isinstance(v, types.BuiltinFunctionType):
-            return ("id", _Id(v))
+            return ("id", Identity(v))
         if isinstance(v, types.ModuleType | type) and _library(mod):
-            return ("id", _Id(v))
+            return ("id", Identity(v))
         if _library(mod) and not isinstance(getattr(v, "__dict__", None), dict):
             # a library object without an instance dict: by value where it hashes by value
             try:
                 hash(v)
             except TypeError:
                 self.opaque = True
-                return ("opaque", _Id(v))
+                return ("opaque", Identity(v))
             if type(v).__hash__ is object.__hash__:
                 self.opaque = True
-                return ("opaque", _Id(v))
+                return ("opaque", Identity(v))
             return ("value", type(v), v)
         if id(v) in self.seen:
             return ("cycle", self.seen[id(v)])
@@ -234,7 +234,7 @@ class _Walk:
                 self.opaque = True
             elif found:
                 attrs.append((n, self.value(a, names, lift=False)[0]))
-        return ("obj", _Id(v), tuple(attrs))
+        return ("obj", Identity(v), tuple(attrs))
 
     def function(self, fn: types.FunctionType) -> tuple[Hashable, Any]:
         if id(fn) in self.seen:
@@ -252,7 +252,7 @@ class _Walk:
         kk, kv = self.value(fn.__kwdefaults__, names)
         ck = [self.value(c, names) for c in cells]
         gk = [(n, self.value(g[n], names)) for n in names if n in g]
-        key = ("fn", code, _Id(g), dk, kk, tuple(k for k, _ in ck),
+        key = ("fn", code, Identity(g), dk, kk, tuple(k for k, _ in ck),
                tuple((n, k) for n, (k, _) in gk))
         if self.subst is None or len(self.leaves) == before:
             return key, fn
@@ -306,7 +306,7 @@ def describe(kernels: Sequence[Any]) -> Lifted:
     counts: list[int] = []
     for k in kernels:
         if type(k) is not types.FunctionType:
-            keys.append(("callable", _Id(k)))
+            keys.append(("callable", Identity(k)))
             counts.append(0)
             continue
         start = len(w.leaves)
@@ -316,9 +316,9 @@ def describe(kernels: Sequence[Any]) -> Lifted:
             key, _ = w.function(k)
         except (_Opaque, TypeError, RecursionError):
             del w.leaves[start:]
-            key = ("callable", _Id(k))
+            key = ("callable", Identity(k))
         if w.opaque:
-            key = ("opaque", _Id(k), key)
+            key = ("opaque", Identity(k), key)
         keys.append(key)
         counts.append(len(w.leaves) - start)
     return Lifted(tuple(keys), tuple(w.leaves), tuple(kernels), tuple(w.containers),
@@ -407,11 +407,11 @@ def table_of(owner: Any, create: bool = False) -> dict[Any, Any] | None:
     """A per-owner table inside the shared LRU table, keyed by the owner's
     :func:`describe` key (so a changed global or attribute gives a new table)."""
     if hasattr(owner, "_regions"):  # a mesh: its kernels may change
-        key: Hashable = ("owner", _Id(owner))
+        key: Hashable = ("owner", Identity(owner))
     else:
         lifted = describe([owner])
         # the code built on a miss bakes in the owner's own arrays: no sharing then
-        key = ("owner", lifted.key, _Id(owner) if lifted.leaves else None)
+        key = ("owner", lifted.key, Identity(owner) if lifted.leaves else None)
     return cached(key, dict) if create else peek(key)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from xstencil._engine.kcache import SIZE, _Id, describe
+from xstencil._engine.kcache import SIZE, Identity, describe
 
 __all__ = ["token_parts"]
 
@@ -50,7 +50,7 @@ def _plain(key: Any) -> Any:
         return tuple(_plain(k) for k in key)
     if isinstance(key, types.CodeType):
         return ("code", hashlib.sha1(marshal.dumps(key)).hexdigest())
-    if isinstance(key, _Id):
+    if isinstance(key, Identity):
         return ("id", type(key.obj).__qualname__, _serial(key.obj))
     if isinstance(key, type):
         return ("type", key.__module__, key.__qualname__, _serial(key))

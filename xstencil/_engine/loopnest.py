@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from xstencil._engine.lower import AxisGeom, Source, _interior
+from xstencil._engine.lower import AxisGeom, Source, interior_ranges
 
 __all__ = ["render"]
 
@@ -93,7 +93,7 @@ def render(sources: Sequence[Source], geom: Sequence[AxisGeom], params: Sequence
                       + [f"p{p.index}" for p in params])
     last = rank - 1
     src = [f"def kernel({names}):"]
-    ranges = [_interior(sources, a, g) for a, g in enumerate(geom)]
+    ranges = [interior_ranges(sources, a, g) for a, g in enumerate(geom)]
     lo, hi = ranges[last]
     n = geom[last].count
 

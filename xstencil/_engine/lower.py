@@ -187,7 +187,7 @@ def evaluate(
         if axis == len(sub):
             return run(sub, raw=True)
         g = sub[axis]
-        j_lo, j_hi = _interior(sources, axis, g)
+        j_lo, j_hi = interior_ranges(sources, axis, g)
         if j_lo >= j_hi:
             return run(sub, raw=False)
         parts = []
@@ -224,7 +224,7 @@ def _place(parts: list[tuple[int, list[Any]]], axis: int, count: int) -> list[An
     return out
 
 
-def _interior(sources: Sequence[Source], axis: int, g: AxisGeom) -> tuple[int, int]:
+def interior_ranges(sources: Sequence[Source], axis: int, g: AxisGeom) -> tuple[int, int]:
     """Outputs ``[j_lo, j_hi)`` along ``axis`` whose windows need no halo."""
     j_lo, j_hi = 0, g.count
     for s in sources:

@@ -31,7 +31,7 @@ import xarray as xr
 from xstencil._backends import tiles
 from xstencil._errors import XStencilError
 from xstencil._labelled.blockprep import Prepared, rewrap, setup
-from xstencil._labelled.scale import _job as block_job
+from xstencil._labelled.scale import block_job
 
 __all__ = ["MIN_BYTES", "MIN_STEPS", "blocking_arg", "blocked"]
 

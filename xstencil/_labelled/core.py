@@ -57,10 +57,10 @@ from xstencil._labelled.plan import (
     check_options,
     infer_window,
     make_plan,
+    parse_window,
     unknown_keyword,
     with_call,
 )
-from xstencil._labelled.plan import _window as parse_window
 from xstencil._labelled.returns import to_dims
 
 __all__ = ["Fields", "unwrap", "prepare", "kernel_caller", "identity_caller", "rewrap",
@@ -215,7 +215,7 @@ def _inferred(call: str, kernel: Callable[..., Any], f: Fields, cdims: tuple[str
 
 def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> list[Any]:
     """Padded coordinate values for the window dims that have coordinates."""
-    _check_period(plan.call, period, plan.dims)
+    check_period(plan.call, period, plan.dims)
     out = []
     cdt = read_dtype(plan.var_dtypes)
     variables = f.obj.coords.variables
@@ -228,7 +228,7 @@ def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> l
     return out
 
 
-def _check_period(call: str, period: Any, dims: tuple[str, ...]) -> None:
+def check_period(call: str, period: Any, dims: tuple[str, ...]) -> None:
     if period is None:
         return
     if not isinstance(period, Mapping):

@@ -22,7 +22,7 @@ from xstencil._engine.kcache import compiled
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import (
     Fields,
-    _check_period,
+    check_period,
     identity_caller,
     kernel_caller,
     prepare,
@@ -55,7 +55,7 @@ def map_job(plan: Any, f: Fields, kernels: Sequence[Callable[..., Any]], owner: 
             args: Any, kwargs: Any, period: Mapping[str, float] | None, devices: Any,
             regions: Sequence[Any] | None = None, masks: Sequence[Any] = ()) -> MapJob:
     """The map of ``f`` reduced to raw arrays and numeric coordinates."""
-    _check_period(plan.call, period, plan.dims)
+    check_period(plan.call, period, plan.dims)
     variables = f.obj.coords.variables
     coords = {d: numeric_coord(plan.call, d, coord_values(variables[d]))
               for d in plan.coord_dims}

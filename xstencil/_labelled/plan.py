@@ -103,7 +103,7 @@ def _dims_mapping(call: str, arg: str, value: Any, dims: tuple[str, ...],
     return out
 
 
-def _window(call: str, window: Any, dims: tuple[str, ...],
+def parse_window(call: str, window: Any, dims: tuple[str, ...],
             sizes: Mapping[str, int]) -> dict[str, tuple[int, int]]:
     def check(d: str, v: Any) -> tuple[int, int]:
         if isinstance(v, numbers.Integral) and not isinstance(v, bool):

@@ -30,7 +30,7 @@ from xstencil._labelled.dispatch import HOOKS, devices_arg
 from xstencil._labelled.options import split_options
 from xstencil._labelled.scan_result import call_with_progress, not_finite
 
-__all__ = ["scale_out", "scan_dask", "scan_sharded"]
+__all__ = ["scale_out", "scan_dask", "scan_sharded", "block_job"]
 
 
 def _call(obj: Any) -> str:
@@ -63,7 +63,7 @@ def _kernels(kernel: Any, function_mesh: Any) -> tuple[Callable[..., Any], ...]:
     return (kernel,) if function_mesh is None else tuple(k for _, k in function_mesh._regions)
 
 
-def _job(call: str, prep: Prepared, kernels: tuple[Callable[..., Any], ...], owner: Any,
+def block_job(call: str, prep: Prepared, kernels: tuple[Callable[..., Any], ...], owner: Any,
          function_mesh: Any, period: Any) -> BlockJob:
     """``prep`` reduced to raw arrays; a function mesh to regions and masks."""
     spec = prep.spec
@@ -154,7 +154,7 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
     kernels = _kernels(kernel, function_mesh)
     prep = setup(call, obj, kernels, dim, args, kw, **opts)
     owner = function_mesh if function_mesh is not None else kernel
-    job = _job(call, prep, kernels, owner, function_mesh, opts.get("period"))
+    job = block_job(call, prep, kernels, owner, function_mesh, opts.get("period"))
     out = rewrap(prep, dask_backend.scan_dask(job, halo_every))
     # progress=True: computed now (kept chunked) under dask's progress display
     return with_progress(out) if prep.progress else out
@@ -227,7 +227,7 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
     prep = setup(call, obj, kernels, dim, args, kw, **opts)
     owner = function_mesh if function_mesh is not None else kernel
     with precision(prep.datas + prep.consts + prep.forcings, args, kw):
-        job = _job(call, prep, kernels, owner, function_mesh, opts.get("period"))
+        job = block_job(call, prep, kernels, owner, function_mesh, opts.get("period"))
         c = shard_backend.scan_sharded(job, devices, halo_every)
         if hlo:
             exe = c.fn.lower(*c.inputs, np.int32(0)).compile()

@@ -22,7 +22,7 @@ import xarray as xr
 from jax.experimental import multihost_utils
 
 from xstencil._backends.dask_base import any_dask
-from xstencil._engine.kcache import describe
+from xstencil._engine.kcache import Identity, describe
 from xstencil._labelled.stream_shard import Layout
 
 __all__ = ["fingerprint"]
@@ -122,7 +122,7 @@ def _feed(h: Any, v: Any) -> None:  # noqa: C901 - one case per kind of value
         _feed(h, (v.co_names, v.co_varnames, v.co_freevars, v.co_cellvars, v.co_consts))
     elif isinstance(v, type):
         h.update(f"type {v.__module__}.{v.__qualname__}".encode())
-    elif type(v).__name__ == "_Id":
+    elif isinstance(v, Identity):
         o = v.obj
         h.update(f"id {type(o).__module__}.{type(o).__qualname__} "
                  f"{getattr(o, '__module__', '')}.{getattr(o, '__qualname__', '')} "
