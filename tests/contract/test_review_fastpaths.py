@@ -1,0 +1,116 @@
+"""Fast paths that gave silently wrong results (review of the runtime-weight
+dense lowering and the mesh fast path): each test compares with a numpy
+loop or with the same call taking the general path."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+from jax import lax
+
+import xstencil
+
+
+def _window_sums(data: np.ndarray, fn: object, size: int) -> np.ndarray:
+    """``fn(window)`` at every point, 'extend' boundary, a numpy loop."""
+    h = size // 2
+    p = np.pad(data, h, mode="edge")
+    out = np.empty(data.shape, np.float64)
+    for i in range(data.shape[0]):
+        for j in range(data.shape[1]):
+            out[i, j] = fn(p[i:i + size, j:j + size])  # type: ignore[operator]
+    return out
+
+
+def _field() -> xr.DataArray:
+    rng = np.random.default_rng(3)
+    return xr.DataArray((rng.standard_normal((9, 11)) * 3).astype(np.float32), dims=("y", "x"))
+
+
+def test_a_float16_round_trip_inside_a_linear_kernel_is_kept_with_runtime_weights() -> None:
+    # rounding the window to float16 is not linear: the runtime-weight lowering
+    # (weights from a derivative at a zero window) used to drop it
+    da = _field()
+    w = np.random.default_rng(4).standard_normal((5, 5)).astype(np.float32)
+    wj = jnp.asarray(w)
+    out = da.stencil.map(lambda u: (u.array.astype(jnp.float16).astype(jnp.float32) * wj).sum(),
+                         window={"y": 5, "x": 5}, boundary="extend")
+    ref = _window_sums(da.values, lambda p: (p.astype(np.float16).astype(np.float32) * w).sum(), 5)
+    np.testing.assert_allclose(out.values, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+
+
+def test_reduce_precision_inside_a_linear_kernel_is_kept_with_constant_weights() -> None:
+    da = _field()
+    w = np.arange(1.0, 26.0).reshape(5, 5) / 7
+
+    def kernel(u: xstencil.Window) -> jax.Array:
+        return (lax.reduce_precision(u.array, 5, 10) * (jnp.arange(1.0, 26.0).reshape(5, 5) / 7)).sum()
+
+    out = da.stencil.map(kernel, window={"y": 5, "x": 5}, boundary="extend")
+    ref = _window_sums(da.values, lambda p: (p.astype(np.float16).astype(np.float64) * w).sum(), 5)
+    np.testing.assert_allclose(out.values, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+
+
+def test_a_narrowing_cast_to_the_output_dtype_keeps_the_dense_lowering_exact() -> None:
+    # float64 data cast to float32, weights float32: the result is float32, and
+    # the dense lowering rounds the data to float32 as the kernel does
+    with jax.enable_x64(True):
+        da = _field().astype(np.float64) + 1e-9
+        w = np.random.default_rng(5).standard_normal((5, 5)).astype(np.float32)
+        wj = jnp.asarray(w)
+        out = da.stencil.map(lambda u: (u.array.astype(jnp.float32) * wj).sum(),
+                             window={"y": 5, "x": 5}, boundary="extend")
+    assert out.dtype == np.float32
+    ref = _window_sums(da.values, lambda p: (p.astype(np.float32) * w).sum(), 5)
+    np.testing.assert_allclose(out.values, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+def _singular_mesh_loss(h: jax.Array) -> jax.Array:
+    da = xr.DataArray(h, dims="x")
+    m = da.stencil.mesh(boundary="extend")
+    m[{"x": slice(1, 4)}] = lambda u: 1.0 / u()
+    m[{"x": 5}] = lambda u: 1.0 / u()
+    return m.map().data.sum()
+
+
+def test_a_mesh_gradient_after_an_eager_call_is_not_nan() -> None:
+    # the eager call records the repeat-call fast path with the 'select'
+    # evaluation, in which 1/h also runs where h == 0 (not kept); a
+    # differentiated call must not reuse it, or the gradient there is NaN
+    h = np.array([0.0, 1.0, 2.0, 3.0, 0.0, 2.0], np.float32)
+    expected = np.array([1.0, -1.0, -1 / 4, -1 / 9, 1.0, -1 / 4], np.float32)
+    xstencil.clear_caches()
+    np.testing.assert_allclose(float(_singular_mesh_loss(h)), 1 + 1 / 2 + 1 / 3 + 1 / 2, rtol=1e-6)
+    g = jax.grad(_singular_mesh_loss)(jnp.asarray(h))
+    np.testing.assert_allclose(np.asarray(g), expected, rtol=1e-6)
+    g = jax.jit(jax.grad(_singular_mesh_loss))(jnp.asarray(h))
+    np.testing.assert_allclose(np.asarray(g), expected, rtol=1e-6)
+
+
+def _f16_mesh(da: xr.DataArray) -> xstencil.Mesh:
+    m = da.stencil.mesh(boundary="extend")
+    m[{"x": slice(0, 4)}] = lambda u: u().astype(jnp.float16)
+    m[da.x >= 2] = lambda u: (2 * u()).astype(jnp.float16)
+    return m
+
+
+def test_a_mesh_covered_by_a_slab_and_a_mask_has_the_kernels_dtype_under_jit() -> None:
+    # every point is covered, so the input's dtype takes no part (docs/dtypes.rst);
+    # under jit the slab evaluation used to promote with it (float32)
+    da = xr.DataArray(np.linspace(-1, 1, 48, dtype=np.float32).reshape(6, 8), dims=("y", "x"),
+                      coords={"x": np.arange(8)})
+
+    def run(d: jax.Array) -> jax.Array:
+        return _f16_mesh(da.copy(data=d)).map().data
+
+    xstencil.clear_caches()
+    traced = jax.jit(run)(jnp.asarray(da.values))
+    eager = _f16_mesh(da).map()
+    x = da.x.values
+    ref = np.where(x >= 2, (2 * da.values).astype(np.float16), da.values.astype(np.float16))
+    assert eager.dtype == np.float16
+    assert traced.dtype == np.float16
+    np.testing.assert_array_equal(eager.values, ref)
+    np.testing.assert_array_equal(np.asarray(traced), ref)
