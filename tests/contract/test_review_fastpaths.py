@@ -114,3 +114,29 @@ def test_a_mesh_covered_by_a_slab_and_a_mask_has_the_kernels_dtype_under_jit() -
     assert traced.dtype == np.float16
     np.testing.assert_array_equal(eager.values, ref)
     np.testing.assert_array_equal(np.asarray(traced), ref)
+
+
+def test_a_mesh_called_under_jit_then_eagerly_does_not_reuse_traced_values() -> None:
+    # the jitted call used to record its (traced) membership array for the
+    # repeat-call fast path, and the next eager call then raised
+    # UnexpectedTracerError
+    da = xr.DataArray(np.arange(12.0, dtype=np.float32).reshape(3, 4), dims=("y", "x"))
+    big = da > 6
+
+    def build(d: xr.DataArray) -> xstencil.Mesh:
+        m = d.stencil.mesh(boundary="extend")
+        m[{"x": slice(0, 2)}] = lambda u: u(x=1) - u()
+        m[big] = lambda u: -u()
+        return m
+
+    def run(v: jax.Array) -> jax.Array:
+        return build(da.copy(data=v)).map().data
+
+    xstencil.clear_caches()
+    traced = np.asarray(jax.jit(run)(jnp.asarray(da.values)))
+    v = da.values
+    right = np.concatenate([v[:, 1:], v[:, -1:]], axis=1)
+    ref = np.where(v > 6, -v, np.where(np.arange(4) < 2, right - v, v))
+    np.testing.assert_array_equal(traced, ref)
+    np.testing.assert_array_equal(build(da).map().values, ref)
+    np.testing.assert_array_equal(build(da).map().values, ref)  # the fast path

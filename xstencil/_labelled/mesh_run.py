@@ -215,6 +215,10 @@ def lookup(m: Any, args: Any, kwargs: Any,
     if sig is None:
         return None
     lifted = describe(lay.distinct)
+    if _traced(obj.variable._data, args, kwargs, lifted):
+        # a traced call may choose another evaluation than the recorded one (see
+        # :func:`how`): it takes the full path
+        return None
     # the branches too: equal kernels reading other arrays than last time split
     key = ("meshfast", lifted.key, sig, lay.key, _branches(lifted))
     entry = peek(key)
@@ -231,6 +235,12 @@ def lookup(m: Any, args: Any, kwargs: Any,
             entry = entry._replace(sources=now)
             put(key, entry)
     return entry, lifted
+
+
+def _traced(data: Any, args: Any, kwargs: Any, lifted: Lifted) -> bool:
+    """Whether some input of the call is a JAX tracer (see ``traced`` in :func:`how`)."""
+    return any(isinstance(x, jax.core.Tracer)
+               for x in jax.tree_util.tree_leaves((data, args, kwargs, lifted.leaves)))
 
 
 def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any,
@@ -262,8 +272,9 @@ def remember(m: Any, lifted: Lifted, plan: Plan, f: Fields, args: Any, kwargs: A
     lay = layout(m)
     sig = _sig(m, args, kwargs, dtype)
     coords = used["coords"]
-    if sig is None or any(isinstance(c, jax.core.Tracer) for c in coords):
-        return
+    if sig is None or any(isinstance(c, jax.core.Tracer) for c in coords) \
+            or any(_traced(x, args, kwargs, lifted) for x in f.arrays):
+        return  # a traced call is not recorded (nor looked up): see lookup
     variables = f.obj.coords.variables
     values = tuple(coord_values(variables[d]) for d in plan.coord_dims)
     index = plan.input_index()
