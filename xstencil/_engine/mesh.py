@@ -67,12 +67,16 @@ def mesh_evaluate(
     sources: Sequence[Source],
     geom: Sequence[AxisGeom],
     dyn: Any,
+    covered: bool = False,
 ) -> Any:
     """Evaluate ``base`` everywhere, then each branch on its region, in order.
 
     Each branch reads non-finite inputs as zero at the positions whose result
     is discarded (outside its mask, or overwritten by a later region), so
     NaN on land never reaches the gradient of what the sea kernel keeps.
+    ``covered``: the caller knows that the regions cover every position (its
+    masks are run-time inputs here), so the kept input's dtype takes no part
+    in the result's, as when slabs cover it.
     """
     start = 0
     for k, (region, _) in enumerate(branches):
@@ -102,9 +106,11 @@ def mesh_evaluate(
                  if (vals := region_values(region, call, sources, geom, dyn,
                                            kept(branches, k, geom))) is not None]
     # every region writes into one array: promote to a dtype that holds them all
+    # (the kept input's only where some position keeps it)
+    base_kept = not (covered and offset == 0 and evaluated)
     for k in range(len(leaves)):
-        dt = promote(leaves[k], *[vals[k] for _, vals in evaluated])
-        leaves[k] = leaves[k].astype(dt)
+        parts = ([leaves[k]] if base_kept else []) + [vals[k] for _, vals in evaluated]
+        leaves[k] = leaves[k].astype(promote(*parts))
     for region, vals in evaluated:
         leaves = write_region(leaves, region, vals)
     return jax.tree_util.tree_unflatten(treedef, leaves)

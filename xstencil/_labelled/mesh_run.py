@@ -139,7 +139,12 @@ def how(plan: Plan, lay: Layout, lifted: Lifted, regions: Sequence[Slab | int],
         covered = bool((member >= 0).all())
         dynamic = [] if covered and len(reps) == 1 else [member]
         return ("mesh-select", reps, covered), _select_body(reps, covered), dynamic
-    return ("mesh", tuple(regions), lay.kidx), _slab_body(regions, lay.kidx), list(masks)
+    hit = np.zeros(counts, bool)  # the masks are run-time inputs: is every position covered?
+    for r in regions:
+        hit[tuple(slice(*rr) for rr in r.ranges) if isinstance(r, Slab) else masks[r]] = True
+    covered = bool(hit.all())
+    return (("mesh", tuple(regions), lay.kidx, covered), _slab_body(regions, lay.kidx, covered),
+            list(masks))
 
 
 def use_select(n: int, branches: int, slab_work: int) -> bool:
@@ -161,14 +166,16 @@ def _select_body(reps: tuple[int, ...], covered: bool) -> Callable[..., Any]:
     return body
 
 
-def _slab_body(regions: Sequence[Slab | int], kidx: tuple[int, ...]) -> Callable[..., Any]:
+def _slab_body(regions: Sequence[Slab | int], kidx: tuple[int, ...],
+               covered: bool) -> Callable[..., Any]:
     def body(kernels: Sequence[Callable[..., Any]], plan: Plan, static: Any, arrays: Any,
              coords: Any, dyn: Any, masks: Any) -> Any:
         calls = [kernel_caller(plan, kernels[i], static) for i in kidx]
         branches = [(r if isinstance(r, Slab) else Mask(masks[r]), c)
                     for r, c in zip(regions, calls, strict=True)]
         base = identity_caller(plan, calls[-1])
-        return mesh_evaluate(branches, base, sources(plan, arrays, coords), plan.geom, dyn)
+        return mesh_evaluate(branches, base, sources(plan, arrays, coords), plan.geom, dyn,
+                             covered)
 
     return body
 
