@@ -140,3 +140,45 @@ def test_a_mesh_called_under_jit_then_eagerly_does_not_reuse_traced_values() -> 
     np.testing.assert_array_equal(traced, ref)
     np.testing.assert_array_equal(build(da).map().values, ref)
     np.testing.assert_array_equal(build(da).map().values, ref)  # the fast path
+
+
+def _uint8_mesh(d: xr.DataArray) -> xstencil.Mesh:
+    m = d.stencil.mesh(boundary="extend")
+    m[...] = lambda u: u().astype(jnp.float32) * 0.5
+    m[{"x": 0}] = lambda u: u()  # the last kernel returns uint8
+    return m
+
+
+def test_a_dask_mesh_announces_the_dtype_it_computes() -> None:
+    # the lazy result's dtype came from the last kernel alone (uint8) while the
+    # blocks held float32: written out (to_netcdf) it would have been truncated
+    v = np.arange(24, dtype=np.uint8).reshape(4, 6)
+    da = xr.DataArray(v, dims=("y", "x"))
+    eager = _uint8_mesh(da).map()
+    lazy = _uint8_mesh(da.chunk({"x": 3})).map()
+    ref = np.where(np.arange(6) == 0, v, v * np.float32(0.5)).astype(np.float32)
+    assert eager.dtype == np.float32
+    assert lazy.dtype == np.float32
+    computed = lazy.compute()
+    assert computed.dtype == np.float32
+    np.testing.assert_array_equal(computed.values, ref)
+    np.testing.assert_array_equal(eager.values, ref)
+
+
+def test_a_dask_mesh_covered_by_masks_has_the_kernels_dtype() -> None:
+    da = xr.DataArray(np.linspace(-1, 1, 48, dtype=np.float32).reshape(6, 8), dims=("y", "x"))
+    pos = da > 0
+
+    def build(d: xr.DataArray) -> xstencil.Mesh:
+        m = d.stencil.mesh(boundary="extend")
+        m[pos] = lambda u: u().astype(jnp.float16)
+        m[~pos] = lambda u: (2 * u()).astype(jnp.float16)
+        return m
+
+    ref = np.where(pos.values, da.values.astype(np.float16),
+                   (2 * da.values).astype(np.float16))
+    eager = build(da).map()
+    lazy = build(da.chunk({"x": 4})).map()
+    assert eager.dtype == lazy.dtype == lazy.compute().dtype == np.float16
+    np.testing.assert_array_equal(eager.values, ref)
+    np.testing.assert_array_equal(lazy.values, ref)
