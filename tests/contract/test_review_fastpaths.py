@@ -46,7 +46,8 @@ def test_reduce_precision_inside_a_linear_kernel_is_kept_with_constant_weights()
     w = np.arange(1.0, 26.0).reshape(5, 5) / 7
 
     def kernel(u: xstencil.Window) -> jax.Array:
-        return (lax.reduce_precision(u.array, 5, 10) * (jnp.arange(1.0, 26.0).reshape(5, 5) / 7)).sum()
+        weights = jnp.arange(1.0, 26.0).reshape(5, 5) / 7  # constants of the program
+        return (lax.reduce_precision(u.array, 5, 10) * weights).sum()
 
     out = da.stencil.map(kernel, window={"y": 5, "x": 5}, boundary="extend")
     ref = _window_sums(da.values, lambda p: (p.astype(np.float16).astype(np.float64) * w).sum(), 5)
