@@ -4,6 +4,11 @@ loop or with the same call taking the general path."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -183,3 +188,35 @@ def test_a_dask_mesh_covered_by_masks_has_the_kernels_dtype() -> None:
     assert eager.dtype == lazy.dtype == lazy.compute().dtype == np.float16
     np.testing.assert_array_equal(eager.values, ref)
     np.testing.assert_array_equal(lazy.values, ref)
+
+
+_SHARDED = """
+import jax.numpy as jnp, numpy as np, xarray as xr, xstencil
+da = xr.DataArray(np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8), dims=("y", "x"))
+pos = da > 0
+def build(**kw):
+    m = da.stencil.mesh(boundary="extend", **kw)
+    m[pos] = lambda u: u().astype(jnp.float16)
+    m[~pos] = lambda u: (2 * u()).astype(jnp.float16)
+    return m
+a = build().map()
+s = build(devices={"y": "a", "x": "b"}).map()
+ref = np.where(pos.values, da.values.astype(np.float16), (2 * da.values).astype(np.float16))
+assert a.dtype == np.float16, a.dtype
+assert s.dtype == np.float16, s.dtype
+np.testing.assert_array_equal(np.asarray(s.values), ref)
+print("ok")
+"""
+
+
+def test_a_sharded_mesh_covered_by_masks_has_the_kernels_dtype() -> None:
+    # sharded meshes run every region as a mask and promoted with the kept input
+    # (float32) though no position keeps it; in memory the result is float16
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", _SHARDED], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")
