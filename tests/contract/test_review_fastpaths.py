@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import xarray as xr
 from jax import lax
 
@@ -220,3 +221,29 @@ def test_a_sharded_mesh_covered_by_masks_has_the_kernels_dtype() -> None:
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+def _subset_mesh(ds: xr.Dataset) -> xstencil.Mesh:
+    m = ds.stencil.mesh(boundary="extend")
+    m[...] = lambda s: {"u": s["u"]() * 2}
+    m[{"x": 0}] = lambda s: {"h": -s["h"]()}
+    return m
+
+
+def test_dataset_mesh_kernels_returning_other_variables_raise() -> None:
+    # the regions' results were merged leaf by leaf: 'u' at x=0 got -h, and h
+    # kept its input (dask: 'h' got the other region's u); now a clear error
+    v = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    ds = xr.Dataset({"u": (("y", "x"), v), "h": (("y", "x"), v * 10)})
+    for data in (ds, ds.chunk({"x": 2})):
+        with pytest.raises(xstencil.XStencilError,
+                           match=r"mesh.*kernels return different results: \['u'\] and "
+                                 r"\['h'\].*every kernel"):
+            _subset_mesh(data).map().compute()
+    # every kernel returning both variables works, and matches a numpy reference
+    m = ds.stencil.mesh(boundary="extend")
+    m[...] = lambda s: {"u": s["u"]() * 2, "h": s["h"]()}
+    m[{"x": 0}] = lambda s: {"u": s["u"](), "h": -s["h"]()}
+    out = m.map()
+    np.testing.assert_array_equal(out["u"].values, np.where(np.arange(4) == 0, v, 2 * v))
+    np.testing.assert_array_equal(out["h"].values, np.where(np.arange(4) == 0, -10 * v, 10 * v))

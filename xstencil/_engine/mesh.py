@@ -23,6 +23,7 @@ from jax import lax
 
 from xstencil._engine.call import promote
 from xstencil._engine.lower import AxisGeom, KernelCall, Source, evaluate, trace
+from xstencil._errors import XStencilError
 
 __all__ = ["Slab", "Mask", "branches", "mesh_evaluate", "select_evaluate", "slab_geometry",
            "region_values", "write_region", "write_slab"]
@@ -78,6 +79,7 @@ def mesh_evaluate(
     masks are run-time inputs here), so the kept input's dtype takes no part
     in the result's, as when slabs cover it.
     """
+    same_results([c for _, c in branches], sources, geom, dyn)
     start = 0
     for k, (region, _) in enumerate(branches):
         if isinstance(region, Slab) and region.covers(geom):
@@ -200,6 +202,7 @@ def select_evaluate(calls: Sequence[KernelCall], base: KernelCall, member: Any, 
     """
     if len(calls) == 1 and covered:
         return evaluate(calls[0], sources, geom, dyn)
+    same_results(calls, sources, geom, dyn)
     member = jnp.asarray(member).astype(jnp.int32)
     cases = []
     if not covered:
@@ -220,6 +223,30 @@ def select_evaluate(calls: Sequence[KernelCall], base: KernelCall, member: Any, 
                                  leaves[0].shape)
         out.append(lax.select_n(w, *leaves))
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def same_results(calls: Sequence[KernelCall], sources: Sequence[Source],
+                 geom: Sequence[AxisGeom], dyn: Any) -> None:
+    """Raise unless every kernel of a mesh returns the same structure: all
+    write into one result, leaf by leaf, so a Dataset kernel returning other
+    variables than another would write into the wrong one."""
+    first = None
+    for call in dict.fromkeys(calls):
+        tree = trace(call, sources, geom, dyn)[1]
+        if first is None:
+            first = tree
+        elif tree != first:
+            raise XStencilError(
+                f"a function mesh's kernels return different results: {_names(first)} and "
+                f"{_names(tree)}; every region writes into one result, so every kernel must "
+                f"return the same variables (with the same shapes): return each variable from "
+                f"every kernel, e.g. s['h']() to keep 'h' as it is")
+
+
+def _names(tree: Any) -> str:
+    """The variables a kernel result's structure holds (its dict keys), or the structure."""
+    value = jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)
+    return repr(sorted(value)) if isinstance(value, dict) else str(tree)
 
 
 def _in_slab(slab: Slab, domain: Sequence[tuple[int, int, int]],
