@@ -247,3 +247,26 @@ def test_dataset_mesh_kernels_returning_other_variables_raise() -> None:
     out = m.map()
     np.testing.assert_array_equal(out["u"].values, np.where(np.arange(4) == 0, v, 2 * v))
     np.testing.assert_array_equal(out["h"].values, np.where(np.arange(4) == 0, -10 * v, 10 * v))
+
+
+def test_mesh_kernels_returning_other_shapes_raise_on_every_path() -> None:
+    # under jit and with dask a (1,) result was broadcast over output_dims
+    # (or written into its first entry only); eagerly a raw TypeError
+    v = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    da = xr.DataArray(v, dims=("y", "x"))
+    mask = da > 5
+
+    def build(d: xr.DataArray) -> xstencil.Mesh:
+        m = d.stencil.mesh(boundary="extend", output_dims=["k"])
+        m[...] = lambda u: jnp.stack([u(), 2 * u(), 3 * u()])
+        m[{"x": 0}] = lambda u: jnp.stack([-u()])
+        m[mask] = lambda u: jnp.stack([-u()])
+        return m
+
+    match = r"mesh.*kernels return different results.*shapes \(3,\) and \(1,\).*every kernel"
+    with pytest.raises(xstencil.XStencilError, match=match):
+        build(da).map()
+    with pytest.raises(xstencil.XStencilError, match=match):
+        build(da.chunk({"x": 2})).map().compute()
+    with pytest.raises(xstencil.XStencilError, match=match):
+        jax.jit(lambda d: build(da.copy(data=d)).map().data)(jnp.asarray(v))
