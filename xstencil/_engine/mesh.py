@@ -227,20 +227,29 @@ def select_evaluate(calls: Sequence[KernelCall], base: KernelCall, member: Any, 
 
 def same_results(calls: Sequence[KernelCall], sources: Sequence[Source],
                  geom: Sequence[AxisGeom], dyn: Any) -> None:
-    """Raise unless every kernel of a mesh returns the same structure: all
-    write into one result, leaf by leaf, so a Dataset kernel returning other
-    variables than another would write into the wrong one."""
+    """Raise unless every kernel of a mesh returns the same structure and
+    per-point shapes: all write into one result, leaf by leaf, so a Dataset
+    kernel returning other variables than another would write into the wrong
+    one, and a smaller array would be broadcast over the larger."""
     first = None
     for call in dict.fromkeys(calls):
-        tree = trace(call, sources, geom, dyn)[1]
+        closed, tree = trace(call, sources, geom, dyn)
+        shapes = tuple(tuple(v.aval.shape) for v in closed.jaxpr.outvars)
         if first is None:
-            first = tree
-        elif tree != first:
+            first = (tree, shapes)
+        elif tree != first[0]:
             raise XStencilError(
-                f"a function mesh's kernels return different results: {_names(first)} and "
+                f"a function mesh's kernels return different results: {_names(first[0])} and "
                 f"{_names(tree)}; every region writes into one result, so every kernel must "
                 f"return the same variables (with the same shapes): return each variable from "
                 f"every kernel, e.g. s['h']() to keep 'h' as it is")
+        elif shapes != first[1]:
+            pairs = [(a, b) for a, b in zip(first[1], shapes, strict=True) if a != b]
+            raise XStencilError(
+                f"a function mesh's kernels return different results: per-point shapes "
+                f"{pairs[0][0]} and {pairs[0][1]}; every region writes into one result, so "
+                f"every kernel must return the same shape (the same length along each of "
+                f"output_dims)")
 
 
 def _names(tree: Any) -> str:
