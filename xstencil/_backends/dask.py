@@ -59,7 +59,7 @@ from xstencil._backends.dask_base import (
 from xstencil._backends.dask_halo import Overlap, assemble, halo_array
 from xstencil._backends.dask_pack import byte_width, pack, unpack
 from xstencil._backends.jobs import Hooks, MapJob
-from xstencil._engine.call import precision, split_static, stand_in
+from xstencil._engine.call import precision, promote, split_static, stand_in
 from xstencil._engine.coords import padded, read_dtype
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._engine.mesh import Slab, branches, mesh_evaluate
@@ -140,6 +140,7 @@ class BlockMap:
     nvar: int
     stacked: bool  # several output leaves, stacked along a trailing axis
     packed: bool = False  # leaves of different dtypes: stacked as their raw bytes
+    dtypes: tuple[str, ...] | None = None  # a mesh's leaves: the dtypes every block casts to
 
     def __call__(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any]
                  ) -> np.ndarray:
@@ -174,6 +175,7 @@ class BlockMap:
         packed = self.packed
         kernels, axes = self.kernels, self.axes
         is_mesh = self.regions is not None
+        dtypes = self.dtypes
         wset = {plan.axis(d) for d in plan.window_dims}
         modes = tuple(ax.edge_mode for ax in axes)
         depth = tuple(ax.depth for ax in axes)
@@ -195,6 +197,10 @@ class BlockMap:
                 calls = [hooks.caller(plan, k, static) for k in kernels]
                 out = mesh_evaluate(branches(regions, masks, calls),
                                     hooks.identity(plan, calls[-1]), srcs, geom, dyn)
+                # a block promotes only the kernels it runs: cast to the whole mesh's dtypes
+                leaves, tree = jax.tree_util.tree_flatten(out)
+                out = jax.tree_util.tree_unflatten(tree, [
+                    v.astype(dt) for v, dt in zip(leaves, dtypes or (), strict=True)])
             if not stacked:
                 return jax.tree_util.tree_leaves(out)[0]  # a dict of one variable
             return pack(out, len(geom)) if packed else _stack(out, len(geom))
@@ -249,7 +255,28 @@ def _leaf_shapes(job: MapJob, static: Any, dyn: Sequence[Any], arrays: Sequence[
             cells.append(stand_in(shape, x.dtype))
         for c, d in zip(coords, plan.coord_dims, strict=True):
             cells.append(stand_in((plan.specs[plan.axis(d)].size,), c.dtype))
-        return jax.eval_shape(job.hooks.caller(plan, job.kernels[-1], static), cells, list(dyn))
+        last = jax.eval_shape(job.hooks.caller(plan, job.kernels[-1], static), cells, list(dyn))
+        if job.regions is None:
+            return last
+        # a mesh writes every kernel's results, and the kept input where no region
+        # covers a position, into one array: their promoted dtype
+        calls = [job.hooks.caller(plan, k, static) for k in job.kernels]
+        outs = [jax.tree_util.tree_leaves(jax.eval_shape(c, cells, list(dyn))) for c in calls]
+        if not _covered(job):
+            outs.append(jax.tree_util.tree_leaves(jax.eval_shape(
+                job.hooks.identity(plan, calls[-1]), cells, list(dyn))))
+        leaves, tree = jax.tree_util.tree_flatten(last)
+        return jax.tree_util.tree_unflatten(tree, [
+            jax.ShapeDtypeStruct(v.shape, promote(*[o[k].dtype for o in outs]))
+            for k, v in enumerate(leaves)])
+
+
+def _covered(job: MapJob) -> bool:
+    """Whether a mesh's regions cover every output position."""
+    hit = np.zeros(job.plan.out_shape, bool)
+    for r in job.regions or ():
+        hit[tuple(slice(*rr) for rr in r.ranges) if isinstance(r, Slab) else job.masks[r]] = True
+    return bool(hit.all())
 
 
 def map_dask(job: MapJob) -> Any:
@@ -290,7 +317,8 @@ def map_dask(job: MapJob) -> Any:
                    tuple(regions or ()), [x.name for x in arrays], dyn, coords)
     fn = BlockMap(tok, plan, job.hooks, tuple(kernels),
                   None if regions is None else tuple(regions), static, dyn, coords,
-                  tuple(axes), len(arrays), stacked, packed)
+                  tuple(axes), len(arrays), stacked, packed,
+                  None if regions is None else tuple(str(v.dtype) for v in leaves))
     depth = tuple(ax.depth for ax in axes)
     inputs = [Overlap(x, depth) for x in arrays] + [
         Overlap(dsa.from_array(np.asarray(m), chunks=out_chunks), (0,) * nfield)

@@ -266,7 +266,7 @@ def _global_masks(plan: Plan, regions: Sequence[Slab | int], masks: Sequence[np.
 
 
 def _body(plan: Plan, lay: Layout, hooks: Hooks, kernels: Sequence[Callable[..., Any]],
-          static: Any, is_mesh: bool) -> Callable[..., Any]:
+          static: Any, is_mesh: bool, covered: bool = False) -> Callable[..., Any]:
     local = [n // lay.size(k) for k, n in enumerate(plan.shape)]
     wset = tuple(plan.axis(d) for d in plan.window_dims)
     fill = 0 if plan.fill_value is None else plan.fill_value
@@ -300,7 +300,8 @@ def _body(plan: Plan, lay: Layout, hooks: Hooks, kernels: Sequence[Callable[...,
         if not is_mesh:
             return evaluate(calls[0], srcs, geom, dyn)
         branches = [(Mask(m), c) for m, c in zip(masks, calls, strict=True)]
-        return mesh_evaluate(branches, hooks.identity(plan, calls[-1]), srcs, geom, dyn)
+        return mesh_evaluate(branches, hooks.identity(plan, calls[-1]), srcs, geom, dyn,
+                             covered)
 
     return body
 
@@ -325,10 +326,12 @@ def prepared(job: MapJob) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     modes = {d: plan.specs[plan.axis(d)].mode for d in plan.coord_dims}
     coords = list(padded(plan.call, job.coords, pads, modes, job.period,
                          read_dtype(plan.var_dtypes)))
-    key = ("shard", plan, static, lay, is_mesh, tuple(regions or ()))
+    # every position covered: the kept input's dtype takes no part in the result's
+    covered = bool(np.logical_or.reduce(gmasks).all()) if gmasks else False
+    key = ("shard", plan, static, lay, is_mesh, tuple(regions or ()), covered)
 
     def build() -> Callable[..., Any]:
-        body = _body(plan, lay, job.hooks, job.kernels, static, is_mesh)
+        body = _body(plan, lay, job.hooks, job.kernels, static, is_mesh, covered)
         mapped = jax.shard_map(body, mesh=lay.mesh,
                                in_specs=(lay.spec(), P(), P(), lay.spec()),
                                out_specs=lay.spec(nout), check_vma=False)

@@ -10,7 +10,9 @@ splits the question in two:
   output is ``sum(W * u) + b`` where ``W`` and ``b`` may depend on anything
   but the window cells: cells may only flow through linear operations (sums,
   rearrangements, a product with or a division by a value that depends on no
-  cell, a selection whose predicate depends on no cell);
+  cell, a selection whose predicate depends on no cell, a cast to a float
+  at least as wide as every output: a narrower one rounds, which is not
+  linear, and the lowering rounds the cells to the output's dtype only);
 * :func:`runtime_weights` then computes ``W`` and ``b`` *inside* the program,
   from the current values: ``b`` is the kernel at a zero window and ``W`` its
   derivative there (one ``jax.vjp``; a kernel that is affine has that
@@ -42,7 +44,7 @@ __all__ = ["is_affine", "runtime_weights", "MAX_JACFWD"]
 MAX_JACFWD = 2**22
 
 # primitives linear in every operand (the operands that may carry cells)
-_UNARY = frozenset({"neg", "copy", "copy_p", "reduce_precision", "slice", "squeeze", "reshape",
+_UNARY = frozenset({"neg", "copy", "copy_p", "slice", "squeeze", "reshape",
                     "transpose", "broadcast_in_dim", "rev", "expand_dims", "reduce_sum",
                     "cumsum", "split"})
 _JOINT = frozenset({"add", "sub", "add_any", "concatenate", "pad", "optimization_barrier"})
@@ -64,17 +66,19 @@ def is_affine(closed: Any, n_cells: int) -> bool:
     the cells, with coefficients that depend on no cell."""
     jaxpr = closed.jaxpr
     tags = [True] * n_cells + [False] * (len(jaxpr.invars) - n_cells)
+    widest = max((np.dtype(v.aval.dtype).itemsize for v in jaxpr.outvars), default=0)
     try:
-        _tags(jaxpr, tags)
+        _tags(jaxpr, tags, widest)
     except _NotAffine:
         return False
     return all(v.aval.shape == () and np.issubdtype(np.dtype(v.aval.dtype), np.floating)
                for v in jaxpr.outvars)
 
 
-def _tags(jaxpr: Any, args: Sequence[bool]) -> list[bool]:
+def _tags(jaxpr: Any, args: Sequence[bool], widest: int) -> list[bool]:
     """Which values depend on a cell (``True``: affinely); raises
-    :class:`_NotAffine` where a cell reaches a non-linear operation."""
+    :class:`_NotAffine` where a cell reaches a non-linear operation
+    (``widest``: the itemsize of the widest output)."""
     env: dict[Any, bool] = dict.fromkeys(jaxpr.constvars, False)
     env.update(zip(jaxpr.invars, args, strict=True))
 
@@ -84,14 +88,14 @@ def _tags(jaxpr: Any, args: Sequence[bool]) -> list[bool]:
     for eqn in jaxpr.eqns:
         ins = [read(v) for v in eqn.invars]
         if any(ins):
-            outs = _eqn(eqn, ins)
+            outs = _eqn(eqn, ins, widest)
         else:
             outs = [False] * len(eqn.outvars)
         env.update(zip(eqn.outvars, outs, strict=True))
     return [read(v) for v in jaxpr.outvars]
 
 
-def _eqn(eqn: Any, ins: list[bool]) -> list[bool]:
+def _eqn(eqn: Any, ins: list[bool], widest: int) -> list[bool]:
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
     if name in _CALLS:
@@ -99,14 +103,17 @@ def _eqn(eqn: Any, ins: list[bool]) -> list[bool]:
         if sub is None:
             raise _NotAffine
         sub = sub.jaxpr if isinstance(sub, jcore.ClosedJaxpr) else sub
-        return _tags(sub, ins[len(ins) - len(sub.invars):])
+        return _tags(sub, ins[len(ins) - len(sub.invars):], widest)
     if name == "optimization_barrier":
         return list(ins)
     if name in _UNARY or name in _JOINT:
         return [True] * n_out
     if name == "convert_element_type":
-        if not np.issubdtype(np.dtype(eqn.params["new_dtype"]), np.floating):
-            raise _NotAffine
+        new = np.dtype(eqn.params["new_dtype"])
+        if not np.issubdtype(new, np.floating) or (
+                new.itemsize < widest
+                and new.itemsize < np.dtype(eqn.invars[0].aval.dtype).itemsize):
+            raise _NotAffine  # an integer, or a rounding the output does not do
         return [True]
     if name in ("mul", "dot_general"):
         if all(ins):

@@ -25,7 +25,7 @@ from jax.extend import core as jcore
 
 __all__ = ["Linear", "weights"]
 
-_LINEAR_UNARY = frozenset({"neg", "copy", "copy_p", "optimization_barrier", "reduce_precision"})
+_LINEAR_UNARY = frozenset({"neg", "copy", "copy_p", "optimization_barrier"})
 _STRUCTURAL = frozenset({"slice", "squeeze", "reshape", "transpose", "broadcast_in_dim", "rev",
                          "expand_dims", "concatenate", "pad", "gather", "dynamic_slice",
                          "split", "tile"})
@@ -107,8 +107,9 @@ def weights(closed: Any, cell_shapes: Sequence[tuple[int, ...]]) -> list[list[np
         args.append(Linear(idx, idx + offset, np.ones(size), np.zeros(shape)))
         offset += size
     args += [_Opaque() for _ in jaxpr.invars[n:]]
+    widest = max((np.dtype(v.aval.dtype).itemsize for v in jaxpr.outvars), default=0)
     try:
-        outs = _interpret(jaxpr, closed.consts, args)
+        outs = _interpret(jaxpr, closed.consts, args, widest)
     except (_NotLinear, ValueError, IndexError, TypeError):
         # the reader is only an optimisation: an equation it cannot follow (say a
         # reduction over an index a scalar read does not have) is "not linear",
@@ -134,7 +135,8 @@ class _Opaque:
     """A traced argument (not a constant)."""
 
 
-def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
+               widest: int) -> list[Any]:
     env: dict[Any, Any] = {}
 
     def read(v: Any) -> Any:
@@ -149,7 +151,7 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[A
         if any(isinstance(x, _Opaque | jax.core.Tracer) for x in invals):
             raise _NotLinear
         if any(isinstance(x, Linear) for x in invals):
-            outs = _linear_eqn(eqn, invals)
+            outs = _linear_eqn(eqn, invals, widest)
         else:
             params = eqn.primitive.get_bind_params(eqn.params)
             with jax.ensure_compile_time_eval():
@@ -160,7 +162,10 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[A
     return [read(v) for v in jaxpr.outvars]
 
 
-def _linear_eqn(eqn: Any, invals: list[Any]) -> list[Any]:
+def _linear_eqn(eqn: Any, invals: list[Any], widest: int) -> list[Any]:
+    """One equation on window values; ``widest``: the itemsize of the widest
+    output (a cast to a narrower float rounds, which is not linear, and the
+    dense lowering rounds the cells to the output's dtype only)."""
     name = eqn.primitive.name
     params = eqn.params
     if name in _CALLS:
@@ -168,7 +173,7 @@ def _linear_eqn(eqn: Any, invals: list[Any]) -> list[Any]:
             if key in params:
                 j = params[key]
                 sub, consts = (j.jaxpr, j.consts) if isinstance(j, jcore.ClosedJaxpr) else (j, ())
-                return _interpret(sub, consts, invals[len(invals) - len(sub.invars):])
+                return _interpret(sub, consts, invals[len(invals) - len(sub.invars):], widest)
         raise _NotLinear
     if name in _STRUCTURAL:
         return [_structural(eqn, invals)]
@@ -178,7 +183,10 @@ def _linear_eqn(eqn: Any, invals: list[Any]) -> list[Any]:
             return [Linear(x.rows, x.cols, -x.vals, -x.bias)]
         return [x] * len(eqn.outvars)
     if name == "convert_element_type":
-        if not np.issubdtype(np.dtype(params["new_dtype"]), np.floating):
+        new = np.dtype(params["new_dtype"])
+        if not np.issubdtype(new, np.floating) or (
+                new.itemsize < widest
+                and new.itemsize < np.dtype(eqn.invars[0].aval.dtype).itemsize):
             raise _NotLinear
         return [invals[0]]
     if name in ("add", "sub", "add_any"):

@@ -23,6 +23,7 @@ from jax import lax
 
 from xstencil._engine.call import promote
 from xstencil._engine.lower import AxisGeom, KernelCall, Source, evaluate, trace
+from xstencil._errors import XStencilError
 
 __all__ = ["Slab", "Mask", "branches", "mesh_evaluate", "select_evaluate", "slab_geometry",
            "region_values", "write_region", "write_slab"]
@@ -67,13 +68,18 @@ def mesh_evaluate(
     sources: Sequence[Source],
     geom: Sequence[AxisGeom],
     dyn: Any,
+    covered: bool = False,
 ) -> Any:
     """Evaluate ``base`` everywhere, then each branch on its region, in order.
 
     Each branch reads non-finite inputs as zero at the positions whose result
     is discarded (outside its mask, or overwritten by a later region), so
     NaN on land never reaches the gradient of what the sea kernel keeps.
+    ``covered``: the caller knows that the regions cover every position (its
+    masks are run-time inputs here), so the kept input's dtype takes no part
+    in the result's, as when slabs cover it.
     """
+    same_results([c for _, c in branches], sources, geom, dyn)
     start = 0
     for k, (region, _) in enumerate(branches):
         if isinstance(region, Slab) and region.covers(geom):
@@ -102,9 +108,11 @@ def mesh_evaluate(
                  if (vals := region_values(region, call, sources, geom, dyn,
                                            kept(branches, k, geom))) is not None]
     # every region writes into one array: promote to a dtype that holds them all
+    # (the kept input's only where some position keeps it)
+    base_kept = not (covered and offset == 0 and evaluated)
     for k in range(len(leaves)):
-        dt = promote(leaves[k], *[vals[k] for _, vals in evaluated])
-        leaves[k] = leaves[k].astype(dt)
+        parts = ([leaves[k]] if base_kept else []) + [vals[k] for _, vals in evaluated]
+        leaves[k] = leaves[k].astype(promote(*parts))
     for region, vals in evaluated:
         leaves = write_region(leaves, region, vals)
     return jax.tree_util.tree_unflatten(treedef, leaves)
@@ -194,6 +202,7 @@ def select_evaluate(calls: Sequence[KernelCall], base: KernelCall, member: Any, 
     """
     if len(calls) == 1 and covered:
         return evaluate(calls[0], sources, geom, dyn)
+    same_results(calls, sources, geom, dyn)
     member = jnp.asarray(member).astype(jnp.int32)
     cases = []
     if not covered:
@@ -214,6 +223,39 @@ def select_evaluate(calls: Sequence[KernelCall], base: KernelCall, member: Any, 
                                  leaves[0].shape)
         out.append(lax.select_n(w, *leaves))
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def same_results(calls: Sequence[KernelCall], sources: Sequence[Source],
+                 geom: Sequence[AxisGeom], dyn: Any) -> None:
+    """Raise unless every kernel of a mesh returns the same structure and
+    per-point shapes: all write into one result, leaf by leaf, so a Dataset
+    kernel returning other variables than another would write into the wrong
+    one, and a smaller array would be broadcast over the larger."""
+    first = None
+    for call in dict.fromkeys(calls):
+        closed, tree = trace(call, sources, geom, dyn)
+        shapes = tuple(tuple(v.aval.shape) for v in closed.jaxpr.outvars)
+        if first is None:
+            first = (tree, shapes)
+        elif tree != first[0]:
+            raise XStencilError(
+                f"a function mesh's kernels return different results: {_names(first[0])} and "
+                f"{_names(tree)}; every region writes into one result, so every kernel must "
+                f"return the same variables (with the same shapes): return each variable from "
+                f"every kernel, e.g. s['h']() to keep 'h' as it is")
+        elif shapes != first[1]:
+            pairs = [(a, b) for a, b in zip(first[1], shapes, strict=True) if a != b]
+            raise XStencilError(
+                f"a function mesh's kernels return different results: per-point shapes "
+                f"{pairs[0][0]} and {pairs[0][1]}; every region writes into one result, so "
+                f"every kernel must return the same shape (the same length along each of "
+                f"output_dims)")
+
+
+def _names(tree: Any) -> str:
+    """The variables a kernel result's structure holds (its dict keys), or the structure."""
+    value = jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)
+    return repr(sorted(value)) if isinstance(value, dict) else str(tree)
 
 
 def _in_slab(slab: Slab, domain: Sequence[tuple[int, int, int]],

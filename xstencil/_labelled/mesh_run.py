@@ -139,7 +139,12 @@ def how(plan: Plan, lay: Layout, lifted: Lifted, regions: Sequence[Slab | int],
         covered = bool((member >= 0).all())
         dynamic = [] if covered and len(reps) == 1 else [member]
         return ("mesh-select", reps, covered), _select_body(reps, covered), dynamic
-    return ("mesh", tuple(regions), lay.kidx), _slab_body(regions, lay.kidx), list(masks)
+    hit = np.zeros(counts, bool)  # the masks are run-time inputs: is every position covered?
+    for r in regions:
+        hit[tuple(slice(*rr) for rr in r.ranges) if isinstance(r, Slab) else masks[r]] = True
+    covered = bool(hit.all())
+    return (("mesh", tuple(regions), lay.kidx, covered), _slab_body(regions, lay.kidx, covered),
+            list(masks))
 
 
 def use_select(n: int, branches: int, slab_work: int) -> bool:
@@ -161,14 +166,16 @@ def _select_body(reps: tuple[int, ...], covered: bool) -> Callable[..., Any]:
     return body
 
 
-def _slab_body(regions: Sequence[Slab | int], kidx: tuple[int, ...]) -> Callable[..., Any]:
+def _slab_body(regions: Sequence[Slab | int], kidx: tuple[int, ...],
+               covered: bool) -> Callable[..., Any]:
     def body(kernels: Sequence[Callable[..., Any]], plan: Plan, static: Any, arrays: Any,
              coords: Any, dyn: Any, masks: Any) -> Any:
         calls = [kernel_caller(plan, kernels[i], static) for i in kidx]
         branches = [(r if isinstance(r, Slab) else Mask(masks[r]), c)
                     for r, c in zip(regions, calls, strict=True)]
         base = identity_caller(plan, calls[-1])
-        return mesh_evaluate(branches, base, sources(plan, arrays, coords), plan.geom, dyn)
+        return mesh_evaluate(branches, base, sources(plan, arrays, coords), plan.geom, dyn,
+                             covered)
 
     return body
 
@@ -215,6 +222,10 @@ def lookup(m: Any, args: Any, kwargs: Any,
     if sig is None:
         return None
     lifted = describe(lay.distinct)
+    if _traced(obj.variable._data, args, kwargs, lifted):
+        # a traced call may choose another evaluation than the recorded one (see
+        # :func:`how`): it takes the full path
+        return None
     # the branches too: equal kernels reading other arrays than last time split
     key = ("meshfast", lifted.key, sig, lay.key, _branches(lifted))
     entry = peek(key)
@@ -231,6 +242,12 @@ def lookup(m: Any, args: Any, kwargs: Any,
             entry = entry._replace(sources=now)
             put(key, entry)
     return entry, lifted
+
+
+def _traced(data: Any, args: Any, kwargs: Any, lifted: Lifted) -> bool:
+    """Whether some input of the call is a JAX tracer (see ``traced`` in :func:`how`)."""
+    return any(isinstance(x, jax.core.Tracer)
+               for x in jax.tree_util.tree_leaves((data, args, kwargs, lifted.leaves)))
 
 
 def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any,
@@ -262,8 +279,9 @@ def remember(m: Any, lifted: Lifted, plan: Plan, f: Fields, args: Any, kwargs: A
     lay = layout(m)
     sig = _sig(m, args, kwargs, dtype)
     coords = used["coords"]
-    if sig is None or any(isinstance(c, jax.core.Tracer) for c in coords):
-        return
+    if sig is None or any(isinstance(c, jax.core.Tracer) for c in coords) \
+            or any(_traced(x, args, kwargs, lifted) for x in f.arrays):
+        return  # a traced call is not recorded (nor looked up): see lookup
     variables = f.obj.coords.variables
     values = tuple(coord_values(variables[d]) for d in plan.coord_dims)
     index = plan.input_index()
