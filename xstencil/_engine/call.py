@@ -24,7 +24,7 @@ __all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static", "
            "dtype_kind", "is_weak", "settled", "stand_in"]
 
 
-def stand_in(shape: tuple[int, ...], dtype: Any) -> Any:
+def stand_in(shape: tuple[int, ...], dtype: Any, weak_type: bool = False) -> Any:
     """A ``jax.ShapeDtypeStruct`` of ``dtype`` as JAX can hold it right now.
 
     With x64 off a 64-bit dtype is narrowed here (float64 -> float32), as JAX
@@ -33,7 +33,8 @@ def stand_in(shape: tuple[int, ...], dtype: Any) -> Any:
     stand-ins inside the :func:`precision` block that traces them, so that
     64-bit inputs get 64-bit stand-ins.
     """
-    return jax.ShapeDtypeStruct(tuple(shape), jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
+    return jax.ShapeDtypeStruct(tuple(shape), jax.dtypes.canonicalize_dtype(np.dtype(dtype)),
+                                weak_type=weak_type)
 
 
 def dtype_kind(dtype: Any) -> str:

@@ -31,11 +31,14 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend import core as jcore
 
 from xstencil._engine.affine import runtime_weights
+from xstencil._engine.call import stand_in
 from xstencil._engine.dense_runtime import (
     runtime_slices,
     runtime_spectrum,
@@ -245,6 +248,33 @@ def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],
     return full[index].astype(x.dtype)
 
 
+def _read_only(closed: Any, sources: Sequence[Any]) -> tuple[Any, list[Any]]:
+    """The kernel's jaxpr and sources without the sources it never reads.
+
+    Every labelled kernel is also handed its coordinates (packed, complex),
+    which a weighted sum of the data does not read; left in, they would hide
+    the linear sum from the dense lowering.  The jaxpr is re-traced with the
+    unread cells as zeros (their values cannot matter)."""
+    jaxpr = closed.jaxpr
+    n = len(sources)
+    read = {v for eqn in jaxpr.eqns for v in eqn.invars if not isinstance(v, jcore.Literal)}
+    read |= {v for v in jaxpr.outvars if not isinstance(v, jcore.Literal)}
+    keep = [i for i in range(n) if jaxpr.invars[i] in read]
+    if len(keep) == n:
+        return closed, list(sources)
+    avals = [v.aval for v in jaxpr.invars]
+
+    def kept(*args: Any) -> Any:
+        it = iter(args[:len(keep)])
+        cells = [next(it) if i in keep else jnp.zeros(avals[i].shape, avals[i].dtype)
+                 for i in range(n)]
+        return jax.core.eval_jaxpr(jaxpr, closed.consts, *cells, *args[len(keep):])
+
+    stand = [stand_in(a.shape, a.dtype, a.weak_type) for a in avals]
+    new = jax.make_jaxpr(kept)(*[stand[i] for i in keep], *stand[n:])
+    return new, [sources[i] for i in keep]
+
+
 def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
           dyn: Any = None) -> list[Any] | None:
     """The kernel's output leaves over the slab ``geom``, lowered as
@@ -257,6 +287,9 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
     runtime weights are computed when the weights are not constants.
     """
     rank = len(geom)
+    closed, sources = _read_only(closed, sources)
+    if not sources:
+        return None
     shapes = [tuple(geom[a].size for a in s.cell_axes) for s in sources]
     if any(not np.issubdtype(np.dtype(s.array.dtype), np.floating) for s in sources):
         return None
