@@ -267,7 +267,7 @@ def _leaf_shapes(job: MapJob, static: Any, dyn: Sequence[Any], arrays: Sequence[
                 job.hooks.identity(plan, calls[-1]), cells, list(dyn))))
         leaves, tree = jax.tree_util.tree_flatten(last)
         return jax.tree_util.tree_unflatten(tree, [
-            jax.ShapeDtypeStruct(v.shape, promote(*[o[k].dtype for o in outs]))
+            stand_in(v.shape, promote(*[o[k].dtype for o in outs]))
             for k, v in enumerate(leaves)])
 
 
