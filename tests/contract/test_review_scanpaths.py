@@ -1,0 +1,126 @@
+"""Review of the repeat-call scan fast path (xstencil._labelled.scan_fast):
+a second call that differs from the first in something the cache key or
+the per-hit checks missed must give what a fresh call gives.
+
+Each test makes the second call's result both ways (after the first call,
+and again with the caches cleared) and compares them with
+``xr.testing.assert_identical`` (values, dtypes, coordinates and their
+attributes), plus an independent numpy reference where values matter.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+import xstencil
+from xstencil._labelled import scan_fast
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """How many calls took the fast path."""
+    n = {"fast": 0}
+    run = scan_fast.run
+
+    def counted(*a, **k):
+        n["fast"] += 1
+        return run(*a, **k)
+
+    monkeypatch.setattr(scan_fast, "run", counted)
+    xstencil.clear_caches()
+    return n
+
+
+def _fresh(call):
+    xstencil.clear_caches()
+    return call()
+
+
+def heat(u):
+    c = u(time=-1)
+    return c + 0.2 * (u(time=-1, x=1) + u(time=-1, x=-1) - 2 * c)
+
+
+def np_heat_own(x: np.ndarray) -> np.ndarray:
+    """``heat`` along axis 0 of ``x`` (zero halo along axis 1); row 0 kept."""
+    out = [x[0]]
+    for _ in range(1, len(x)):
+        u = out[-1]
+        p = np.pad(u, 1)
+        out.append(u + 0.2 * (p[2:] + p[:-2] - 2 * u))
+    return np.stack(out)
+
+
+def test_time_coordinate_attrs_are_the_calls_own(fast):
+    values = np.random.default_rng(0).random((3, 6))
+
+    def traj(units):
+        t = xr.Variable("time", [0.0, 1.0, 2.0], {"units": units})
+        return xr.DataArray(values, dims=("time", "x"), coords={"time": t})
+
+    traj("s").stencil.scan(heat, dim="time", fill_value=0.0)
+    out = traj("h").stencil.scan(heat, dim="time", fill_value=0.0)
+    assert out["time"].attrs == {"units": "h"}
+    np.testing.assert_allclose(out.values, np_heat_own(values), rtol=1e-12)
+    xr.testing.assert_identical(out, _fresh(lambda: traj("h").stencil.scan(
+        heat, dim="time", fill_value=0.0)))
+
+
+def test_timezone_of_the_time_coordinate_is_the_calls_own(fast):
+    values = np.random.default_rng(1).random((3, 6))
+
+    def traj(tz):
+        t = pd.date_range("2000-01-01", periods=3, freq="h", tz="UTC").tz_convert(tz)
+        return xr.DataArray(values, dims=("time", "x"), coords={"time": t})
+
+    def kern(u):  # reads the time coordinate (seconds since the first position)
+        t = u.coord("time")
+        return u(time=-1) + 1e-4 * (t() - t(time=-1))
+
+    traj("UTC").stencil.scan(kern, dim="time")
+    out = traj("Europe/Paris").stencil.scan(kern, dim="time")
+    assert str(out["time"].dtype) == str(traj("Europe/Paris")["time"].dtype)
+    xr.testing.assert_identical(out, _fresh(lambda: traj("Europe/Paris").stencil.scan(
+        kern, dim="time")))
+
+
+def test_weakly_typed_argument_does_not_decide_a_strong_ones_dtype(fast):
+    """float16 state times a float32 argument: a weakly typed one (a Python
+    number made a JAX array) keeps float16, a strong one promotes to float32."""
+    u0 = xr.DataArray(np.ones((1, 4), np.float16), dims=("time", "x"))
+
+    def grow(u, a):
+        return u(time=-1) * a
+
+    strong = jnp.ones((), jnp.float32) * 1.5
+    with jax.numpy_dtype_promotion("standard"):  # JAX's default (the tests run strict)
+        weak = u0.stencil.scan(grow, "time", jnp.asarray(1.5), steps=2)
+        out = u0.stencil.scan(grow, "time", strong, steps=2)
+        ref = _fresh(lambda: u0.stencil.scan(grow, "time", strong, steps=2))
+    assert weak.dtype == np.float16
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out.values[:, 0], 1.5 ** np.arange(3))
+    xr.testing.assert_identical(out, ref)
+
+
+def test_repeated_endpoint_warning_is_not_dropped_on_a_repeat(fast):
+    x = np.linspace(0, 2 * np.pi, 9)  # the last point repeats the first
+    u0 = xr.DataArray(np.sin(x), dims="x", coords={"x": x})
+    for _ in range(3):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            u0.stencil.scan(heat, dim="time", steps=2, boundary="periodic")
+        assert any("repeats the first" in str(w.message) for w in got)
+    # a grid without the repeated endpoint still takes the fast path
+    y = np.linspace(0, 2 * np.pi, 8, endpoint=False)
+    v0 = xr.DataArray(np.sin(y), dims="x", coords={"x": y})
+    for _ in range(2):
+        v0.stencil.scan(heat, dim="time", steps=2, boundary="periodic")
+    assert fast["fast"] == 1
