@@ -124,3 +124,21 @@ def test_repeated_endpoint_warning_is_not_dropped_on_a_repeat(fast):
     for _ in range(2):
         v0.stencil.scan(heat, dim="time", steps=2, boundary="periodic")
     assert fast["fast"] == 1
+
+
+@pytest.mark.parametrize("path", ["scan", "map"])
+def test_static_minus_zero_argument_is_not_zero(fast, path):
+    """``0.0 == -0.0``, but ``1 / -0.0 == -inf``: a static argument ``-0.0``
+    must not reuse the code (or the fast-path entry) made for ``0.0``."""
+    u0 = xr.DataArray(np.ones(3), dims="x")
+
+    def run(a):
+        if path == "map":
+            return u0.stencil.map(lambda u, a: u() + np.float64(1.0) / a, a).values
+        return u0.stencil.scan(lambda u, a: u(time=-1) + np.float64(1.0) / a, "time", a,
+                               steps=1).values[-1]
+
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal(run(0.0), np.inf)
+        np.testing.assert_array_equal(run(-0.0), -np.inf)
+        np.testing.assert_array_equal(run(0.0), np.inf)
