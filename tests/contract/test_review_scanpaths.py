@@ -142,3 +142,58 @@ def test_static_minus_zero_argument_is_not_zero(fast, path):
         np.testing.assert_array_equal(run(0.0), np.inf)
         np.testing.assert_array_equal(run(-0.0), -np.inf)
         np.testing.assert_array_equal(run(0.0), np.inf)
+
+
+class _Diffuse:
+    """A kernel object with a mutable coefficient."""
+
+    def __init__(self, nu: float):
+        self.nu = nu
+
+    def rate(self):
+        return self.nu
+
+    def __call__(self, u):
+        c = u(time=-1)
+        return c + self.rate() * (u(time=-1, x=1) + u(time=-1, x=-1) - 2 * c)
+
+
+def test_callable_instance_with_a_changed_attribute_is_not_stale(fast):
+    values = np.random.default_rng(2).random(6)
+    u0 = xr.DataArray(values, dims="x")
+    k = _Diffuse(0.2)
+    first = u0.stencil.scan(k, dim="time", steps=2, fill_value=0.0)
+    k.nu = 0.1  # read through a helper method
+    out = u0.stencil.scan(k, dim="time", steps=2, fill_value=0.0)
+    traj = np_heat_own(np.stack([values] * 3))  # rows 1, 2: nu = 0.2 steps
+    np.testing.assert_allclose(first.values, traj, rtol=1e-12)
+    want = [values]
+    for _ in range(2):
+        p = np.pad(want[-1], 1)
+        want.append(want[-1] + 0.1 * (p[2:] + p[:-2] - 2 * want[-1]))
+    np.testing.assert_allclose(out.values, np.stack(want), rtol=1e-12)
+    m = u0.stencil.map(lambda u: u() * 0 + k.rate())  # map sees it too
+    np.testing.assert_array_equal(m.values, 0.1)
+
+
+_W = np.array(1.0)
+
+
+class _Cfg:
+    @staticmethod
+    def scale(x):
+        return x * _W  # a global array read by a helper reached through a class
+
+
+def test_global_array_read_by_a_helper_behind_an_attribute_is_read_afresh(fast):
+    global _W
+    u0 = xr.DataArray(np.ones(3), dims="x")
+    k = lambda u: _Cfg.scale(u(time=-1))  # noqa: E731
+    try:
+        assert u0.stencil.scan(k, dim="time", steps=1).values[-1].tolist() == [1.0] * 3
+        assert u0.stencil.map(lambda u: _Cfg.scale(u())).values.tolist() == [1.0] * 3
+        _W = np.array(5.0)  # same shape and dtype, another array
+        assert u0.stencil.scan(k, dim="time", steps=1).values[-1].tolist() == [5.0] * 3
+        assert u0.stencil.map(lambda u: _Cfg.scale(u())).values.tolist() == [5.0] * 3
+    finally:
+        _W = np.array(1.0)

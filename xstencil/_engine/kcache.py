@@ -143,6 +143,10 @@ class _Walk:
         self.made: dict[int, Any] = {}  # id of a function -> its copy (with subst)
         self.budget = _BUDGET
         self.opaque = False
+        # > 0 while walking what the kernel reaches through an attribute or a bound
+        # method: its copy is not what the kernel calls, so arrays there are keyed
+        # by identity and content rather than lifted (a lifted one would be baked in)
+        self.fixed = 0
         self.containers: list[tuple[Any, tuple[Any, ...]]] = []  # lists/dicts, their items
 
     def value(self, v: Any, names: tuple[str, ...], lift: bool = True) -> tuple[Hashable, Any]:
@@ -158,7 +162,7 @@ class _Walk:
         if isinstance(v, np.generic) and v.dtype.kind in "biufc":
             return (type(v), self.value(v.item(), names)[0]), v
         if _is_array(v):
-            if lift:
+            if lift and not self.fixed:
                 self.leaves.append(v)
                 new = next(self.subst) if self.subst is not None else v
                 return ("leaf", tuple(np.shape(v)), str(v.dtype)), new
@@ -178,8 +182,12 @@ class _Walk:
                 return ("id", _Id(v)), v
             return self.function(v)
         if isinstance(v, types.MethodType):
-            fk, _ = self.value(v.__func__, names, lift=False)
-            return ("method", fk, self.obj(v.__self__, names)), v
+            self.fixed += 1
+            try:
+                fk, _ = self.value(v.__func__, names, lift=False)
+                return ("method", fk, self.obj(v.__self__, names)), v
+            finally:
+                self.fixed -= 1
         return self.obj(v, names), v
 
     def mutable(self, v: list[Any] | dict[Any, Any], names: tuple[str, ...],
@@ -228,12 +236,16 @@ class _Walk:
             return ("cycle", self.seen[id(v)])
         self.seen[id(v)] = len(self.seen)
         attrs = []
-        for n in names:
-            found, a = _static_attr(v, n)
-            if found is None:
-                self.opaque = True
-            elif found:
-                attrs.append((n, self.value(a, names, lift=False)[0]))
+        self.fixed += 1
+        try:
+            for n in names:
+                found, a = _static_attr(v, n)
+                if found is None:
+                    self.opaque = True
+                elif found:
+                    attrs.append((n, self.value(a, names, lift=False)[0]))
+        finally:
+            self.fixed -= 1
         return ("obj", _Id(v), tuple(attrs))
 
     def function(self, fn: types.FunctionType) -> tuple[Hashable, Any]:
@@ -306,7 +318,7 @@ def describe(kernels: Sequence[Any]) -> Lifted:
     counts: list[int] = []
     for k in kernels:
         if type(k) is not types.FunctionType:
-            keys.append(("callable", _Id(k)))
+            keys.append(_instance(w, k))
             counts.append(0)
             continue
         start = len(w.leaves)
@@ -323,6 +335,28 @@ def describe(kernels: Sequence[Any]) -> Lifted:
         counts.append(len(w.leaves) - start)
     return Lifted(tuple(keys), tuple(w.leaves), tuple(kernels), tuple(w.containers),
                   tuple(counts))
+
+
+def _instance(w: _Walk, k: Any) -> Hashable:
+    """The key of a callable that is not a plain function: by identity, and,
+    for an instance of a user class, the attributes its methods name, by value
+    (so ``k.nu = 0.1`` after a call is seen).  Nothing is lifted: the kernel
+    called is ``k`` itself."""
+    klass = type(k)
+    call = klass.__dict__.get("__call__") or next(
+        (c.__dict__["__call__"] for c in klass.__mro__ if "__call__" in c.__dict__), None)
+    if type(call) is not types.FunctionType or _library(klass.__module__):
+        return ("callable", _Id(k))
+    names = sorted({n for c in klass.__mro__ if not _library(c.__module__)
+                    for f in c.__dict__.values() if type(f) is types.FunctionType
+                    for n in _names(f.__code__)})
+    w.opaque = False
+    w.budget = _BUDGET
+    try:
+        key = w.value(types.MethodType(call, k), tuple(names), lift=False)[0]
+    except (_Opaque, TypeError, RecursionError):
+        return ("callable", _Id(k))
+    return ("callable", _Id(k), key)
 
 
 def settle(lifted: Lifted) -> None:
