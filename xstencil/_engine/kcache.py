@@ -32,7 +32,12 @@ among those, recursively):
   grows too large, a callable that is not a plain function) makes the kernel
   *opaque*: its key then holds the kernel object itself, so no other kernel
   object shares its code (a fresh lambda compiles again), while the values
-  that could be seen are still keyed for the same object.
+  that could be seen are still keyed for the same object.  An instance of a
+  user class with a ``__call__`` method is keyed by identity and by the
+  attributes its class's methods name, by value (``k.nu = 0.1`` is seen).
+* Arrays reached through an attribute or a bound method are keyed by
+  identity and content, not lifted: the kernel's rebuilt copy calls the
+  attribute itself, so it would not read a lifted stand-in.
 
 Compiled functions live in one bounded LRU table (:data:`SIZE` entries);
 :func:`clear` (public as :func:`xstencil.clear_caches`) empties it.
@@ -343,8 +348,8 @@ def _instance(w: _Walk, k: Any) -> Hashable:
     (so ``k.nu = 0.1`` after a call is seen).  Nothing is lifted: the kernel
     called is ``k`` itself."""
     klass = type(k)
-    call = klass.__dict__.get("__call__") or next(
-        (c.__dict__["__call__"] for c in klass.__mro__ if "__call__" in c.__dict__), None)
+    call = next((c.__dict__["__call__"] for c in klass.__mro__ if "__call__" in c.__dict__),
+                None)
     if type(call) is not types.FunctionType or _library(klass.__module__):
         return ("callable", _Id(k))
     names = sorted({n for c in klass.__mro__ if not _library(c.__module__)
