@@ -46,6 +46,7 @@ Compiled functions live in one bounded LRU table (:data:`SIZE` entries);
 from __future__ import annotations
 
 import functools
+import hashlib
 import sys
 import threading
 import types
@@ -172,7 +173,9 @@ class _Walk:
                 new = next(self.subst) if self.subst is not None else v
                 return ("leaf", tuple(np.shape(v)), str(v.dtype)), new
             if isinstance(v, np.ndarray):  # read through an attribute: by content
-                return ("array", _Id(v), v.shape, str(v.dtype), hash(v.tobytes())), v
+                # a digest, not hash(): the same in every process (a stored fingerprint)
+                return ("array", _Id(v), v.shape, str(v.dtype),
+                        hashlib.blake2b(v.tobytes(), digest_size=16).hexdigest()), v
             return ("array", _Id(v)), v
         if type(v) is tuple:
             before = len(self.leaves)

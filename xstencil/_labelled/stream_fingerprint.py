@@ -122,6 +122,8 @@ def _feed(h: Any, v: Any) -> None:  # noqa: C901 - one case per kind of value
         _feed(h, (v.co_names, v.co_varnames, v.co_freevars, v.co_cellvars, v.co_consts))
     elif isinstance(v, type):
         h.update(f"type {v.__module__}.{v.__qualname__}".encode())
+    elif type(v).__name__ == "_Id" and isinstance(v.obj, np.ndarray | jax.Array):
+        _feed(h, v.obj)  # an array read through an attribute: by its values
     elif type(v).__name__ == "_Id":
         o = v.obj
         h.update(f"id {type(o).__module__}.{type(o).__qualname__} "
