@@ -3,6 +3,7 @@ quietly mix two runs or read positions that were never written."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -102,3 +103,23 @@ def test_fingerprint_of_an_attribute_array_is_the_same_in_another_process(tmp_pa
                                            "PATH": "/usr/bin:/bin"}).stdout
            for seed in (1, 2)}
     assert len(got) == 1, got
+
+
+def _heat_nu(u, nu):
+    return u(time=-1) + nu * (u(time=-1, x=1) - 2 * u(time=-1) + u(time=-1, x=-1))
+
+
+def test_resume_refuses_a_partial_kernel_with_other_values(tmp_path):
+    """A functools.partial kernel hides its function and bound values from the
+    kernel walk: the fingerprint must still see them."""
+
+    def make(nu):
+        return functools.partial(_heat_nu, nu=np.float32(nu))
+
+    store = tmp_path / "w.zarr"
+    u0 = _u0()
+    u0.stencil.scan(make(0.25), **OPTS, store=store)
+    with pytest.raises(XStencilError, match=r"different run: the kernel"):
+        u0.stencil.scan(make(0.125), **OPTS, store=store, resume=True)
+    out = u0.stencil.scan(make(0.25), **OPTS, store=store, resume=True)
+    xr.testing.assert_identical(out.load(), u0.stencil.scan(heat, **OPTS))
