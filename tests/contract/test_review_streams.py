@@ -123,3 +123,37 @@ def test_resume_refuses_a_partial_kernel_with_other_values(tmp_path):
         u0.stencil.scan(make(0.125), **OPTS, store=store, resume=True)
     out = u0.stencil.scan(make(0.25), **OPTS, store=store, resume=True)
     xr.testing.assert_identical(out.load(), u0.stencil.scan(heat, **OPTS))
+
+
+@pytest.mark.parametrize("every, segment", [(1, 3), (2, 3), (3, 4)])
+def test_uneven_segments_and_resume_after_a_complete_run(tmp_path, monkeypatch, every, segment):
+    """``segment`` not dividing the saved positions: the last segment is
+    shorter; a resume of the finished run neither runs a step nor adds a
+    position."""
+    store = tmp_path / "u.zarr"
+    u0 = _u0()
+    opts = {**OPTS, "steps": 12, "save_every": every}
+    ref = u0.stencil.scan(heat, **opts)
+    out = u0.stencil.scan(heat, **opts, store=store, segment=segment)
+    xr.testing.assert_identical(out.load(), ref)
+    ran = []
+    real = stream._segment
+    monkeypatch.setattr(stream, "_segment", lambda *a, **k: ran.append(1) or real(*a, **k))
+    again = u0.stencil.scan(heat, **opts, store=store, segment=segment, resume=True)
+    assert ran == []
+    xr.testing.assert_identical(again.load(), ref)
+    assert zarr.open_group(store)["T"].shape[0] == ref.sizes["time"]
+
+
+def test_resume_with_another_segment_size_is_bitwise_the_same(tmp_path):
+    store = tmp_path / "s.zarr"
+    u0 = _u0()
+    ref = u0.stencil.scan(heat, **OPTS)
+    u0.stencil.scan(heat, **OPTS, store=store, segment=2)
+    g = zarr.open_group(store, mode="r+")
+    meta = dict(g.attrs[stream.STORE_KEY])
+    meta["complete"] = 3  # as if killed after position 2, the rest half-written
+    g.attrs[stream.STORE_KEY] = meta
+    g["T"][3:] = np.nan
+    out = u0.stencil.scan(heat, **OPTS, store=store, segment=5, resume=True)
+    xr.testing.assert_identical(out.load(), ref)
