@@ -197,3 +197,32 @@ def test_global_array_read_by_a_helper_behind_an_attribute_is_read_afresh(fast):
         assert u0.stencil.map(lambda u: _Cfg.scale(u())).values.tolist() == [5.0] * 3
     finally:
         _W = np.array(1.0)
+
+
+class _Date:
+    """A date of a calendar that refuses comparison with other calendars (as
+    cftime's dates do)."""
+
+    def __init__(self, calendar: str, day: int):
+        self.calendar, self.day = calendar, day
+
+    def __eq__(self, other):
+        if self.calendar != other.calendar:
+            raise TypeError("cannot compare dates of different calendars")
+        return self.day == other.day
+
+    def __hash__(self):
+        return hash(self.day)
+
+
+def test_time_labels_that_do_not_compare_are_a_miss_not_an_error(fast):
+    def traj(calendar):
+        t = np.empty(3, object)
+        t[:] = [_Date(calendar, i) for i in range(3)]
+        return xr.DataArray(np.ones((3, 4)), dims=("time", "x"), coords={"time": ("time", t)})
+
+    halve = lambda u: u(time=-1) * 0.5  # noqa: E731
+    traj("noleap").stencil.scan(halve, dim="time")
+    out = traj("360_day").stencil.scan(halve, dim="time")
+    assert [d.calendar for d in out["time"].values] == ["360_day"] * 3
+    np.testing.assert_array_equal(out.values[:, 0], [1.0, 0.5, 0.25])

@@ -164,14 +164,17 @@ def lookup(lifted: Lifted, sig: Hashable, obj: Any) -> Entry | None:
     if entry is None:
         return None
     indexes, coords = obj._indexes, _coord_vars(obj)
-    for name, dims, index, values, attrs in entry.checked:
-        v = coords.get(name)
-        if v is None or not dict_equiv(v.attrs, attrs):
-            return None
-        if index is not None and indexes.get(name) is index:
-            continue
-        if v.dims != dims or not np.array_equal(coord_values(v), values):
-            return None
+    try:
+        for name, dims, index, values, attrs in entry.checked:
+            v = coords.get(name)
+            if v is None or not dict_equiv(v.attrs, attrs):
+                return None
+            if index is not None and indexes.get(name) is index:
+                continue
+            if v.dims != dims or not np.array_equal(coord_values(v), values):
+                return None
+    except (TypeError, ValueError):  # values that do not compare (cftime calendars): a miss
+        return None
     return entry
 
 
