@@ -226,3 +226,15 @@ def test_time_labels_that_do_not_compare_are_a_miss_not_an_error(fast):
     out = traj("360_day").stencil.scan(halve, dim="time")
     assert [d.calendar for d in out["time"].values] == ["360_day"] * 3
     np.testing.assert_array_equal(out.values[:, 0], [1.0, 0.5, 0.25])
+
+
+def test_dt_in_another_unit_with_the_same_count_is_a_miss(fast):
+    """``np.timedelta64(5, 'ns').item()`` and ``np.timedelta64(5, 'ps').item()``
+    are both the int 5: the key must hold the unit."""
+    u0 = xr.DataArray(np.ones(3), dims="x")
+    halve = lambda u: u(time=-1) * 0.5  # noqa: E731
+    u0.stencil.scan(halve, dim="time", steps=2, dt=np.timedelta64(5, "ns"))
+    out = u0.stencil.scan(halve, dim="time", steps=2, dt=np.timedelta64(5, "ps"))
+    assert fast["fast"] == 0
+    xr.testing.assert_identical(out, _fresh(lambda: u0.stencil.scan(
+        halve, dim="time", steps=2, dt=np.timedelta64(5, "ps"))))

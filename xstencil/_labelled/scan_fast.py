@@ -92,8 +92,8 @@ def _freeze(x: Any) -> Hashable:
         return (type(x).__name__,) + tuple(_freeze(v) for v in x)
     if isinstance(x, np.ndarray):
         return ("<array>", x.dtype.str, x.shape, x.tobytes())
-    if isinstance(x, np.generic):
-        return (type(x), _freeze(x.item()))
+    if isinstance(x, np.generic):  # the unit too: timedelta64(5, 'ns').item() == 5 in 'ps'
+        return (type(x), x.dtype.str, _freeze(x.item()))
     if isinstance(x, float):
         return (type(x), x.hex())  # exact, and NaN equal to itself
     return (type(x), x)
