@@ -238,3 +238,22 @@ def test_dt_in_another_unit_with_the_same_count_is_a_miss(fast):
     assert fast["fast"] == 0
     xr.testing.assert_identical(out, _fresh(lambda: u0.stencil.scan(
         halve, dim="time", steps=2, dt=np.timedelta64(5, "ps"))))
+
+
+@pytest.mark.parametrize("path", ["scan", "map"])
+def test_fill_value_minus_zero_is_not_zero(fast, path):
+    """A fill of ``-0.0`` read as ``1 / fill`` is ``-inf``: neither the fast
+    paths nor the compile cache (the plan is its key) may reuse ``0.0``'s."""
+    u0 = xr.DataArray(np.ones(3), dims="x")
+
+    def run(fill):
+        if path == "map":
+            return u0.stencil.map(lambda u: 1.0 / u(x=1), fill_value=fill).values[-1]
+        return u0.stencil.scan(lambda u: 1.0 / u(time=-1, x=1), dim="time", steps=1,
+                               fill_value=fill).values[-1, -1]
+
+    with np.errstate(divide="ignore"):
+        assert run(0.0) == np.inf
+        assert run(-0.0) == -np.inf
+        assert run(np.float64(-0.0)) == -np.inf
+        assert run(0.0) == np.inf
