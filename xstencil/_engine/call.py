@@ -126,8 +126,19 @@ def split_static(call: str, tree: Any) -> tuple[list[Any], Any]:
                 f"{call}: the kernel argument {leaf!r:.80} is neither an array nor hashable; "
                 f"pass arrays as numpy/JAX arrays and other values as hashable constants"
             ) from None
-        template.append((type(leaf), leaf))
+        template.append((type(leaf), leaf, _exact(leaf)))
     return dyn, (treedef, tuple(template))
+
+
+def _exact(leaf: Any) -> Any:
+    """What tells equal floats apart in a static template: ``0.0 == -0.0``,
+    but ``1 / -0.0`` is ``-inf`` (so a kernel given ``-0.0`` must not reuse
+    code traced with ``0.0``)."""
+    if isinstance(leaf, float):
+        return leaf.hex()
+    if isinstance(leaf, complex):
+        return leaf.real.hex(), leaf.imag.hex()
+    return None
 
 
 def merge_static(dyn: list[Any], static: Any) -> Any:

@@ -36,11 +36,25 @@ from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
 __all__ = ["coord_values", "numeric_coord", "coord_period", "pad_coord", "read_dtype",
-           "pack_coord", "padded", "warn_repeated_endpoint"]
+           "pack_coord", "padded", "repeated_period", "warn_repeated_endpoint"]
 
 #: spans that are a full period on their own: a periodic coordinate spanning
 #: one of these from its first to its last label repeats its endpoint
 _PERIODS = (2 * np.pi, 360.0)
+
+
+def repeated_period(c: np.ndarray | None, period: float | None = None) -> float | None:
+    """The period that the first and last labels of ``c`` are apart, if
+    :func:`warn_repeated_endpoint` warns for them, else ``None``."""
+    if c is None or len(c) < 3:
+        return None
+    span = float(c[-1] - c[0])
+    known = [p for p in _PERIODS if np.isclose(abs(span), p, rtol=1e-9, atol=0)]
+    if period is not None:
+        if known or not np.isclose(abs(span), period, rtol=1e-9, atol=0):
+            return None  # the first case already warned when the plan was made
+        known = [period]
+    return known[0] if known else None
 
 
 def warn_repeated_endpoint(call: str, dim: str, c: np.ndarray | None,
@@ -48,19 +62,12 @@ def warn_repeated_endpoint(call: str, dim: str, c: np.ndarray | None,
     """Warn when a periodic coordinate's first and last labels are one period
     apart (``np.linspace(0, 2*np.pi, 21)``): the last point repeats the first,
     so the periodic neighbour of the last point is the first point again."""
-    if c is None or len(c) < 3:
-        return
-    span = float(c[-1] - c[0])
-    known = [p for p in _PERIODS if np.isclose(abs(span), p, rtol=1e-9, atol=0)]
-    if period is not None:
-        if known or not np.isclose(abs(span), period, rtol=1e-9, atol=0):
-            return  # the first case already warned when the plan was made
-        known = [period]
-    if not known:
+    known = repeated_period(c, period)
+    if known is None or c is None:
         return
     warnings.warn(
         f"{call}: boundary 'periodic' on {dim!r}, whose first and last labels "
-        f"({c[0]:g}, {c[-1]:g}) are one period ({known[0]:g}) apart: the last point repeats "
+        f"({c[0]:g}, {c[-1]:g}) are one period ({known:g}) apart: the last point repeats "
         f"the first, so the seam is read twice and derivatives there are wrong. Drop the "
         f"last point (data.isel({dim}=slice(None, -1))), or build the grid with "
         f"np.linspace(start, stop, n, endpoint=False)", stacklevel=2)

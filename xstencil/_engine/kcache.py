@@ -32,7 +32,12 @@ among those, recursively):
   grows too large, a callable that is not a plain function) makes the kernel
   *opaque*: its key then holds the kernel object itself, so no other kernel
   object shares its code (a fresh lambda compiles again), while the values
-  that could be seen are still keyed for the same object.
+  that could be seen are still keyed for the same object.  An instance of a
+  user class with a ``__call__`` method is keyed by identity and by the
+  attributes its class's methods name, by value (``k.nu = 0.1`` is seen).
+* Arrays reached through an attribute or a bound method are keyed by
+  identity and content, not lifted: the kernel's rebuilt copy calls the
+  attribute itself, so it would not read a lifted stand-in.
 
 Compiled functions live in one bounded LRU table (:data:`SIZE` entries);
 :func:`clear` (public as :func:`xstencil.clear_caches`) empties it.
@@ -41,6 +46,7 @@ Compiled functions live in one bounded LRU table (:data:`SIZE` entries);
 from __future__ import annotations
 
 import functools
+import hashlib
 import sys
 import threading
 import types
@@ -143,6 +149,10 @@ class _Walk:
         self.made: dict[int, Any] = {}  # id of a function -> its copy (with subst)
         self.budget = _BUDGET
         self.opaque = False
+        # > 0 while walking what the kernel reaches through an attribute or a bound
+        # method: its copy is not what the kernel calls, so arrays there are keyed
+        # by identity and content rather than lifted (a lifted one would be baked in)
+        self.fixed = 0
         self.containers: list[tuple[Any, tuple[Any, ...]]] = []  # lists/dicts, their items
 
     def value(self, v: Any, names: tuple[str, ...], lift: bool = True) -> tuple[Hashable, Any]:
@@ -158,12 +168,14 @@ class _Walk:
         if isinstance(v, np.generic) and v.dtype.kind in "biufc":
             return (type(v), self.value(v.item(), names)[0]), v
         if _is_array(v):
-            if lift:
+            if lift and not self.fixed:
                 self.leaves.append(v)
                 new = next(self.subst) if self.subst is not None else v
                 return ("leaf", tuple(np.shape(v)), str(v.dtype)), new
             if isinstance(v, np.ndarray):  # read through an attribute: by content
-                return ("array", Identity(v), v.shape, str(v.dtype), hash(v.tobytes())), v
+                # a digest, not hash(): the same in every process (a stored fingerprint)
+                return ("array", Identity(v), v.shape, str(v.dtype),
+                        hashlib.blake2b(v.tobytes(), digest_size=16).hexdigest()), v
             return ("array", Identity(v)), v
         if type(v) is tuple:
             before = len(self.leaves)
@@ -178,8 +190,12 @@ class _Walk:
                 return ("id", Identity(v)), v
             return self.function(v)
         if isinstance(v, types.MethodType):
-            fk, _ = self.value(v.__func__, names, lift=False)
-            return ("method", fk, self.obj(v.__self__, names)), v
+            self.fixed += 1
+            try:
+                fk, _ = self.value(v.__func__, names, lift=False)
+                return ("method", fk, self.obj(v.__self__, names)), v
+            finally:
+                self.fixed -= 1
         return self.obj(v, names), v
 
     def mutable(self, v: list[Any] | dict[Any, Any], names: tuple[str, ...],
@@ -228,12 +244,16 @@ class _Walk:
             return ("cycle", self.seen[id(v)])
         self.seen[id(v)] = len(self.seen)
         attrs = []
-        for n in names:
-            found, a = _static_attr(v, n)
-            if found is None:
-                self.opaque = True
-            elif found:
-                attrs.append((n, self.value(a, names, lift=False)[0]))
+        self.fixed += 1
+        try:
+            for n in names:
+                found, a = _static_attr(v, n)
+                if found is None:
+                    self.opaque = True
+                elif found:
+                    attrs.append((n, self.value(a, names, lift=False)[0]))
+        finally:
+            self.fixed -= 1
         return ("obj", Identity(v), tuple(attrs))
 
     def function(self, fn: types.FunctionType) -> tuple[Hashable, Any]:
@@ -306,7 +326,7 @@ def describe(kernels: Sequence[Any]) -> Lifted:
     counts: list[int] = []
     for k in kernels:
         if type(k) is not types.FunctionType:
-            keys.append(("callable", Identity(k)))
+            keys.append(_instance(w, k))
             counts.append(0)
             continue
         start = len(w.leaves)
@@ -323,6 +343,28 @@ def describe(kernels: Sequence[Any]) -> Lifted:
         counts.append(len(w.leaves) - start)
     return Lifted(tuple(keys), tuple(w.leaves), tuple(kernels), tuple(w.containers),
                   tuple(counts))
+
+
+def _instance(w: _Walk, k: Any) -> Hashable:
+    """The key of a callable that is not a plain function: by identity, and,
+    for an instance of a user class, the attributes its methods name, by value
+    (so ``k.nu = 0.1`` after a call is seen).  Nothing is lifted: the kernel
+    called is ``k`` itself."""
+    klass = type(k)
+    call = next((c.__dict__["__call__"] for c in klass.__mro__ if "__call__" in c.__dict__),
+                None)
+    if type(call) is not types.FunctionType or _library(klass.__module__):
+        return ("callable", Identity(k))
+    names = sorted({n for c in klass.__mro__ if not _library(c.__module__)
+                    for f in c.__dict__.values() if type(f) is types.FunctionType
+                    for n in _names(f.__code__)})
+    w.opaque = False
+    w.budget = _BUDGET
+    try:
+        key = w.value(types.MethodType(call, k), tuple(names), lift=False)[0]
+    except (_Opaque, TypeError, RecursionError):
+        return ("callable", Identity(k))
+    return ("callable", Identity(k), key)
 
 
 def settle(lifted: Lifted) -> None:

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.call import dtype_kind, precision, promote, split_static
+from xstencil._engine.call import dtype_kind, is_weak, precision, promote, split_static
 from xstencil._engine.kcache import compiled
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import kernel_caller
@@ -106,7 +106,8 @@ def state_casts(call: str, obj: Any, kernels: Sequence[Any], owner: Any, o: Scan
     names)`` (names ``None`` for a DataArray)."""
     explicit = None if dtype is None else out_dtype(call, dtype)
     udyn, static = split_static(call, (args, kwargs))
-    shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in udyn)
+    # weak types too: a weakly typed float32 argument keeps a float16 state, a strong one not
+    shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", "")), is_weak(x)) for x in udyn)
     x64 = bool(jax.config.read("jax_enable_x64"))
     # a repeated call with the same layout skips the setup (as map's fast path)
     sig: Any = ("carry-call", _layout(obj), _freeze(o.options), static, shapes,

@@ -58,8 +58,10 @@ def _freeze(x: Any) -> Hashable:
         return ("<map>",) + tuple((k, _freeze(v)) for k, v in x.items())
     if isinstance(x, list | tuple):
         return (type(x).__name__,) + tuple(_freeze(v) for v in x)
-    if isinstance(x, np.generic):
-        return (type(x), x.item())
+    if isinstance(x, np.generic):  # the unit too (timedelta64), and floats exactly
+        return (type(x), x.dtype.str, _freeze(x.item()))
+    if isinstance(x, float):
+        return (type(x), x.hex())  # exact: a fill of -0.0 is not 0.0 (1 / fill)
     return (type(x), x)
 
 

@@ -55,6 +55,9 @@ class Plan:
     #: state); ``"kernel"``, the dtype the kernel returns (map and mesh);
     #: a ``numpy.dtype``, an explicit ``dtype=`` cast
     out_dtype: Any = None
+    #: ``fill_value`` exactly (``float.hex``): plans are cache keys, and
+    #: ``0.0 == -0.0`` although a fill of ``-0.0`` gives ``1 / fill == -inf``
+    fill_bits: Any = None
 
     def dtype_probe(self) -> Any:
         """A zero-size array of an explicit ``dtype=`` (``None`` without one),
@@ -402,8 +405,11 @@ def make_plan(
     window_dims = tuple(d for d in dims if d in reach)
     needs_fill = any(s.mode == "fill" and (s.pad_lo or s.pad_hi) for s in specs)
     fill = fill_for(call, fill_value, var_dtypes, needs_fill, var_names)
+    bits = fill.hex() if isinstance(fill, float) else (fill.real.hex(), fill.imag.hex()) \
+        if isinstance(fill, complex) else None
     return Plan(call, dims, shape, tuple(specs), window_dims, fill, var_names, var_dims,
-                var_dtypes, tuple(d for d in coord_dims if d in window_dims), output_dims)
+                var_dtypes, tuple(d for d in coord_dims if d in window_dims), output_dims,
+                fill_bits=bits)
 
 
 def with_call(call: str, kernel: Any, e: Exception) -> Exception:

@@ -13,13 +13,14 @@ compiled loop and a cheap rewrap.
 
 The signature holds the data's type, each variable's name, dims, shape and
 dtype, the coordinates' names, dims and dtypes, every option, the static
-kernel arguments and the shapes and dtypes of the dynamic ones, and JAX's
-x64 flag.  Coordinate *values* are checked on every hit: the indexed
+kernel arguments and the shapes, dtypes and weak types of the dynamic ones,
+and JAX's x64 flag.  Coordinate *values* are checked on every hit: the indexed
 coordinates (by the identity of their index objects, else by value) and the
 coordinates along the scanned dim (by value), because the compiled loop's
 padded coordinates, the time coordinate and the labels of the saved
-positions were made from them.  Other coordinates, the name and the attrs
-are taken from the call's own object.
+positions were made from them; so are these coordinates' attrs (those
+along the scanned dim are the result's).  Other coordinates, the name and
+the attrs are taken from the call's own object.
 
 Only in-memory data takes the fast path (numpy or single-device JAX data, or
 tracers), with one kernel, no ``progress`` bar and no ``devices=`` or
@@ -29,6 +30,7 @@ scanned dim.  Anything else takes the full path every time.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -36,9 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import xarray as xr
+from xarray.core.utils import dict_equiv
 
-from xstencil._engine.call import precision, settled, split_static
-from xstencil._engine.coords import coord_values
+from xstencil._engine.call import is_weak, precision, settled, split_static
+from xstencil._engine.coords import coord_values, numeric_coord, repeated_period
 from xstencil._engine.kcache import Lifted, peek, put
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
@@ -59,7 +62,8 @@ class Entry(NamedTuple):
     perms: tuple[tuple[int, ...] | None, ...]  # per variable, its own dims to the loop's
     coords: list[Any]  # padded spatial coordinates on the device
     tcoord: Any  # the padded time coordinate (or its stand-in, or None)
-    checked: tuple[tuple[str, tuple[str, ...], Any, np.ndarray], ...]  # name, dims, index, values
+    checked: tuple[tuple[str, tuple[str, ...], Any, np.ndarray, dict[Any, Any]], ...]
+    # name, dims, index, values, attrs
     recipe: Any  # how the result is put together (_DataArrayRecipe or _DatasetRecipe)
 
 
@@ -88,8 +92,8 @@ def _freeze(x: Any) -> Hashable:
         return (type(x).__name__,) + tuple(_freeze(v) for v in x)
     if isinstance(x, np.ndarray):
         return ("<array>", x.dtype.str, x.shape, x.tobytes())
-    if isinstance(x, np.generic):
-        return (type(x), _freeze(x.item()))
+    if isinstance(x, np.generic):  # the unit too: timedelta64(5, 'ns').item() == 5 in 'ps'
+        return (type(x), x.dtype.str, _freeze(x.item()))
     if isinstance(x, float):
         return (type(x), x.hex())  # exact, and NaN equal to itself
     return (type(x), x)
@@ -125,10 +129,12 @@ def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Has
             dyn, static = split_static("scan", (args, kwargs))
         except XStencilError:  # an unhashable argument: the full path says so
             return None
-        arg_key: Any = (static, tuple((np.shape(x), str(getattr(x, "dtype", ""))) for x in dyn))
+        arg_key: Any = (static, tuple((np.shape(x), str(getattr(x, "dtype", "")), is_weak(x))
+                                      for x in dyn))
     else:
         arg_key = None
-    coords = tuple((n, v.dims, v.dtype.str) for n, v in _coord_vars(obj).items())
+    # str(dtype) as well: a timezone-aware dtype's .str has no timezone
+    coords = tuple((n, v.dims, v.dtype.str, str(v.dtype)) for n, v in _coord_vars(obj).items())
     try:
         key = (type(obj), tuple((n, v.dims, v.shape, v.dtype.str) for n, v in variables),
                coords, _freeze(options), arg_key, bool(jax.config.read("jax_enable_x64")))
@@ -138,13 +144,16 @@ def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Has
     return key
 
 
-def _checked(obj: Any, dim: str) -> tuple[tuple[str, tuple[str, ...], Any, np.ndarray], ...]:
-    """The coordinates whose values the cached entry depends on, as they are now."""
+def _checked(obj: Any, dim: str
+             ) -> tuple[tuple[str, tuple[str, ...], Any, np.ndarray, dict[Any, Any]], ...]:
+    """The coordinates whose values (and attrs: those along ``dim`` are the
+    result's) the cached entry depends on, as they are now."""
     out = []
     for n, v in _coord_vars(obj).items():
         index = obj._indexes.get(n)
         if index is not None or n == dim or dim in v.dims or n in obj.dims:
-            out.append((n, v.dims, index, np.array(coord_values(v), copy=True)))
+            out.append((n, v.dims, index, np.array(coord_values(v), copy=True),
+                        copy.deepcopy(v.attrs)))
     return tuple(out)
 
 
@@ -155,12 +164,17 @@ def lookup(lifted: Lifted, sig: Hashable, obj: Any) -> Entry | None:
     if entry is None:
         return None
     indexes, coords = obj._indexes, _coord_vars(obj)
-    for name, dims, index, values in entry.checked:
-        if index is not None and indexes.get(name) is index:
-            continue
-        v = coords.get(name)
-        if v is None or v.dims != dims or not np.array_equal(coord_values(v), values):
-            return None
+    try:
+        for name, dims, index, values, attrs in entry.checked:
+            v = coords.get(name)
+            if v is None or not dict_equiv(v.attrs, attrs):
+                return None
+            if index is not None and indexes.get(name) is index:
+                continue
+            if v.dims != dims or not np.array_equal(coord_values(v), values):
+                return None
+    except (TypeError, ValueError):  # values that do not compare (cftime calendars): a miss
+        return None
     return entry
 
 
@@ -290,6 +304,21 @@ def _post(sp: ScanPlan, dims_out: Sequence[tuple[str, ...]]) -> Callable[..., An
     return jax.jit(post)
 
 
+def _warns(sp: ScanPlan, obj: Any) -> bool:
+    """Whether the full call warned that a periodic coordinate repeats its
+    endpoint (a repeat would not say it again: it takes the full path)."""
+    plan = sp.plan
+    assert plan is not None
+    for d, s in zip(plan.dims, plan.specs, strict=True):
+        if d != sp.dim and s.mode == "periodic" and (s.pad_lo or s.pad_hi) \
+                and d in plan.coord_dims and d in obj.coords:
+            c = numeric_coord(sp.call, d, coord_values(obj.coords[d].variable))
+            period = None if sp.period is None else sp.period.get(d)
+            if repeated_period(c) is not None or repeated_period(c, period) is not None:
+                return True
+    return False
+
+
 def remember(lifted: Lifted, sig: Hashable | None, obj: Any, cast: Any, sp: ScanPlan,
              fn: Callable[..., Any], coords: Sequence[Any], tcoord: Any, arguments: Any,
              outs: Sequence[Any], out: Any) -> None:
@@ -297,7 +326,8 @@ def remember(lifted: Lifted, sig: Hashable | None, obj: Any, cast: Any, sp: Scan
     (``cast``: ``obj`` with the state's dtype, as scanned; ``arguments``: the
     kernel's ``(args, kwargs)``; ``outs``: what the loop returned; ``out``:
     the result)."""
-    if sig is None or any(isinstance(c, jax.core.Tracer) for c in [*coords, tcoord]):
+    if sig is None or any(isinstance(c, jax.core.Tracer) for c in [*coords, tcoord]) \
+            or _warns(sp, obj):
         return
     names = sp.plan.var_names
     keys = [None] if names is None else list(names)

@@ -353,9 +353,28 @@ def _reopen(call: str, path: str, meta: dict[str, Any]) -> int:
                 f"{what} differ{diff}; resume with the same kernel, arguments, options and "
                 f"input, or remove the store to start again")
     done = int(have["complete"])
+    short = _short(g, meta["dim"], done)
+    if short is not None or done > meta["saves"]:
+        held = f"{short[1]} saved positions along {meta['dim']!r} (array {short[0]!r})" \
+            if short is not None else f"a run of {meta['saves']} saved positions"
+        raise XStencilError(
+            f"{call}: resume=True, but store={path!r} holds {held} while its marker says "
+            f"{done} are complete: the store was changed or damaged after it was written; "
+            f"remove it (shutil.rmtree) to start again")
     _truncate(g, meta["dim"], done)
     meta["complete"] = done
     return done
+
+
+def _short(g: Any, dim: str, n: int) -> tuple[str, int] | None:
+    """An array holding fewer than ``n`` positions along ``dim`` (its name and
+    length), or ``None``."""
+    for name, arr in g.arrays():
+        names = getattr(arr.metadata, "dimension_names", None) \
+            or arr.attrs.get("_ARRAY_DIMENSIONS")
+        if names and dim in names and arr.shape[list(names).index(dim)] < n:
+            return str(name), int(arr.shape[list(names).index(dim)])
+    return None
 
 
 def _truncate(g: Any, dim: str, n: int) -> None:

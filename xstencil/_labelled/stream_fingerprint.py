@@ -10,6 +10,7 @@ compares them with the new call's and refuses a store written by another run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import types
@@ -38,13 +39,25 @@ def fingerprint(obj: Any, kernel: Any, dim: str, args: Any, kwargs: Any,
     """Hashes, stable across processes, of what determines the numbers: the
     kernel, its arguments, the initial state; and the options (as text), with
     the layout of sharded data among them."""
-    lifted = describe([options["step"]] if kernel is None else [kernel])
+    fn = options["step"] if kernel is None else kernel
+    lifted = describe([fn])
     text = {n: _text(v) for n, v in sorted(options.items()) if n not in _FREE and n != "step"}
     if layout is not None:
         text["sharded"] = layout.describe()
-    return {"kernel": _hash((lifted.key, [np.asarray(x) for x in lifted.leaves])),
+    return {"kernel": _hash((lifted.key, [np.asarray(x) for x in lifted.leaves],
+                             _partial(fn))),
             "arguments": _hash((args, sorted(kwargs.items()))), "initial": _hash(obj),
             "options": text}
+
+
+def _partial(fn: Any) -> Any:
+    """What a ``functools.partial`` kernel binds (the kernel walk sees the
+    partial object only): its function and bound values, else ``None``."""
+    if not isinstance(fn, functools.partial):
+        return None
+    inner = describe([fn.func])
+    return ("partial", inner.key, [np.asarray(x) for x in inner.leaves], _partial(fn.func),
+            fn.args, sorted(fn.keywords.items()))
 
 
 def _text(v: Any) -> str:
@@ -122,6 +135,8 @@ def _feed(h: Any, v: Any) -> None:  # noqa: C901 - one case per kind of value
         _feed(h, (v.co_names, v.co_varnames, v.co_freevars, v.co_cellvars, v.co_consts))
     elif isinstance(v, type):
         h.update(f"type {v.__module__}.{v.__qualname__}".encode())
+    elif isinstance(v, Identity) and isinstance(v.obj, np.ndarray | jax.Array):
+        _feed(h, v.obj)  # an array read through an attribute: by its values
     elif isinstance(v, Identity):
         o = v.obj
         h.update(f"id {type(o).__module__}.{type(o).__qualname__} "
