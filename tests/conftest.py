@@ -21,7 +21,10 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 # Scripts that tests start as separate processes (they read sys.argv at import), not
 # test modules: --doctest-modules must not import them.
+# driver scripts run in their own interpreters (they set XLA_FLAGS at import, which
+# would give the importing test process several simulated devices)
 collect_ignore = ["backends/multiprocess_checks.py"]
+collect_ignore_glob = ["backends/*_checks.py", "contract/*_cases.py"]
 
 # JIT compilation makes the first example of a property test slow, so neither
 # profile has a deadline.
