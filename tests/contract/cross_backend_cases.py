@@ -104,6 +104,10 @@ CASES: dict[str, tuple[Callable[[], Any], Any, dict[str, Any]]] = {
                                                                 boundary="periodic")),
     "bad-save-every": (_field, heat, dict(steps=4, save_every=0)),
     "steps-not-a-multiple": (_field, heat, dict(steps=5, save_every=2)),
+    # only the initial conditions: memory used to return them unchanged with 'last'
+    "only-initial-positions-last": (lambda: _traj(1), forced, dict(save_every="last",
+                                                                  boundary="periodic")),
+    "only-initial-positions": (lambda: _traj(1), forced, dict(boundary="periodic")),
 }
 
 

@@ -28,7 +28,14 @@ from xstencil._engine.call import precision, split_static
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import Fields, prepare
 from xstencil._labelled.scan_plan import ScanPlan
-from xstencil._labelled.scan_setup import check_monotonic, grown_coord, padded_time, returned
+from xstencil._labelled.scan_setup import (
+    check_grown_length,
+    check_monotonic,
+    check_own_length,
+    grown_coord,
+    padded_time,
+    returned,
+)
 
 __all__ = ["Prepared", "setup", "saved_positions", "rewrap"]
 
@@ -140,49 +147,27 @@ def _evolving(call: str, obj: Any, names: tuple[str, ...], plan: Any,
     return evolving
 
 
-def _positions(call: str, plan: Any, dim: str, space: tuple[str, ...], n0: int,
-               steps: int | None, every: int) -> tuple[int, int]:
+def _positions(request: ScanPlan, plan: Any, space: tuple[str, ...], n0: int) -> tuple[int, int]:
     """``(total, nsave)``: the positions along dim, initial ones included,
-    and the saved positions after the initial ones; checked."""
+    and the saved positions after the initial ones; checked as in memory."""
+    call, dim, steps, every = request.call, request.dim, request.steps, request.every
     k = plan.specs[0].lo
-    if k == 0:
-        raise XStencilError(
-            f"{call}: the kernel reads no earlier position along {dim!r} (such as "
-            f"u({dim}=-1)); there is nothing to scan")
     if steps is not None:
-        if n0 not in (0, k) or (n0 == 0 and k != 1):
-            raise XStencilError(
-                f"{call}: steps={steps} grows a trajectory from its first {k} position(s) "
-                f"along {dim!r}; the input has {n0 or 'no'} position(s) there")
+        check_grown_length(request, n0, k)
         total = k + steps
     else:
         if n0 == 0:
             raise XStencilError(
                 f"{call}: dimension {dim!r} not found; available dims are {space!r} (to grow "
-                f"a trajectory from an initial state, pass steps=N)")
+                f"a trajectory from an initial state without {dim!r}, pass steps=N)")
         total = n0
-        if total <= k:
-            raise XStencilError(f"{call}: {dim!r} has {total} positions, no more than the "
-                                f"{k} initial ones")
+        check_own_length(request, total, k)
     for d, s in zip(plan.dims[1:], plan.specs[1:], strict=True):
         if s.mode == "valid" and (s.lo or s.hi):
-            raise XStencilError(f"{call}: boundary 'valid' along {d!r} would shrink each step; "
-                                f"use a padding boundary mode")
-    n_comp = total - k
-    if every and every > n_comp:
-        raise XStencilError(f"{call}: save_every={every} is larger than the {n_comp} "
-                            f"positions to compute; use save_every='last'")
-    if every and steps is None and n_comp % every:
-        raise XStencilError(
-            f"{call}: the {n_comp} positions to compute along {dim!r} (positions {k}.."
-            f"{total - 1}) are not a multiple of save_every={every}, so the last "
-            f"{n_comp % every} would be neither computed nor returned; use save_every='last' "
-            f"or another save_every, or trim the input (obj.isel({dim}=slice(0, "
-            f"{total - n_comp % every})))")
-    if every and steps is not None and steps % every:
-        raise XStencilError(f"{call}: steps={steps} is not a multiple of "
-                            f"save_every={every}")
-    return total, 1 if every == 0 else n_comp // every
+            raise XStencilError(
+                f"{call}: boundary 'valid' along {d!r} would shrink each step's output; a scan "
+                f"needs a padding boundary mode for {d!r} (e.g. 'periodic' or 'extend')")
+    return total, 1 if every == 0 else (total - k) // every
 
 
 def _time(call: str, spec: ScanSpec, obj: Any, coord: Any, dt: Any, steps: int | None,
@@ -247,7 +232,7 @@ def setup(call: str, obj: Any, kernels: Sequence[Callable[..., Any]], dim: str, 
         evolving = _evolving(call, obj, names, plan, kernels, dim, steps, args, kwargs)
         if steps is not None and len(evolving) < len(names):
             plan = plan_for(evolving)
-    total, nsave = _positions(call, plan, dim, space, n0, steps, every)
+    total, nsave = _positions(request, plan, space, n0)
     plan = dataclasses.replace(plan, shape=(total,) + plan.shape[1:])
     ts = plan.specs[0]
     spec = ScanSpec(plan, dim, ts.lo, ts.hi, total, steps is not None, every, nsave, tmode)

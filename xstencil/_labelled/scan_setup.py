@@ -30,7 +30,8 @@ from xstencil._labelled.returns import kernel_cells
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.sizes import check_fits, check_inputs
 
-__all__ = ["grown_coord", "setup", "returned", "evolving_indices", "time_coord",
+__all__ = ["grown_coord", "setup", "check_grown_length", "check_own_length", "returned",
+           "evolving_indices", "time_coord",
            "padded_time", "coord_dtype", "check_monotonic", "time_placeholder"]
 
 
@@ -140,7 +141,7 @@ def _fields(call: str, obj: Any, o: ScanPlan, evolve: Sequence[str] | None,
                   f.dtypes), n0, tvals
 
 
-def _grown_length(o: ScanPlan, n0: int, k: int) -> None:
+def check_grown_length(o: ScanPlan, n0: int, k: int) -> None:
     """Check that the input holds the ``k`` initial positions a grown
     trajectory starts from."""
     call, dim = o.call, o.dim
@@ -159,7 +160,7 @@ def _grown_length(o: ScanPlan, n0: int, k: int) -> None:
             + (" or scan the input's own trajectory without steps=" if n0 > k else ""))
 
 
-def _own_length(o: ScanPlan, total: int, k: int) -> None:
+def check_own_length(o: ScanPlan, total: int, k: int) -> None:
     """Check the input's own trajectory: long enough, and a whole number of
     ``save_every`` intervals after the ``k`` initial positions."""
     call, dim, every = o.call, o.dim, o.every
@@ -168,10 +169,12 @@ def _own_length(o: ScanPlan, total: int, k: int) -> None:
             f"{call}: the kernel reads no earlier position along {dim!r} (such as "
             f"u({dim}=-1)); there is nothing to scan. Read the previous value u({dim}=-1), "
             f"or use .stencil.map(...) for a kernel that does not step along {dim!r}")
-    if total < k:
+    if total <= k:  # whatever save_every: nothing to compute is an error, not a no-op
         raise XStencilError(
-            f"{call}: the window reaches {k} positions back along {dim!r}, which has only "
-            f"{total}; the first {k} positions are the initial conditions")
+            f"{call}: the window reaches {k} position(s) back along {dim!r}, which has "
+            f"{total}: the first {k} are the initial conditions, so there is nothing to "
+            f"compute; give more positions along {dim!r}, or grow a trajectory from "
+            f"obj.isel({dim}=slice(0, {k})) with steps=N")
     n_comp = total - k
     if every and every > n_comp:
         raise XStencilError(
@@ -226,13 +229,13 @@ def setup(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: Any,
     spec = plan.specs[plan.axis(dim)]
     k = spec.lo
     if o.steps is not None:
-        _grown_length(o, n0, k)
+        check_grown_length(o, n0, k)
         if k + o.steps != total_guess:
             f, n0, tvals = _fields(call, obj, o, evolve, k + o.steps)
             plan = planned(f, boundary)
     total = f.shape[f.dims.index(dim)]
     if o.steps is None:
-        _own_length(o, total, k)
+        check_own_length(o, total, k)
     if tmode not in ("fill", "extend") or spec.hi and tmode == "fill":
         b = dict(o.boundary) if isinstance(o.boundary, Mapping) else dict.fromkeys(
             f.dims, o.boundary)
