@@ -108,6 +108,13 @@ CASES: dict[str, tuple[Callable[[], Any], Any, dict[str, Any]]] = {
     "only-initial-positions-last": (lambda: _traj(1), forced, dict(save_every="last",
                                                                   boundary="periodic")),
     "only-initial-positions": (lambda: _traj(1), forced, dict(boundary="periodic")),
+    # the block scans used to skip the in-memory scan's time checks: growing with a
+    # kernel that reads ahead ran (reading the last slab), and an unread, unsorted
+    # time coordinate was refused
+    "grown-reading-ahead": (_field, forced, dict(steps=2, boundary="periodic")),
+    "unread-unsorted-time-coordinate": (
+        lambda: _traj().assign_coords(time=[0.0, 4.0, 2.0, 6.0, 8.0]), forced,
+        dict(boundary="periodic")),
 }
 
 

@@ -18,21 +18,24 @@ trajectory, inputs along it (a forcing), stacked like the advanced ones.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
 from xstencil._backends.halo import ScanSpec
-from xstencil._engine.call import split_static
+from xstencil._engine.call import precision, split_static
 from xstencil._engine.kcache import describe
 from xstencil._errors import XStencilError
-from xstencil._labelled.core import Fields
+from xstencil._labelled.core import Fields, coord_arrays
+from xstencil._labelled.scan_loop import time_input as scan_time_input
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import rewrap as rewrap_scan
-from xstencil._labelled.scan_setup import check_monotonic, padded_time, plan_scan
+from xstencil._labelled.scan_setup import padded_time, plan_scan
 
 __all__ = ["BlockArrays", "setup", "block_spec", "block_arrays", "time_input", "rewrap"]
 
@@ -145,14 +148,22 @@ def block_arrays(sp: ScanPlan, f: Fields) -> BlockArrays:
                        tuple(f.arrays[i] for i in others if i not in forced))
 
 
-def time_input(sp: ScanPlan) -> Any:
+def time_input(sp: ScanPlan, f: Fields, kernels: Sequence[Callable[..., Any]], args: Any,
+               kwargs: Any) -> Any:
     """The coordinate along dim padded as the kernel reads it (numpy), when
-    the trajectory has a numeric one (``None`` otherwise); it must increase."""
+    the trajectory has a numeric one (``None`` otherwise).  Checked as in
+    memory (:func:`~xstencil._labelled.scan_loop.time_input`): no reads at
+    offsets >= 0 when growing, and a coordinate the kernel reads increases."""
     plan, dim = sp.plan, sp.dim
     assert plan is not None
+    udyn, static = split_static(sp.call, (args, kwargs))
+    spatial = dataclasses.replace(plan, coord_dims=tuple(d for d in plan.coord_dims
+                                                         if d != dim))
+    with precision(f.arrays, args, kwargs):
+        coords = [jnp.asarray(c) for c in coord_arrays(spatial, f, sp.period)]
+        scan_time_input(sp, list(kernels), describe(list(kernels)), static, udyn, coords)
     if sp.tvals is None or dim not in plan.coord_dims:
         return None
-    check_monotonic(sp.call, dim, sp.tvals)
     return padded_time(sp.call, plan, dim, sp.tvals, sp.k, plan.specs[0].hi, sp.tmode)
 
 

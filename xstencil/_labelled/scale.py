@@ -83,8 +83,9 @@ def _job(call: str, sp: ScanPlan, f: Fields, obj: Any, kernels: tuple[Callable[.
         if sp.check_finite else None
     a = block_arrays(sp, f)
     dyn, static = split_static(call, (args, kwargs))
+    tcoord = time_input(sp, f, kernels, args, kwargs)
     return BlockJob(call, spec, HOOKS, kernels, owner, a.datas, a.consts, a.forcings, a.names,
-                    a.forced, static, tuple(dyn), time_input(sp), coords, sp.period, bmesh,
+                    a.forced, static, tuple(dyn), tcoord, coords, sp.period, bmesh,
                     tuple(masks), finite, sp.progress, sp.checkpoint)
 
 
