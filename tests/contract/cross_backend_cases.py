@@ -93,6 +93,8 @@ CASES: dict[str, tuple[Callable[[], Any], Any, dict[str, Any]]] = {
     "da-time-coordinate-given": (_traj, timed, dict(boundary="extend")),
     "ds-grown": (_ds, ds_kernel, dict(steps=4, boundary="periodic")),
     "ds-trajectory-with-forcing": (lambda: _ds(True), ds_kernel, dict(boundary="periodic")),
+    "ds-trajectory-constant-first": (lambda: _ds(True)[["h", "u", "v"]], ds_kernel,
+                                     dict(boundary="periodic", save_every=3)),
     "mesh-position": (_field, "position", dict(steps=4, boundary="periodic")),
     "mesh-label": (_field, "label", dict(steps=4, boundary="periodic", save_every=2)),
     "mesh-mask": (_field, "mask", dict(steps=4, boundary="extend")),

@@ -13,7 +13,8 @@ from tests.contract.cross_backend_cases import CASES, run
 SUCCEED = ["da-grown", "da-grown-every-3", "da-grown-last", "da-trajectory",
            "da-trajectory-every-2", "da-trajectory-last", "da-time-coordinate-dt",
            "da-time-coordinate-given", "ds-grown", "ds-trajectory-with-forcing",
-           "mesh-position", "mesh-label", "mesh-mask", "unread-unsorted-time-coordinate"]
+           "mesh-position", "mesh-label", "mesh-mask", "unread-unsorted-time-coordinate",
+           "ds-trajectory-constant-first"]
 
 
 @pytest.mark.parametrize("name", SUCCEED)

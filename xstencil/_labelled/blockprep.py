@@ -81,7 +81,9 @@ def _dim_first(obj: Any, dim: str, space: tuple[str, ...]) -> Any:
     order = (dim, *space)
     if isinstance(obj, xr.DataArray):
         return obj.transpose(*[d for d in order if d in obj.dims], transpose_coords=False)
-    names = sorted(obj.data_vars, key=lambda n: dim not in obj[n].dims)
+    names = list(obj.data_vars)
+    if dim not in obj[names[0]].dims:  # the Fields' dims follow the first variable's
+        names.sort(key=lambda n: dim not in obj[n].dims)
     data = {n: obj[n].variable.transpose(*[d for d in order if d in obj[n].dims])
             for n in names}
     return xr.Dataset(data, coords=obj.coords, attrs=obj.attrs)
