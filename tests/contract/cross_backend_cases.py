@@ -93,6 +93,8 @@ CASES: dict[str, tuple[Callable[[], Any], Any, dict[str, Any]]] = {
     "da-time-coordinate-given": (_traj, timed, dict(boundary="extend")),
     "ds-grown": (_ds, ds_kernel, dict(steps=4, boundary="periodic")),
     "ds-trajectory-with-forcing": (lambda: _ds(True), ds_kernel, dict(boundary="periodic")),
+    "ds-trajectory-constant-first": (lambda: _ds(True)[["h", "u", "v"]], ds_kernel,
+                                     dict(boundary="periodic", save_every=3)),
     "mesh-position": (_field, "position", dict(steps=4, boundary="periodic")),
     "mesh-label": (_field, "label", dict(steps=4, boundary="periodic", save_every=2)),
     "mesh-mask": (_field, "mask", dict(steps=4, boundary="extend")),
@@ -104,6 +106,17 @@ CASES: dict[str, tuple[Callable[[], Any], Any, dict[str, Any]]] = {
                                                                 boundary="periodic")),
     "bad-save-every": (_field, heat, dict(steps=4, save_every=0)),
     "steps-not-a-multiple": (_field, heat, dict(steps=5, save_every=2)),
+    # only the initial conditions: memory used to return them unchanged with 'last'
+    "only-initial-positions-last": (lambda: _traj(1), forced, dict(save_every="last",
+                                                                  boundary="periodic")),
+    "only-initial-positions": (lambda: _traj(1), forced, dict(boundary="periodic")),
+    # the block scans used to skip the in-memory scan's time checks: growing with a
+    # kernel that reads ahead ran (reading the last slab), and an unread, unsorted
+    # time coordinate was refused
+    "grown-reading-ahead": (_field, forced, dict(steps=2, boundary="periodic")),
+    "unread-unsorted-time-coordinate": (
+        lambda: _traj().assign_coords(time=[0.0, 4.0, 2.0, 6.0, 8.0]), forced,
+        dict(boundary="periodic")),
 }
 
 

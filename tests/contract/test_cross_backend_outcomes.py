@@ -13,7 +13,8 @@ from tests.contract.cross_backend_cases import CASES, run
 SUCCEED = ["da-grown", "da-grown-every-3", "da-grown-last", "da-trajectory",
            "da-trajectory-every-2", "da-trajectory-last", "da-time-coordinate-dt",
            "da-time-coordinate-given", "ds-grown", "ds-trajectory-with-forcing",
-           "mesh-position", "mesh-label", "mesh-mask"]
+           "mesh-position", "mesh-label", "mesh-mask", "unread-unsorted-time-coordinate",
+           "ds-trajectory-constant-first"]
 
 
 @pytest.mark.parametrize("name", SUCCEED)
@@ -28,3 +29,8 @@ def test_ordinary_case_succeeds_in_memory(name: str) -> None:
 def test_bad_save_every_is_an_error() -> None:
     out = run("bad-save-every", "memory")
     assert out[0] == "error" and "save_every" in out[2], out
+
+
+def test_growing_with_a_kernel_that_reads_ahead_is_an_error() -> None:
+    out = run("grown-reading-ahead", "memory")
+    assert out[0] == "error" and "reads u at offset >= 0 along 'time'" in out[2], out

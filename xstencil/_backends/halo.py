@@ -19,8 +19,8 @@ Boundary modes along split dims are applied exactly:
   devices rebuild their outer halo from their own cells in that mode after
   every step (a ``where`` on ``axis_index``).
 
-Scope: a DataArray or Dataset (see :mod:`xstencil._labelled.blockprep`, which
-reduces it to a :class:`BlockJob`) and one kernel or a function mesh
+Scope: a DataArray or Dataset (set up as in memory, then reduced to a
+:class:`BlockJob` by :mod:`xstencil._labelled.scale`) and one kernel or a function mesh
 (regions by position, label or mask; see :mod:`xstencil._backends.blockmesh`).
 The kernel may read coordinates, the scanned dim's included.  The scanned
 dim must not be split.  Saving follows :func:`xstencil.scan`: the ``k`` initial
@@ -55,7 +55,10 @@ __all__ = ["ScanSpec", "BlockJob", "Stepper", "Block", "Role", "Slot", "slots", 
 class ScanSpec:
     """A scan, reduced to what a block needs: the plan over ``(dim,) + space``,
     the reach back ``k`` and ahead ``ahead`` along ``dim``, and the saved
-    positions."""
+    positions.
+
+    Plain data, copied from the labelled scan's validated ``ScanPlan`` (by
+    ``xstencil._labelled.blockprep.block_spec``); it checks nothing itself."""
 
     plan: Plan
     dim: str
@@ -90,7 +93,7 @@ class ScanSpec:
 @dataclass(frozen=True, eq=False)
 class BlockJob:
     """A dask-backed or sharded scan reduced to raw arrays (built by
-    ``xstencil._labelled.blockprep``); what the block backends receive.
+    ``xstencil._labelled.scale``); what the block backends receive.
 
     ``datas`` holds per advanced variable its input with dim first, ``(n or
     1, *space)``; ``consts`` the other variables without dim, ``(*space)``;

@@ -30,8 +30,9 @@ import xarray as xr
 
 from xstencil._backends import tiles
 from xstencil._errors import XStencilError
-from xstencil._labelled.blockprep import Prepared, rewrap, setup
+from xstencil._labelled.blockprep import block_spec, rewrap, setup
 from xstencil._labelled.scale import block_job
+from xstencil._labelled.scan_plan import ScanPlan
 
 __all__ = ["MIN_BYTES", "MIN_STEPS", "blocking_arg", "blocked"]
 
@@ -106,31 +107,32 @@ def _as_memory(x: np.ndarray) -> Any:
     return jnp.asarray(x)
 
 
-def _retyped(prep: Prepared, out: Any) -> Any:
+def _retyped(sp: ScanPlan, out: Any) -> Any:
     if isinstance(out, xr.DataArray):
         return out.copy(data=_as_memory(np.asarray(out.data)))
-    for n in prep.evolving:
+    for n in sp.names or ():
         out[n] = out[n].copy(data=_as_memory(np.asarray(out[n].data)))
     return out
 
 
-def _tiling(call: str, prep: Prepared, how: dict[str, Any] | bool | None, forced: bool
+def _tiling(call: str, sp: ScanPlan, how: dict[str, Any] | bool | None, forced: bool
             ) -> tiles.Tiling | None:
-    spec = prep.spec
+    spec = block_spec(sp)
     plan = spec.plan
+    space = tuple(plan.dims[1:])  # the block setup puts dim first
     reach = [max(s.lo, s.hi) for s in plan.specs[1:]]
     shape = plan.shape[1:]
-    itemsize = np.dtype(prep.datas[0].dtype).itemsize
-    row_bytes = spec.k * len(prep.evolving) * itemsize
+    itemsize = np.dtype(plan.var_dtypes[sp.evolving[0]]).itemsize
+    row_bytes = spec.k * len(sp.evolving) * itemsize
     opts = how if isinstance(how, dict) else {}
     tile = opts.get("tile")
     if isinstance(tile, Mapping):
-        unknown = [d for d in tile if d not in prep.space]
+        unknown = [d for d in tile if d not in space]
         if unknown:
             raise XStencilError(
                 f"{call}: blocking={{'tile': {tile!r}}}: dim {unknown[0]!r} is not a dim the "
-                f"scan tiles; available dims are {prep.space!r}")
-        tile = [int(tile.get(d, n)) for d, n in zip(prep.space, shape, strict=True)]
+                f"scan tiles; available dims are {space!r}")
+        tile = [int(tile.get(d, n)) for d, n in zip(space, shape, strict=True)]
     elif tile is not None:
         tile = [int(tile)] * len(shape)
     got = tiles.choose(shape, reach, row_bytes, spec.steps_per_save, tile=tile,
@@ -165,12 +167,12 @@ def blocked(obj: Any, kernel: Callable[..., Any], dim: str, args: Any, kwargs: A
     if not forced and _state_bytes(obj, dim) < MIN_BYTES:
         return None
     try:
-        prep = setup(call, obj, (kernel,), dim, args, kwargs, **options)
+        sp, f = setup(call, obj, (kernel,), dim, args, kwargs, **options)
     except XStencilError:  # not for the block scans: the whole-array loop decides
         return None
-    tiling = _tiling(call, prep, how, forced)
+    tiling = _tiling(call, sp, how, forced)
     if tiling is None:
         return None
-    job = block_job(call, prep, (kernel,), kernel, None, options.get("period"))
+    job = block_job(call, sp, f, obj, (kernel,), kernel, None, args, kwargs)
     outs = tiles.scan_tiles(job, tiling)
-    return _retyped(prep, rewrap(prep, outs))
+    return _retyped(sp, rewrap(sp, f, obj, outs))

@@ -118,7 +118,9 @@ def state_casts(call: str, obj: Any, kernels: Sequence[Any], owner: Any, o: Scan
         sig = None
 
     def decide() -> Any:
-        s, _ = setup(obj, kernels, o, args, kwargs)
+        # the dtypes only: whether the saved trajectory fits in memory is the
+        # in-memory scan's own check (dask-backed and sharded ones need not fit)
+        s, _ = setup(obj, kernels, o, args, kwargs, in_memory=False)
         plan = s.plan
         assert plan is not None
         if explicit is not None:

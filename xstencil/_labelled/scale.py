@@ -1,10 +1,13 @@
 """Scale-out scans: a labelled scan handed to the dask or sharded backend.
 
 :func:`scale_out` picks the backend from the arrays; :func:`scan_dask` and
-:func:`scan_sharded` validate the scan once (:func:`~xstencil._labelled.
+:func:`scan_sharded` set the scan up as in memory (one
+:class:`~xstencil._labelled.scan_plan.ScanPlan` and its
+:class:`~xstencil._labelled.core.Fields`, :func:`~xstencil._labelled.
 blockprep.setup`), turn a function mesh into regions and masks, reduce it
 all to a :class:`~xstencil._backends.halo.BlockJob` of raw arrays, run the
-backend, and label its result (:func:`~xstencil._labelled.blockprep.rewrap`).
+backend, and label its result with the in-memory scan's rewrap
+(:func:`~xstencil._labelled.blockprep.rewrap`).
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from xstencil._backends import shard_scan as shard_backend
 from xstencil._backends.blockmesh import block_mesh
 from xstencil._backends.dask import is_dask, with_progress
 from xstencil._backends.halo import BlockJob
-from xstencil._engine.call import precision
+from xstencil._engine.call import precision, split_static
 from xstencil._engine.coords import coord_values, numeric_coord
 from xstencil._errors import XStencilError
-from xstencil._labelled.blockprep import Prepared, rewrap, setup
+from xstencil._labelled.blockprep import block_arrays, block_spec, rewrap, setup, time_input
+from xstencil._labelled.core import Fields
 from xstencil._labelled.dispatch import HOOKS, devices_arg
 from xstencil._labelled.options import split_options
+from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import call_with_progress, not_finite
 
 __all__ = ["scale_out", "scan_dask", "scan_sharded", "block_job"]
@@ -63,23 +68,25 @@ def _kernels(kernel: Any, function_mesh: Any) -> tuple[Callable[..., Any], ...]:
     return (kernel,) if function_mesh is None else tuple(k for _, k in function_mesh._regions)
 
 
-def block_job(call: str, prep: Prepared, kernels: tuple[Callable[..., Any], ...], owner: Any,
-         function_mesh: Any, period: Any) -> BlockJob:
-    """``prep`` reduced to raw arrays; a function mesh to regions and masks."""
-    spec = prep.spec
+def block_job(call: str, sp: ScanPlan, f: Fields, obj: Any, kernels: tuple[Callable[..., Any], ...],
+         owner: Any, function_mesh: Any, args: Any, kwargs: Any) -> BlockJob:
+    """The scan's plan and fields reduced to raw arrays; a function mesh to
+    regions and masks."""
+    spec = block_spec(sp)
     plan = spec.plan
     bmesh, masks = None, []
     if function_mesh is not None:
         regions, gmasks = function_mesh.regions(plan, spec.dim)
         bmesh, masks = block_mesh(regions, gmasks, plan, spec.total)
-    coords = {d: numeric_coord(call, d, coord_values(prep.obj[d]))
-              for d in spec.space_coords}
-    finite = functools.partial(not_finite, call, spec.dim, prep.labels) \
-        if prep.check_finite else None
-    return BlockJob(call, spec, HOOKS, kernels, owner, tuple(prep.datas), tuple(prep.consts),
-                    tuple(prep.forcings), tuple(prep.evolving), tuple(prep.forced), prep.static,
-                    tuple(prep.dyn), prep.tcoord, coords, period, bmesh, tuple(masks), finite,
-                    prep.progress, prep.checkpoint)
+    coords = {d: numeric_coord(call, d, coord_values(obj[d])) for d in spec.space_coords}
+    finite = functools.partial(not_finite, call, spec.dim, sp.tvals) \
+        if sp.check_finite else None
+    a = block_arrays(sp, f)
+    dyn, static = split_static(call, (args, kwargs))
+    tcoord = time_input(sp, f, kernels, args, kwargs)
+    return BlockJob(call, spec, HOOKS, kernels, owner, a.datas, a.consts, a.forcings, a.names,
+                    a.forced, static, tuple(dyn), tcoord, coords, sp.period, bmesh,
+                    tuple(masks), finite, sp.progress, sp.checkpoint)
 
 
 def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *args: Any,
@@ -152,12 +159,12 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
             f"{call}: checkpoint=True saves memory in gradients, but a dask-backed scan is "
             f"not differentiable; differentiate an in-memory or sharded scan instead")
     kernels = _kernels(kernel, function_mesh)
-    prep = setup(call, obj, kernels, dim, args, kw, **opts)
+    sp, f = setup(call, obj, kernels, dim, args, kw, **opts)
     owner = function_mesh if function_mesh is not None else kernel
-    job = block_job(call, prep, kernels, owner, function_mesh, opts.get("period"))
-    out = rewrap(prep, dask_backend.scan_dask(job, halo_every))
+    job = block_job(call, sp, f, obj, kernels, owner, function_mesh, args, kw)
+    out = rewrap(sp, f, obj, dask_backend.scan_dask(job, halo_every))
     # progress=True: computed now (kept chunked) under dask's progress display
-    return with_progress(out) if prep.progress else out
+    return with_progress(out) if sp.progress else out
 
 
 def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *args: Any,
@@ -224,10 +231,10 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
     devices = devices_arg(call, devices, mesh)
     opts, kw = split_options(kwargs)
     kernels = _kernels(kernel, function_mesh)
-    prep = setup(call, obj, kernels, dim, args, kw, **opts)
+    sp, f = setup(call, obj, kernels, dim, args, kw, **opts)
     owner = function_mesh if function_mesh is not None else kernel
-    with precision(prep.datas + prep.consts + prep.forcings, args, kw):
-        job = block_job(call, prep, kernels, owner, function_mesh, opts.get("period"))
+    with precision(f.arrays, args, kw):
+        job = block_job(call, sp, f, obj, kernels, owner, function_mesh, args, kw)
         c = shard_backend.scan_sharded(job, devices, halo_every)
         if hlo:
             exe = c.fn.lower(*c.inputs, np.int32(0)).compile()
@@ -235,4 +242,4 @@ def scan_sharded(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time",
         out, bad = call_with_progress(c.fn, c.inputs, c.report_every, c.steps, call)
     if job.finite is not None and int(bad) >= 0:
         raise job.finite(int(bad), "")
-    return rewrap(prep, list(out))
+    return rewrap(sp, f, obj, list(out))

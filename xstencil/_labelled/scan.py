@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import precision, split_static
@@ -45,7 +44,7 @@ from xstencil._labelled.scale import scale_out
 from xstencil._labelled.scan_loop import build_loop, inputs, time_input
 from xstencil._labelled.scan_plan import MAX_STEPS, ScanPlan
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite, rewrap
-from xstencil._labelled.scan_setup import evolving_indices, returned, setup
+from xstencil._labelled.scan_setup import plan_scan
 from xstencil._labelled.scan_step import run_step
 from xstencil._labelled.staggered_ops import FILL, scan_grid
 from xstencil._labelled.stream import streamed
@@ -350,18 +349,7 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], mesh: Any, o: ScanPlan, ar
 
 def _plan(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: Any,
           lifted: Any, static: Any, udyn: Any) -> tuple[ScanPlan, Fields]:
-    """The request completed with the data's layout, and the evolving
-    variables: for a Dataset, those the kernels return (traced once per
-    kernel structure and plan)."""
-    call = o.call
-    sp, f = setup(obj, kernels, o, args, kwargs)
-    if sp.plan.var_names is None:
-        return sp, f
-    shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in udyn)
-    with precision(f.arrays, args, kwargs):
-        got = cached(("returned", lifted.key, sp.plan, static, shapes),
-                     lambda: returned(call, sp.plan, kernels, static, udyn))
-    names = None if got is None else list(got)  # a copy: the cached list stays intact
-    if names is not None and sp.grown and sp.dim not in obj.dims:
-        sp, f = setup(obj, kernels, o, args, kwargs, evolve=names)
-    return dataclasses.replace(sp, evolving=evolving_indices(sp, names)), f
+    """The request completed with the data's layout and the evolving
+    variables (:func:`~xstencil._labelled.scan_setup.plan_scan`, the setup
+    the dask and sharded scans share)."""
+    return plan_scan(obj, kernels, o, args, kwargs, lifted, static, udyn)

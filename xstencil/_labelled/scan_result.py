@@ -133,6 +133,11 @@ def rewrap(s: ScanPlan, f: Fields, obj: Any, outs: Sequence[Any]) -> Any:
     if plan.var_names is None:
         out: Any = xr.DataArray(datas[0], dims=plan.var_dims[0], coords=coords.coords,
                                 name=obj.name, attrs=dict(obj.attrs))
+        own = tuple(obj.dims) if dim in obj.dims else (dim, *obj.dims)
+        if out.dims != own:  # a block scan's plan has dim first
+            out = out.transpose(*own, transpose_coords=False)
+        if out.name is not obj.name:  # a dask array lends its own name
+            out.name = obj.name
     else:
         names = [plan.var_names[i] for i in evolving]
         rest = obj.drop_vars(names)

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from xstencil._engine.call import precision
 from xstencil._engine.coords import (
     coord_values,
     numeric_coord,
@@ -23,6 +24,7 @@ from xstencil._engine.coords import (
     pad_coord,
     read_dtype,
 )
+from xstencil._engine.kcache import cached
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
 from xstencil._labelled.plan import Plan
@@ -30,7 +32,8 @@ from xstencil._labelled.returns import kernel_cells
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.sizes import check_fits, check_inputs
 
-__all__ = ["grown_coord", "setup", "returned", "evolving_indices", "time_coord",
+__all__ = ["grown_coord", "setup", "plan_scan", "check_grown_length", "check_own_length",
+           "returned", "evolving_indices", "time_coord",
            "padded_time", "coord_dtype", "check_monotonic", "time_placeholder"]
 
 
@@ -140,7 +143,7 @@ def _fields(call: str, obj: Any, o: ScanPlan, evolve: Sequence[str] | None,
                   f.dtypes), n0, tvals
 
 
-def _grown_length(o: ScanPlan, n0: int, k: int) -> None:
+def check_grown_length(o: ScanPlan, n0: int, k: int) -> None:
     """Check that the input holds the ``k`` initial positions a grown
     trajectory starts from."""
     call, dim = o.call, o.dim
@@ -159,7 +162,7 @@ def _grown_length(o: ScanPlan, n0: int, k: int) -> None:
             + (" or scan the input's own trajectory without steps=" if n0 > k else ""))
 
 
-def _own_length(o: ScanPlan, total: int, k: int) -> None:
+def check_own_length(o: ScanPlan, total: int, k: int) -> None:
     """Check the input's own trajectory: long enough, and a whole number of
     ``save_every`` intervals after the ``k`` initial positions."""
     call, dim, every = o.call, o.dim, o.every
@@ -168,10 +171,12 @@ def _own_length(o: ScanPlan, total: int, k: int) -> None:
             f"{call}: the kernel reads no earlier position along {dim!r} (such as "
             f"u({dim}=-1)); there is nothing to scan. Read the previous value u({dim}=-1), "
             f"or use .stencil.map(...) for a kernel that does not step along {dim!r}")
-    if total < k:
+    if total <= k:  # whatever save_every: nothing to compute is an error, not a no-op
         raise XStencilError(
-            f"{call}: the window reaches {k} positions back along {dim!r}, which has only "
-            f"{total}; the first {k} positions are the initial conditions")
+            f"{call}: the window reaches {k} position(s) back along {dim!r}, which has "
+            f"{total}: the first {k} are the initial conditions, so there is nothing to "
+            f"compute; give more positions along {dim!r}, or grow a trajectory from "
+            f"obj.isel({dim}=slice(0, {k})) with steps=N")
     n_comp = total - k
     if every and every > n_comp:
         raise XStencilError(
@@ -188,8 +193,10 @@ def _own_length(o: ScanPlan, total: int, k: int) -> None:
             f"{total - n_comp % every})))")
 
 
-def _check_size(o: ScanPlan, f: Fields, plan: Plan, k: int, total: int) -> None:
-    """The saved trajectory must fit in memory; no dim but ``dim`` may be 'valid'."""
+def _check_size(o: ScanPlan, f: Fields, plan: Plan, k: int, total: int,
+                in_memory: bool = True) -> None:
+    """The saved trajectory must fit in memory (when it is held there); no
+    dim but ``dim`` may be 'valid'."""
     call, dim, every = o.call, o.dim, o.every
     check_inputs(call, f.names or (None,), f.arrays)
     saves = 1 if not every else k + (total - k) // every
@@ -197,9 +204,10 @@ def _check_size(o: ScanPlan, f: Fields, plan: Plan, k: int, total: int) -> None:
                             if d in plan.var_dims[i] and d != dim]))
                * np.dtype(plan.var_dtypes[i]).itemsize for i in range(len(plan.var_dims))
                if dim in plan.var_dims[i])
-    check_fits(call, saves * slab, f"the saved trajectory ({saves} positions along {dim!r})",
-               "save fewer positions (save_every=..., or 'last'), or run the scan on "
-               "dask-backed data (.chunk(...)) or in shorter pieces")
+    if in_memory:
+        check_fits(call, saves * slab, f"the saved trajectory ({saves} positions along "
+                   f"{dim!r})", "save fewer positions (save_every=..., or 'last'), or run the "
+                   "scan on dask-backed data (.chunk(...)) or in shorter pieces")
     for d, s in zip(plan.dims, plan.specs, strict=True):
         if s.mode == "valid" and d != dim and (s.lo or s.hi):
             raise XStencilError(
@@ -208,9 +216,12 @@ def _check_size(o: ScanPlan, f: Fields, plan: Plan, k: int, total: int) -> None:
 
 
 def setup(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: Any,
-          evolve: Sequence[str] | None = None) -> tuple[ScanPlan, Fields]:
+          evolve: Sequence[str] | None = None, *,
+          in_memory: bool = True) -> tuple[ScanPlan, Fields]:
     """The request ``o`` completed with the data's layout, and the fields of
-    the whole trajectory (whose arrays are the input's)."""
+    the whole trajectory (whose arrays are the input's).  ``in_memory=False``
+    (dask-backed or sharded data) skips the check that the saved trajectory
+    fits in memory."""
     call, dim = o.call, o.dim
 
     def planned(f: Fields, boundary: Any) -> Plan:
@@ -226,25 +237,47 @@ def setup(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: Any,
     spec = plan.specs[plan.axis(dim)]
     k = spec.lo
     if o.steps is not None:
-        _grown_length(o, n0, k)
+        check_grown_length(o, n0, k)
         if k + o.steps != total_guess:
             f, n0, tvals = _fields(call, obj, o, evolve, k + o.steps)
             plan = planned(f, boundary)
     total = f.shape[f.dims.index(dim)]
     if o.steps is None:
-        _own_length(o, total, k)
+        check_own_length(o, total, k)
     if tmode not in ("fill", "extend") or spec.hi and tmode == "fill":
         b = dict(o.boundary) if isinstance(o.boundary, Mapping) else dict.fromkeys(
             f.dims, o.boundary)
         b[dim] = tmode
         plan = planned(f, b)
-    _check_size(o, f, plan, k, total)
+    _check_size(o, f, plan, k, total, in_memory)
     if plan.var_names is None:
         evolving: tuple[int, ...] = (0,)
     else:
         evolving = tuple(i for i, vd in enumerate(plan.var_dims) if dim in vd)
     return dataclasses.replace(o, plan=plan, k=k, total=total, n0=n0, evolving=evolving,
                                tvals=tvals, tmode=tmode), f
+
+
+def plan_scan(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: Any,
+              lifted: Any, static: Any, udyn: Any, *,
+              in_memory: bool = True) -> tuple[ScanPlan, Fields]:
+    """The scan's one setup, for every backend: the request completed with the
+    data's layout (:func:`setup`), and the evolving variables: for a Dataset,
+    those the kernels return (traced once per kernel structure and plan)."""
+    call = o.call
+    sp, f = setup(obj, kernels, o, args, kwargs, in_memory=in_memory)
+    assert sp.plan is not None
+    if sp.plan.var_names is None:
+        return sp, f
+    shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in udyn)
+    plan = sp.plan
+    with precision(f.arrays, args, kwargs):
+        got = cached(("returned", lifted.key, plan, static, shapes),
+                     lambda: returned(call, plan, kernels, static, udyn))
+    names = None if got is None else list(got)  # a copy: the cached list stays intact
+    if names is not None and sp.grown and sp.dim not in obj.dims:
+        sp, f = setup(obj, kernels, o, args, kwargs, evolve=names, in_memory=in_memory)
+    return dataclasses.replace(sp, evolving=evolving_indices(sp, names)), f
 
 
 def returned(call: str, plan: Plan, kernels: Sequence[Any], static: Any,
