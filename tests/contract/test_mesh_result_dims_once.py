@@ -15,7 +15,7 @@ import pytest
 import xarray as xr
 
 import xstencil._labelled.map as map_module
-import xstencil._labelled.scan as scan_module
+import xstencil._labelled.scan_setup as scan_module  # where the scan looks its names up
 
 
 def _ds() -> xr.Dataset:
