@@ -123,6 +123,27 @@ def test_heat_1d_float64_and_time_dim_input(ran: list[int]) -> None:
     np.testing.assert_array_equal(got.values, np.stack(np_heat(u0.values[0], 6, "periodic")))
 
 
+def test_arguments_and_time_last(ran: list[int]) -> None:
+    u0 = _field((14, 11)).expand_dims(time=[0.0], axis=-1)
+    w = np.full((), 0.2, np.float32)
+
+    def k(u: Any, w: Any, c: float = 1.0) -> Any:
+        return c * u(time=-1) + w * (u(time=-1, x=1) - u(time=-1, y=-1))
+
+    opts = dict(steps=6, save_every=2, boundary="reflect", dt=1.0, c=0.5)
+    got = u0.stencil.scan(k, "time", w, backend="loops", **opts)
+    want = u0.stencil.scan(k, "time", w, backend="xla", **opts)
+    assert ran == [1]
+    assert got.dims == want.dims == ("x", "y", "time")
+    xr.testing.assert_identical(got.copy(data=np.asarray(want.data)), want)
+    _ulp_close(np.asarray(got.values), np.asarray(want.values))
+    again = u0.stencil.scan(k, "time", w * 2, backend="loops", **opts)  # a new array: read
+    assert ran == [1, 1]
+    assert not np.allclose(again.values, got.values)
+    _ulp_close(np.asarray(again.values), np.asarray(u0.stencil.scan(
+        k, "time", w * 2, backend="xla", **opts).values))
+
+
 def test_integer_state_exact_with_xla(ran: list[int]) -> None:
     u0 = xr.DataArray(np.arange(40, dtype=np.int32).reshape(8, 5) % 7, dims=("x", "y"))
 

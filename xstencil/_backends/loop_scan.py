@@ -186,6 +186,10 @@ def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, li
     leaves = list(lifted.leaves)
     key = (lifted.key, plan, static, slab.shape, slab.dtype.str, tuple(map(_sig, dleaves)),
            tuple(map(_sig, leaves)), bool(jax.config.read("jax_enable_x64")), limit)
+    try:
+        hash(key)
+    except TypeError as e:  # e.g. an unhashable static argument: XLA's path decides
+        raise _Fallback(f"uncacheable: {e}") from e
     built = _BUILT.get(key)
     if built is None:
         built = _build(plan, lifted, static, dim, slab, udyn, leaves, limit)
