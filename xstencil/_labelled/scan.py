@@ -172,8 +172,9 @@ def scan(
         ``"auto"`` (the default, or the ``XSTENCIL_BACKEND`` environment
         variable), ``"loops"`` or ``"xla"``, as for :func:`xstencil.map`: a
         DataArray grown by ``steps=`` on numpy data whose kernel reads only
-        the previous position (``u(time=-1, ...)``) runs as numba loops (see
-        :doc:`/performance`); every other scan runs on XLA.
+        the previous position (``u(time=-1, ...)``) runs as numba loops when
+        ``blocking`` is ``None`` (see :doc:`/performance`); every other scan
+        runs on XLA.
 
     Returns
     -------
@@ -271,7 +272,7 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
                     halo_every=halo_every)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
-    if blocking in (None, False) and devices is None and halo_every is None:
+    if blocking is None and devices is None and halo_every is None:
         out = loop_scan(cast, kernel, o, args, kwargs, backend)
         if out is not None:  # numba loops: a grown DataArray on numpy data (loop_scan.py)
             return out
