@@ -20,14 +20,15 @@ MAP = ("window", "boundary", "fill_value", "stride", "output_dims", "period", "d
 #: ``scan``'s options, ``step=``, ``halo_every=`` and ``blocking=`` included.
 SCAN = ("dim", "window", "boundary", "fill_value", "steps", "dt", "coord", "save_every",
         "period", "progress", "checkpoint", "check_finite", "step", "devices", "mesh",
-        "halo_every", "grid", "at", "dtype", "store", "resume", "segment", "blocking")
+        "halo_every", "grid", "at", "dtype", "store", "resume", "segment", "blocking",
+        "backend")
 #: The options ``xstencil.mesh(obj, ...)`` stores for its ``map`` and ``scan``.
 MESH = ("window", "boundary", "fill_value", "stride", "output_dims", "period", "devices", "mesh",
         "new_vars", "grid", "at", "dtype")
 #: The scan options the scale-out scans take from keywords (kernel keywords are the rest).
 SCAN_KEYWORDS = tuple(k for k in SCAN
                       if k not in ("dim", "devices", "mesh", "halo_every", "grid", "at", "dtype",
-                                   "store", "resume", "segment", "blocking"))
+                                   "store", "resume", "segment", "blocking", "backend"))
 
 
 def options_for(call: str) -> tuple[str, ...]:

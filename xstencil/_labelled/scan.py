@@ -31,6 +31,8 @@ from typing import Any
 import jax.numpy as jnp
 import xarray as xr
 
+from xstencil._backends.loop_scan import backend_mode, loop_scan
+from xstencil._backends.loops import backend_arg
 from xstencil._engine.call import precision, split_static
 from xstencil._engine.kcache import cached, describe, settle
 from xstencil._engine.mesh import Slab
@@ -80,6 +82,7 @@ def scan(
     resume: bool = False,
     segment: int | None = None,
     blocking: bool | Mapping[str, Any] | None = None,
+    backend: str | None = None,
     **kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Scan a stencil kernel along a dim: explicit time stepping.
@@ -165,6 +168,13 @@ def scan(
         scan supports it; ``True`` blocks whenever supported; ``False`` never
         does; ``{"tile": 512, "steps": 16}`` (or ``{"tile": {"x": 512, ...}}``)
         blocks with these sizes.  Results are the same, bitwise, either way.
+    backend
+        ``"auto"`` (the default, or the ``XSTENCIL_BACKEND`` environment
+        variable), ``"loops"`` or ``"xla"``, as for :func:`xstencil.map`: a
+        DataArray grown by ``steps=`` on numpy data whose kernel reads only
+        the previous position (``u(time=-1, ...)``) runs as numba loops when
+        ``blocking`` is ``None`` (see :doc:`/performance`); every other scan
+        runs on XLA.
 
     Returns
     -------
@@ -221,6 +231,7 @@ def scan(
             halo_every=halo_every), grid=grid, at=at, window=window, boundary=boundary,
             fill_value=fill_value, period=period)
     call = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.scan(...)"
+    backend = backend_arg(call, backend)
     devices = devices_arg(call, devices, mesh)
     options = (dim, window, boundary, fill_value, steps, dt, coord, save_every, progress,
                checkpoint, check_finite, period)
@@ -230,8 +241,8 @@ def scan(
             and blocking in (None, False) \
             and callable(kernel):  # a repeated call: skip the setup (see scan_fast.py)
         lifted = describe([kernel])
-        sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),),
-                                  args, kwargs)
+        sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
+                                                  backend_mode(backend)), args, kwargs)
         entry = None if sig is None else scan_fast.lookup(lifted, sig, obj)
         if entry is not None:
             return scan_fast.run(entry, obj, args, kwargs, lifted)
@@ -246,12 +257,12 @@ def scan(
         raise XStencilError(f"{call}: kernel={kernel!r:.60} is not callable; pass a function "
                             f"of one window, e.g. lambda u: u(time=-1) + ..., or step=fn")
     return _scan_kernel(obj, kernel, o, options, args, kwargs, dtype, devices, halo_every,
-                        (lifted, sig), blocking)
+                        (lifted, sig), blocking, backend)
 
 
 def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], args: Any,
                  kwargs: Any, dtype: Any, devices: Any, halo_every: Any, fast: Any,
-                 blocking: Any = None) -> Any:
+                 blocking: Any = None, backend: str | None = None) -> Any:
     """A kernel scanned by the backend the arrays choose; ``fast`` is the
     ``(describe key, signature)`` to record an in-memory call under (or
     ``(None, None)``)."""
@@ -261,6 +272,10 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
                     halo_every=halo_every)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
+    if blocking is None and devices is None and halo_every is None:
+        out = loop_scan(cast, kernel, o, args, kwargs, backend)
+        if out is not None:  # numba loops: a grown DataArray on numpy data (loop_scan.py)
+            return out
     out = blocked(cast, kernel, o.dim, args, kwargs, blocking, **opts)
     if out is not None:  # in memory, large: tiles stepped K steps at a time (blocking.py)
         return out

@@ -1,0 +1,255 @@
+"""Grown scans on the CPU loop backend: the time loop over a generated map.
+
+The simplest and most common scan grows a DataArray by ``steps=`` with a
+kernel that reads only the previous position, ``u(time=-1, x=...)``.  Such a
+kernel, applied to the previous state, is a spatial stencil of it: this
+module runs the kernel as a map of the previous slab through the map's loop
+generator (:mod:`xstencil._backends.loops`), with ``u(time=-1, x=a)`` read as
+``u(x=a)``, and drives the time loop from Python between two preallocated
+buffers (saved positions are written straight into the preallocated
+trajectory).  Each step performs the XLA step's operations in the same order
+on the same boundary cells, so the result is the XLA scan's, bitwise.
+
+Anything else (a Dataset, reads at other time offsets, coordinate reads, a
+kernel the generator cannot express, a result dtype other than the state's,
+JAX or dask data, tracers, options such as ``progress``) returns ``None``:
+the caller runs the XLA scan, silently.  The setup and the rewrap are the
+XLA scan's own (:func:`~xstencil._labelled.scan_setup.plan_scan`,
+:func:`~xstencil._labelled.scan_result.rewrap`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import xarray as xr
+
+from xstencil._backends.loops import (
+    AUTO_MIN_POINTS,
+    MAX_STATEMENTS,
+    LoopOrJit,
+    _aligned,
+    _mode,
+    _sig,
+    available,
+)
+from xstencil._engine.call import precision, split_static
+from xstencil._engine.kcache import describe, rebuild
+from xstencil._labelled.core import kernel_caller, prepare, sources, unwrap
+from xstencil._labelled.scan_loop import inputs
+from xstencil._labelled.scan_plan import ScanPlan
+from xstencil._labelled.scan_result import rewrap
+from xstencil._labelled.scan_setup import plan_scan
+
+__all__ = ["backend_mode", "loop_scan"]
+
+_LOG = logging.getLogger("xstencil.loops")
+_BUILT: dict[Any, Any] = {}  # per kernel structure and layout: the loop, or why not
+_MAX_BUILT = 64
+
+
+class _NotPrevious(Exception):
+    """The kernel does something other than read the previous position."""
+
+
+class _Previous:
+    """The window a kernel sees: ``u(dim=-1, x=a)`` reads ``u(x=a)`` of the
+    previous state; anything else raises :class:`_NotPrevious`."""
+
+    __slots__ = ("_w", "_dim")
+
+    def __init__(self, w: Any, dim: str):
+        self._w, self._dim = w, dim
+
+    def __call__(self, *positional: Any, **offsets: Any) -> Any:
+        if positional or offsets.pop(self._dim, None) != -1:
+            raise _NotPrevious("reads other than the previous position")
+        return self._w(**offsets)
+
+    def __getattr__(self, name: str) -> Any:
+        raise _NotPrevious(f"window attribute {name!r}")
+
+
+def _previous_kernel(kernel: Callable[..., Any], dim: str) -> Callable[..., Any]:
+    def prev(u: Any, *args: Any, **kwargs: Any) -> Any:
+        return kernel(_Previous(u, dim), *args, **kwargs)
+
+    prev.__name__ = getattr(kernel, "__name__", "kernel")
+    return prev
+
+
+def _eligible(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
+              backend: str | None) -> bool:
+    mode = _mode(backend)
+    if mode == "xla" or not available() or not callable(kernel):
+        return False
+    if type(obj) is not xr.DataArray or type(obj.data) is not np.ndarray \
+            or obj.dtype.kind not in "biuf" or not obj.size:
+        return False
+    if not o.grown or o.progress or o.checkpoint or o.check_finite or o.period:
+        return False
+    if o.dim in obj.dims and obj.sizes[o.dim] != 1:
+        return False
+    if jax.default_backend() != "cpu":
+        return False
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return False
+    clean = getattr(getattr(getattr(jax, "_src", None), "core", None), "trace_state_clean",
+                    None)
+    if clean is not None and not clean():
+        return False
+    points = math.prod(s for d, s in obj.sizes.items() if d != o.dim)
+    return not (mode == "auto" and points < AUTO_MIN_POINTS)
+
+
+def backend_mode(backend: str | None) -> str:
+    """``backend=`` of a scan, else the environment's choice, else ``"auto"``."""
+    return _mode(backend)
+
+
+def _spatial(option: Any, dim: str) -> Any:
+    if isinstance(option, Mapping):
+        return {k: v for k, v in option.items() if k != dim}
+    return option
+
+
+def loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
+              backend: str | None) -> Any:
+    """The scan of ``obj`` (already cast to the state dtype) on the loop
+    backend, or ``None`` where it does not apply (the caller runs XLA)."""
+    if not _eligible(obj, kernel, o, args, kwargs, backend):
+        return None
+    try:
+        return _loop_scan(obj, kernel, o, args, kwargs, MAX_STATEMENTS[_mode(backend)])
+    except _Fallback as e:
+        _LOG.debug("scan runs with XLA: %s", e)
+        return None
+
+
+class _Fallback(Exception):
+    pass
+
+
+def _loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
+               limit: int) -> Any:
+    call = o.call
+    udyn, static = split_static(call, (args, kwargs))
+    lifted = describe([kernel])
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sp, f = plan_scan(obj, [kernel], o, args, kwargs, lifted, static, udyn)
+        if caught:
+            raise _Fallback(f"setup warned: {caught[0].message}")
+    except _Fallback:
+        raise
+    except Exception as e:  # noqa: BLE001 - the XLA path decides and reports
+        raise _Fallback(f"{type(e).__name__}: {e}") from e
+    with precision(f.arrays, args, kwargs):  # 64-bit data computes in 64 bits, as on XLA
+        return _in_precision(obj, kernel, o, args, kwargs, limit, sp, f, lifted, static, udyn)
+
+
+def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, limit: int,
+                  sp: ScanPlan, f: Any, lifted: Any, static: Any, udyn: Any) -> Any:
+    call, dim = o.call, o.dim
+    try:
+        if sp.k != 1 or tuple(sp.evolving) != (0,):
+            raise _Fallback("not one evolving variable with one initial position")
+        arrays_in, init = inputs(sp, f.arrays)
+        slab = np.ascontiguousarray(np.asarray(init[0][0]))
+        state = np.dtype(slab.dtype)
+        sdims = tuple(d for d in sp.plan.var_dims[0] if d != dim)
+        prev = xr.DataArray(slab, dims=sdims)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pf = unwrap(call, prev)
+            pk = _previous_kernel(kernel, dim)
+            plan = prepare(call, pf, [pk], window=_spatial(o.window, dim),
+                           boundary=_spatial(o.boundary, dim), fill_value=o.fill_value,
+                           stride=None, output_dims=None, args=args, kwargs=kwargs)
+        if caught:
+            raise _Fallback(f"setup warned: {caught[0].message}")
+        if plan.coord_dims:
+            raise _Fallback("the kernel reads coordinates")
+    except _Fallback:
+        raise
+    except Exception as e:  # noqa: BLE001 - the XLA path decides and reports
+        raise _Fallback(f"{type(e).__name__}: {e}") from e
+    dleaves = jax.tree_util.tree_leaves(udyn)
+    leaves = list(lifted.leaves)
+    key = (lifted.key, plan, static, slab.shape, slab.dtype.str, tuple(map(_sig, dleaves)),
+           tuple(map(_sig, leaves)), bool(jax.config.read("jax_enable_x64")), limit)
+    try:
+        hash(key)
+    except TypeError as e:  # e.g. an unhashable static argument: XLA's path decides
+        raise _Fallback(f"uncacheable: {e}") from e
+    built = _BUILT.get(key)
+    if built is None:
+        built = _build(plan, lifted, static, dim, slab, udyn, leaves, limit)
+        if len(_BUILT) >= _MAX_BUILT:
+            _BUILT.pop(next(iter(_BUILT)))
+        _BUILT[key] = built
+    if isinstance(built, str):
+        raise _Fallback(built)
+    if len(built.out_avals) != 1 or np.dtype(built.out_avals[0].dtype) != state:
+        raise _Fallback("the kernel's result is not one array of the state's dtype")
+    out = _steps(built, sp, slab, dleaves, leaves)
+    return _as_returned(rewrap(sp, f, obj, [out]))
+
+
+def _build(plan: Any, lifted: Any, static: Any, dim: str, slab: np.ndarray, udyn: Any,
+           leaves: list[Any], limit: int) -> Any:
+    """The compiled loop of one step (``loops._Built``), or why not (a string)."""
+
+    def kern(cells: Any, dyn: Any, lv: Any) -> Any:
+        k = _previous_kernel(rebuild(lifted, lv)[0], dim)
+        return kernel_caller(plan, k, static)(cells, dyn)
+
+    lj = LoopOrJit(None, kern, lambda arrays, coords: sources(plan, arrays, coords), plan.geom,
+                   "loops")
+    built, _ = lj._build([slab], [], udyn, leaves, limit)  # noqa: SLF001
+    return built
+
+
+def _steps(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
+           leaves: list[Any]) -> np.ndarray:
+    """Run ``sp.loop.steps`` steps from ``slab``: the saved positions, dim first."""
+    loop = sp.loop
+    params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
+              for x, p in zip(list(dleaves) + list(leaves), built.params, strict=True)]
+    fixed = [*built.tables, *built.fills, *params]
+    every, steps = loop.every, loop.steps
+    n = loop.saves + 1 if every else 1
+    out = _aligned((n, *slab.shape), slab.dtype)
+    if every:
+        out[0] = slab
+    cur = slab  # never written: it may share the caller's data
+    spares = (_aligned(slab.shape, slab.dtype), _aligned(slab.shape, slab.dtype))
+    for t in range(1, steps + 1):
+        if every and t % every == 0:
+            nxt = out[t // every]
+        elif not every and t == steps:
+            nxt = out[0]
+        else:
+            nxt = spares[0] if cur is not spares[0] else spares[1]
+        built.fn(nxt, cur, *fixed)
+        cur = nxt
+    if not every and steps == 0:
+        out[0] = slab
+    return out
+
+
+def _as_returned(out: xr.DataArray) -> xr.DataArray:
+    """The data as the XLA scan returns it: a JAX array, but numpy for 64-bit
+    data while JAX's x64 flag is off (see ``core.host64``)."""
+    x = np.asarray(out.data)
+    if x.dtype.itemsize >= 8 and not jax.config.read("jax_enable_x64"):
+        return out
+    return out.copy(data=jax.device_put(x))
