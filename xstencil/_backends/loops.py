@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
 __all__ = ["AUTO_MIN_POINTS", "BACKENDS", "ENV", "LoopOrJit", "available", "backend_arg",
+           "aligned_empty", "resolve_mode", "leaf_sig",
            "run_loops"]
 
 #: The environment variable that sets the default backend of maps.
@@ -73,7 +74,7 @@ def backend_arg(call: str, backend: Any) -> str | None:
         f"the {ENV} environment variable's choice")
 
 
-def _mode(backend: str | None) -> str:
+def resolve_mode(backend: str | None) -> str:
     if backend is not None:
         return backend
     env = os.environ.get(ENV)
@@ -86,7 +87,7 @@ def _mode(backend: str | None) -> str:
     return env
 
 
-def _sig(x: Any) -> Any:
+def leaf_sig(x: Any) -> Any:
     if isinstance(x, bool | int | float | complex):
         return type(x).__name__
     return (np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
@@ -102,7 +103,7 @@ def _concrete(xs: Sequence[Any]) -> bool:
     return True
 
 
-def _aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     n = math.prod(shape) * dtype.itemsize
     buf = np.empty(n + _ALIGN, np.uint8)
     off = (-buf.ctypes.data) % _ALIGN
@@ -150,7 +151,7 @@ class LoopOrJit:
         return self.jitted(arrays, coords, dyn, dynamic, leaves)
 
     def _loops(self, arrays: Any, coords: Any, dyn: Any, dynamic: Any, leaves: Any) -> Any:
-        mode = _mode(self.backend)
+        mode = resolve_mode(self.backend)
         if mode == "xla" or numba is None or dynamic:
             return None
         if mode == "auto" and math.prod(g.count for g in self.geom) < AUTO_MIN_POINTS:
@@ -165,8 +166,8 @@ class LoopOrJit:
         if jax.default_backend() != "cpu":
             return None
         x64 = bool(jax.config.read("jax_enable_x64"))
-        key = (mode, tuple((x.shape, x.dtype.str) for x in arrays), tuple(map(_sig, coords)),
-               tuple(map(_sig, dleaves)), tuple(map(_sig, leaves)), x64)
+        key = (mode, tuple((x.shape, x.dtype.str) for x in arrays), tuple(map(leaf_sig, coords)),
+               tuple(map(leaf_sig, dleaves)), tuple(map(leaf_sig, leaves)), x64)
         built = self.built.get(key)
         if built is None:  # the first call compiles by running
             built, out = self._build(arrays, coords, dyn, leaves, MAX_STATEMENTS[mode])
@@ -222,7 +223,7 @@ def run_loops(built: _Built, arrays: Sequence[np.ndarray], coords: Sequence[Any]
     values = list(dleaves) + list(leaves)
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(values, built.params, strict=True)]
-    outs = [_aligned(built.field, np.dtype(a.dtype)) for a in built.out_avals]
+    outs = [aligned_empty(built.field, np.dtype(a.dtype)) for a in built.out_avals]
     srcs = list(arrays) + [np.asarray(c) for c in coords]
     built.fn(*outs, *srcs, *built.tables, *built.fills, *params)
     return jax.tree_util.tree_unflatten(built.out_tree, [jax.device_put(o) for o in outs])

@@ -31,7 +31,6 @@ from typing import Any
 import jax.numpy as jnp
 import xarray as xr
 
-from xstencil._backends.loop_scan import backend_mode, loop_scan
 from xstencil._backends.loops import backend_arg
 from xstencil._engine.call import precision, split_static
 from xstencil._engine.kcache import cached, describe, settle
@@ -42,6 +41,7 @@ from xstencil._labelled.blocking import blocked, blocking_arg
 from xstencil._labelled.core import Fields, coord_arrays
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.dtypes import out_dtype, state_dtype
+from xstencil._labelled.loop_scan import backend_mode, loop_scan
 from xstencil._labelled.scale import scale_out
 from xstencil._labelled.scan_loop import build_loop, inputs, time_input
 from xstencil._labelled.scan_plan import MAX_STEPS, ScanPlan

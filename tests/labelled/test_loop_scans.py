@@ -23,7 +23,7 @@ from xstencil._errors import XStencilError
 
 pytest.importorskip("numba")
 
-from xstencil._backends import loop_scan as LS  # noqa: E402 - after the numba check
+from xstencil._labelled import loop_scan as LS  # noqa: E402 - after the numba check
 
 NP_MODE = {"fill": "constant", "extend": "edge", "periodic": "wrap", "reflect": "reflect",
            "symmetric": "symmetric"}

@@ -34,10 +34,10 @@ from xstencil._backends.loops import (
     AUTO_MIN_POINTS,
     MAX_STATEMENTS,
     LoopOrJit,
-    _aligned,
-    _mode,
-    _sig,
+    aligned_empty,
     available,
+    leaf_sig,
+    resolve_mode,
 )
 from xstencil._engine.call import precision, split_static
 from xstencil._engine.kcache import describe, rebuild
@@ -86,7 +86,7 @@ def _previous_kernel(kernel: Callable[..., Any], dim: str) -> Callable[..., Any]
 
 def _eligible(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
               backend: str | None) -> bool:
-    mode = _mode(backend)
+    mode = resolve_mode(backend)
     if mode == "xla" or not available() or not callable(kernel):
         return False
     if type(obj) is not xr.DataArray or type(obj.data) is not np.ndarray \
@@ -111,7 +111,7 @@ def _eligible(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
 
 def backend_mode(backend: str | None) -> str:
     """``backend=`` of a scan, else the environment's choice, else ``"auto"``."""
-    return _mode(backend)
+    return resolve_mode(backend)
 
 
 def _spatial(option: Any, dim: str) -> Any:
@@ -127,7 +127,7 @@ def loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
     if not _eligible(obj, kernel, o, args, kwargs, backend):
         return None
     try:
-        return _loop_scan(obj, kernel, o, args, kwargs, MAX_STATEMENTS[_mode(backend)])
+        return _loop_scan(obj, kernel, o, args, kwargs, MAX_STATEMENTS[resolve_mode(backend)])
     except _Fallback as e:
         _LOG.debug("scan runs with XLA: %s", e)
         return None
@@ -184,8 +184,8 @@ def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, li
         raise _Fallback(f"{type(e).__name__}: {e}") from e
     dleaves = jax.tree_util.tree_leaves(udyn)
     leaves = list(lifted.leaves)
-    key = (lifted.key, plan, static, slab.shape, slab.dtype.str, tuple(map(_sig, dleaves)),
-           tuple(map(_sig, leaves)), bool(jax.config.read("jax_enable_x64")), limit)
+    key = (lifted.key, plan, static, slab.shape, slab.dtype.str, tuple(map(leaf_sig, dleaves)),
+           tuple(map(leaf_sig, leaves)), bool(jax.config.read("jax_enable_x64")), limit)
     try:
         hash(key)
     except TypeError as e:  # e.g. an unhashable static argument: XLA's path decides
@@ -227,11 +227,11 @@ def _steps(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
     fixed = [*built.tables, *built.fills, *params]
     every, steps = loop.every, loop.steps
     n = loop.saves + 1 if every else 1
-    out = _aligned((n, *slab.shape), slab.dtype)
+    out = aligned_empty((n, *slab.shape), slab.dtype)
     if every:
         out[0] = slab
     cur = slab  # never written: it may share the caller's data
-    spares = (_aligned(slab.shape, slab.dtype), _aligned(slab.shape, slab.dtype))
+    spares = (aligned_empty(slab.shape, slab.dtype), aligned_empty(slab.shape, slab.dtype))
     for t in range(1, steps + 1):
         if every and t % every == 0:
             nxt = out[t // every]
