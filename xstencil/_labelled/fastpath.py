@@ -40,7 +40,7 @@ from xstencil._labelled.core import (
 )
 from xstencil._labelled.plan import Plan
 
-__all__ = ["Entry", "signature", "lookup", "run", "remember"]
+__all__ = ["Entry", "signature", "lookup", "checked", "coord_sources", "run", "remember"]
 
 
 class Entry(NamedTuple):
@@ -93,7 +93,7 @@ def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Has
     return key
 
 
-def _coord_sources(obj: xr.DataArray, plan: Plan) -> tuple[Any, ...]:
+def coord_sources(obj: xr.DataArray, plan: Plan) -> tuple[Any, ...]:
     indexes = getattr(obj, "_indexes", None)
     if indexes is None:
         indexes = obj.xindexes
@@ -101,11 +101,18 @@ def _coord_sources(obj: xr.DataArray, plan: Plan) -> tuple[Any, ...]:
 
 
 def lookup(lifted: Lifted, sig: Hashable, obj: xr.DataArray) -> Entry | None:
-    entry = peek(("fast", lifted.key, sig))
+    return checked(("fast", lifted.key, sig), obj)
+
+
+def checked(key: Hashable, obj: xr.DataArray) -> Any:
+    """The entry cached under ``key`` if ``obj``'s coordinates are still the
+    ones it was made from (the same index objects, or equal values), else
+    ``None``; map's and the mesh's fast paths both check this way."""
+    entry = peek(key)
     if entry is None:
         return None
     if entry.plan.coord_dims:
-        now = _coord_sources(obj, entry.plan)
+        now = coord_sources(obj, entry.plan)
         if any(a is not b or a is None for a, b in zip(now, entry.sources, strict=True)):
             variables = obj.coords.variables
             for d, old in zip(entry.plan.coord_dims, entry.values, strict=True):
@@ -113,7 +120,7 @@ def lookup(lifted: Lifted, sig: Hashable, obj: xr.DataArray) -> Entry | None:
                 if v is None or v.dims != (d,) or not np.array_equal(coord_values(v), old):
                     return None
             entry = entry._replace(sources=now)
-            put(("fast", lifted.key, sig), entry)
+            put(key, entry)
     return entry
 
 
@@ -150,6 +157,6 @@ def remember(lifted: Lifted, sig: Hashable | None, obj: Any, plan: Plan, f: Fiel
     index = plan.input_index()
     simple = not plan.output_dims and all(
         s == slice(0, n, 1) for s, n in zip(index.values(), plan.shape, strict=True))
-    put(("fast", lifted.key, sig), Entry(plan, fn, coords, _coord_sources(obj, plan), values,
+    put(("fast", lifted.key, sig), Entry(plan, fn, coords, coord_sources(obj, plan), values,
                                          is_wide(f.arrays, args, kwargs, dtype_probe(plan)),
                                          simple))

@@ -43,7 +43,7 @@ import xarray as xr
 
 from xstencil._engine.call import is_wide, settled, split_static
 from xstencil._engine.coords import coord_values
-from xstencil._engine.kcache import Lifted, describe, peek, put
+from xstencil._engine.kcache import Lifted, describe, put
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate, select_evaluate
 from xstencil._labelled.core import (
     Fields,
@@ -55,7 +55,7 @@ from xstencil._labelled.core import (
     rewrap,
     sources,
 )
-from xstencil._labelled.fastpath import signature
+from xstencil._labelled.fastpath import checked, coord_sources, signature
 from xstencil._labelled.mesh_regions import region_key
 from xstencil._labelled.plan import Plan
 
@@ -201,11 +201,6 @@ def _sig(m: Any, args: Any, kwargs: Any, dtype: Any) -> Hashable | None:
     return signature(m._obj, opts, args, kwargs)
 
 
-def _coord_sources(obj: xr.DataArray, plan: Plan) -> tuple[Any, ...]:
-    indexes = obj._indexes
-    return tuple(indexes.get(d) for d in plan.coord_dims)
-
-
 def lookup(m: Any, args: Any, kwargs: Any,
            dtype: Any) -> tuple[Entry, Lifted] | None:
     """The fast-path entry for this call of mesh ``m``, or None.  ``m._seen``
@@ -228,19 +223,9 @@ def lookup(m: Any, args: Any, kwargs: Any,
         return None
     # the branches too: equal kernels reading other arrays than last time split
     key = ("meshfast", lifted.key, sig, lay.key, _branches(lifted))
-    entry = peek(key)
+    entry = checked(key, obj)
     if entry is None:
         return None
-    if entry.plan.coord_dims:
-        now = _coord_sources(obj, entry.plan)
-        if any(a is not b or a is None for a, b in zip(now, entry.sources, strict=True)):
-            variables = obj.coords.variables
-            for d, old in zip(entry.plan.coord_dims, entry.values, strict=True):
-                v = variables.get(d)
-                if v is None or v.dims != (d,) or not np.array_equal(coord_values(v), old):
-                    return None
-            entry = entry._replace(sources=now)
-            put(key, entry)
     return entry, lifted
 
 
@@ -288,6 +273,6 @@ def remember(m: Any, lifted: Lifted, plan: Plan, f: Fields, args: Any, kwargs: A
     simple = not plan.output_dims and all(
         s == slice(0, n, 1) for s, n in zip(index.values(), plan.shape, strict=True))
     entry = Entry(plan, used["fn"], coords, [jnp.asarray(x) for x in dynamic],
-                  _coord_sources(f.obj, plan), values,
+                  coord_sources(f.obj, plan), values,
                   is_wide(f.arrays, args, kwargs, dtype_probe(plan)), simple)
     put(("meshfast", lifted.key, sig, lay.key, _branches(lifted)), entry)
