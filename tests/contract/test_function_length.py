@@ -12,9 +12,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "xstencil"
 LIMIT = 80
-#: Being split on another branch (the scan path); remove an entry when it is.
-PENDING = {"_labelled/scan.py:_run", "_labelled/scan_step.py:run_step",
-           "_labelled/scan_setup.py:setup"}
+#: Functions allowed over the limit for now (none: the scan path is split too).
+PENDING: set[str] = set()
 
 
 def code_lengths(path: Path) -> dict[str, int]:
