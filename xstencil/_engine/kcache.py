@@ -51,15 +51,15 @@ import sys
 import threading
 import types
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import numpy as np
 
-__all__ = ["Lifted", "describe", "rebuild", "cached", "lru_get", "peek", "put", "compiled",
-           "table_of", "canonical", "clear", "settle", "SIZE", "SHARED"]
+__all__ = ["Lifted", "freeze", "describe", "rebuild", "cached", "lru_get", "peek", "put",
+           "compiled", "table_of", "canonical", "clear", "settle", "SIZE", "SHARED"]
 
 #: How many compiled functions (and other per-structure entries: inferred
 #: windows, fast-path entries; about three per kernel and data layout) stay alive.
@@ -75,6 +75,25 @@ _LIBRARIES = frozenset({"numpy", "jax", "jaxlib", "scipy", "xarray", "xstencil",
     getattr(sys, "stdlib_module_names", ()))
 _BUDGET = 400  # values visited per kernel before it is treated as opaque
 
+
+def freeze(x: Any) -> Hashable:
+    """A hashable, exact stand-in for an option value in a cache key:
+    mappings and sequences by content, arrays by bytes, numpy scalars with
+    their dtype (``timedelta64(5, 'ns')`` is not ``(5, 'ps')``), floats
+    exactly (``-0.0`` is not ``0.0``; NaN equals itself)."""
+    if isinstance(x, Mapping):
+        return ("<map>",) + tuple((k, freeze(v)) for k, v in x.items())
+    if isinstance(x, list | tuple):
+        return (type(x).__name__,) + tuple(freeze(v) for v in x)
+    if isinstance(x, np.ndarray):
+        return ("<array>", x.dtype.str, x.shape, x.tobytes())
+    if isinstance(x, np.generic):
+        return (type(x), x.dtype.str, freeze(x.item()))
+    if isinstance(x, float):
+        return (type(x), x.hex())
+    if isinstance(x, complex):
+        return (type(x), x.real.hex(), x.imag.hex())
+    return (type(x), x)
 
 class Identity:
     """Compares by identity and keeps its object alive (so no id is reused)."""

@@ -24,7 +24,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import dtype_kind, is_weak, precision, promote, split_static
-from xstencil._engine.kcache import compiled
+from xstencil._engine.kcache import compiled, freeze
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import kernel_caller
 from xstencil._labelled.plan import Plan
@@ -110,7 +110,7 @@ def state_casts(call: str, obj: Any, kernels: Sequence[Any], owner: Any, o: Scan
     shapes = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", "")), is_weak(x)) for x in udyn)
     x64 = bool(jax.config.read("jax_enable_x64"))
     # a repeated call with the same layout skips the setup (as map's fast path)
-    sig: Any = ("carry-call", _layout(obj), _freeze(o.options), static, shapes,
+    sig: Any = ("carry-call", _layout(obj), freeze(o.options), static, shapes,
                 tuple(kernels), x64, None if explicit is None else str(explicit))
     try:
         hash(sig)
@@ -138,17 +138,6 @@ def state_casts(call: str, obj: Any, kernels: Sequence[Any], owner: Any, o: Scan
     if sig is None:
         return decide()()
     return compiled(owner, sig, decide)()
-
-
-def _freeze(x: Any) -> Any:
-    """A hashable stand-in for option values (mappings, sequences, arrays)."""
-    if isinstance(x, Mapping):
-        return ("<map>",) + tuple((k, _freeze(v)) for k, v in x.items())
-    if isinstance(x, list | tuple):
-        return (type(x).__name__,) + tuple(_freeze(v) for v in x)
-    if isinstance(x, np.ndarray):
-        return ("<array>", x.dtype.str, x.shape, x.tobytes())
-    return (type(x), x)
 
 
 def _layout(obj: Any) -> Any:

@@ -20,7 +20,7 @@ failing that, by value, so new objects with equal coordinates hit too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import jax
@@ -29,7 +29,7 @@ import xarray as xr
 
 from xstencil._engine.call import is_wide, precision, settled, split_static
 from xstencil._engine.coords import coord_values
-from xstencil._engine.kcache import Lifted, peek, put
+from xstencil._engine.kcache import Lifted, freeze, peek, put
 from xstencil._labelled.core import (
     Fields,
     coord_arrays,
@@ -53,18 +53,6 @@ class Entry(NamedTuple):
     simple: bool  # output has the input's shape and dims: rewrap by replacing the data
 
 
-def _freeze(x: Any) -> Hashable:
-    if isinstance(x, Mapping):
-        return ("<map>",) + tuple((k, _freeze(v)) for k, v in x.items())
-    if isinstance(x, list | tuple):
-        return (type(x).__name__,) + tuple(_freeze(v) for v in x)
-    if isinstance(x, np.generic):  # the unit too (timedelta64), and floats exactly
-        return (type(x), x.dtype.str, _freeze(x.item()))
-    if isinstance(x, float):
-        return (type(x), x.hex())  # exact: a fill of -0.0 is not 0.0 (1 / fill)
-    return (type(x), x)
-
-
 def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Hashable | None:
     """The call's signature, or None where the fast path does not apply."""
     if type(obj) is not xr.DataArray:
@@ -85,7 +73,7 @@ def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Has
     else:
         arg_key = None
     try:
-        key = (obj.dims, data.shape, data.dtype, _freeze(options), arg_key,
+        key = (obj.dims, data.shape, data.dtype, freeze(options), arg_key,
                bool(jax.config.read("jax_enable_x64")))
         hash(key)
     except TypeError:

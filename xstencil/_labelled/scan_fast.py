@@ -31,7 +31,7 @@ scanned dim.  Anything else takes the full path every time.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -42,7 +42,7 @@ from xarray.core.utils import dict_equiv
 
 from xstencil._engine.call import is_weak, precision, settled, split_static
 from xstencil._engine.coords import coord_values, numeric_coord, repeated_period
-from xstencil._engine.kcache import Lifted, peek, put
+from xstencil._engine.kcache import Lifted, freeze, peek, put
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
 from xstencil._labelled.scan_plan import ScanPlan
@@ -85,20 +85,6 @@ class _DatasetRecipe(NamedTuple):
     order: tuple[Hashable, ...]  # the result's variables, in order
 
 
-def _freeze(x: Any) -> Hashable:
-    if isinstance(x, Mapping):
-        return ("<map>",) + tuple((k, _freeze(v)) for k, v in x.items())
-    if isinstance(x, list | tuple):
-        return (type(x).__name__,) + tuple(_freeze(v) for v in x)
-    if isinstance(x, np.ndarray):
-        return ("<array>", x.dtype.str, x.shape, x.tobytes())
-    if isinstance(x, np.generic):  # the unit too: timedelta64(5, 'ns').item() == 5 in 'ps'
-        return (type(x), x.dtype.str, _freeze(x.item()))
-    if isinstance(x, float):
-        return (type(x), x.hex())  # exact, and NaN equal to itself
-    return (type(x), x)
-
-
 def _local(data: Any) -> bool:
     """In memory on one device (or a tracer): the in-memory scan's data."""
     if isinstance(data, np.ndarray | jax.core.Tracer):
@@ -137,7 +123,7 @@ def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Has
     coords = tuple((n, v.dims, v.dtype.str, str(v.dtype)) for n, v in _coord_vars(obj).items())
     try:
         key = (type(obj), tuple((n, v.dims, v.shape, v.dtype.str) for n, v in variables),
-               coords, _freeze(options), arg_key, bool(jax.config.read("jax_enable_x64")))
+               coords, freeze(options), arg_key, bool(jax.config.read("jax_enable_x64")))
         hash(key)
     except TypeError:
         return None
