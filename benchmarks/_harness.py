@@ -140,6 +140,20 @@ def interleave(runners: list[Runner]) -> list[Timing]:
     return [r.timing() for r in runners]
 
 
+def round_robin(cases: dict[str, Callable[[], Any]], rounds: int, per_round: int
+                ) -> dict[str, float]:
+    """Median seconds per call of each case: ``rounds`` rounds, each calling
+    every case ``per_round`` times in turn (so load hits all cases alike)."""
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(rounds):
+        for name, f in cases.items():
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                f()
+            times[name].append((time.perf_counter() - t0) / per_round)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def compile_jax(f: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     """``jax.jit(f).lower(*args).compile()`` and the seconds it took (trace,
     lowering and XLA compilation together)."""

@@ -23,7 +23,6 @@ Run: ``PYTHONPATH=. python benchmarks/mesh.py [--rounds 15] [--calls 300]``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +31,11 @@ import numpy as np
 import xarray as xr
 
 import xstencil
+
+try:  # run as ``python benchmarks/mesh.py``: benchmarks/ is sys.path[0]
+    import _harness as H
+except ImportError:  # imported as ``benchmarks.mesh`` from the repository root
+    from benchmarks import _harness as H
 
 REGIONS = (1, 8, 32)
 
@@ -96,14 +100,7 @@ def main(argv: list[str] | None = None) -> None:
             f()
 
     per_round = max(1, a.calls // a.rounds)
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(a.rounds):
-        for name, f in cases.items():
-            t0 = time.perf_counter()
-            for _ in range(per_round):
-                f()
-            times[name].append((time.perf_counter() - t0) / per_round)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = H.round_robin(cases, a.rounds, per_round)
     floor = med["map"]
     print(f"per-call time on {n}x{n} float32, median of {a.rounds} rounds x {per_round} calls")
     for k, v in med.items():

@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +27,11 @@ import numpy as np
 import xarray as xr
 
 import xstencil  # noqa: F401
+
+try:  # run as ``python benchmarks/overhead.py``: benchmarks/ is sys.path[0]
+    import _harness as H
+except ImportError:  # imported as ``benchmarks.overhead`` from the repository root
+    from benchmarks import _harness as H
 
 
 def lap(u):
@@ -82,14 +85,7 @@ def main() -> None:
         return
 
     per_round = max(1, a.calls // a.rounds)
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(a.rounds):
-        for name, f in cases.items():
-            t0 = time.perf_counter()
-            for _ in range(per_round):
-                f()
-            times[name].append((time.perf_counter() - t0) / per_round)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = H.round_robin(cases, a.rounds, per_round)
     floor = med["jit+rewrap"]
     print(f"per-call time on {n}x{n} float32, median of {a.rounds} rounds x {per_round} calls")
     for k, v in med.items():
