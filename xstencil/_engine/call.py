@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -21,7 +21,7 @@ import numpy as np
 from xstencil._errors import XStencilError
 
 __all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static", "promote",
-           "dtype_kind", "is_weak", "settled", "stand_in"]
+           "dtype_kind", "is_weak", "settled", "stand_in", "outside_transforms"]
 
 
 def stand_in(shape: tuple[int, ...], dtype: Any, weak_type: bool = False) -> Any:
@@ -166,3 +166,15 @@ def settled(out: Any, inputs: Any) -> Any:
     if any(isinstance(x, np.ndarray) for x in jax.tree_util.tree_leaves(inputs)):
         jax.block_until_ready(out)
     return out
+
+
+def outside_transforms(leaves: Sequence[Any]) -> bool:
+    """No JAX tracer among ``leaves`` and no trace in progress (a kernel may
+    close over a traced value that is not among the arguments): a call may
+    then run outside JAX (numba loops, threads) without losing a derivative.
+    Where JAX does not expose its trace state, only the leaves are checked."""
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return False
+    clean = getattr(getattr(getattr(jax, "_src", None), "core", None), "trace_state_clean",
+                    None)
+    return clean is None or bool(clean())

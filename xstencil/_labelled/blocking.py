@@ -29,6 +29,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._backends import tiles
+from xstencil._engine.call import outside_transforms
 from xstencil._errors import XStencilError
 from xstencil._labelled.blockprep import block_spec, rewrap, setup
 from xstencil._labelled.scale import block_job
@@ -81,14 +82,6 @@ def _concrete(x: Any) -> bool:
         devs = x.sharding.device_set
         return len(devs) == 1 and next(iter(devs)).platform == "cpu"
     return False
-
-
-def _outside_transforms(leaves: list[Any]) -> bool:
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
-        return False
-    clean = getattr(getattr(jax, "_src", None), "core", None)
-    clean = getattr(clean, "trace_state_clean", None)
-    return clean is None or bool(clean())
 
 
 def _state_bytes(obj: Any, dim: str) -> int:
@@ -161,7 +154,7 @@ def blocked(obj: Any, kernel: Callable[..., Any], dim: str, args: Any, kwargs: A
         v.data for v in obj.data_vars.values()]
     if not all(_concrete(x) for x in datas):
         return None
-    if not _outside_transforms(jax.tree_util.tree_leaves((args, kwargs))):
+    if not outside_transforms(jax.tree_util.tree_leaves((args, kwargs))):
         return None
     forced = how is not None
     if not forced and _state_bytes(obj, dim) < MIN_BYTES:

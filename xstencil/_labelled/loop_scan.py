@@ -39,7 +39,7 @@ from xstencil._backends.loops import (
     leaf_sig,
     resolve_mode,
 )
-from xstencil._engine.call import precision, split_static
+from xstencil._engine.call import outside_transforms, precision, split_static
 from xstencil._engine.kcache import describe, rebuild
 from xstencil._labelled.core import kernel_caller, prepare, sources, unwrap
 from xstencil._labelled.scan_loop import inputs
@@ -98,12 +98,7 @@ def _eligible(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
         return False
     if jax.default_backend() != "cpu":
         return False
-    leaves = jax.tree_util.tree_leaves((args, kwargs))
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
-        return False
-    clean = getattr(getattr(getattr(jax, "_src", None), "core", None), "trace_state_clean",
-                    None)
-    if clean is not None and not clean():
+    if not outside_transforms(jax.tree_util.tree_leaves((args, kwargs))):
         return False
     points = math.prod(s for d, s in obj.sizes.items() if d != o.dim)
     return not (mode == "auto" and points < AUTO_MIN_POINTS)
