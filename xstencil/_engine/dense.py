@@ -248,20 +248,23 @@ def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],
     return full[index].astype(x.dtype)
 
 
-def _read_only(closed: Any, sources: Sequence[Any]) -> tuple[Any, list[Any]]:
-    """The kernel's jaxpr and sources without the sources it never reads.
-
-    Every labelled kernel is also handed its coordinates (packed, complex),
-    which a weighted sum of the data does not read; left in, they would hide
-    the linear sum from the dense lowering.  The jaxpr is re-traced with the
-    unread cells as zeros (their values cannot matter)."""
+def _read(closed: Any, n: int) -> list[int]:
+    """The indices of the first ``n`` inputs (the window sources) the kernel
+    reads.  Every labelled kernel is also handed its coordinates (packed,
+    complex), which a weighted sum of the data does not read; left in, they
+    would hide the linear sum from the dense lowering."""
     jaxpr = closed.jaxpr
-    n = len(sources)
     read = {v for eqn in jaxpr.eqns for v in eqn.invars if not isinstance(v, jcore.Literal)}
     read |= {v for v in jaxpr.outvars if not isinstance(v, jcore.Literal)}
-    keep = [i for i in range(n) if jaxpr.invars[i] in read]
+    return [i for i in range(n) if jaxpr.invars[i] in read]
+
+
+def _without_unread(closed: Any, keep: list[int], n: int) -> Any:
+    """The kernel's jaxpr re-traced with only the sources ``keep`` as window
+    inputs (the others are zeros: their values cannot matter)."""
+    jaxpr = closed.jaxpr
     if len(keep) == n:
-        return closed, list(sources)
+        return closed
     avals = [v.aval for v in jaxpr.invars]
 
     def kept(*args: Any) -> Any:
@@ -271,8 +274,7 @@ def _read_only(closed: Any, sources: Sequence[Any]) -> tuple[Any, list[Any]]:
         return jax.core.eval_jaxpr(jaxpr, closed.consts, *cells, *args[len(keep):])
 
     stand = [stand_in(a.shape, a.dtype, a.weak_type) for a in avals]
-    new = jax.make_jaxpr(kept)(*[stand[i] for i in keep], *stand[n:])
-    return new, [sources[i] for i in keep]
+    return jax.make_jaxpr(kept)(*[stand[i] for i in keep], *stand[n:])
 
 
 def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
@@ -287,7 +289,8 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
     runtime weights are computed when the weights are not constants.
     """
     rank = len(geom)
-    closed, sources = _read_only(closed, sources)
+    keep = _read(closed, len(sources))
+    n, sources = len(sources), [sources[i] for i in keep]
     if not sources:
         return None
     shapes = [tuple(geom[a].size for a in s.cell_axes) for s in sources]
@@ -295,6 +298,7 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
         return None
     if sum(math.prod(s) for s in shapes) <= SLICE_TAPS:
         return None
+    closed = _without_unread(closed, keep, n)  # re-traced only for a window worth it
     found = weights(closed, shapes)
     if found is None:
         if dyn is None or any(tuple(s.axes) != tuple(range(rank)) for s in sources) or all(
