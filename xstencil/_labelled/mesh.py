@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-import jax
 import numpy as np
 import xarray as xr
 
@@ -35,7 +34,7 @@ from xstencil._labelled.mesh_regions import (
     region_dims,
 )
 from xstencil._labelled.mesh_repr import Loc, MeshRepr
-from xstencil._labelled.mesh_run import how, layout, lookup, remember, run
+from xstencil._labelled.mesh_run import how, layout, lookup, remember, run, traced_call
 from xstencil._labelled.options import MESH
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.scan import scan_mesh
@@ -235,8 +234,7 @@ class Mesh(MeshRepr):
                          masks)
         if out is not None:  # dask-backed or sharded: the backend chosen by the arrays
             return rewrap(plan, self._fields, out, leaf_dims)
-        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(
-            (self._fields.arrays, args, kwargs, lifted.leaves)))
+        traced = traced_call(self._fields.arrays, args, kwargs, lifted)
         key_extra, body, dynamic = how(plan, lay, lifted, regions, masks, traced)
         used: dict[str, Any] = {}
         out = call_engine(plan, self._fields, lifted, key_extra, body, args, kwargs,

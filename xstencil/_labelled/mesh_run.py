@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.call import is_wide, settled, split_static
+from xstencil._engine.call import is_wide, outside_transforms, settled, split_static
 from xstencil._engine.coords import coord_values
 from xstencil._engine.kcache import Lifted, describe, put
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate, select_evaluate
@@ -60,7 +60,7 @@ from xstencil._labelled.mesh_regions import region_key
 from xstencil._labelled.plan import Plan
 
 __all__ = ["Layout", "layout", "how", "use_select", "Entry", "lookup", "run", "remember",
-           "SMALL"]
+           "traced_call", "SMALL"]
 
 #: Outputs of at most this many positions always take *select*.
 SMALL = 1 << 18
@@ -217,7 +217,7 @@ def lookup(m: Any, args: Any, kwargs: Any,
     if sig is None:
         return None
     lifted = describe(lay.distinct)
-    if _traced(obj.variable._data, args, kwargs, lifted):
+    if traced_call(obj.variable._data, args, kwargs, lifted):
         # a traced call may choose another evaluation than the recorded one (see
         # :func:`how`): it takes the full path
         return None
@@ -229,10 +229,11 @@ def lookup(m: Any, args: Any, kwargs: Any,
     return entry, lifted
 
 
-def _traced(data: Any, args: Any, kwargs: Any, lifted: Lifted) -> bool:
-    """Whether some input of the call is a JAX tracer (see ``traced`` in :func:`how`)."""
-    return any(isinstance(x, jax.core.Tracer)
-               for x in jax.tree_util.tree_leaves((data, args, kwargs, lifted.leaves)))
+def traced_call(data: Any, args: Any, kwargs: Any, lifted: Lifted) -> bool:
+    """Whether the call may be differentiated: a JAX tracer among its inputs,
+    or a trace in progress (see ``traced`` in :func:`how`)."""
+    return not outside_transforms(jax.tree_util.tree_leaves((data, args, kwargs,
+                                                             lifted.leaves)))
 
 
 def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any,
@@ -265,7 +266,7 @@ def remember(m: Any, lifted: Lifted, plan: Plan, f: Fields, args: Any, kwargs: A
     sig = _sig(m, args, kwargs, dtype)
     coords = used["coords"]
     if sig is None or any(isinstance(c, jax.core.Tracer) for c in coords) \
-            or any(_traced(x, args, kwargs, lifted) for x in f.arrays):
+            or any(traced_call(x, args, kwargs, lifted) for x in f.arrays):
         return  # a traced call is not recorded (nor looked up): see lookup
     variables = f.obj.coords.variables
     values = tuple(coord_values(variables[d]) for d in plan.coord_dims)
