@@ -407,7 +407,7 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
                 key_extra: Any, body: Callable[..., Any], args: Any, kwargs: Any,
                 period: Mapping[str, float] | None, dynamic: Sequence[Any] = (),
                 used: dict[str, Any] | None = None,
-                loops: Callable[..., Any] | None = None) -> Any:
+                loops: Callable[..., Any] | None = None, out: Any = None) -> Any:
     """Run ``body(kernels, plan, static, arrays, coords, dyn, dynamic)`` under jit.
 
     The compiled function is shared by every call whose kernels have the same
@@ -417,7 +417,9 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
     (``"fn"``), the padded coordinate arrays (``"coords"``) and the lifted
     kernels (``"lifted"``), for the repeat-call fast path.  ``loops``, if
     given, wraps the jitted function, ``loops(jitted, kernels, static)``
-    (the CPU loop backend of maps, :mod:`xstencil._backends.loops`).
+    (the CPU loop backend of maps, :mod:`xstencil._backends.loops`); ``out``
+    (with ``loops`` only) is the checked buffer of ``map(..., out=)``, which
+    the loop writes into where it can (see ``LoopOrJit``).
     """
     lifted = kernels if isinstance(kernels, Lifted) else describe(kernels)
     with precision(f.arrays, args, kwargs, dtype_probe(plan)):
@@ -441,7 +443,8 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
         fn = cached(key, build)
         if used is not None:
             used.update(fn=fn, coords=coords, lifted=lifted)
-        out = settled(fn(arrays, coords, dyn, list(dynamic), list(lifted.leaves)),
+        into = {} if out is None else {"out": out}
+        out = settled(fn(arrays, coords, dyn, list(dynamic), list(lifted.leaves), **into),
                       (arrays, dyn, list(dynamic), list(lifted.leaves)))
         settle(lifted)  # lists the trace wrote to (trace counters) stop being keyed
         return out

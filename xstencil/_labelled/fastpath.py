@@ -113,16 +113,20 @@ def checked(key: Hashable, obj: xr.DataArray) -> Any:
 
 
 def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any,
-        lifted: Lifted) -> xr.DataArray:
+        lifted: Lifted, into: Any = None) -> xr.DataArray:
+    """The repeated call.  ``into`` is the checked buffer of ``map(...,
+    out=)``, passed to the map's engine function (see ``LoopOrJit``)."""
     data = obj.variable._data
     dyn = split_static("map", (args, kwargs))[0] if args or kwargs else []
     leaves = list(lifted.leaves)
+    kw = {} if into is None else {"out": into}
     if entry.wide and not jax.config.read("jax_enable_x64"):
         with jax.enable_x64(True):
-            out = settled(entry.fn([data], entry.coords, dyn, [], leaves), (data, dyn, leaves))
+            out = settled(entry.fn([data], entry.coords, dyn, [], leaves, **kw),
+                          (data, dyn, leaves))
         out = host64(out)
     else:
-        out = settled(entry.fn([data], entry.coords, dyn, [], leaves), (data, dyn, leaves))
+        out = settled(entry.fn([data], entry.coords, dyn, [], leaves, **kw), (data, dyn, leaves))
     if entry.simple:
         return replace_data(obj, out)
     f = Fields(obj, entry.plan.dims, entry.plan.shape, None, [data], entry.plan.var_dims,

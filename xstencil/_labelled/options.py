@@ -16,7 +16,7 @@ __all__ = ["MAP", "SCAN", "MESH", "options_for", "split_options"]
 
 #: ``map``'s options (``mesh`` is the deprecated spelling of ``devices``).
 MAP = ("window", "boundary", "fill_value", "stride", "output_dims", "period", "devices", "mesh",
-       "new_vars", "grid", "at", "dtype", "progress", "backend")
+       "new_vars", "grid", "at", "dtype", "progress", "backend", "out")
 #: ``scan``'s options, ``step=``, ``halo_every=`` and ``blocking=`` included.
 SCAN = ("dim", "window", "boundary", "fill_value", "steps", "dt", "coord", "save_every",
         "period", "progress", "checkpoint", "check_finite", "step", "devices", "mesh",
