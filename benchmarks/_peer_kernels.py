@@ -205,9 +205,13 @@ def laplace_columns(shape: tuple[int, ...], mode: str) -> tuple[Callable[[], Any
     kernel = _lap_kernel(ndim)
     opts = {"boundary": "periodic"} if mode == "periodic" else {"boundary": "fill",
                                                                    "fill_value": 0.0}
+    xout = np.empty_like(a)
     cols: Columns = {
-        # the default backend: numba loops on numpy data this large (docs/performance.rst)
+        # the default backend: numba loops on numpy data this large (docs/performance.rst),
+        # each call a new result array, as a user gets without out=
         "xstencil": lambda: jax.block_until_ready(da.stencil.map(kernel, **opts).data),
+        # into a preallocated array, as every peer column below writes
+        "xstencil out=": lambda: da.stencil.map(kernel, out=xout, **opts),
         "xstencil XLA": lambda: jax.block_until_ready(
             da.stencil.map(kernel, backend="xla", **opts).data)}
     if numba is not None:
@@ -248,6 +252,8 @@ def laplace_columns(shape: tuple[int, ...], mode: str) -> tuple[Callable[[], Any
                 out[last] += a[first]
 
     cols["numpy slices"] = numpy_slices
+    # numpy's copy into a new array (a.copy()): what a fresh output costs numpy itself
+    cols["copy (new array)"] = a.copy
     copy_out = np.empty_like(a)
     return lambda: np.copyto(copy_out, a), cols
 

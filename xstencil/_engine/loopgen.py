@@ -294,11 +294,13 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     def read(k: int, idx: tuple[int, ...], dt: np.dtype) -> Code:
         name = f"r{k}_{'_'.join(map(str, idx))}"
         reads.append((k, idx, name))
-        return Code(name, dt)
+        return Code(name, _dt(dt))
 
     cells = []
     for k, s in enumerate(sources):
-        dt = _dt(s.array.dtype)
+        # checked when read: a source the kernel never reads (a float32 map's
+        # packed complex64 coordinates, coords.pack_coord) does not block the loop
+        dt = np.dtype(s.array.dtype)
         shape = tuple(geom[a].size for a in s.cell_axes)
         cells.append(cell_grid(table, shape, lambda idx, k=k, dt=dt: read(k, idx, dt), dt))
     args: list[Any] = list(cells)
