@@ -106,8 +106,9 @@ def out_target(call: str, obj: Any, out: Any, *, devices: Any, grid: Any, at: An
             f"{call}: out= cannot be used inside jax.jit, grad or vmap (it writes into a "
             f"numpy array, which a traced computation cannot do); return the result from "
             f"the transformed function instead, or {_FIX}")
-    if not isinstance(data, np.ndarray | jax.Array) or (
-            isinstance(data, jax.Array) and len(data.sharding.device_set) > 1):
+    chunked = not isinstance(data, np.ndarray | jax.Array) and (
+        hasattr(data, "chunks") or hasattr(data, "__dask_graph__"))
+    if chunked or (isinstance(data, jax.Array) and len(data.sharding.device_set) > 1):
         raise XStencilError(
             f"{call}: out= needs in-memory data on one device, but the data is "
             f"{_show(data)}; a dask or sharded map returns a lazy or distributed result. "
@@ -133,13 +134,23 @@ def _overlaps(buf: np.ndarray, x: Any) -> bool:
     return ptr < lo + buf.nbytes and lo < ptr + x.nbytes
 
 
+def _coord_array(v: xr.Variable) -> Any:
+    """A coordinate's memory: its numpy data, or the values of the pandas
+    index behind an index coordinate (which may be the array it was built from)."""
+    data = v._data
+    if isinstance(data, np.ndarray):
+        return data
+    values = getattr(getattr(data, "array", None), "values", None)
+    return values if isinstance(values, np.ndarray) else None
+
+
 def check_alias(call: str, target: Target, obj: xr.DataArray, args: Any, kwargs: Any,
                 leaves: Any) -> None:
     """Refuse an ``out`` that shares memory with the data, a coordinate, an
     argument of the kernel or an array it closes over (``leaves``)."""
     dyn = split_static(call, (args, kwargs))[0] if args or kwargs else []
     named = [("the data", obj.variable._data)]
-    named += [(f"coordinate {k!r}", v._data) for k, v in obj.coords.variables.items()]
+    named += [(f"coordinate {k!r}", _coord_array(v)) for k, v in obj.coords.variables.items()]
     named += [("an argument of the kernel", x) for x in _arrays(dyn)]
     named += [("an array the kernel closes over", x) for x in _arrays(leaves)]
     for what, x in named:
