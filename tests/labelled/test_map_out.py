@@ -144,18 +144,20 @@ def test_valid_and_stride_take_an_out_of_the_result_shape(backend: str, spy: lis
     da = _da(shape=(13, 11))
     p = da.values
     want = p[1:-1, 2:] + p[1:-1, :-2] + p[2:, 1:-1] + p[:-2, 1:-1] - 4 * p[1:-1, 1:-1]
-    buf = np.empty((11, 9), np.float32)
-    res = da.stencil.map(_lap, boundary="valid", backend=backend, out=buf)
-    assert res.data is buf and res.sizes == {"y": 11, "x": 9}
-    np.testing.assert_array_equal(buf, want)
-    np.testing.assert_array_equal(res.station.values, da.station.values[1:-1])
-    strided = np.empty((7, 6), np.float32)
-    res = da.stencil.map(_lap, boundary="fill", fill_value=0.0, stride=2, backend=backend,
-                         out=strided)
-    np.testing.assert_array_equal(strided, _ref_lap(p, "fill")[::2, ::2])
-    np.testing.assert_array_equal(res.station.values, da.station.values[::2])
-    if backend == "loops":
-        assert [x is b for x, b in zip(spy, (buf, strided), strict=True)] == [True, True]
+    for _ in range(2):  # the first call, then the fast path (which rewraps a trimmed result)
+        buf = np.empty((11, 9), np.float32)
+        res = da.stencil.map(_lap, boundary="valid", backend=backend, out=buf)
+        assert res.data is buf and res.sizes == {"y": 11, "x": 9}
+        np.testing.assert_array_equal(buf, want)
+        np.testing.assert_array_equal(res.station.values, da.station.values[1:-1])
+        strided = np.empty((7, 6), np.float32)
+        res = da.stencil.map(_lap, boundary="fill", fill_value=0.0, stride=2, backend=backend,
+                             out=strided)
+        assert res.data is strided
+        np.testing.assert_array_equal(strided, _ref_lap(p, "fill")[::2, ::2])
+        np.testing.assert_array_equal(res.station.values, da.station.values[::2])
+        if backend == "loops":
+            assert spy[-2] is buf and spy[-1] is strided
     with pytest.raises(XStencilError, match=r"shape \(13, 11\).*result has shape \(11, 9\)"):
         da.stencil.map(_lap, boundary="valid", backend=backend, out=np.empty_like(p))
 
