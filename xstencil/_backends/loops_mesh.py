@@ -48,12 +48,16 @@ from xstencil._engine.loopgen import Param, boundary_tables, generate
 from xstencil._engine.lower import AxisGeom, Source, cell_avals
 from xstencil._engine.mesh import Slab, slab_geometry
 
-__all__ = ["AUTO_MAX_NESTS", "Piece", "MeshLoops", "pieces"]
+__all__ = ["AUTO_MAX_NESTS", "PARALLEL_MIN_POINTS", "Piece", "MeshLoops", "pieces", "run_mesh"]
 
 #: ``"auto"`` runs a mesh as loops only up to this many loop nests (regions,
 #: plus one where cells keep their input): numba compiles each nest, about a
 #: second apiece.
 AUTO_MAX_NESTS = 8
+#: Boxes of fewer output points (a boundary strip) run serially: numba
+#: compiles a serial nest 2-4 times faster than a parallel one, and a strip
+#: of a few thousand points gains nothing from threads.
+PARALLEL_MIN_POINTS = 1 << 16
 
 
 class Piece(NamedTuple):
@@ -136,7 +140,7 @@ class MeshLoops:
         self.make_sources = make_sources
         self.geom = list(geom)
         self.backend = backend
-        self.built: dict[Any, _BuiltMesh | str] = {}
+        self.built: dict[Any, _BuiltMesh | str] = {}  # per input layout, as LoopOrJit
 
     def __getattr__(self, name: str) -> Any:  # .lower, .trace ... of the jitted function
         if name == "jitted":
@@ -206,12 +210,13 @@ class MeshLoops:
                                      masked=part.mask is not None)
                 if n != len(out_dtypes):
                     return "a kernel returns another structure than the mesh's result"
-                fn = compiled.get(source)
+                parallel = math.prod(part.box.counts()) >= PARALLEL_MIN_POINTS
+                fn = compiled.get((source, parallel))
                 if fn is None:
                     namespace: dict[str, Any] = {"np": np, "prange": numba.prange}
                     exec(compile(source, "<xstencil mesh loop>", "exec"), namespace)  # noqa: S102
-                    fn = compiled[source] = numba.njit(parallel=True, error_model="numpy")(
-                        namespace["kernel"])
+                    fn = compiled[source, parallel] = numba.njit(
+                        parallel=parallel, error_model="numpy")(namespace["kernel"])
                 nests.append(_Nest(fn, source, tuple(slice(*r) for r in part.box.ranges),
                                    boundary_tables(sources, geom), part.mask))
             fills = [np.asarray(jnp.full((), s.fill_value, s.array.dtype))[()] for s in sources]
