@@ -318,3 +318,35 @@ def test_bad_backend_names_raise() -> None:
         da.stencil.mesh(backend="numba")
     with pytest.raises(XStencilError, match=r"backend='gpu' is not a backend"):
         xstencil.mesh(da, backend="gpu")
+
+
+@pytest.mark.parametrize("mode", ["fill", "symmetric"])
+def test_negative_steps_position_lists_and_stacked_masks(mode: str, ran: list[int]) -> None:
+    """Differential: regions by negative-step slices, position lists (with
+    repeats and negative positions) and several masks, loops against XLA and
+    a numpy reference built from the same index expressions."""
+    rng = np.random.default_rng(8)
+    a = rng.random((11, 13), dtype=np.float32)
+    da = xr.DataArray(a, dims=("y", "x"))
+    kernels = [(lambda u: u(x=1) - u(y=-1), lambda g: g(0, 1) - g(-1, 0)),
+               (lambda u: u() * 2 + u(x=-1), lambda g: g(0, 0) * np.float32(2) + g(0, -1)),
+               (lambda u: u(y=1) * u(x=-1), lambda g: g(1, 0) * g(0, -1))]
+    ys = [-2, 4, 4, 0]
+    regions: list[tuple[Any, Any, int]] = [
+        ({"x": slice(-4, None, -2)}, (slice(None), slice(-4, None, -2)), 0),
+        (da > 0.6, a > 0.6, 1),
+        ({"y": ys, "x": slice(1, None, 3)}, np.ix_(ys, range(1, 13, 3)), 2),
+        (da < 0.2, a < 0.2, 0),
+        ({"x": slice(None, None, -1), "y": -1}, (-1, slice(None, None, -1)), 1),
+    ]
+
+    def assign(m: Any) -> None:
+        for key, _, k in regions:
+            m[key] = kernels[k][0]
+
+    got, xla = _run(da, assign, boundary=mode, fill_value=0.5 if mode == "fill" else None)
+    assert len(ran) == 1
+    ref = _reference(a, [(index, kernels[k][1]) for _, index, k in regions], mode, 0.5,
+                     np.float32)
+    np.testing.assert_array_equal(got.values, ref)
+    np.testing.assert_array_equal(got.values, xla.values)
