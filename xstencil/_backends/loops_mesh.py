@@ -23,6 +23,7 @@ the same result) the jitted XLA function.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import warnings
@@ -34,13 +35,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from xstencil._backends.loops import (
-    _LOG,
     AUTO_MIN_POINTS,
     MAX_STATEMENTS,
-    _concrete,
     aligned_empty,
     leaf_sig,
     numba,
+    on_host_cpu,
     resolve_mode,
 )
 from xstencil._engine.lift import Unliftable
@@ -58,6 +58,8 @@ AUTO_MAX_NESTS = 8
 #: compiles a serial nest 2-4 times faster than a parallel one, and a strip
 #: of a few thousand points gains nothing from threads.
 PARALLEL_MIN_POINTS = 1 << 16
+
+_LOG = logging.getLogger("xstencil.loops")
 
 
 class Piece(NamedTuple):
@@ -164,7 +166,7 @@ class MeshLoops:
                                  and x.size for x in arrays):
             return None
         dleaves = jax.tree_util.tree_leaves(dyn)
-        if not _concrete(list(coords) + dleaves + list(leaves)) \
+        if not on_host_cpu(list(coords) + dleaves + list(leaves)) \
                 or jax.default_backend() != "cpu":
             return None
         x64 = bool(jax.config.read("jax_enable_x64"))
