@@ -350,3 +350,28 @@ def test_negative_steps_position_lists_and_stacked_masks(mode: str, ran: list[in
                      np.float32)
     np.testing.assert_array_equal(got.values, ref)
     np.testing.assert_array_equal(got.values, xla.values)
+
+
+def test_a_moved_mask_compiles_no_new_nest(ran: list[int],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled: list[str] = []
+    real = LM._compile
+
+    def spy(source: str, parallel: bool) -> Any:
+        compiled.append(source)
+        return real(source, parallel)
+
+    monkeypatch.setattr(LM, "_compile", spy)
+    xstencil.clear_caches()
+    a = np.random.default_rng(9).random((10, 12), dtype=np.float32)
+    da = xr.DataArray(a, dims=("y", "x"))
+    for i, cut in enumerate((0.3, 0.6, 0.9)):
+        m = da.stencil.mesh(boundary="extend", backend="loops")
+        m[...] = lambda u: u(x=1) - u()
+        m[da > cut] = lambda u: u(y=-1) * 2
+        ref = _reference(a, [(..., lambda g: g(0, 1) - g(0, 0)),
+                             (a > cut, lambda g: g(-1, 0) * np.float32(2))],
+                         "extend", 0, np.float32)
+        np.testing.assert_array_equal(m.map().values, ref)
+        assert len(ran) == i + 1
+        assert len(compiled) == 2  # the two nests of the first mesh, reused

@@ -7,8 +7,12 @@ loop nests writing into one preallocated output: first the input kept
 everywhere (only when the regions leave a cell uncovered), then each region's
 kernel over its own box, in assignment order, so that a later region
 overwrites an earlier one.  A rectangular region's box is its slab of output
-positions (with steps); a mask region's box is the bounding box of its cells,
-and its loop writes only where the mask (a runtime argument) is true.  Every
+positions (with steps); a mask region's box is the whole field, and its loop
+writes only where the mask (a runtime argument) is true, so that the
+generated code does not depend on where the mask lies.  Every compiled nest
+is kept in the shared compile cache under its source text, so a mesh whose
+mask moved, or another mesh with a region in common, compiles no nest
+twice.  Every
 nest is :func:`~xstencil._engine.loopgen.generate`'s loop of that kernel over
 that box, so boundaries at a region's edge read the same cells as on the XLA
 path.  The result's dtypes are the XLA function's (found with
@@ -43,6 +47,7 @@ from xstencil._backends.loops import (
     on_host_cpu,
     resolve_mode,
 )
+from xstencil._engine.kcache import cached
 from xstencil._engine.lift import Unliftable
 from xstencil._engine.loopgen import Param, boundary_tables, generate
 from xstencil._engine.lower import AxisGeom, Source, cell_avals
@@ -91,18 +96,10 @@ def pieces(regions: Sequence[Slab | int], masks: Sequence[np.ndarray], counts: S
                 out = []
             out.append(Piece(i, r, None))
             continue
-        m = np.asarray(masks[r], dtype=bool)
+        m = np.ascontiguousarray(masks[r], dtype=bool)
         if not m.any():
             continue
-        box = []
-        for a in range(m.ndim):
-            hit = np.flatnonzero(m.any(axis=tuple(b for b in range(m.ndim) if b != a)))
-            box.append((int(hit[0]), int(hit[-1]) + 1, 1))
-        slab = Slab(tuple(box))
-        crop = np.ascontiguousarray(m[tuple(slice(a, b) for a, b, _ in box)])
-        if crop.all():
-            crop = None
-        out.append(Piece(i, slab, crop))
+        out.append(Piece(i, whole, None if m.all() else m))
     return out
 
 
@@ -196,7 +193,6 @@ class MeshLoops:
             coords = [np.asarray(c) for c in coords]
             sources = self.make_sources(list(arrays), coords)
             os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see loops.py
-            compiled: dict[str, Any] = {}
             nests, params = [], None
             for part in self.parts:
                 kernel = self.base if part.kernel < 0 else self.kernels[part.kernel]
@@ -213,12 +209,8 @@ class MeshLoops:
                 if n != len(out_dtypes):
                     return "a kernel returns another structure than the mesh's result"
                 parallel = math.prod(part.box.counts()) >= PARALLEL_MIN_POINTS
-                fn = compiled.get((source, parallel))
-                if fn is None:
-                    namespace: dict[str, Any] = {"np": np, "prange": numba.prange}
-                    exec(compile(source, "<xstencil mesh loop>", "exec"), namespace)  # noqa: S102
-                    fn = compiled[source, parallel] = numba.njit(
-                        parallel=parallel, error_model="numpy")(namespace["kernel"])
+                fn = cached(("loop-nest", source, parallel),
+                            lambda s=source, p=parallel: _compile(s, p))
                 nests.append(_Nest(fn, source, tuple(slice(*r) for r in part.box.ranges),
                                    boundary_tables(sources, geom), part.mask))
             fills = [np.asarray(jnp.full((), s.fill_value, s.array.dtype))[()] for s in sources]
@@ -227,6 +219,13 @@ class MeshLoops:
             return f"not expressible as loops: {e}"
         except Exception as e:  # noqa: BLE001 - correctness first: XLA decides and reports
             return f"{type(e).__name__}: {e}"
+
+
+def _compile(source: str, parallel: bool) -> Any:
+    """The numba function of a generated nest (compiled on its first call)."""
+    namespace: dict[str, Any] = {"np": np, "prange": numba.prange}
+    exec(compile(source, "<xstencil mesh loop>", "exec"), namespace)  # noqa: S102
+    return numba.njit(parallel=parallel, error_model="numpy")(namespace["kernel"])
 
 
 def run_mesh(built: _BuiltMesh, arrays: Sequence[np.ndarray], coords: Sequence[Any],
