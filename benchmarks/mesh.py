@@ -18,6 +18,17 @@ median per-call time.  Compile time is the first call after
 :func:`xstencil.clear_caches`, per R.  The target is ``mesh 32 <= 2x map``.
 
 Run: ``PYTHONPATH=. python benchmarks/mesh.py [--rounds 15] [--calls 300]``.
+
+``--loops`` times the CPU loop backend instead (issue 17, item 1): a mesh of
+2 and of 4 regions at 2048² (a periodic Laplacian everywhere, then a column,
+a row and a mask with other kernels) and a Dataset map of 2 and of 3
+variables (a linear shallow-water tendency), each ``backend="loops"`` against
+``backend="xla"`` in interleaved rounds, median per call; the first call
+(numba's or XLA's compile included) is printed too, and the results are
+checked against each other.  ``--quick`` runs it at 512²::
+
+    NUMBA_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. \
+        python benchmarks/mesh.py --loops [--quick]
 """
 
 from __future__ import annotations
@@ -60,12 +71,93 @@ def build(da: xr.DataArray, r: int, label: bool = False) -> Any:
     return m
 
 
+def loop_cases(n: int) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
+    """Per case, its ``(loops, xla)`` calls on ``n`` x ``n`` float32 data."""
+    rng = np.random.default_rng(1)
+    da = xr.DataArray(rng.random((n, n), dtype=np.float32), dims=("y", "x"))
+    land = da > 0.97
+
+    def mesh_of(r: int, backend: str) -> Callable[[], Any]:
+        # built once and called again (a rebuilt mesh adds the same
+        # region bookkeeping to both columns: see the R-region table above)
+        m = da.stencil.mesh(boundary="periodic", backend=backend)
+        m[...] = lap
+        m[{"x": 0}] = lambda u: u(x=1)
+        if r > 2:
+            m[{"y": -1}] = lambda u: u(y=-1) - u()
+            m[land] = edge
+        return lambda: m.map().data.block_until_ready()
+
+    g, depth = 9.81, 0.5
+    ds = xr.Dataset({v: (("y", "x"), rng.random((n, n), dtype=np.float32))
+                     for v in ("u", "v", "h")})
+
+    def tend3(s: Any) -> Any:
+        return {"u": -g * (s["h"](x=1) - s["h"](x=-1)),
+                "v": -g * (s["h"](y=1) - s["h"](y=-1)),
+                "h": -depth * (s["u"](x=1) - s["u"](x=-1) + s["v"](y=1) - s["v"](y=-1))}
+
+    def tend2(s: Any) -> Any:
+        return {"u": -g * (s["h"](x=1) - s["h"](x=-1)),
+                "h": -depth * (s["u"](x=1) - s["u"](x=-1))}
+
+    def ds_map(kernel: Callable[..., Any], data: xr.Dataset, backend: str) -> Callable[[], Any]:
+        def run() -> Any:
+            out = data.stencil.map(kernel, boundary="periodic", backend=backend)
+            for v in out.data_vars.values():
+                v.data.block_until_ready()
+            return out
+
+        return run
+
+    two = ds[["u", "h"]]
+    return {f"mesh 2 regions {n}^2": (mesh_of(2, "loops"), mesh_of(2, "xla")),
+            f"mesh 4 regions {n}^2": (mesh_of(4, "loops"), mesh_of(4, "xla")),
+            f"Dataset 2 vars {n}^2": (ds_map(tend2, two, "loops"), ds_map(tend2, two, "xla")),
+            f"Dataset 3 vars {n}^2": (ds_map(tend3, ds, "loops"), ds_map(tend3, ds, "xla"))}
+
+
+def loops_main(n: int, rounds: int) -> None:
+    """Mesh and Dataset maps on the loop backend against XLA (see the module doc)."""
+    cases = loop_cases(n)
+    first: dict[str, float] = {}
+    columns: dict[str, Callable[[], Any]] = {}
+    for name, (loops, xla) in cases.items():
+        outs = []
+        for label, f in (("loops", loops), ("xla", xla)):
+            t0 = time.perf_counter()
+            outs.append(f())
+            first[f"{name} {label}"] = time.perf_counter() - t0
+            columns[f"{name} {label}"] = f
+        a, b = outs
+        pairs = [(np.asarray(a), np.asarray(b))] if not isinstance(a, xr.Dataset) else \
+            [(a[v].values, b[v].values) for v in a.data_vars]
+        diff = max(float(np.abs(x - y).max()) for x, y in pairs)
+        scale = max(float(np.abs(y).max()) for _, y in pairs)
+        print(f"{name}: max |loops - xla| = {diff:.3g} (of max |xla| {scale:.3g})")
+    for f in columns.values():  # warm
+        f()
+    med = H.round_robin(columns, rounds, 1)
+    print(f"median per call of {rounds} interleaved rounds (first call: compile included)")
+    for name in cases:
+        lo, xl = med[f"{name} loops"], med[f"{name} xla"]
+        print(f"  {name:24s} loops {lo * 1e3:8.2f} ms   xla {xl * 1e3:8.2f} ms   "
+              f"xla/loops {xl / lo:5.2f}x   first call: loops {first[name + ' loops']:.2f} s, "
+              f"xla {first[name + ' xla']:.2f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--calls", type=int, default=300, help="calls per column in all")
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--loops", action="store_true",
+                   help="the CPU loop backend against XLA: meshes and Dataset maps at 2048^2")
+    p.add_argument("--quick", action="store_true", help="with --loops: 512^2, 5 rounds")
     a = p.parse_args(argv)
+    if a.loops:
+        loops_main(512 if a.quick else 2048, 5 if a.quick else max(5, min(a.rounds, 9)))
+        return
 
     n = a.n
     da = xr.DataArray(np.random.default_rng(0).random((n, n), dtype=np.float32),

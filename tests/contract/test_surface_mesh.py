@@ -65,5 +65,5 @@ def test_an_unknown_mesh_option_still_names_the_accepted_ones() -> None:
     da = xr.DataArray(np.zeros(3), dims="x")
     with pytest.raises(xstencil.XStencilError,
                        match=r"da\.stencil\.mesh\(\.\.\.\): unknown option\(s\) \['bndry'\]; "
-                             r"accepted are \['at', 'boundary'"):
+                             r"accepted are \['at', 'backend', 'boundary'"):
         xstencil.mesh(da, bndry="fill")

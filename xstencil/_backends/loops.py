@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
 __all__ = ["AUTO_MIN_POINTS", "BACKENDS", "ENV", "LoopOrJit", "available", "backend_arg",
-           "aligned_empty", "fits", "resolve_mode", "leaf_sig",
+           "aligned_empty", "fits", "resolve_mode", "leaf_sig", "on_host_cpu",
            "run_loops"]
 
 #: The environment variable that sets the default backend of maps.
@@ -93,7 +93,8 @@ def leaf_sig(x: Any) -> Any:
     return (np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
 
 
-def _concrete(xs: Sequence[Any]) -> bool:
+def on_host_cpu(xs: Sequence[Any]) -> bool:
+    """No tracer among ``xs`` and every JAX array among them on this process's CPU."""
     for x in xs:
         if isinstance(x, jax.core.Tracer):
             return False
@@ -168,7 +169,7 @@ class LoopOrJit:
                 or not all(g.count for g in self.geom):  # empty: XLA's path is trivial
             return None
         dleaves = jax.tree_util.tree_leaves(dyn)
-        if not _concrete(list(coords) + dleaves + list(leaves)):
+        if not on_host_cpu(list(coords) + dleaves + list(leaves)):
             return None
         if jax.default_backend() != "cpu":
             return None

@@ -280,12 +280,18 @@ def boundary_tables(sources: Sequence[Source], geom: Sequence[AxisGeom]) -> list
 
 
 def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
-             params: Sequence[Param], limit: int = 1000) -> tuple[str, int]:
+             params: Sequence[Param], limit: int = 1000,
+             out_dtypes: Sequence[Any] | None = None, masked: bool = False) -> tuple[str, int]:
     """The source of the loop function and its number of outputs.
 
     ``closed`` is the per-cell jaxpr with invars ``cells + params``.  Raises
     :class:`Unliftable` when the kernel cannot be written as scalar code, or
     takes more than ``limit`` statements (reads and operations) per point.
+    ``out_dtypes``: cast each result (after its own dtype) to these, as the
+    XLA mesh casts every region's values into the one result (``astype``).
+    ``masked``: the function takes a boolean array ``mk`` of the field's
+    shape after the parameters and writes only where it is true (a mask
+    region of a function mesh).
     """
     algebra = CodeAlgebra()
     table = Table(algebra)  # type: ignore[arg-type]
@@ -298,8 +304,8 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
 
     cells = []
     for k, s in enumerate(sources):
-        # checked when read: a source the kernel never reads (a float32 map's
-        # packed complex64 coordinates, coords.pack_coord) does not block the loop
+        # checked when read: an unread source of another dtype (a float32
+        # kernel's coordinates, packed in complex64) does not stop the loops
         dt = np.dtype(s.array.dtype)
         shape = tuple(geom[a].size for a in s.cell_axes)
         cells.append(cell_grid(table, shape, lambda idx, k=k, dt=dt: read(k, idx, dt), dt))
@@ -317,11 +323,14 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
             e = table.get(int(o.ids[()]))
         else:
             e = algebra.constant(o, ())
-        results.append(_cast(e, dt) if isinstance(e, Code) else literal(e, dt))
+        r = _cast(e, dt) if isinstance(e, Code) else literal(e, dt)
+        if out_dtypes is not None:
+            r = _cast(Code(f"({r})", dt), _dt(out_dtypes[len(results)]))
+        results.append(r)
     if len(reads) + len(algebra.lines) > limit:
         raise Unliftable(f"{len(reads) + len(algebra.lines)} statements per point, over the "
                          f"loop backend's {limit}")
-    src = render(sources, geom, params, algebra.lines, reads, results)
+    src = render(sources, geom, params, algebra.lines, reads, results, masked)
     head, _, body = src.partition("\n")
     prologue = "".join(f"    {line}\n" for line in algebra.prologue)
     return f"{head}\n{prologue}{body}", len(results)

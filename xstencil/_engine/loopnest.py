@@ -39,9 +39,10 @@ def _index(s: Source, k: int, idx: tuple[int, ...], geom: Sequence[AxisGeom],
 
 def _body(sources: Sequence[Source], geom: Sequence[AxisGeom], lines: list[str],
           reads: list[tuple[int, tuple[int, ...], str]], results: list[str],
-          boundary: bool) -> tuple[list[str], list[str]]:
+          boundary: bool, masked: bool = False) -> tuple[list[str], list[str]]:
     """The statements of one output point, and (interior only) the row views
-    hoisted out of the innermost loop."""
+    hoisted out of the innermost loop.  ``masked``: all of them run only
+    where the boolean array ``mk`` (of the field's shape) is true."""
     starts, t = [], 0
     for s in sources:
         starts.append(t)
@@ -72,25 +73,33 @@ def _body(sources: Sequence[Source], geom: Sequence[AxisGeom], lines: list[str],
         else:  # the output row as a 1-D view too
             views.append(f"x{m} = o{m}[{at.rsplit(', ', 1)[0]}]")
             out.append(f"x{m}[j{last}] = {r}")
+    if masked:
+        if boundary or last == 0:
+            cond = f"mk[{at}]"
+        else:
+            views.append(f"mr = mk[{at.rsplit(', ', 1)[0]}]")
+            cond = f"mr[j{last}]"
+        out = [f"if {cond}:"] + [f"    {line}" for line in out]
     return out, views
 
 
 def render(sources: Sequence[Source], geom: Sequence[AxisGeom], params: Sequence[Any],
             lines: list[str], reads: list[tuple[int, tuple[int, ...], str]],
-            results: list[str]) -> str:
+            results: list[str], masked: bool = False) -> str:
     """``kernel(*args)``: a loop over the field (``prange`` over the first
     axis).  Each row along the last axis runs its interior with direct
     indexing and then its boundary points (two runs, or the whole row where
     an outer index is in the shell) through the boundary tables; the shell
-    body is written once to keep numba's compile short."""
+    body is written once to keep numba's compile short.  ``masked``: a last
+    argument ``mk`` (booleans of the field's shape) says where to write."""
     rank = len(geom)
-    inner, views = _body(sources, geom, lines, reads, results, boundary=False)
-    shell, _ = _body(sources, geom, lines, reads, results, boundary=True)
+    inner, views = _body(sources, geom, lines, reads, results, boundary=False, masked=masked)
+    shell, _ = _body(sources, geom, lines, reads, results, boundary=True, masked=masked)
     ntab = sum(len(s.axes) for s in sources if s.pads)
     names = ", ".join([f"o{m}" for m in range(len(results))]
                       + [f"a{k}" for k in range(len(sources))]
                       + [f"t{i}" for i in range(ntab)] + [f"f{k}" for k in range(len(sources))]
-                      + [f"p{p.index}" for p in params])
+                      + [f"p{p.index}" for p in params] + (["mk"] if masked else []))
     last = rank - 1
     src = [f"def kernel({names}):"]
     ranges = [interior_ranges(sources, a, g) for a, g in enumerate(geom)]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from xstencil._backends.loops import backend_arg
 from xstencil._engine.kcache import cached, describe
 from xstencil._engine.mesh import Slab
 from xstencil._errors import XStencilError, raised_here
@@ -25,6 +26,7 @@ from xstencil._labelled.dispatch import devices_arg, map_scaled
 from xstencil._labelled.dtypes import out_dtype
 from xstencil._labelled.map import leaf_dims_cached
 from xstencil._labelled.mesh_checks import warn_empty
+from xstencil._labelled.mesh_loops import loop_hook
 from xstencil._labelled.mesh_regions import (
     by_label,
     by_mask,
@@ -236,9 +238,14 @@ class Mesh(MeshRepr):
             return rewrap(plan, self._fields, out, leaf_dims)
         traced = traced_call(self._fields.arrays, args, kwargs, lifted)
         key_extra, body, dynamic = how(plan, lay, lifted, regions, masks, traced)
+        hook = loop_hook(plan, self._fields.arrays, lay.kidx, regions, masks, key_extra,
+                         self._options.get("backend"), traced)
+        if hook is not None:  # numba loops on large numpy data (mesh_loops.py)
+            key_extra = (key_extra, hook[0])
         used: dict[str, Any] = {}
         out = call_engine(plan, self._fields, lifted, key_extra, body, args, kwargs,
-                          self._options.get("period"), dynamic, used=used)
+                          self._options.get("period"), dynamic, used=used,
+                          loops=None if hook is None else hook[1])
         remember(self, lifted, plan, self._fields, args, kwargs, given, dynamic, used)
         return rewrap(plan, self._fields, out, leaf_dims)
 
@@ -301,6 +308,8 @@ def _from_options(obj: xr.DataArray | xr.Dataset, **options: Any) -> Mesh | Grid
     if bad:
         raise XStencilError(f"{call}: unknown option(s) {sorted(bad)!r}; "
                             f"accepted are {sorted(allowed - {'mesh'})!r}")
+    if "backend" in options:
+        backend_arg(call, options["backend"])
     return Mesh(obj, **options)
 
 
@@ -320,6 +329,7 @@ def mesh(
     at: Mapping[str, str] | None = None,
     dtype: Any = None,
     mesh: Any = None,
+    backend: str | None = None,
     **unknown: Any,
 ) -> Mesh | GridMesh:
     """A function mesh: different kernels on different regions.
@@ -353,6 +363,11 @@ def mesh(
         Cast the results to this dtype (``m.map(dtype=...)`` overrides it).
     mesh
         Deprecated spelling of ``devices`` (a DeprecationWarning says so).
+    backend
+        ``"auto"``, ``"loops"`` or ``"xla"``, as for :func:`xstencil.map`
+        (default: the ``XSTENCIL_BACKEND`` environment variable, else
+        ``"auto"``): ``m.map()`` on large numpy data on the CPU runs as numba
+        loops, one loop nest per region; see :doc:`/performance`.
     **unknown
         Not accepted: a misspelled option raises an error that lists the
         accepted ones.  Kernel arguments go to ``m.map(...)``.
@@ -388,7 +403,7 @@ def mesh(
     given = {"window": window, "boundary": boundary, "fill_value": fill_value,
              "stride": stride, "output_dims": output_dims, "period": period,
              "devices": devices, "new_vars": new_vars, "grid": grid, "at": at,
-             "dtype": dtype}
+             "dtype": dtype, "backend": backend}
     options = {k: v for k, v in given.items() if v is not None}
     if mesh is not None:
         options["mesh"] = mesh

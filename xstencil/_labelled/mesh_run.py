@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from xstencil._backends.loops import resolve_mode
 from xstencil._engine.call import is_wide, outside_transforms, settled, split_static
 from xstencil._engine.coords import coord_values
 from xstencil._engine.kcache import Lifted, describe, put
@@ -198,6 +199,8 @@ def _sig(m: Any, args: Any, kwargs: Any, dtype: Any) -> Hashable | None:
         return None
     opts = tuple(sorted(m._options.items())) + (("dtype()", None if dtype is None
                                                   else str(dtype)),)
+    # the backend in effect (XSTENCIL_BACKEND may change): it chooses the compiled function
+    opts += (("backend()", resolve_mode(m._options.get("backend"))),)
     return signature(m._obj, opts, args, kwargs)
 
 

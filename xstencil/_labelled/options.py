@@ -24,7 +24,7 @@ SCAN = ("dim", "window", "boundary", "fill_value", "steps", "dt", "coord", "save
         "backend")
 #: The options ``xstencil.mesh(obj, ...)`` stores for its ``map`` and ``scan``.
 MESH = ("window", "boundary", "fill_value", "stride", "output_dims", "period", "devices", "mesh",
-        "new_vars", "grid", "at", "dtype")
+        "new_vars", "grid", "at", "dtype", "backend")
 #: The scan options the scale-out scans take from keywords (kernel keywords are the rest).
 SCAN_KEYWORDS = tuple(k for k in SCAN
                       if k not in ("dim", "devices", "mesh", "halo_every", "grid", "at", "dtype",
