@@ -236,14 +236,34 @@ def _coords_of(rc: _Coords, obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     indexes: dict[str, Any] = {}
     have = _coord_vars(obj)
     for n in rc.live:
-        coords[n] = have[n].copy(deep=False)
+        coords[n] = _copy(have[n], deep=False)
         if n in obj._indexes:
             indexes[n] = obj._indexes[n]
     for n, (v, index) in rc.fixed.items():
-        coords[n] = v.copy(deep=index is None)  # index variables are immutable
+        coords[n] = _copy(v, deep=index is None)  # index variables are immutable
         if index is not None:
             indexes[n] = index
     return {n: coords[n] for n in rc.order}, indexes
+
+
+def _copy(v: xr.Variable, deep: bool) -> xr.Variable:
+    """``v.copy(deep=deep)`` without re-validating what ``v`` already holds
+    (a new variable of the same class, its attrs and encoding copied as
+    ``copy`` copies them, its data shared or, ``deep``, copied): a quarter of
+    the time, for the few coordinates of every result."""
+    data = v._data
+    if deep:
+        if type(data) is not np.ndarray:
+            return v.copy(deep=True)
+        data = data.copy()
+    new = object.__new__(type(v))
+    new._dims = v._dims
+    new._data = data
+    attrs, encoding = v._attrs, v._encoding
+    new._attrs = None if attrs is None else copy.deepcopy(attrs) if deep else dict(attrs)
+    new._encoding = None if encoding is None else copy.deepcopy(encoding) if deep \
+        else dict(encoding)
+    return new
 
 
 def _dataarray(recipe: _DataArrayRecipe, obj: xr.DataArray, data: Any) -> xr.DataArray:
