@@ -171,6 +171,7 @@ def _loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
     with precision(f.arrays, args, kwargs):  # 64-bit data computes in 64 bits, as on XLA
         out, repeat, outs = _in_precision(obj, kernel, o, args, kwargs, limit, sp, f, lifted,
                                           static, udyn)
+    out = _as_returned(out)  # outside the x64 context, where 64-bit data goes to the host
     if keep is not None:
         keep(sp, repeat, outs, out)
     return out
@@ -222,7 +223,7 @@ def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, li
     if len(built.out_avals) != 1 or np.dtype(built.out_avals[0].dtype) != state:
         raise _Fallback("the kernel's result is not one array of the state's dtype")
     out = _steps(built, sp, slab, dleaves, leaves)
-    return _as_returned(rewrap(sp, f, obj, [out])), Repeat(built, sp), [out]
+    return rewrap(sp, f, obj, [out]), Repeat(built, sp), [out]
 
 
 class Repeat:
@@ -295,5 +296,7 @@ def _as_returned(out: xr.DataArray) -> xr.DataArray:
     data while JAX's x64 flag is off (see ``core.host64``)."""
     x = np.asarray(out.data)
     if x.dtype.itemsize >= 8 and not jax.config.read("jax_enable_x64"):
-        return out
+        # rewrap ran under x64 and may hand back a 64-bit JAX array, which the next
+        # JAX operation outside x64 would truncate: numpy, as the XLA scan returns
+        return out if type(out.data) is np.ndarray else out.copy(data=x)
     return out.copy(data=jax.device_put(x))
