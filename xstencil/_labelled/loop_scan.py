@@ -112,14 +112,15 @@ def candidate(obj: Any, data: Any, dim: str, grown: bool, other: bool, args: Any
         return False
     if not grown or other:
         return False
-    if dim in obj.dims and obj.sizes[dim] != 1:
+    dims, shape = obj.dims, data.shape
+    if dim in dims and shape[dims.index(dim)] != 1:
+        return False
+    if mode == "auto" and math.prod(s for d, s in zip(dims, shape, strict=True)
+                                    if d != dim) < AUTO_MIN_POINTS:
         return False
     if jax.default_backend() != "cpu":
         return False
-    if not outside_transforms(jax.tree_util.tree_leaves((args, kwargs))):
-        return False
-    points = math.prod(s for d, s in obj.sizes.items() if d != dim)
-    return not (mode == "auto" and points < AUTO_MIN_POINTS)
+    return outside_transforms(jax.tree_util.tree_leaves((args, kwargs)))
 
 
 def backend_mode(backend: str | None) -> str:
