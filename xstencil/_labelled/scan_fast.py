@@ -26,6 +26,21 @@ Only in-memory data takes the fast path (numpy or single-device JAX data, or
 tracers), with one kernel, no ``progress`` bar and no ``devices=`` or
 ``halo_every=``; for a Dataset, every variable must be advanced or have no
 scanned dim.  Anything else takes the full path every time.
+
+A scan that ran as numba loops (:mod:`xstencil._labelled.loop_scan`) is
+recorded the same way, its ``fn`` a :class:`~xstencil._labelled.loop_scan.Repeat`
+that reruns the compiled step on the call's data.  The signature holds
+whether the call may run as loops (:func:`~xstencil._labelled.loop_scan.candidate`:
+numpy data, options, size, no trace in progress), so an entry recorded on one
+route (loops or XLA, whose float results differ in the last bits) never serves
+a call that a fresh run would send down the other.
+
+Per call, the fast path costs a few microseconds each for the kernel's key,
+the signature and the coordinate checks, one dispatch of the compiled loop
+(plus one of ``post`` where the layout changes) and a rewrap that copies the
+result's few coordinate variables without re-validating them (``_copy``);
+nothing is moved to the host, checked for NaN or run under x64 unless the
+entry's dtypes or options need it.
 """
 
 from __future__ import annotations
