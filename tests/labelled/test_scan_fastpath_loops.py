@@ -285,3 +285,18 @@ def test_loop_result_is_returned_as_the_xla_scans(counts, dtype):
 
 def _shift(u: Any) -> Any:
     return u(time=-1) + u(time=-1, x=1)
+
+
+def test_input_with_its_initial_position_last_repeats_fresh(counts):
+    """An input holding its one initial position along the scanned dim, that
+    dim last: the repeat puts it first, as the full path does."""
+    da = _da().expand_dims(time=[3.0], axis=-1)
+    opts = {**OPTS, "dt": 0.5, "save_every": 2}
+    da.stencil.scan(heat, **opts)
+    again = da.stencil.scan(heat, **opts)
+    assert counts["fast"] == 1 and counts["loops"] == 2
+    assert again.dims == ("y", "x", "time")
+    np.testing.assert_array_equal(again["time"].values, [3.0, 4.0, 5.0])
+    ref = np_heat(da.values[..., 0], 4)[::2]
+    np.testing.assert_allclose(again.values, np.moveaxis(ref, 0, -1), rtol=1e-12)
+    _same(again, _fresh(da, heat, **opts))
