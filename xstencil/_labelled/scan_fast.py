@@ -213,13 +213,14 @@ def _call(entry: Entry, sp: ScanPlan, datas: list[Any], dyn: list[Any], leaves: 
     if sp.check_finite:
         initial_finite(sp.call, init, sp.dim, sp.k)
     outs, bad = entry.fn(arrays, init, entry.coords, entry.tcoord, [], dyn, leaves, _TOKEN)
+    if entry.post is not None:  # dispatched before waiting: it runs right after the loop
+        outs = entry.post(outs)
     # as settled(): a numpy input may be read in place, and changed right after the call
+    # (post's outputs exist only once the loop has run)
     if any(isinstance(x, np.ndarray) for x in datas) or any(
             isinstance(x, np.ndarray) for x in dyn) or any(
             isinstance(x, np.ndarray) for x in leaves):
         jax.block_until_ready((outs, bad))
-    if entry.post is not None:
-        outs = entry.post(outs)
     return outs, bad
 
 
