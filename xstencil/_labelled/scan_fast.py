@@ -285,7 +285,7 @@ def _copy(v: xr.Variable, deep: bool) -> xr.Variable:
 def _dataarray(recipe: _DataArrayRecipe, obj: xr.DataArray, data: Any) -> xr.DataArray:
     coords, indexes = _coords_of(recipe.coords, obj)
     var = xr.Variable(recipe.dims, data, dict(obj.attrs), fastpath=True)
-    return xr.DataArray(var, coords=coords, name=obj.name, indexes=indexes, fastpath=True)
+    return xr.DataArray._construct_direct(var, coords, obj.name, indexes)
 
 
 def _dataset(recipe: _DatasetRecipe, obj: xr.Dataset, outs: Sequence[Any]) -> xr.Dataset:
