@@ -300,3 +300,37 @@ def test_input_with_its_initial_position_last_repeats_fresh(counts):
     ref = np_heat(da.values[..., 0], 4)[::2]
     np.testing.assert_allclose(again.values, np.moveaxis(ref, 0, -1), rtol=1e-12)
     _same(again, _fresh(da, heat, **opts))
+
+
+def heat_dx(u: Any) -> Any:
+    """``heat`` scaled by the local spacing read from the x coordinate."""
+    c, x = u(time=-1), u.coord("x")
+    return c + NU * (u(time=-1, x=1) - 2 * c + u(time=-1, x=-1)) * (0.5 / (x(x=1) - x()))
+
+
+@pytest.mark.parametrize("save_every", [1, 2, "last"])
+@pytest.mark.parametrize("kernel", [heat, heat_dx])
+def test_xla_repeat_matches_fresh_for_every_output_mode(counts, save_every, kernel):
+    """The XLA route's repeat (its cheaper rewrap and dispatch) against a fresh
+    call and numpy, for saved trajectories, the last state and a kernel reading
+    a coordinate; a Dataset too."""
+    xs = np.arange(9) * 0.5
+    opts = {**OPTS, "backend": "xla", "save_every": save_every}
+    da = _da(x=xs)
+    da.stencil.scan(kernel, **opts)
+    again = da.stencil.scan(kernel, **opts)
+    assert counts["fast"] == 1 and counts["xla_full"] == 1 and counts["loops"] == 0
+    _same(again, _fresh(da, kernel, **opts))
+    ref = np_heat(da.values, 4)  # uniform spacing 0.5: the factor is 1
+    want = ref[-1] if save_every == "last" else ref[::save_every]
+    np.testing.assert_allclose(again.values, want, rtol=1e-12, atol=1e-15)
+    ds = xr.Dataset({"T": da, "S": 2 * da})
+
+    def both(s: Any) -> Any:
+        return {"T": kernel(s["T"]), "S": kernel(s["S"])}
+
+    ds.stencil.scan(both, **opts)
+    dsa = ds.stencil.scan(both, **opts)
+    assert counts["fast"] == 2
+    xr.testing.assert_identical(dsa, _fresh(ds, both, **opts))
+    np.testing.assert_allclose(dsa["S"].values, 2 * want, rtol=1e-12, atol=1e-15)
