@@ -12,7 +12,12 @@ The columns are timed in interleaved rounds (so load on a shared machine hits
 them alike), each call ends in ``block_until_ready``, and the figure is the
 median per-call time.  The target is ``stencil.map <= 2x jit+rewrap``.
 
-Run: ``python benchmarks/overhead.py [--calls 2000] [--profile]``.
+``--scan`` times the warm scan cases of ``benchmarks/scan.py`` instead
+(``da.stencil.scan`` of 10 steps at 64²: all positions saved, the last only, a
+two-variable Dataset, a kernel reading a coordinate), each against its jitted
+hand ``lax.scan`` call, in the same interleaved rounds (issue 17: <= 3x).
+
+Run: ``python benchmarks/overhead.py [--calls 2000] [--profile] [--scan]``.
 """
 
 from __future__ import annotations
@@ -50,7 +55,12 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--profile", action="store_true", help="cProfile the stencil.map calls")
+    p.add_argument("--scan", action="store_true",
+                   help="time the warm scan cases of scan.py against hand lax.scan calls")
     a = p.parse_args()
+    if a.scan:
+        _scan(a)
+        return
 
     n = a.n
     da = xr.DataArray(np.random.default_rng(0).random((n, n), dtype=np.float32),
@@ -92,6 +102,36 @@ def main() -> None:
         print(f"  {k:12s} {v * 1e6:8.1f} us   {v / floor:5.2f}x jit+rewrap")
     print(f"target: stencil.map <= 2.00x jit+rewrap -> "
           f"{'met' if med['stencil.map'] <= 2 * floor else 'NOT met'}")
+
+
+def _scan(a: argparse.Namespace) -> None:
+    """The warm scan cases (``scan.warm_cases``) against their hand calls,
+    timed as ``scan.py`` times them (``warm_pair``: alternating runs, the
+    ratio the median of the per-run ratios)."""
+    try:
+        import scan as S
+    except ImportError:
+        from benchmarks import scan as S
+
+    cases = S.warm_cases()
+    if a.profile:
+        for _, xs, _ in cases:  # compile and warm up
+            for _ in range(50):
+                xs()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _, xs, _ in cases:
+            for _ in range(a.calls // len(cases)):
+                jax.block_until_ready(xs())
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        return
+    print(f"warm scan calls: median of {a.rounds} alternating runs "
+          f"(target <= {S.WARM_TARGET:g}x the hand lax.scan call)")
+    for case in cases:
+        r = S.warm_pair(case, a.rounds)
+        print(f"  {r['name']:62s} {r['xstencil'].median * 1e6:8.1f} us  hand "
+              f"{r['hand'].median * 1e6:7.1f} us  {r['ratio']:5.2f}x")
 
 
 if __name__ == "__main__":

@@ -236,6 +236,11 @@ def warm_cases(n: int = 64, steps: int = 10) -> list[tuple[str, Any, Any]]:
     def kernel_ds(s: Any) -> Any:
         return {"T": kernel(s["T"]), "S": kernel(s["S"])}
 
+    def kernel_coords(u: Any) -> Any:  # reads the x coordinate (uniform: a factor of 1)
+        c, x = u(time=-1), u.coord("x")
+        return c + a * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
+                        + u(time=-1, y=-1) - 4 * c) * ((x(x=1) - x(x=-1)) / 0.2)
+
     def update(u: Any) -> Any:
         p = jnp.pad(u, 1)
         return u + a * (p[1:-1, 2:] + p[1:-1, :-2] + p[2:, 1:-1] + p[:-2, 1:-1] - 4 * u)
@@ -268,6 +273,8 @@ def warm_cases(n: int = 64, steps: int = 10) -> list[tuple[str, Any, Any]]:
         (f"warm ds.stencil.scan {tag} (2 variables)",
          lambda: ds.stencil.scan(kernel_ds, "time", **opts)["S"].data,
          lambda: hand_ds(raw, 2 * raw)[1]),
+        (f"warm da.stencil.scan {tag}, kernel reads the x coordinate",
+         lambda: da.stencil.scan(kernel_coords, "time", **opts).data, lambda: hand(raw)),
     ]
 
 

@@ -74,6 +74,7 @@ _LIBRARIES = frozenset({"numpy", "jax", "jaxlib", "scipy", "xarray", "xstencil",
                         "dask", "equinox", "optax", "builtins"}) | frozenset(
     getattr(sys, "stdlib_module_names", ()))
 _BUDGET = 400  # values visited per kernel before it is treated as opaque
+_ATOMS = frozenset({type(None), str, int, bool})  # keyed as they are by freeze()
 
 
 def freeze(x: Any) -> Hashable:
@@ -81,6 +82,13 @@ def freeze(x: Any) -> Hashable:
     mappings and sequences by content, arrays by bytes, numpy scalars with
     their dtype (``timedelta64(5, 'ns')`` is not ``(5, 'ps')``), floats
     exactly (``-0.0`` is not ``0.0``; NaN equals itself)."""
+    t = type(x)
+    if t in _ATOMS:  # the common options (None, names, counts, flags), first
+        return (t, x)
+    if t is float:
+        return (t, x.hex())
+    if t is tuple:
+        return ("tuple",) + tuple([freeze(v) for v in x])
     if isinstance(x, Mapping):
         return ("<map>",) + tuple((k, freeze(v)) for k, v in x.items())
     if isinstance(x, list | tuple):

@@ -16,6 +16,14 @@ JAX or dask data, tracers, options such as ``progress``) returns ``None``:
 the caller runs the XLA scan, silently.  The setup and the rewrap are the
 XLA scan's own (:func:`~xstencil._labelled.scan_setup.plan_scan`,
 :func:`~xstencil._labelled.scan_result.rewrap`).
+
+A repeated call skips the setup as the XLA scan's does: the first call hands
+a :class:`Repeat` (the compiled step and the plan) to the caller's ``keep``,
+which records it in the repeat-call table of
+:mod:`xstencil._labelled.scan_fast` under the same signature, coordinate
+checks and kernel key; :func:`candidate` is part of that signature, so an
+entry recorded for one route (loops or XLA) never serves a call that a fresh
+run would send down the other.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import rewrap
 from xstencil._labelled.scan_setup import plan_scan
 
-__all__ = ["backend_mode", "loop_scan"]
+__all__ = ["backend_mode", "candidate", "loop_scan", "Repeat"]
 
 _LOG = logging.getLogger("xstencil.loops")
 _BUILT: dict[Any, Any] = {}  # per kernel structure and layout: the loop, or why not
@@ -86,22 +94,33 @@ def _previous_kernel(kernel: Callable[..., Any], dim: str) -> Callable[..., Any]
 
 def _eligible(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
               backend: str | None) -> bool:
+    return callable(kernel) and type(obj) is xr.DataArray and candidate(
+        obj, obj.data, o.dim, o.grown, bool(o.progress or o.checkpoint or o.check_finite
+                                            or o.period), args, kwargs, backend)
+
+
+def candidate(obj: Any, data: Any, dim: str, grown: bool, other: bool, args: Any,
+              kwargs: Any, backend: str | None) -> bool:
+    """Whether a scan of the DataArray ``obj`` (``data``: its array) may run on
+    the loop backend; the kernel and the state's dtype decide the rest
+    (``grown``: ``steps=`` given; ``other``: any of ``progress``,
+    ``checkpoint``, ``check_finite`` or ``period``)."""
     mode = resolve_mode(backend)
-    if mode == "xla" or not available() or not callable(kernel):
+    if mode == "xla" or not available():
         return False
-    if type(obj) is not xr.DataArray or type(obj.data) is not np.ndarray \
-            or obj.dtype.kind not in "biuf" or not obj.size:
+    if type(data) is not np.ndarray or data.dtype.kind not in "biuf" or not data.size:
         return False
-    if not o.grown or o.progress or o.checkpoint or o.check_finite or o.period:
+    if not grown or other:
         return False
-    if o.dim in obj.dims and obj.sizes[o.dim] != 1:
+    dims, shape = obj.dims, data.shape
+    if dim in dims and shape[dims.index(dim)] != 1:
+        return False
+    if mode == "auto" and math.prod(s for d, s in zip(dims, shape, strict=True)
+                                    if d != dim) < AUTO_MIN_POINTS:
         return False
     if jax.default_backend() != "cpu":
         return False
-    if not outside_transforms(jax.tree_util.tree_leaves((args, kwargs))):
-        return False
-    points = math.prod(s for d, s in obj.sizes.items() if d != o.dim)
-    return not (mode == "auto" and points < AUTO_MIN_POINTS)
+    return outside_transforms(jax.tree_util.tree_leaves((args, kwargs)))
 
 
 def backend_mode(backend: str | None) -> str:
@@ -116,13 +135,16 @@ def _spatial(option: Any, dim: str) -> Any:
 
 
 def loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
-              backend: str | None) -> Any:
+              backend: str | None, keep: Callable[..., None] | None = None) -> Any:
     """The scan of ``obj`` (already cast to the state dtype) on the loop
-    backend, or ``None`` where it does not apply (the caller runs XLA)."""
+    backend, or ``None`` where it does not apply (the caller runs XLA).
+    ``keep(sp, repeat, outs, out)``, if given, is told the plan, the
+    :class:`Repeat` that reruns the loop, the loop's output and the result."""
     if not _eligible(obj, kernel, o, args, kwargs, backend):
         return None
     try:
-        return _loop_scan(obj, kernel, o, args, kwargs, MAX_STATEMENTS[resolve_mode(backend)])
+        return _loop_scan(obj, kernel, o, args, kwargs, MAX_STATEMENTS[resolve_mode(backend)],
+                          keep)
     except _Fallback as e:
         _LOG.debug("scan runs with XLA: %s", e)
         return None
@@ -133,7 +155,7 @@ class _Fallback(Exception):
 
 
 def _loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
-               limit: int) -> Any:
+               limit: int, keep: Callable[..., None] | None) -> Any:
     call = o.call
     udyn, static = split_static(call, (args, kwargs))
     lifted = describe([kernel])
@@ -148,11 +170,17 @@ def _loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
     except Exception as e:  # noqa: BLE001 - the XLA path decides and reports
         raise _Fallback(f"{type(e).__name__}: {e}") from e
     with precision(f.arrays, args, kwargs):  # 64-bit data computes in 64 bits, as on XLA
-        return _in_precision(obj, kernel, o, args, kwargs, limit, sp, f, lifted, static, udyn)
+        out, repeat, outs = _in_precision(obj, kernel, o, args, kwargs, limit, sp, f, lifted,
+                                          static, udyn)
+    out = _as_returned(out)  # outside the x64 context, where 64-bit data goes to the host
+    if keep is not None:
+        keep(sp, repeat, outs, out)
+    return out
 
 
 def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, limit: int,
-                  sp: ScanPlan, f: Any, lifted: Any, static: Any, udyn: Any) -> Any:
+                  sp: ScanPlan, f: Any, lifted: Any, static: Any, udyn: Any
+                  ) -> tuple[Any, Repeat, list[np.ndarray]]:
     call, dim = o.call, o.dim
     try:
         if sp.k != 1 or tuple(sp.evolving) != (0,):
@@ -196,7 +224,30 @@ def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, li
     if len(built.out_avals) != 1 or np.dtype(built.out_avals[0].dtype) != state:
         raise _Fallback("the kernel's result is not one array of the state's dtype")
     out = _steps(built, sp, slab, dleaves, leaves)
-    return _as_returned(rewrap(sp, f, obj, [out]))
+    return rewrap(sp, f, obj, [out]), Repeat(built, sp), [out]
+
+
+class Repeat:
+    """A loop scan rerun on new data (the repeat-call fast path), called as
+    the XLA scan's compiled loop is: ``(arrays, init, coords, tcoord, masks,
+    dyn, leaves, token) -> ([saved slabs, dim first], first bad position)``;
+    only ``init`` (the initial slab), ``dyn`` (the kernel arguments' arrays)
+    and ``leaves`` (the kernel's closed-over arrays, read afresh) are used."""
+
+    __slots__ = ("built", "sp")
+
+    def __init__(self, built: Any, sp: ScanPlan):
+        self.built, self.sp = built, sp
+
+    def __call__(self, arrays: Any, init: Any, coords: Any, tcoord: Any, masks: Any,
+                 dyn: Any, leaves: Any, token: Any) -> tuple[list[Any], Any]:
+        slab = np.ascontiguousarray(np.asarray(init[0][0]))
+        out = _steps(self.built, self.sp, slab, list(dyn), list(leaves))
+        # a JAX array as the XLA loop returns (64-bit: under x64, then on the host)
+        return [jax.device_put(out)], _NO_BAD
+
+
+_NO_BAD = np.int32(-1)  # no position was checked for NaN or Inf (check_finite is off)
 
 
 def _build(plan: Any, lifted: Any, static: Any, dim: str, slab: np.ndarray, udyn: Any,
@@ -246,5 +297,7 @@ def _as_returned(out: xr.DataArray) -> xr.DataArray:
     data while JAX's x64 flag is off (see ``core.host64``)."""
     x = np.asarray(out.data)
     if x.dtype.itemsize >= 8 and not jax.config.read("jax_enable_x64"):
-        return out
+        # rewrap ran under x64 and may hand back a 64-bit JAX array, which the next
+        # JAX operation outside x64 would truncate: numpy, as the XLA scan returns
+        return out if type(out.data) is np.ndarray else out.copy(data=x)
     return out.copy(data=jax.device_put(x))

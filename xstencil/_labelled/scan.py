@@ -41,7 +41,7 @@ from xstencil._labelled.blocking import blocked, blocking_arg
 from xstencil._labelled.core import Fields, coord_arrays
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.dtypes import out_dtype, state_dtype
-from xstencil._labelled.loop_scan import backend_mode, loop_scan
+from xstencil._labelled.loop_scan import backend_mode, candidate, loop_scan
 from xstencil._labelled.scale import scale_out
 from xstencil._labelled.scan_loop import build_loop, inputs, time_input
 from xstencil._labelled.scan_plan import MAX_STEPS, ScanPlan
@@ -241,8 +241,12 @@ def scan(
             and blocking in (None, False) \
             and callable(kernel):  # a repeated call: skip the setup (see scan_fast.py)
         lifted = describe([kernel])
+        # whether it may run as numba loops is keyed too: an entry never changes the route
+        loops = blocking is None and type(obj) is xr.DataArray and candidate(
+            obj, obj.variable._data, dim, steps is not None,
+            bool(checkpoint or check_finite or period), args, kwargs, backend)
         sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
-                                                  backend_mode(backend)), args, kwargs)
+                                                  backend_mode(backend), loops), args, kwargs)
         entry = None if sig is None else scan_fast.lookup(lifted, sig, obj)
         if entry is not None:
             return scan_fast.run(entry, obj, args, kwargs, lifted)
@@ -272,18 +276,23 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
                     halo_every=halo_every)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
-    if blocking is None and devices is None and halo_every is None:
-        out = loop_scan(cast, kernel, o, args, kwargs, backend)
-        if out is not None:  # numba loops: a grown DataArray on numpy data (loop_scan.py)
-            return out
-    out = blocked(cast, kernel, o.dim, args, kwargs, blocking, **opts)
-    if out is not None:  # in memory, large: tiles stepped K steps at a time (blocking.py)
-        return out
     lifted, sig = fast
 
     def keep(sp: ScanPlan, fn: Any, coords: Any, tcoord: Any, outs: Any, res: Any) -> None:
         scan_fast.remember(lifted, sig, obj, cast, sp, fn, coords, tcoord, (args, kwargs),
                            outs, res)
+
+    def keep_loops(sp: ScanPlan, repeat: Any, outs: Any, res: Any) -> None:
+        keep(sp, repeat, [], None, outs, res)
+
+    if blocking is None and devices is None and halo_every is None:
+        out = loop_scan(cast, kernel, o, args, kwargs, backend,
+                        None if sig is None else keep_loops)
+        if out is not None:  # numba loops: a grown DataArray on numpy data (loop_scan.py)
+            return out
+    out = blocked(cast, kernel, o.dim, args, kwargs, blocking, **opts)
+    if out is not None:  # in memory, large: tiles stepped K steps at a time (blocking.py)
+        return out
 
     return _run(o.call, cast, [kernel], None, o, args, kwargs, None if sig is None else keep)
 

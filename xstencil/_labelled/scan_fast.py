@@ -26,6 +26,21 @@ Only in-memory data takes the fast path (numpy or single-device JAX data, or
 tracers), with one kernel, no ``progress`` bar and no ``devices=`` or
 ``halo_every=``; for a Dataset, every variable must be advanced or have no
 scanned dim.  Anything else takes the full path every time.
+
+A scan that ran as numba loops (:mod:`xstencil._labelled.loop_scan`) is
+recorded the same way, its ``fn`` a :class:`~xstencil._labelled.loop_scan.Repeat`
+that reruns the compiled step on the call's data.  The signature holds
+whether the call may run as loops (:func:`~xstencil._labelled.loop_scan.candidate`:
+numpy data, options, size, no trace in progress), so an entry recorded on one
+route (loops or XLA, whose float results differ in the last bits) never serves
+a call that a fresh run would send down the other.
+
+Per call, the fast path costs a few microseconds each for the kernel's key,
+the signature and the coordinate checks, one dispatch of the compiled loop
+(plus one of ``post`` where the layout changes) and a rewrap that copies the
+result's few coordinate variables without re-validating them (``_copy``);
+nothing is moved to the host, checked for NaN or run under x64 unless the
+entry's dtypes or options need it.
 """
 
 from __future__ import annotations
@@ -40,7 +55,7 @@ import numpy as np
 import xarray as xr
 from xarray.core.utils import dict_equiv
 
-from xstencil._engine.call import is_weak, precision, settled, split_static
+from xstencil._engine.call import is_weak, is_wide, precision, split_static
 from xstencil._engine.coords import coord_values, numeric_coord, repeated_period
 from xstencil._engine.kcache import Lifted, freeze, peek, put
 from xstencil._errors import XStencilError
@@ -65,6 +80,8 @@ class Entry(NamedTuple):
     checked: tuple[tuple[str, tuple[str, ...], Any, np.ndarray, dict[Any, Any]], ...]
     # name, dims, index, values, attrs
     recipe: Any  # how the result is put together (_DataArrayRecipe or _DatasetRecipe)
+    wide: bool  # a state dtype is 64-bit: the loop runs under x64
+    host: bool  # a state dtype has 8-byte items: host64 may move results to the host
 
 
 class _Coords(NamedTuple):
@@ -119,8 +136,10 @@ def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Has
                                       for x in dyn))
     else:
         arg_key = None
-    # str(dtype) as well: a timezone-aware dtype's .str has no timezone
-    coords = tuple((n, v.dims, v.dtype.str, str(v.dtype)) for n, v in _coord_vars(obj).items())
+    # str(dtype) as well where .str is not the whole dtype: a timezone-aware dtype's
+    # .str has no timezone, a structured one's no fields (str() is slow: numpy's not)
+    coords = tuple((n, v.dims, dt.str, None if isinstance(dt, np.dtype) and dt.kind != "V"
+                    else str(dt)) for n, v in _coord_vars(obj).items() for dt in (v.dtype,))
     try:
         key = (type(obj), tuple((n, v.dims, v.shape, v.dtype.str) for n, v in variables),
                coords, freeze(options), arg_key, bool(jax.config.read("jax_enable_x64")))
@@ -171,20 +190,38 @@ def run(entry: Entry, obj: Any, args: Any, kwargs: Any, lifted: Lifted) -> Any:
     datas = [obj.variable._data] if names is None else [obj._variables[n]._data for n in names]
     dyn = split_static("scan", (args, kwargs))[0] if args or kwargs else []
     leaves = list(lifted.leaves)
-    with precision(entry.state, dyn):
-        datas = [x if c is None else x.astype(c) for x, c in zip(datas, entry.casts, strict=True)]
-        arrays, init = _inputs(sp, datas, entry.perms)
-        if sp.check_finite:
-            initial_finite(sp.call, init, sp.dim, sp.k)
-        outs, bad = settled(entry.fn(arrays, init, entry.coords, entry.tcoord, [], dyn, leaves,
-                                     _TOKEN), (datas, dyn, leaves))
-        if entry.post is not None:
-            outs = entry.post(outs)
-    outs = host64(outs)  # outside the x64 context: float64 stays float64 on the host
-    finite(sp.call, bad, sp.tvals, sp.dim)
+    if (entry.wide or dyn and is_wide(dyn)) and not jax.config.read("jax_enable_x64"):
+        with jax.enable_x64(True):  # as precision(state, dyn) would
+            outs, bad = _call(entry, sp, datas, dyn, leaves)
+    else:
+        outs, bad = _call(entry, sp, datas, dyn, leaves)
+    if entry.host:
+        outs = host64(outs)  # outside the x64 context: float64 stays float64 on the host
+    if sp.check_finite:  # else the loop reports no position (-1)
+        finite(sp.call, bad, sp.tvals, sp.dim)
     if isinstance(entry.recipe, _DataArrayRecipe):
         return _dataarray(entry.recipe, obj, outs[0])
     return _dataset(entry.recipe, obj, outs)
+
+
+def _call(entry: Entry, sp: ScanPlan, datas: list[Any], dyn: list[Any], leaves: list[Any]
+          ) -> tuple[Any, Any]:
+    """The compiled loop (and its jitted ``post``) on the variables' data:
+    ``(outputs, first bad position)``."""
+    datas = [x if c is None else x.astype(c) for x, c in zip(datas, entry.casts, strict=True)]
+    arrays, init = _inputs(sp, datas, entry.perms)
+    if sp.check_finite:
+        initial_finite(sp.call, init, sp.dim, sp.k)
+    outs, bad = entry.fn(arrays, init, entry.coords, entry.tcoord, [], dyn, leaves, _TOKEN)
+    if entry.post is not None:  # dispatched before waiting: it runs right after the loop
+        outs = entry.post(outs)
+    # as settled(): a numpy input may be read in place, and changed right after the call
+    # (post's outputs exist only once the loop has run)
+    if any(isinstance(x, np.ndarray) for x in datas) or any(
+            isinstance(x, np.ndarray) for x in dyn) or any(
+            isinstance(x, np.ndarray) for x in leaves):
+        jax.block_until_ready((outs, bad))
+    return outs, bad
 
 
 def _inputs(sp: ScanPlan, datas: Sequence[Any], perms: Sequence[tuple[int, ...] | None]
@@ -215,20 +252,40 @@ def _coords_of(rc: _Coords, obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     indexes: dict[str, Any] = {}
     have = _coord_vars(obj)
     for n in rc.live:
-        coords[n] = have[n].copy(deep=False)
+        coords[n] = _copy(have[n], deep=False)
         if n in obj._indexes:
             indexes[n] = obj._indexes[n]
     for n, (v, index) in rc.fixed.items():
-        coords[n] = v.copy(deep=index is None)  # index variables are immutable
+        coords[n] = _copy(v, deep=index is None)  # index variables are immutable
         if index is not None:
             indexes[n] = index
     return {n: coords[n] for n in rc.order}, indexes
 
 
+def _copy(v: xr.Variable, deep: bool) -> xr.Variable:
+    """``v.copy(deep=deep)`` without re-validating what ``v`` already holds
+    (a new variable of the same class, its attrs and encoding copied as
+    ``copy`` copies them, its data shared or, ``deep``, copied): a quarter of
+    the time, for the few coordinates of every result."""
+    data = v._data
+    if deep:
+        if type(data) is not np.ndarray:
+            return v.copy(deep=True)
+        data = data.copy()
+    new = object.__new__(type(v))
+    new._dims = v._dims
+    new._data = data
+    attrs, encoding = v._attrs, v._encoding
+    new._attrs = None if attrs is None else copy.deepcopy(attrs) if deep else dict(attrs)
+    new._encoding = None if encoding is None else copy.deepcopy(encoding) if deep \
+        else dict(encoding)
+    return new
+
+
 def _dataarray(recipe: _DataArrayRecipe, obj: xr.DataArray, data: Any) -> xr.DataArray:
     coords, indexes = _coords_of(recipe.coords, obj)
     var = xr.Variable(recipe.dims, data, dict(obj.attrs), fastpath=True)
-    return xr.DataArray(var, coords=coords, name=obj.name, indexes=indexes, fastpath=True)
+    return xr.DataArray._construct_direct(var, coords, obj.name, indexes)
 
 
 def _dataset(recipe: _DatasetRecipe, obj: xr.Dataset, outs: Sequence[Any]) -> xr.Dataset:
@@ -341,5 +398,6 @@ def remember(lifted: Lifted, sig: Hashable | None, obj: Any, cast: Any, sp: Scan
         # compile it now, in the first call, rather than in the first repeat
         with precision(state, split_static("scan", arguments)[0]):
             jax.block_until_ready(post(outs))
-    put(("scan-fast", lifted.key, sig), Entry(sp, fn, post, casts, state, perms, list(coords),
-                                              tcoord, _checked(obj, sp.dim), recipe))
+    put(("scan-fast", lifted.key, sig), Entry(
+        sp, fn, post, casts, state, perms, list(coords), tcoord, _checked(obj, sp.dim), recipe,
+        is_wide(state), any(a.itemsize == 8 for a in after)))
