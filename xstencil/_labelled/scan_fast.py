@@ -23,8 +23,8 @@ along the scanned dim are the result's).  Other coordinates, the name and
 the attrs are taken from the call's own object.
 
 Only in-memory data takes the fast path (numpy or single-device JAX data, or
-tracers), with one kernel, no ``progress`` bar and no ``devices=`` or
-``halo_every=``; for a Dataset, every variable must be advanced or have no
+tracers), with one kernel (with or without a ``progress`` bar) and no
+``devices=`` or ``halo_every=``; for a Dataset, every variable must be advanced or have no
 scanned dim.  Anything else takes the full path every time.
 """
 
@@ -46,7 +46,7 @@ from xstencil._engine.kcache import Lifted, freeze, peek, put
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
 from xstencil._labelled.scan_plan import ScanPlan
-from xstencil._labelled.scan_result import finite, initial_finite
+from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite
 
 __all__ = ["Entry", "signature", "lookup", "run", "remember"]
 
@@ -176,8 +176,12 @@ def run(entry: Entry, obj: Any, args: Any, kwargs: Any, lifted: Lifted) -> Any:
         arrays, init = _inputs(sp, datas, entry.perms)
         if sp.check_finite:
             initial_finite(sp.call, init, sp.dim, sp.k)
-        outs, bad = settled(entry.fn(arrays, init, entry.coords, entry.tcoord, [], dyn, leaves,
-                                     _TOKEN), (datas, dyn, leaves))
+        runargs = (arrays, init, entry.coords, entry.tcoord, [], dyn, leaves)
+        if sp.loop.progress_every:  # under its bar, computed before returning
+            outs, bad = call_with_progress(entry.fn, runargs, sp.loop.progress_every,
+                                           sp.loop.steps, sp.call)
+        else:
+            outs, bad = settled(entry.fn(*runargs, _TOKEN), (datas, dyn, leaves))
         if entry.post is not None:
             outs = entry.post(outs)
     outs = host64(outs)  # outside the x64 context: float64 stays float64 on the host
