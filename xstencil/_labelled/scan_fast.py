@@ -24,8 +24,8 @@ the attrs are taken from the call's own object.
 
 Only in-memory data takes the fast path (numpy or single-device JAX data, or
 tracers), with one kernel (with or without a ``progress`` bar) and no
-``devices=`` or ``halo_every=``; for a Dataset, every variable must be advanced or have no
-scanned dim.  Anything else takes the full path every time.
+``devices=`` or ``halo_every=``; for a Dataset, every variable must be
+advanced or have no scanned dim.  Anything else takes the full path every time.
 """
 
 from __future__ import annotations
