@@ -348,7 +348,10 @@ def run_loop(step: Callable[[Any, Any], tuple[Any, ...]], init: Sequence[Sequenc
     chunk of that many steps, or after the save group that completes it) the
     loop tests whether a report is due; if so it calls
     ``callback(token, done)`` on the host (``io_callback``), which returns the
-    step count of the next report, so the host sets the update rate.
+    step count of the next report, so the host sets the update rate.  With
+    ``loop.checkpoint`` the test comes after each save group (or checkpoint
+    block, without saves), outside the checkpointed steps.  The steps compute
+    the same with and without ``progress`` (bitwise).
     """
     hist0 = tuple(tuple(h) for h in init)
     bad0 = jnp.asarray(-1, jnp.int32) if loop.check_finite else None
@@ -401,9 +404,15 @@ def run_loop(step: Callable[[Any, Any], tuple[Any, ...]], init: Sequence[Sequenc
 
         @jax.checkpoint
         def block(c: Any, j: Any) -> Any:
-            return lax.fori_loop(0, b, lambda i, c: one(t0 + j * b + i, c), c), None
+            return lax.fori_loop(0, b, lambda i, c: one(t0 + j * b + i, c), c)
 
-        carry, _ = lax.scan(block, carry, jnp.arange(nb))
+        def blocks(cd: Any, j: Any) -> Any:
+            c, d = block(cd[0], j), cd[1]
+            if chunk and d is not None:  # a test after each block, outside the checkpoint
+                d = report(t0 + (j + 1) * b - loop.start, d)
+            return (c, d), None
+
+        (carry, due), _ = lax.scan(blocks, (carry, due), jnp.arange(nb))
         return lax.fori_loop(0, rem, lambda i, c: one(t0 + nb * b + i, c), carry), due
 
     due0 = jnp.asarray(0, jnp.int32)  # the first check reports (and starts the clock)
@@ -413,20 +422,31 @@ def run_loop(step: Callable[[Any, Any], tuple[Any, ...]], init: Sequence[Sequenc
         return tuple(h[-1][None] for h in hist), _bad(bad)
     every = loop.every
 
-    per = max(1, chunk // every) if chunk and every < chunk else 0  # groups per check
+    # groups per check; with checkpoint, advance() runs no chunks, so the test
+    # comes after each group, however long
+    per = max(1, chunk // every) if chunk and (every < chunk or loop.checkpoint) else 0
+
+    if loop.checkpoint:
+        # the report stays outside the checkpointed steps: JAX cannot
+        # rematerialize an io_callback (its effect) under grad
+        if every > 1:
+            block = jax.checkpoint(lambda c, j: advance(c, loop.start + j * every, every,
+                                                        None)[0])
+        else:  # per-step checkpoint
+            def block(c: Any, j: Any) -> Any:
+                return jax.checkpoint(lambda c, t: one(t, c))(c, loop.start + j)
+
+        def run_group(carry: Any, due: Any, j: Any) -> Any:
+            return block(carry, j), due
+    else:
+        def run_group(carry: Any, due: Any, j: Any) -> Any:
+            return advance(carry, loop.start + j * every, every, due)
 
     def group(cd: Any, j: Any) -> Any:
-        carry, due = advance(cd[0], loop.start + j * every, every, cd[1])
+        carry, due = run_group(cd[0], cd[1], j)
         if per:
             due = report((j + 1) * every, due, (j + 1) % per == 0)
         return (carry, due), tuple(h[-1] for h in carry[0])
-
-    if loop.checkpoint and every > 1:
-        group = jax.checkpoint(group)
-    if loop.checkpoint and every == 1:
-        def group(cd: Any, j: Any) -> Any:  # noqa: F811 - per-step checkpoint
-            carry = jax.checkpoint(lambda c, t: one(t, c))(cd[0], loop.start + j)
-            return (carry, cd[1]), tuple(h[-1] for h in carry[0])
 
     ((hist, bad), _), saved = lax.scan(group, (carry0, due0), jnp.arange(loop.saves))
     return saved, _bad(bad)

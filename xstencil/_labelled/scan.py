@@ -237,7 +237,7 @@ def scan(
                checkpoint, check_finite, period)
     sig, lifted = None, None
     blocking_arg(call, blocking)
-    if step is None and devices is None and halo_every is None and not progress \
+    if step is None and devices is None and halo_every is None \
             and blocking in (None, False) \
             and callable(kernel):  # a repeated call: skip the setup (see scan_fast.py)
         lifted = describe([kernel])

@@ -23,7 +23,7 @@ along the scanned dim are the result's).  Other coordinates, the name and
 the attrs are taken from the call's own object.
 
 Only in-memory data takes the fast path (numpy or single-device JAX data, or
-tracers), with one kernel, no ``progress`` bar and no ``devices=`` or
+tracers), with one kernel (with or without a ``progress`` bar) and no ``devices=`` or
 ``halo_every=``; for a Dataset, every variable must be advanced or have no
 scanned dim.  Anything else takes the full path every time.
 
@@ -61,7 +61,7 @@ from xstencil._engine.kcache import Lifted, freeze, peek, put
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import host64
 from xstencil._labelled.scan_plan import ScanPlan
-from xstencil._labelled.scan_result import finite, initial_finite
+from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite
 
 __all__ = ["Entry", "signature", "lookup", "run", "remember"]
 
@@ -212,7 +212,12 @@ def _call(entry: Entry, sp: ScanPlan, datas: list[Any], dyn: list[Any], leaves: 
     arrays, init = _inputs(sp, datas, entry.perms)
     if sp.check_finite:
         initial_finite(sp.call, init, sp.dim, sp.k)
-    outs, bad = entry.fn(arrays, init, entry.coords, entry.tcoord, [], dyn, leaves, _TOKEN)
+    runargs = (arrays, init, entry.coords, entry.tcoord, [], dyn, leaves)
+    if sp.loop.progress_every:  # under its bar, computed before returning
+        outs, bad = call_with_progress(entry.fn, runargs, sp.loop.progress_every,
+                                       sp.loop.steps, sp.call)
+    else:
+        outs, bad = entry.fn(*runargs, _TOKEN)
     if entry.post is not None:  # dispatched before waiting: it runs right after the loop
         outs = entry.post(outs)
     # as settled(): a numpy input may be read in place, and changed right after the call

@@ -29,7 +29,11 @@ def call_with_progress(fn: Any, runargs: Any, every: int, steps: int, call: str)
         return settled(fn(*runargs, jnp.asarray(0, jnp.int32)), runargs)
     with _progress.Progress(steps, _progress.label(call)) as p:
         try:
-            out = settled(fn(*runargs, jnp.asarray(p.token, jnp.int32)), runargs)
+            # not settled(), which would wait inside the runtime (for numpy inputs):
+            # _wait waits in Python, where a Ctrl-C runs its handler at once
+            # whatever the runtime does; the result is computed before returning
+            # all the same (the block below)
+            out = fn(*runargs, jnp.asarray(p.token, jnp.int32))
             _wait(out)
             jax.block_until_ready(out)
         except jax.errors.JaxRuntimeError as e:
