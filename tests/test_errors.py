@@ -205,7 +205,7 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      XStencilError, E(f"{DSM}: boundary 'fill' on int16 data needs fill_value=...")),
     # -- mesh -------------------------------------------------------------------
     ("mesh-unknown-option", lambda: DA.stencil.mesh(bndry="fill"), XStencilError,
-     E("unknown option(s) ['bndry']; accepted are ['at', 'boundary', 'devices', 'dtype'")),
+     E("unknown option(s) ['bndry']; accepted are ['at', 'backend', 'boundary', 'devices'")),
     ("mesh-no-regions", lambda: DA.stencil.mesh().map(), XStencilError,
      E(f"{MESH}: the mesh has no regions; assign kernels with m[...] = f")),
     ("mesh-bad-key", lambda: _mesh_assign(3), XStencilError,

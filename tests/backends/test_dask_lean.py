@@ -127,7 +127,7 @@ def test_progress_in_memory_map_is_accepted():
 def test_map_unknown_keyword_lists_map_options_only():
     u = field()
     with pytest.raises(XStencilError, match=r"unknown keyword checkpoint=True.*the options "
-                                            r"are \('window'.*'progress', 'backend'\)$") as e:
+                                            r"are \('window'.*'backend', 'out'\)$") as e:
         u.stencil.map(lambda v: v(x=1), checkpoint=True)
     for scan_only in ("'steps'", "'save_every'", "'check_finite'", "'halo_every'"):
         assert scan_only not in str(e.value)

@@ -73,17 +73,20 @@ def test_bar_moves_at_least_every_half_second(monkeypatch: pytest.MonkeyPatch,
     steps = int(4.0 / per_step)
     stamps = _spy(monkeypatch)
     # a wall-clock check on a shared machine: a second try absorbs one descheduling
-    # of this process; a broken update rule misses the bound on both
-    for _attempt in range(2):
+    # of this process; a broken update rule misses the bound on every try
+    for _attempt in range(3):
         stamps.clear()
         start = time.perf_counter()
         np.asarray(u0.stencil.scan(heat, "time", steps=steps, progress=True, **kw))
         end = time.perf_counter()
         run = end - stamps[0][0]
-        assert run > 2.0, f"the scan took {run:.2f} s after its first report; it should be > 2 s"
         gaps = np.diff([s[0] for s in stamps] + [end])
+        if run <= 2.0:  # sized while the machine was busier: lengthen it and try again
+            steps = int(steps * 4.0 / run)
+            continue
         if gaps.max() <= 0.5:
             break
+    assert run > 2.0, f"the scan took {run:.2f} s after its first report; it should be > 2 s"
     assert gaps.max() <= 0.5, (f"{len(stamps)} updates over {end - start:.2f} s, gaps "
                                f"{np.round(gaps, 3).tolist()}")
     assert [s[1] for s in stamps] == sorted(s[1] for s in stamps)

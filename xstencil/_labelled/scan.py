@@ -240,14 +240,8 @@ def scan(
     if step is None and devices is None and halo_every is None \
             and blocking in (None, False) \
             and callable(kernel):  # a repeated call: skip the setup (see scan_fast.py)
-        lifted = describe([kernel])
-        # whether it may run as numba loops is keyed too: an entry never changes the route
-        loops = blocking is None and type(obj) is xr.DataArray and candidate(
-            obj, obj.variable._data, dim, steps is not None,
-            bool(checkpoint or check_finite or period), args, kwargs, backend)
-        sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
-                                                  backend_mode(backend), loops), args, kwargs)
-        entry = None if sig is None else scan_fast.lookup(lifted, sig, obj)
+        lifted, sig, entry = _repeat(obj, kernel, options, args, kwargs, dtype, blocking,
+                                     backend)
         if entry is not None:
             return scan_fast.run(entry, obj, args, kwargs, lifted)
     o = ScanPlan(call, *options)
@@ -262,6 +256,22 @@ def scan(
                             f"of one window, e.g. lambda u: u(time=-1) + ..., or step=fn")
     return _scan_kernel(obj, kernel, o, options, args, kwargs, dtype, devices, halo_every,
                         (lifted, sig), blocking, backend)
+
+
+def _repeat(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
+            dtype: Any, blocking: Any, backend: str | None) -> tuple[Any, Any, Any]:
+    """The kernel's key, the call's signature and the fast path's entry for
+    them (``None`` when there is none yet)."""
+    dim, steps, checkpoint, check_finite, period = (options[0], options[4], options[9],
+                                                    options[10], options[11])
+    lifted = describe([kernel])
+    # whether it may run as numba loops is keyed too: an entry never changes the route
+    loops = blocking is None and type(obj) is xr.DataArray and candidate(
+        obj, obj.variable._data, dim, steps is not None,
+        bool(checkpoint or check_finite or period), args, kwargs, backend)
+    sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
+                                              backend_mode(backend), loops), args, kwargs)
+    return lifted, sig, None if sig is None else scan_fast.lookup(lifted, sig, obj)
 
 
 def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], args: Any,
