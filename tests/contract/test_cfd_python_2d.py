@@ -23,6 +23,7 @@ times; so do the ports.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -187,7 +188,7 @@ def edge_value(names: tuple[str, ...]) -> Callable:
 
 
 def run(way: str, state: xr.Dataset, update: Callable, nt: int, dt: float,
-        backend: str = "auto", **k: Any) -> xr.Dataset:
+        backend: str = "auto", as_numpy: bool = False, **k: Any) -> xr.Dataset:
     """``nt + 1`` steps of ``update`` with ``u = 1`` on the edges, one of three ways."""
     names = tuple(str(n) for n in state.data_vars)
     obj = state["u"] if names == ("u",) else state
@@ -210,7 +211,7 @@ def run(way: str, state: xr.Dataset, update: Callable, nt: int, dt: float,
             m[...] = map_kernel(update, names, dt=dt, **k)
             for e in EDGES:
                 m[e] = edge_value(names)
-            out = m.map()
+            out = m.map().as_numpy() if as_numpy else m.map()
     if way != "mesh_maps":  # save_every="last" keeps the final time as a scalar coordinate
         assert float(out["time"]) == pytest.approx((nt + 1) * dt)
         out = out.drop_vars("time")
@@ -304,21 +305,35 @@ def test_step8_burgers(precision, way):
 # 1024 x 1024: numba loops under "auto" (fill scans of a DataArray and mesh maps)
 
 
-def test_step5_large_auto_runs_the_loops():
-    """float32: the loops round as numpy does, so ``auto`` (= loops here) is
-    bitwise the numpy loop; XLA agrees to float32 rounding."""
-    n, nt = 1024, 20
+def conv6_one(r, dx, dt, c=1.0):
+    """Step 6's ``u`` update with ``v = u``: the notebook starts ``u`` and ``v``
+    equal, and its updates keep them equal (``dx == dy``)."""
+    return r() - r() * c * dt / dx * (r() - r(x=-1)) - r() * c * dt / dx * (r() - r(y=-1))
+
+
+def test_large_auto_runs_the_loops(caplog):
+    """float32, 1024 x 1024: the loops round as numpy does, XLA:CPU turns
+    ``u() * c * dt / dx`` into a multiplication by a reciprocal (one ulp off).
+    So ``auto`` is bitwise the numpy loop where it ran the loops at every step:
+    the fill scan, and a time loop of mesh maps that hands numpy data to each
+    call; a map's result is a JAX array, which runs with XLA (and says so)."""
+    n, nt = 1024, 3
     dx = 2 / (n - 1)
     dt = 0.2 * dx
     s0 = hat_state(n, dtype=np.float32)
-    want = step5_numpy(s0["u"].values, nt, dx, dt)
-    for way in ("fill_scan", "mesh_maps"):
-        got = {b: run(way, s0, conv5, nt, dt, backend=b, dx=dx)["u"] for b in
-               ("auto", "loops", "xla")}
-        np.testing.assert_array_equal(np.asarray(got["loops"].values), want)
-        np.testing.assert_array_equal(np.asarray(got["auto"].values), want)
-        np.testing.assert_allclose(np.asarray(got["xla"].values), want, rtol=3e-6, atol=3e-6)
-        assert got["auto"].dtype == np.float32 and got["auto"].x.equals(s0.x)
+    want = step6_numpy(s0["u"].values, s0["u"].values, nt, dx, dt)[0]
+    scan = run("fill_scan", s0, conv6_one, nt, dt, dx=dx)["u"]
+    np.testing.assert_array_equal(np.asarray(scan.values), want)
+    maps = run("mesh_maps", s0, conv6_one, nt, dt, as_numpy=True, dx=dx)["u"]
+    np.testing.assert_array_equal(maps.values, want)
+    xla = run("mesh_maps", s0, conv6_one, nt, dt, backend="xla", dx=dx)["u"]
+    assert not np.array_equal(np.asarray(xla.values), want)  # the paths are told apart
+    np.testing.assert_allclose(np.asarray(xla.values), want, rtol=3e-6, atol=3e-6)
+    with caplog.at_level(logging.DEBUG, logger="xstencil.loops"):
+        jaxed = run("mesh_maps", s0, conv6_one, nt, dt, dx=dx)["u"]
+    np.testing.assert_array_equal(np.asarray(jaxed.values), np.asarray(xla.values))
+    assert "mesh runs with XLA: the data are JAX arrays" in caplog.text
+    assert scan.dtype == maps.dtype == np.float32 and scan.x.equals(s0.x)
 
 
 @pytest.mark.slow
