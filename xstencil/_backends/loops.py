@@ -164,6 +164,10 @@ class LoopOrJit:
             return None
         if mode == "auto" and math.prod(g.count for g in self.geom) < AUTO_MIN_POINTS:
             return None
+        if any(isinstance(x, jax.Array) for x in arrays):  # e.g. the previous call's result
+            _LOG.debug("map runs with XLA: the data are JAX arrays (a map's result is "
+                       "one), not numpy arrays; .as_numpy() them, or use scan or map(out=)")
+            return None
         if not arrays or not all(isinstance(x, np.ndarray) and x.dtype.kind in "biuf"
                                  and x.size for x in arrays) \
                 or not all(g.count for g in self.geom):  # empty: XLA's path is trivial

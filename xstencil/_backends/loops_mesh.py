@@ -159,6 +159,10 @@ class MeshLoops:
         if mode == "auto" and (math.prod(g.count for g in self.geom) < AUTO_MIN_POINTS
                                or len(self.parts) > AUTO_MAX_NESTS):
             return None
+        if any(isinstance(x, jax.Array) for x in arrays):  # e.g. the previous call's result
+            _LOG.debug("mesh runs with XLA: the data are JAX arrays (a map's result is "
+                       "one), not numpy arrays; .as_numpy() them, or use scan or map(out=)")
+            return None
         if not arrays or not all(isinstance(x, np.ndarray) and x.dtype.kind in "biuf"
                                  and x.size for x in arrays):
             return None

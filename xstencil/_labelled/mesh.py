@@ -213,6 +213,12 @@ class Mesh(MeshRepr):
         skips validation and planning; each distinct kernel is compiled once
         however many regions use it.
         """
+        if isinstance(kwargs.get("out"), xr.DataArray):  # map(out=)'s option, not a mesh's
+            raise XStencilError(
+                f"{self._call.replace('mesh(...)', 'mesh(...).map()')}: out= (writing into a "
+                f"preallocated array) is an option of da.stencil.map, not of a mesh's map; "
+                f"here out={kwargs['out'].name!r} would be passed to the kernels as an extra "
+                f"argument. Use the returned result: u = m.map()")
         hit = lookup(self, args, kwargs, self._options.get("dtype") if dtype is None else dtype)
         if hit is not None:  # a repeated call (mesh_run.py)
             return run(hit[0], self._obj, args, kwargs, hit[1])
@@ -261,7 +267,7 @@ class Mesh(MeshRepr):
              save_every: int | str = 1, progress: bool = False, checkpoint: bool = False,
              check_finite: bool = False, period: Mapping[str, float] | None = None,
              halo_every: int | None = None, dtype: Any = None, store: Any = None,
-             **kwargs: Any) -> xr.DataArray | xr.Dataset:
+             backend: str | None = None, **kwargs: Any) -> xr.DataArray | xr.Dataset:
         """Run the mesh as a scan along ``dim``: each region's kernel steps
         its cells (see :func:`xstencil.scan` for the scan semantics).
 
@@ -281,6 +287,9 @@ class Mesh(MeshRepr):
             The state's dtype (overrides the mesh's ``dtype=``).
         store
             Not available for a mesh yet (raises).
+        backend
+            Checked as for :func:`xstencil.scan`; a mesh scan runs with XLA
+            whatever it says (a repeated ``m.map()`` runs as loops).
 
         Returns
         -------
@@ -290,7 +299,7 @@ class Mesh(MeshRepr):
         self._current()
         opts = {"window": window, "boundary": boundary, "fill_value": fill_value,
                 "steps": steps, "dt": dt, "coord": coord, "period": period,
-                "halo_every": halo_every, "dtype": dtype, "store": store}
+                "halo_every": halo_every, "dtype": dtype, "store": store, "backend": backend}
         opts = {k: v for k, v in opts.items() if v is not None}  # unset: the mesh's own
         return scan_mesh(self, dim, *args, save_every=save_every, progress=progress,
                          checkpoint=checkpoint, check_finite=check_finite, **opts, **kwargs)

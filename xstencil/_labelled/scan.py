@@ -326,6 +326,7 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                             f"with .to_zarr(...)")
     halo_every = options.pop("halo_every", None)
     blocking_arg(call, options.pop("blocking", None))  # checked; a mesh runs unblocked
+    backend_arg(call, options.pop("backend", None))  # checked; a mesh scan runs with XLA
     dtype = options.pop("dtype", m._options.get("dtype"))
     kwargs = {k: v for k, v in options.items() if k not in known}
     opts.update({k: v for k, v in options.items() if k in known})
