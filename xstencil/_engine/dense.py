@@ -84,7 +84,7 @@ def choose(w: Any) -> str:
 
 def separable(w: np.ndarray) -> list[np.ndarray] | None:
     """1-D factors whose outer product is ``w``, or ``None`` (rank > 1)."""
-    if w.ndim < 2:
+    if w.ndim < 2 or not np.all(np.isfinite(w)):  # an inf or NaN weight: not a product
         return None
     flat = np.abs(w)
     pivot = np.unravel_index(int(np.argmax(flat)), w.shape)
@@ -174,27 +174,86 @@ def _spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
 
 
 def _finite_guard(x: Any, w: Any, run: Callable[[Any, Any], Any]) -> Any:
-    """``run(x, w)`` (an FFT correlation), with non-finite inputs handled as a
-    direct sum would: an FFT spreads one NaN or inf over the whole output, so
-    when ``x`` holds any, they are zeroed for the FFT and the outputs whose
-    windows read one (counted by a second FFT of the weights' support) are
-    NaN.  (A direct sum would give +-inf where only infs of one sign meet.)"""
+    """``run(x, w)`` (an FFT correlation), with non-finite values handled as
+    the direct sum (cells of weight 0 not read) handles them: an FFT spreads
+    one NaN or inf over the whole output.  When ``x`` or ``w`` holds any
+    (checked at run time), :func:`_nonfinite` zeroes them for the FFT and
+    sets the outputs whose windows read one to what the direct sum gives."""
     dtype = x.dtype
     if np.dtype(dtype) not in (np.float32, np.float64):  # no half-precision FFTs
         x = x.astype(np.float32)
 
-    def clean(x: Any) -> Any:
+    def clean(x: Any, w: Any) -> Any:
         return run(x, w)
 
-    def dirty(x: Any) -> Any:
-        ok = jnp.isfinite(x)
-        out = run(jnp.where(ok, x, jnp.zeros((), x.dtype)), w)
-        support = ((w != 0).astype(np.float64) if isinstance(w, np.ndarray)
-                   else (w != 0).astype(x.dtype))  # runtime weights: a runtime support
-        hits = run((~ok).astype(x.dtype), support)
-        return jnp.where(hits > 0.5, jnp.asarray(np.nan, out.dtype), out)
+    def dirty(x: Any, w: Any) -> Any:
+        return _nonfinite(x, w, run)
 
-    return lax.cond(jnp.all(jnp.isfinite(x)), clean, dirty, x).astype(dtype)
+    if isinstance(w, np.ndarray):
+        if not np.all(np.isfinite(w)):  # known now: every output reads the weight
+            return dirty(x, w).astype(dtype)
+        ok = jnp.all(jnp.isfinite(x))
+        return lax.cond(ok, lambda x: clean(x, w), lambda x: dirty(x, w), x).astype(dtype)
+    ok = jnp.all(jnp.isfinite(x)) & jnp.all(jnp.isfinite(w))
+    return lax.cond(ok, clean, dirty, x, w).astype(dtype)
+
+
+def _nonfinite(x: Any, w: Any, run: Callable[[Any, Any], Any]) -> Any:
+    """The correlation of ``x`` and ``w`` where either holds NaN or inf, as
+    the direct sum gives it: the FFT of both with those values zeroed, and
+    at the outputs whose windows meet one (a term ``w[c] * x[j + c]`` with
+    ``w[c] != 0`` that is not finite) NaN where such a term is NaN or the
+    infinite terms differ in sign, else the infinity.  The terms are
+    counted by FFT correlations of indicator arrays (0/1, exact to well
+    under 0.5); an input without infinities skips the sign counts.  A
+    finite sum that overflows is not reproduced."""
+    const = isinstance(w, np.ndarray)
+    xp = jnp if not const else np
+
+    def ind(m: Any) -> Any:  # a 0/1 weight array
+        return m.astype(np.float64) if const else m.astype(x.dtype)
+
+    def count(terms: list[tuple[Any, Any]]) -> Any:
+        total = None
+        for xm, wm in terms:
+            if const and not np.any(wm):
+                continue  # a weight indicator known to be all 0
+            part = run(xm.astype(x.dtype), ind(wm))
+            total = part if total is None else total + part
+        return None if total is None else total > 0.5
+
+    xfin = jnp.isfinite(x)
+    out = run(jnp.where(xfin, x, jnp.zeros((), x.dtype)),
+              xp.where(xp.isfinite(w), w, xp.zeros((), w.dtype)))
+    wnz, wpos, wneg = w != 0, w > 0, w < 0
+    winf, wnan = xp.isinf(w), xp.isnan(w)
+    nan_terms = [(jnp.isnan(x), wnz), (x == 0, winf), (jnp.ones_like(xfin), wnan)]
+
+    def signs(x: Any) -> tuple[Any, Any]:
+        xpi, xni = x == np.inf, x == -np.inf
+        xposf, xnegf = (x > 0) & xfin, (x < 0) & xfin
+        pos = count([(xpi, wpos), (xni, wneg), (xposf, w == np.inf), (xnegf, w == -np.inf)])
+        neg = count([(xni, wpos), (xpi, wneg), (xposf, w == -np.inf), (xnegf, w == np.inf)])
+        no = jnp.zeros(out.shape, bool)
+        return (no if pos is None else pos), (no if neg is None else neg)
+
+    def no_signs(x: Any) -> tuple[Any, Any]:
+        no = jnp.zeros(out.shape, bool)
+        return no, no
+
+    if const and not np.any(winf):
+        pos, neg = lax.cond(jnp.any(jnp.isinf(x)), signs, no_signs, x)
+    elif const:
+        pos, neg = signs(x)
+    else:
+        pos, neg = lax.cond(jnp.any(jnp.isinf(x)) | jnp.any(winf), signs, no_signs, x)
+    nan = count(nan_terms)
+    if nan is None:
+        nan = jnp.zeros(out.shape, bool)
+    nan = nan | (pos & neg)
+    big = jnp.asarray(np.inf, out.dtype)
+    out = jnp.where(pos, big, jnp.where(neg, -big, out))
+    return jnp.where(nan, jnp.asarray(np.nan, out.dtype), out)
 
 
 def _fft(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
