@@ -28,7 +28,7 @@ block holds a NaN or an infinity, such cells are masked out.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -39,6 +39,8 @@ from jax.extend import core as jcore
 
 from xstencil._engine.affine import runtime_weights
 from xstencil._engine.call import stand_in
+from xstencil._engine.dense_finite import finite_guard
+from xstencil._engine.dense_hoist import provided
 from xstencil._engine.dense_runtime import (
     runtime_slices,
     runtime_spectrum,
@@ -173,100 +175,38 @@ def _spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
     return spec.astype(np.complex128 if np.dtype(dtype) == np.float64 else np.complex64)
 
 
-def _finite_guard(x: Any, w: Any, run: Callable[[Any, Any], Any]) -> Any:
-    """``run(x, w)`` (an FFT correlation), with non-finite values handled as
-    the direct sum (cells of weight 0 not read) handles them: an FFT spreads
-    one NaN or inf over the whole output.  When ``x`` or ``w`` holds any
-    (checked at run time), :func:`_nonfinite` zeroes them for the FFT and
-    sets the outputs whose windows read one to what the direct sum gives."""
-    dtype = x.dtype
-    if np.dtype(dtype) not in (np.float32, np.float64):  # no half-precision FFTs
-        x = x.astype(np.float32)
-
-    def clean(x: Any, w: Any) -> Any:
-        return run(x, w)
-
-    def dirty(x: Any, w: Any) -> Any:
-        return _nonfinite(x, w, run)
-
-    if isinstance(w, np.ndarray):
-        if not np.all(np.isfinite(w)):  # known now: every output reads the weight
-            return dirty(x, w).astype(dtype)
-        ok = jnp.all(jnp.isfinite(x))
-        return lax.cond(ok, lambda x: clean(x, w), lambda x: dirty(x, w), x).astype(dtype)
-    ok = jnp.all(jnp.isfinite(x)) & jnp.all(jnp.isfinite(w))
-    return lax.cond(ok, clean, dirty, x, w).astype(dtype)
-
-
-def _nonfinite(x: Any, w: Any, run: Callable[[Any, Any], Any]) -> Any:
-    """The correlation of ``x`` and ``w`` where either holds NaN or inf, as
-    the direct sum gives it: the FFT of both with those values zeroed, and
-    at the outputs whose windows meet one (a term ``w[c] * x[j + c]`` with
-    ``w[c] != 0`` that is not finite) NaN where such a term is NaN or the
-    infinite terms differ in sign, else the infinity.  The terms are
-    counted by FFT correlations of indicator arrays (0/1, exact to well
-    under 0.5); an input without infinities skips the sign counts.  A
-    finite sum that overflows is not reproduced."""
-    const = isinstance(w, np.ndarray)
-    xp = jnp if not const else np
-
-    def ind(m: Any) -> Any:  # a 0/1 weight array
-        return m.astype(np.float64) if const else m.astype(x.dtype)
-
-    def count(terms: list[tuple[Any, Any]]) -> Any:
-        total = None
-        for xm, wm in terms:
-            if const and not np.any(wm):
-                continue  # a weight indicator known to be all 0
-            part = run(xm.astype(x.dtype), ind(wm))
-            total = part if total is None else total + part
-        return None if total is None else total > 0.5
-
-    xfin = jnp.isfinite(x)
-    out = run(jnp.where(xfin, x, jnp.zeros((), x.dtype)),
-              xp.where(xp.isfinite(w), w, xp.zeros((), w.dtype)))
-    wnz, wpos, wneg = w != 0, w > 0, w < 0
-    winf, wnan = xp.isinf(w), xp.isnan(w)
-    nan_terms = [(jnp.isnan(x), wnz), (x == 0, winf), (jnp.ones_like(xfin), wnan)]
-
-    def signs(x: Any) -> tuple[Any, Any]:
-        xpi, xni = x == np.inf, x == -np.inf
-        xposf, xnegf = (x > 0) & xfin, (x < 0) & xfin
-        pos = count([(xpi, wpos), (xni, wneg), (xposf, w == np.inf), (xnegf, w == -np.inf)])
-        neg = count([(xni, wpos), (xpi, wneg), (xposf, w == -np.inf), (xnegf, w == np.inf)])
-        no = jnp.zeros(out.shape, bool)
-        return (no if pos is None else pos), (no if neg is None else neg)
-
-    def no_signs(x: Any) -> tuple[Any, Any]:
-        no = jnp.zeros(out.shape, bool)
-        return no, no
-
-    if const and not np.any(winf):
-        pos, neg = lax.cond(jnp.any(jnp.isinf(x)), signs, no_signs, x)
-    elif const:
-        pos, neg = signs(x)
-    else:
-        pos, neg = lax.cond(jnp.any(jnp.isinf(x)) | jnp.any(winf), signs, no_signs, x)
-    nan = count(nan_terms)
-    if nan is None:
-        nan = jnp.zeros(out.shape, bool)
-    nan = nan | (pos & neg)
-    big = jnp.asarray(np.inf, out.dtype)
-    out = jnp.where(pos, big, jnp.where(neg, -big, out))
-    return jnp.where(nan, jnp.asarray(np.nan, out.dtype), out)
+def _fft_dtype(dtype: Any) -> Any:
+    """The dtype the FFT runs in (no half-precision FFTs)."""
+    return np.dtype(dtype) if np.dtype(dtype) in (np.float32, np.float64) else np.float32
 
 
 def _fft(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
     """The valid correlation as a circular one over an FFT-friendly size
     (the wrapped-around outputs are the ones dropped), NaN-safe."""
-    return _finite_guard(p, w, lambda x, w: _fft_raw(x, w, steps, counts))
+    fast = None
+    if not isinstance(w, np.ndarray):  # runtime weights: a spectrum given from outside?
+        sizes, dt = tuple(_fast_size(n) for n in p.shape), _fft_dtype(p.dtype)
+        spec = provided(w, ("padded", sizes, dt.str),
+                        lambda w: runtime_spectrum(w, sizes, dt, None))
+        if spec is not None:
+            def fast(x: Any, w: Any, big: Any = None) -> Any:
+                return _fft_raw(x, w, steps, counts, big, spec)
+    sizes, axes = tuple(_fast_size(n) for n in p.shape), tuple(range(p.ndim))
+    return finite_guard(p, w, lambda x, w, big=None: _fft_raw(x, w, steps, counts, big),
+                         lambda x: jnp.fft.rfftn(x, sizes, axes), fast)
 
 
-def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
+def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int],
+             big: Any = None, spec: Any = None) -> Any:
+    """The correlation over an FFT; ``big`` is ``p``'s transform where
+    already made, ``spec`` the weights' where given from outside."""
     sizes = tuple(_fast_size(n) for n in p.shape)
     axes = tuple(range(p.ndim))
-    full = jnp.fft.irfftn(jnp.fft.rfftn(p, sizes, axes) * _spectrum(w, sizes, p.dtype),
-                          sizes, axes)
+    if spec is None:
+        spec = _spectrum(w, sizes, p.dtype)
+    if big is None:
+        big = jnp.fft.rfftn(p, sizes, axes)
+    full = jnp.fft.irfftn(big * spec, sizes, axes)
     index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
     return full[index].astype(p.dtype)
 
@@ -284,15 +224,31 @@ def _circular(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
               counts: Sequence[int]) -> Any:
     """``out[j] = sum_c w[c] * x[(j * steps + c - lows) mod n]``: one FFT pair
     on the unpadded array (the weights wrapped onto it), NaN-safe."""
-    return _finite_guard(x, w, lambda x, w: _circular_raw(x, w, lows, steps, counts))
+    fast = None
+    if not isinstance(w, np.ndarray):  # runtime weights: a spectrum given from outside?
+        shape, dt = tuple(x.shape), _fft_dtype(x.dtype)
+        spec = provided(w, ("circular", shape, dt.str, tuple(lows)),
+                        lambda w: wrapped_runtime_spectrum(w, shape, dt, lows))
+        if spec is not None:
+            def fast(x: Any, w: Any, big: Any = None) -> Any:
+                return _circular_raw(x, w, lows, steps, counts, big, spec)
+    axes = tuple(range(x.ndim))
+    return finite_guard(
+        x, w, lambda x, w, big=None: _circular_raw(x, w, lows, steps, counts, big),
+        lambda x: jnp.fft.rfftn(x, axes=axes), fast)
 
 
 def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],
-                  counts: Sequence[int]) -> Any:
+                  counts: Sequence[int], big: Any = None, spec: Any = None) -> Any:
+    """The circular correlation; ``big`` is ``x``'s transform where already
+    made, ``spec`` the weights' where given from outside."""
+    axes = tuple(range(x.ndim))
+    if big is None:
+        big = jnp.fft.rfftn(x, axes=axes)
     if not isinstance(w, np.ndarray):
-        spec = wrapped_runtime_spectrum(w, x.shape, x.dtype, lows)
-        axes = tuple(range(x.ndim))
-        full = jnp.fft.irfftn(jnp.fft.rfftn(x, axes=axes) * spec, x.shape, axes)
+        if spec is None:
+            spec = wrapped_runtime_spectrum(w, x.shape, x.dtype, lows)
+        full = jnp.fft.irfftn(big * spec, x.shape, axes)
         index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
         return full[index].astype(x.dtype)
     wrapped = np.zeros(x.shape)
@@ -300,9 +256,7 @@ def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],
                                                                       strict=True)],
                         indexing="ij")
     np.add.at(wrapped, tuple(grids), w)
-    axes = tuple(range(x.ndim))
-    full = jnp.fft.irfftn(jnp.fft.rfftn(x, axes=axes) * _spectrum(wrapped, x.shape, x.dtype),
-                          x.shape, axes)
+    full = jnp.fft.irfftn(big * _spectrum(wrapped, x.shape, x.dtype), x.shape, axes)
     index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
     return full[index].astype(x.dtype)
 

@@ -1,0 +1,157 @@
+"""Weight spectra of the FFT lowering computed outside the per-call program.
+
+Arrays a kernel closes over are inputs of the compiled program
+(:mod:`xstencil._engine.kcache`), so the FFT lowering of
+``lambda u: (u * w).sum()`` (:mod:`xstencil._engine.dense`) transforms the
+weights in the program, one more FFT per call than a hand-written FFT
+filter whose weight spectrum is a constant (measured 1.5-2x its time at
+1024**2).  :class:`Staged` stands in for the jitted engine function of a
+map and, on calls outside JAX transforms, splits it in two:
+
+* ``weights``: the program cut down to the runtime weight arrays the FFT
+  lowering transforms (everything else is dead code), a few numbers each;
+* ``main``: the program with those weights' spectra as extra inputs.
+
+Between the two, the spectra come from a small LRU table keyed by the
+weights' *values* (their bytes, dtype and shape, and the static FFT size):
+new weights, a changed global or an array changed in place give new values
+and so a new spectrum, never a stale one; equal weights reuse theirs.  A
+missing spectrum is computed by the same jitted function the program would
+have run, so the results are the same.
+
+Inside a transform (``grad`` with respect to the weights, ``vmap``, a
+user's ``jit``) the plain program runs, computing the spectra in it.  A
+kernel without runtime FFT weights runs the plain program only: the first
+call traces it once with a :class:`_Collect` to find out.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import jax
+import numpy as np
+
+from xstencil._engine.call import outside_transforms
+
+__all__ = ["Staged", "provided", "SPECTRA"]
+
+#: How many weight spectra each compiled map keeps (by the weights' values).
+SPECTRA = 8
+
+
+class _Collect:
+    """Records the runtime weights (and how to transform them) in a trace."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Any, Hashable, Callable[[Any], Any]]] = []
+
+
+class _Provide:
+    """Hands out the spectra given to the program, in the order traced."""
+
+    def __init__(self, spectra: list[Any]) -> None:
+        self.spectra = spectra
+        self.next = 0
+
+
+_MODE: contextvars.ContextVar[_Collect | _Provide | None] = contextvars.ContextVar(
+    "xstencil_dense_hoist", default=None)
+
+
+def provided(w: Any, static: Hashable, make: Callable[[Any], Any]) -> Any:
+    """The spectrum ``make(w)`` of the traced weights ``w`` when it is given
+    to the program from outside (else ``None``: compute it in the program).
+    ``static`` identifies ``make`` (the FFT size, dtype and roll)."""
+    mode = _MODE.get()
+    if isinstance(mode, _Collect):
+        mode.items.append((w, static, make))
+    elif isinstance(mode, _Provide) and mode.next < len(mode.spectra):
+        mode.next += 1
+        return mode.spectra[mode.next - 1]
+    return None
+
+
+class Staged:
+    """A jitted ``run(*args)`` that takes its FFT weight spectra from outside
+    where it can (see the module notes).  ``.lower``, ``.trace`` and other
+    attributes are those of the plain jitted function."""
+
+    def __init__(self, run: Callable[..., Any]):
+        self.run = run
+        self.plain = jax.jit(run)
+        self.split: bool | None = None  # None: not known before the first call
+        self.statics: dict[int, list[tuple[Hashable, Callable[[Any], Any]]]] = {}
+        self.spectra: OrderedDict[Hashable, list[Any]] = OrderedDict()
+        self.makers: dict[Hashable, Callable[[Any], Any]] = {}
+        self.lock = threading.Lock()
+        self.weights = jax.jit(self._weights)
+        self.main = jax.jit(self._main)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("plain", "split"):
+            raise AttributeError(name)
+        return getattr(self.plain, name)
+
+    def _weights(self, *args: Any) -> tuple[Any, list[Any]]:
+        col = _Collect()
+        token = _MODE.set(col)
+        try:
+            self.run(*args)
+        finally:
+            _MODE.reset(token)
+        with self.lock:
+            tag = len(self.statics)
+            self.statics[tag] = [(static, make) for _, static, make in col.items]
+        return np.int32(tag), [w for w, _, _ in col.items]
+
+    def _main(self, *args: Any) -> Any:
+        *args, spectra = args
+        token = _MODE.set(_Provide(list(spectra)))
+        try:
+            return self.run(*args)
+        finally:
+            _MODE.reset(token)
+
+    def __call__(self, *args: Any) -> Any:
+        if self.split is False or not outside_transforms(jax.tree_util.tree_leaves(args)):
+            return self.plain(*args)
+        if self.split is None:
+            col = _Collect()
+            token = _MODE.set(col)
+            try:
+                self.plain.trace(*args)  # the trace is cached: a call reuses it
+            finally:
+                _MODE.reset(token)
+            self.split = bool(col.items)
+            if not self.split:
+                return self.plain(*args)
+        tag, ws = self.weights(*args)
+        return self.main(*args, self._spectra(int(tag), ws))
+
+    def _spectra(self, tag: int, ws: list[Any]) -> list[Any]:
+        """The spectra of ``ws`` from the table, computed where missing."""
+        statics = self.statics[tag]
+        values = [np.asarray(w) for w in ws]
+        key = tuple((static, v.dtype.str, v.shape, v.tobytes())
+                    for (static, _), v in zip(statics, values, strict=True))
+        with self.lock:
+            got = self.spectra.get(key)
+            if got is not None:
+                self.spectra.move_to_end(key)
+                return got
+        made = []
+        for (static, make), w in zip(statics, ws, strict=True):
+            fn = self.makers.get(static)
+            if fn is None:
+                fn = self.makers[static] = jax.jit(make)
+            made.append(fn(w))
+        with self.lock:
+            self.spectra[key] = made
+            while len(self.spectra) > SPECTRA:
+                self.spectra.popitem(last=False)
+        return made
