@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from xstencil._engine.dense_hoist import report
 
 __all__ = ["finite_guard", "nonfinite"]
 
@@ -52,6 +55,9 @@ def finite_guard(x: Any, w: Any, run: Callable[..., Any], forward: Callable[[Any
     def clean(x: Any, w: Any) -> Any:
         return (run if fast is None else fast)(x, w, big)
 
+    if fast is not None:  # the staged program: all-finite only (see dense_hoist.report)
+        report(ok)
+        return clean(x, w).astype(dtype)
     if isinstance(w, np.ndarray):
         return lax.cond(ok, lambda x: clean(x, w), lambda x: dirty(x, w), x).astype(dtype)
     return lax.cond(ok, clean, dirty, x, w).astype(dtype)
@@ -65,51 +71,63 @@ def nonfinite(x: Any, w: Any, run: Callable[[Any, Any], Any]) -> Any:
     infinite terms differ in sign, else the infinity.  The terms are
     counted by FFT correlations of indicator arrays (0/1, exact to well
     under 0.5); an input without infinities skips the sign counts.  A
-    finite sum that overflows is not reproduced."""
+    finite sum that overflows is not reproduced.
+
+    Runtime weights: the correlations of a group run as one batched FFT
+    (``vmap``), which compiles as one (each separate FFT adds compile time)."""
     const = isinstance(w, np.ndarray)
     xp = jnp if not const else np
 
-    def ind(m: Any) -> Any:  # a 0/1 weight array
-        return m.astype(np.float64) if const else m.astype(x.dtype)
+    def corr(pairs: list[tuple[Any, Any]]) -> list[Any]:
+        """The correlation of each pair (data, weights) of arrays."""
+        if not const:
+            xs = jnp.stack([xm.astype(x.dtype) for xm, _ in pairs])
+            ws = jnp.stack([wm.astype(x.dtype) for _, wm in pairs])
+            got = jax.vmap(lambda a, b: run(a, b))(xs, ws)
+            return [got[i] for i in range(len(pairs))]
+        return [run(xm.astype(x.dtype), np.asarray(wm, np.float64)) for xm, wm in pairs]
 
-    def count(terms: list[tuple[Any, Any]]) -> Any:
-        total = None
-        for xm, wm in terms:
-            if const and not np.any(wm):
-                continue  # a weight indicator known to be all 0
-            part = run(xm.astype(x.dtype), ind(wm))
-            total = part if total is None else total + part
-        return None if total is None else total > 0.5
+    def hits(pairs: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+        return [(xm, wm) for xm, wm in pairs if not const or np.any(wm)]
+
+    def any_of(parts: list[Any]) -> Any:
+        if not parts:
+            return jnp.zeros(out_shape, bool)
+        total = parts[0]
+        for part in parts[1:]:
+            total = total + part
+        return total > 0.5
 
     xfin = jnp.isfinite(x)
-    out = run(jnp.where(xfin, x, jnp.zeros((), x.dtype)),
-              xp.where(xp.isfinite(w), w, xp.zeros((), w.dtype)))
-    wnz, wpos, wneg = w != 0, w > 0, w < 0
-    winf, wnan = xp.isinf(w), xp.isnan(w)
-    nan_terms = [(jnp.isnan(x), wnz), (x == 0, winf), (jnp.ones_like(xfin), wnan)]
+    x0 = jnp.where(xfin, x, jnp.zeros((), x.dtype))
+    w0 = xp.where(xp.isfinite(w), w, xp.zeros((), w.dtype))
+    wpos, wneg = w > 0, w < 0
+    first = corr([(x0, w0)] + hits([(jnp.isnan(x), w != 0)]))
+    out, out_shape = first[0], first[0].shape
+    # every output reads every weight: a NaN weight makes all NaN
+    nan = any_of(first[1:]) | xp.any(xp.isnan(w))
 
     def signs(x: Any) -> tuple[Any, Any]:
         xpi, xni = x == np.inf, x == -np.inf
         xposf, xnegf = (x > 0) & xfin, (x < 0) & xfin
-        pos = count([(xpi, wpos), (xni, wneg), (xposf, w == np.inf), (xnegf, w == -np.inf)])
-        neg = count([(xni, wpos), (xpi, wneg), (xposf, w == -np.inf), (xnegf, w == np.inf)])
-        no = jnp.zeros(out.shape, bool)
-        return (no if pos is None else pos), (no if neg is None else neg)
+        pos = hits([(xpi, wpos), (xni, wneg), (xposf, w == np.inf), (xnegf, w == -np.inf)])
+        neg = hits([(xni, wpos), (xpi, wneg), (xposf, w == -np.inf), (xnegf, w == np.inf)])
+        zero = hits([(x == 0, xp.isinf(w))])  # inf * 0: NaN
+        got = corr(pos + neg + zero)
+        return (any_of(got[:len(pos)]), any_of(got[len(pos):len(pos) + len(neg)]),
+                any_of(got[len(pos) + len(neg):]))
 
-    def no_signs(x: Any) -> tuple[Any, Any]:
-        no = jnp.zeros(out.shape, bool)
-        return no, no
+    def no_signs(x: Any) -> tuple[Any, Any, Any]:
+        no = jnp.zeros(out_shape, bool)
+        return no, no, no
 
-    if const and not np.any(winf):
-        pos, neg = lax.cond(jnp.any(jnp.isinf(x)), signs, no_signs, x)
-    elif const:
-        pos, neg = signs(x)
+    winf = xp.isinf(w)
+    if const and np.any(winf):
+        pos, neg, zero = signs(x)
     else:
-        pos, neg = lax.cond(jnp.any(jnp.isinf(x)) | jnp.any(winf), signs, no_signs, x)
-    nan = count(nan_terms)
-    if nan is None:
-        nan = jnp.zeros(out.shape, bool)
-    nan = nan | (pos & neg)
+        pred = jnp.any(jnp.isinf(x)) if const else jnp.any(jnp.isinf(x)) | jnp.any(winf)
+        pos, neg, zero = lax.cond(pred, signs, no_signs, x)
+    nan = nan | zero | (pos & neg)
     big = jnp.asarray(np.inf, out.dtype)
     out = jnp.where(pos, big, jnp.where(neg, -big, out))
     return jnp.where(nan, jnp.asarray(np.nan, out.dtype), out)

@@ -10,7 +10,10 @@ map and, on calls outside JAX transforms, splits it in two:
 
 * ``weights``: the program cut down to the runtime weight arrays the FFT
   lowering transforms (everything else is dead code), a few numbers each;
-* ``main``: the program with those weights' spectra as extra inputs.
+* ``main``: the program with those weights' spectra as extra inputs, and
+  only the FFT's all-finite path: a call whose data or weights hold NaN or
+  inf runs the plain program instead (its exact non-finite path,
+  :mod:`xstencil._engine.dense_finite`, compiles when first needed).
 
 Between the two, the spectra come from a small LRU table keyed by the
 weights' *values* (their bytes, dtype and shape, and the static FFT size):
@@ -34,11 +37,12 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from xstencil._engine.call import outside_transforms
 
-__all__ = ["Staged", "provided", "SPECTRA"]
+__all__ = ["Staged", "provided", "report", "SPECTRA"]
 
 #: How many weight spectra each compiled map keeps (by the weights' values).
 SPECTRA = 8
@@ -57,6 +61,7 @@ class _Provide:
     def __init__(self, spectra: list[Any]) -> None:
         self.spectra = spectra
         self.next = 0
+        self.finite: list[Any] = []  # per FFT: were the data and weights finite?
 
 
 _MODE: contextvars.ContextVar[_Collect | _Provide | None] = contextvars.ContextVar(
@@ -74,6 +79,16 @@ def provided(w: Any, static: Hashable, make: Callable[[Any], Any]) -> Any:
         mode.next += 1
         return mode.spectra[mode.next - 1]
     return None
+
+
+def report(finite: Any) -> None:
+    """Where a spectrum was given (:func:`provided`), the FFT lowering runs
+    its all-finite path only and reports here whether that was right; a
+    call where it was not runs again as the plain program (whose exact
+    non-finite path then compiles only when first needed)."""
+    mode = _MODE.get()
+    if isinstance(mode, _Provide):
+        mode.finite.append(finite)
 
 
 class Staged:
@@ -111,11 +126,14 @@ class Staged:
 
     def _main(self, *args: Any) -> Any:
         *args, spectra = args
-        token = _MODE.set(_Provide(list(spectra)))
+        mode = _Provide(list(spectra))
+        token = _MODE.set(mode)
         try:
-            return self.run(*args)
+            out = self.run(*args)
         finally:
             _MODE.reset(token)
+        finite = jnp.all(jnp.stack(mode.finite)) if mode.finite else jnp.asarray(True)
+        return out, finite
 
     def __call__(self, *args: Any) -> Any:
         if self.split is False or not outside_transforms(jax.tree_util.tree_leaves(args)):
@@ -131,7 +149,8 @@ class Staged:
             if not self.split:
                 return self.plain(*args)
         tag, ws = self.weights(*args)
-        return self.main(*args, self._spectra(int(tag), ws))
+        out, finite = self.main(*args, self._spectra(int(tag), ws))
+        return out if bool(finite) else self.plain(*args)  # NaN or inf: the exact path
 
     def _spectra(self, tag: int, ws: list[Any]) -> list[Any]:
         """The spectra of ``ws`` from the table, computed where missing."""
