@@ -22,7 +22,11 @@ their values are unknown when compiling: up to :data:`SLICE_TAPS` cells the
 caller's shifted slices, up to :data:`FFT_TAPS` one sum of shifted slices
 with a runtime scalar per cell, above an FFT of the runtime weights.  A cell
 whose runtime weight is 0 is not read, as with constant weights: when the
-block holds a NaN or an infinity, such cells are masked out.
+block holds a NaN or an infinity, such cells are masked out.  Outside JAX
+transforms the spectrum of runtime weights is computed outside the per-call
+program (:mod:`xstencil._engine.dense_hoist`).  NaN and inf in the data or
+the weights give the direct sum's answer on every lowering; the FFT's
+handling is in :mod:`xstencil._engine.dense_finite`.
 """
 
 from __future__ import annotations
