@@ -181,7 +181,7 @@ def _spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
 
 def _fft_dtype(dtype: Any) -> Any:
     """The dtype the FFT runs in (no half-precision FFTs)."""
-    return np.dtype(dtype) if np.dtype(dtype) in (np.float32, np.float64) else np.float32
+    return np.dtype(dtype) if np.dtype(dtype) in (np.float32, np.float64) else np.dtype(np.float32)
 
 
 def _fft(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:

@@ -42,10 +42,12 @@ import numpy as np
 
 from xstencil._engine.call import outside_transforms
 
-__all__ = ["Staged", "provided", "report", "SPECTRA"]
+__all__ = ["Staged", "provided", "report", "SPECTRA", "SPECTRA_BYTES"]
 
-#: How many weight spectra each compiled map keeps (by the weights' values).
+#: How many sets of weight spectra each compiled map keeps (by the weights'
+#: values), and at most how many bytes of them (the newest set is always kept).
 SPECTRA = 8
+SPECTRA_BYTES = 2**28
 
 
 class _Collect:
@@ -171,6 +173,7 @@ class Staged:
             made.append(fn(w))
         with self.lock:
             self.spectra[key] = made
-            while len(self.spectra) > SPECTRA:
+            while len(self.spectra) > 1 and (len(self.spectra) > SPECTRA or sum(
+                    s.nbytes for got in self.spectra.values() for s in got) > SPECTRA_BYTES):
                 self.spectra.popitem(last=False)
         return made
