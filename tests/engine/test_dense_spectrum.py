@@ -52,9 +52,17 @@ def _global_kernel(u: Any) -> Any:
 
 
 @pytest.mark.parametrize("mode", ["periodic", "extend"])
-def test_new_weights_give_new_spectra_and_equal_ones_reuse_them(x64: None,
-                                                                 mode: str) -> None:
+def test_new_weights_give_new_spectra_and_equal_ones_reuse_them(
+        x64: None, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     xstencil.clear_caches()
+    stored = []
+    keep = dense_hoist.Staged._keep
+
+    def counting(self: Any, key: Any, spectra: Any) -> None:
+        stored.append(key)
+        keep(self, key, spectra)
+
+    monkeypatch.setattr(dense_hoist.Staged, "_keep", counting)
     rng = np.random.default_rng(1)
     a = rng.standard_normal((40, 36))
     seen = []
@@ -65,7 +73,11 @@ def test_new_weights_give_new_spectra_and_equal_ones_reuse_them(x64: None,
         np.testing.assert_allclose(out, _ref(a, w, mode), rtol=1e-10, atol=1e-10)
     (staged,) = _staged()
     assert staged.split is True
-    assert len(staged.spectra) == 3  # the fourth call reused the first spectrum
+    by_weights = [k for k in staged.spectra if k[0] != "inputs"]
+    assert len(by_weights) == 3
+    # three new spectra, each kept by the weights' and the inputs' values; the
+    # fourth call (the first weights again) computed none
+    assert len(stored) == 6 and len(set(stored)) == 6
 
 
 def test_a_global_changed_in_place_or_rebound_is_not_stale(x64: None) -> None:

@@ -16,7 +16,9 @@ map and, on calls outside JAX transforms, splits it in two:
   :mod:`xstencil._engine.dense_finite`, compiles when first needed).
 
 Between the two, the spectra come from a small LRU table keyed by the
-weights' *values* (their bytes, dtype and shape, and the static FFT size):
+weights' *values* (their bytes, dtype and shape, and the static FFT size),
+and, where they are small, by the values of the inputs the weights are
+computed from (then the weights program does not even run):
 new weights, a changed global or an array changed in place give new values
 and so a new spectrum, never a stale one; equal weights reuse theirs.  A
 missing spectrum is computed by the same jitted function the program would
@@ -41,13 +43,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from xstencil._engine.call import outside_transforms
+from xstencil._engine.kcache import freeze
 
-__all__ = ["Staged", "provided", "report", "SPECTRA", "SPECTRA_BYTES"]
+__all__ = ["Staged", "provided", "report", "SPECTRA", "SPECTRA_BYTES", "INPUT_KEY_BYTES"]
 
 #: How many sets of weight spectra each compiled map keeps (by the weights'
 #: values), and at most how many bytes of them (the newest set is always kept).
 SPECTRA = 8
 SPECTRA_BYTES = 2**28
+#: Up to this many bytes of inputs other than the data, the spectra are also
+#: found by those inputs' values, without running the weights program.
+INPUT_KEY_BYTES = 2**20
 
 
 class _Collect:
@@ -150,9 +156,23 @@ class Staged:
             self.split = bool(col.items)
             if not self.split:
                 return self.plain(*args)
-        tag, ws = self.weights(*args)
-        out, finite = self.main(*args, self._spectra(int(tag), ws))
+        key = _input_key(args)
+        with self.lock:
+            spectra = None if key is None else self.spectra.get(key)
+        if spectra is None:
+            tag, ws = self.weights(*args)
+            spectra = self._spectra(int(tag), ws)
+            if key is not None:
+                self._keep(key, spectra)
+        out, finite = self.main(*args, spectra)
         return out if bool(finite) else self.plain(*args)  # NaN or inf: the exact path
+
+    def _keep(self, key: Hashable, spectra: list[Any]) -> None:
+        with self.lock:
+            self.spectra[key] = spectra
+            while len(self.spectra) > 1 and (len(self.spectra) > SPECTRA or sum(
+                    s.nbytes for got in self.spectra.values() for s in got) > SPECTRA_BYTES):
+                self.spectra.popitem(last=False)
 
     def _spectra(self, tag: int, ws: list[Any]) -> list[Any]:
         """The spectra of ``ws`` from the table, computed where missing."""
@@ -171,9 +191,29 @@ class Staged:
             if fn is None:
                 fn = self.makers[static] = jax.jit(make)
             made.append(fn(w))
-        with self.lock:
-            self.spectra[key] = made
-            while len(self.spectra) > 1 and (len(self.spectra) > SPECTRA or sum(
-                    s.nbytes for got in self.spectra.values() for s in got) > SPECTRA_BYTES):
-                self.spectra.popitem(last=False)
+        self._keep(key, made)
         return made
+
+
+def _input_key(args: tuple[Any, ...]) -> Hashable | None:
+    """The values everything but the data holds (coordinates, arguments,
+    closed-over arrays), when they are small (:data:`INPUT_KEY_BYTES`): the
+    weights are computed from these alone, so equal values give equal
+    spectra without running the weights program.  ``None`` otherwise."""
+    data = tuple((np.shape(x), str(np.result_type(x)))
+                 for x in jax.tree_util.tree_leaves(args[0]))
+    rest, size = [], 0
+    leaves, tree = jax.tree_util.tree_flatten(args[1:])
+    for x in leaves:
+        if isinstance(x, jax.Array | np.ndarray):
+            size += x.nbytes
+            if size > INPUT_KEY_BYTES:
+                return None
+            x = np.asarray(x)
+        rest.append(freeze(x))
+    key = ("inputs", data, tree, tuple(rest))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
