@@ -33,11 +33,12 @@ def finite_guard(x: Any, w: Any, run: Callable[..., Any], forward: Callable[[Any
     ``fast`` replaces ``run`` where all is finite (a spectrum given from
     outside the program, :mod:`xstencil._engine.dense_hoist`).
 
-    ``forward(x)`` is the data's transform, which ``run(x, w, X)`` takes
-    instead of transforming ``x`` again: its zero-frequency entry (the sum
-    of ``x``) is finite exactly when every value is (or, falsely, when a
-    finite sum overflows, which only takes the slower exact path), so no
-    separate pass over ``x`` checks it."""
+    With ``fast`` (the staged program of :mod:`xstencil._engine.dense_hoist`,
+    all-finite path only), ``forward(x)`` is the data's transform, which
+    ``fast(x, w, X)`` takes instead of transforming ``x`` again: its
+    zero-frequency entry (the sum of ``x``) is finite exactly when every
+    value is (or, falsely, when a finite sum overflows, which only takes the
+    exact path), so no separate pass over ``x`` checks it."""
     dtype = x.dtype
     if np.dtype(dtype) not in (np.float32, np.float64):  # no half-precision FFTs
         x = x.astype(np.float32)
@@ -47,17 +48,20 @@ def finite_guard(x: Any, w: Any, run: Callable[..., Any], forward: Callable[[Any
 
     if isinstance(w, np.ndarray) and not np.all(np.isfinite(w)):
         return dirty(x, w).astype(dtype)  # known now: every output reads the weight
-    big = forward(x)
-    ok = jnp.isfinite(big[(0,) * big.ndim])
+    if fast is not None:  # the staged program: all-finite only (see dense_hoist.report)
+        big = forward(x)
+        ok = jnp.isfinite(big[(0,) * big.ndim]) & jnp.all(jnp.isfinite(w))
+        report(ok)
+        return fast(x, w, big).astype(dtype)
+    # the plain program (in transforms, and for data that are not finite): a
+    # pass over x, so that the exact path does not transform x for nothing
+    ok = jnp.all(jnp.isfinite(x))
     if not isinstance(w, np.ndarray):
         ok = ok & jnp.all(jnp.isfinite(w))
 
     def clean(x: Any, w: Any) -> Any:
-        return (run if fast is None else fast)(x, w, big)
+        return run(x, w)
 
-    if fast is not None:  # the staged program: all-finite only (see dense_hoist.report)
-        report(ok)
-        return clean(x, w).astype(dtype)
     if isinstance(w, np.ndarray):
         return lax.cond(ok, lambda x: clean(x, w), lambda x: dirty(x, w), x).astype(dtype)
     return lax.cond(ok, clean, dirty, x, w).astype(dtype)

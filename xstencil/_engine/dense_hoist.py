@@ -45,12 +45,15 @@ import numpy as np
 from xstencil._engine.call import outside_transforms
 from xstencil._engine.kcache import freeze
 
-__all__ = ["Staged", "provided", "report", "SPECTRA", "SPECTRA_BYTES", "INPUT_KEY_BYTES"]
+__all__ = ["Staged", "provided", "report", "SPECTRA", "SPECTRA_BYTES", "INPUT_KEY_BYTES", "RETRY"]
 
 #: How many sets of weight spectra each compiled map keeps (by the weights'
 #: values), and at most how many bytes of them (the newest set is always kept).
 SPECTRA = 8
 SPECTRA_BYTES = 2**28
+#: After a call whose data or weights were not finite, this many more calls
+#: run the plain program directly before the all-finite one is tried again.
+RETRY = 15
 #: Up to this many bytes of inputs other than the data, the spectra are also
 #: found by those inputs' values, without running the weights program.
 INPUT_KEY_BYTES = 2**20
@@ -112,6 +115,7 @@ class Staged:
         self.spectra: OrderedDict[Hashable, list[Any]] = OrderedDict()
         self.makers: dict[Hashable, Callable[[Any], Any]] = {}
         self.lock = threading.Lock()
+        self.skip = 0  # calls left to run as the plain program (data were not finite)
         self.weights = jax.jit(self._weights)
         self.main = jax.jit(self._main)
 
@@ -146,6 +150,9 @@ class Staged:
     def __call__(self, *args: Any) -> Any:
         if self.split is False or not outside_transforms(jax.tree_util.tree_leaves(args)):
             return self.plain(*args)
+        if self.skip > 0:  # NaN land stays: skip the all-finite try for a while
+            self.skip -= 1
+            return self.plain(*args)
         if self.split is None:
             col = _Collect()
             token = _MODE.set(col)
@@ -165,7 +172,10 @@ class Staged:
             if key is not None:
                 self._keep(key, spectra)
         out, finite = self.main(*args, spectra)
-        return out if bool(finite) else self.plain(*args)  # NaN or inf: the exact path
+        if bool(finite):
+            return out
+        self.skip = RETRY  # NaN or inf: the exact path, for this call and the next ones
+        return self.plain(*args)
 
     def _keep(self, key: Hashable, spectra: list[Any]) -> None:
         with self.lock:
