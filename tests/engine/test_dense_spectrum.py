@@ -143,3 +143,32 @@ def test_kernels_without_fft_weights_run_the_plain_program(x64: None) -> None:
     np.testing.assert_allclose(out, ndi.correlate(a, w, mode="wrap"), rtol=1e-12)
     staged = _staged()
     assert staged and all(s.split is False for s in staged)
+
+
+def test_data_turning_non_finite_after_a_finite_call(x64: None) -> None:
+    """The staged program runs the all-finite FFT only; a later call whose
+    data hold a NaN or an inf must still give the direct sum's footprint
+    (it reruns as the plain program), and so must the calls after it."""
+    xstencil.clear_caches()
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((K, K))
+    a = rng.standard_normal((30, 34))
+
+    def kernel(u: Any) -> Any:
+        return (u * w).sum()
+
+    np.testing.assert_allclose(_map(a, kernel).values, _ref(a, w), rtol=1e-10, atol=1e-10)
+    (staged,) = _staged()
+    assert staged.split is True and staged.skip == 0
+    b = a.copy()
+    b[4, 6], b[20, 20] = np.nan, np.inf
+    for data in (b, a):
+        out = _map(data, kernel).values
+        with np.errstate(invalid="ignore"):
+            ref = _ref(data, w)  # an FFT-free direct sum: NaN/inf only near them
+        assert 0 < (~np.isfinite(ref)).sum() < ref.size // 2 or data is a
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+        np.testing.assert_array_equal(np.isinf(out), np.isinf(ref))
+        ok = np.isfinite(ref)
+        np.testing.assert_allclose(out[ok], ref[ok], rtol=1e-10, atol=1e-10)
+    assert staged.skip == dense_hoist.RETRY - 1  # the plain program for a while
