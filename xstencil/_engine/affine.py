@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
-__all__ = ["is_affine", "runtime_weights", "MAX_JACFWD"]
+__all__ = ["is_affine", "homogeneous", "runtime_weights", "MAX_JACFWD"]
 
 #: ``(window cells) ** 2`` above which a kernel that widens its cells' dtype
 #: (float32 cells, float64 output) is not given runtime weights (see
@@ -131,6 +131,55 @@ def _eqn(eqn: Any, ins: list[bool], widest: int) -> list[bool]:
     raise _NotAffine
 
 
+def homogeneous(closed: Any, n_cells: int) -> list[bool]:
+    """For each output of an affine ``closed`` (see :func:`is_affine`),
+    whether it is *linear* in the cells, with no bias: every path from a
+    value that depends on no cell into the output goes through a product
+    with (or a division of) a cell value.  Such an output's bias is 0, not
+    the kernel at a zero window (which is NaN when a weight is infinite:
+    ``0 * inf``)."""
+    jaxpr = closed.jaxpr
+    kinds = ["H"] * n_cells + ["C"] * (len(jaxpr.invars) - n_cells)
+    return [k == "H" for k in _kinds(jaxpr, kinds)]
+
+
+def _kinds(jaxpr: Any, args: Sequence[str]) -> list[str]:
+    """Per value: "C" (depends on no cell), "H" (linear in the cells) or "A"
+    (affine: a bias may remain)."""
+    env: dict[Any, str] = dict.fromkeys(jaxpr.constvars, "C")
+    env.update(zip(jaxpr.invars, args, strict=True))
+
+    def read(v: Any) -> str:
+        if isinstance(v, jcore.Literal):
+            return "H" if np.all(np.asarray(v.val) == 0) else "C"  # a literal 0 adds nothing
+        return env[v]
+
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        n_out = len(eqn.outvars)
+        if all(k == "C" or isinstance(v, jcore.Literal) for k, v in zip(ins, eqn.invars,
+                                                                        strict=True)):
+            outs = ["C"] * n_out
+        elif name in _CALLS:
+            sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+            sub = sub.jaxpr if isinstance(sub, jcore.ClosedJaxpr) else sub
+            outs = _kinds(sub, ins[len(ins) - len(sub.invars):])
+        elif name == "optimization_barrier":
+            outs = list(ins)
+        elif name in ("mul", "dot_general"):
+            outs = ["H" if "H" in ins else "A"]
+        elif name == "div":
+            outs = [ins[0] if ins[0] != "C" else "A"]
+        elif name in _DATA_AT:
+            data = [k for i, k in enumerate(ins) if i in set(_DATA_AT[name](len(ins)))]
+            outs = ["H" if all(k == "H" for k in data) else "A"] * n_out
+        else:  # linear in every operand: a sum, a rearrangement, a cast
+            outs = ["H" if all(k == "H" for k in ins) else "A"] * n_out
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(v) for v in jaxpr.outvars]
+
+
 def runtime_weights(closed: Any, shapes: Sequence[tuple[int, ...]],
                     dyn: Any) -> list[list[Any]] | None:
     """The weights of each output, per source (traced arrays of the source's
@@ -147,6 +196,16 @@ def runtime_weights(closed: Any, shapes: Sequence[tuple[int, ...]],
     n = len(shapes)
     if not is_affine(closed, n):
         return None
+    result = _weights(closed, shapes, dyn)
+    if result is not None:  # a bias known to be 0 (see homogeneous) is not computed
+        for per, linear in zip(result, homogeneous(closed, n), strict=True):
+            if linear:
+                per[-1] = np.zeros(())
+    return result
+
+
+def _weights(closed: Any, shapes: Sequence[tuple[int, ...]], dyn: Any) -> list[list[Any]] | None:
+    n = len(shapes)
     fn = jcore.jaxpr_as_fun(closed)
     leaves = jax.tree_util.tree_leaves(dyn)
     avals = [v.aval for v in closed.jaxpr.invars[:n]]

@@ -22,13 +22,17 @@ their values are unknown when compiling: up to :data:`SLICE_TAPS` cells the
 caller's shifted slices, up to :data:`FFT_TAPS` one sum of shifted slices
 with a runtime scalar per cell, above an FFT of the runtime weights.  A cell
 whose runtime weight is 0 is not read, as with constant weights: when the
-block holds a NaN or an infinity, such cells are masked out.
+block holds a NaN or an infinity, such cells are masked out.  Outside JAX
+transforms the spectrum of runtime weights is computed outside the per-call
+program (:mod:`xstencil._engine.dense_hoist`).  NaN and inf in the data or
+the weights give the direct sum's answer on every lowering; the FFT's
+handling is in :mod:`xstencil._engine.dense_finite`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -39,6 +43,8 @@ from jax.extend import core as jcore
 
 from xstencil._engine.affine import runtime_weights
 from xstencil._engine.call import stand_in
+from xstencil._engine.dense_finite import finite_guard
+from xstencil._engine.dense_hoist import provided
 from xstencil._engine.dense_runtime import (
     runtime_slices,
     runtime_spectrum,
@@ -84,7 +90,7 @@ def choose(w: Any) -> str:
 
 def separable(w: np.ndarray) -> list[np.ndarray] | None:
     """1-D factors whose outer product is ``w``, or ``None`` (rank > 1)."""
-    if w.ndim < 2:
+    if w.ndim < 2 or not np.all(np.isfinite(w)):  # an inf or NaN weight: not a product
         return None
     flat = np.abs(w)
     pivot = np.unravel_index(int(np.argmax(flat)), w.shape)
@@ -173,41 +179,38 @@ def _spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
     return spec.astype(np.complex128 if np.dtype(dtype) == np.float64 else np.complex64)
 
 
-def _finite_guard(x: Any, w: Any, run: Callable[[Any, Any], Any]) -> Any:
-    """``run(x, w)`` (an FFT correlation), with non-finite inputs handled as a
-    direct sum would: an FFT spreads one NaN or inf over the whole output, so
-    when ``x`` holds any, they are zeroed for the FFT and the outputs whose
-    windows read one (counted by a second FFT of the weights' support) are
-    NaN.  (A direct sum would give +-inf where only infs of one sign meet.)"""
-    dtype = x.dtype
-    if np.dtype(dtype) not in (np.float32, np.float64):  # no half-precision FFTs
-        x = x.astype(np.float32)
-
-    def clean(x: Any) -> Any:
-        return run(x, w)
-
-    def dirty(x: Any) -> Any:
-        ok = jnp.isfinite(x)
-        out = run(jnp.where(ok, x, jnp.zeros((), x.dtype)), w)
-        support = ((w != 0).astype(np.float64) if isinstance(w, np.ndarray)
-                   else (w != 0).astype(x.dtype))  # runtime weights: a runtime support
-        hits = run((~ok).astype(x.dtype), support)
-        return jnp.where(hits > 0.5, jnp.asarray(np.nan, out.dtype), out)
-
-    return lax.cond(jnp.all(jnp.isfinite(x)), clean, dirty, x).astype(dtype)
+def _fft_dtype(dtype: Any) -> Any:
+    """The dtype the FFT runs in (no half-precision FFTs)."""
+    return np.dtype(dtype) if np.dtype(dtype) in (np.float32, np.float64) else np.dtype(np.float32)
 
 
 def _fft(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
     """The valid correlation as a circular one over an FFT-friendly size
     (the wrapped-around outputs are the ones dropped), NaN-safe."""
-    return _finite_guard(p, w, lambda x, w: _fft_raw(x, w, steps, counts))
+    fast = None
+    if not isinstance(w, np.ndarray):  # runtime weights: a spectrum given from outside?
+        sizes, dt = tuple(_fast_size(n) for n in p.shape), _fft_dtype(p.dtype)
+        spec = provided(w, ("padded", sizes, dt.str),
+                        lambda w: runtime_spectrum(w, sizes, dt, None))
+        if spec is not None:
+            def fast(x: Any, w: Any, big: Any = None) -> Any:
+                return _fft_raw(x, w, steps, counts, big, spec)
+    sizes, axes = tuple(_fast_size(n) for n in p.shape), tuple(range(p.ndim))
+    return finite_guard(p, w, lambda x, w, big=None: _fft_raw(x, w, steps, counts, big),
+                         lambda x: jnp.fft.rfftn(x, sizes, axes), fast)
 
 
-def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> Any:
+def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int],
+             big: Any = None, spec: Any = None) -> Any:
+    """The correlation over an FFT; ``big`` is ``p``'s transform where
+    already made, ``spec`` the weights' where given from outside."""
     sizes = tuple(_fast_size(n) for n in p.shape)
     axes = tuple(range(p.ndim))
-    full = jnp.fft.irfftn(jnp.fft.rfftn(p, sizes, axes) * _spectrum(w, sizes, p.dtype),
-                          sizes, axes)
+    if spec is None:
+        spec = _spectrum(w, sizes, p.dtype)
+    if big is None:
+        big = jnp.fft.rfftn(p, sizes, axes)
+    full = jnp.fft.irfftn(big * spec, sizes, axes)
     index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
     return full[index].astype(p.dtype)
 
@@ -225,15 +228,31 @@ def _circular(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
               counts: Sequence[int]) -> Any:
     """``out[j] = sum_c w[c] * x[(j * steps + c - lows) mod n]``: one FFT pair
     on the unpadded array (the weights wrapped onto it), NaN-safe."""
-    return _finite_guard(x, w, lambda x, w: _circular_raw(x, w, lows, steps, counts))
+    fast = None
+    if not isinstance(w, np.ndarray):  # runtime weights: a spectrum given from outside?
+        shape, dt = tuple(x.shape), _fft_dtype(x.dtype)
+        spec = provided(w, ("circular", shape, dt.str, tuple(lows)),
+                        lambda w: wrapped_runtime_spectrum(w, shape, dt, lows))
+        if spec is not None:
+            def fast(x: Any, w: Any, big: Any = None) -> Any:
+                return _circular_raw(x, w, lows, steps, counts, big, spec)
+    axes = tuple(range(x.ndim))
+    return finite_guard(
+        x, w, lambda x, w, big=None: _circular_raw(x, w, lows, steps, counts, big),
+        lambda x: jnp.fft.rfftn(x, axes=axes), fast)
 
 
 def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],
-                  counts: Sequence[int]) -> Any:
+                  counts: Sequence[int], big: Any = None, spec: Any = None) -> Any:
+    """The circular correlation; ``big`` is ``x``'s transform where already
+    made, ``spec`` the weights' where given from outside."""
+    axes = tuple(range(x.ndim))
+    if big is None:
+        big = jnp.fft.rfftn(x, axes=axes)
     if not isinstance(w, np.ndarray):
-        spec = wrapped_runtime_spectrum(w, x.shape, x.dtype, lows)
-        axes = tuple(range(x.ndim))
-        full = jnp.fft.irfftn(jnp.fft.rfftn(x, axes=axes) * spec, x.shape, axes)
+        if spec is None:
+            spec = wrapped_runtime_spectrum(w, x.shape, x.dtype, lows)
+        full = jnp.fft.irfftn(big * spec, x.shape, axes)
         index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
         return full[index].astype(x.dtype)
     wrapped = np.zeros(x.shape)
@@ -241,9 +260,7 @@ def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],
                                                                       strict=True)],
                         indexing="ij")
     np.add.at(wrapped, tuple(grids), w)
-    axes = tuple(range(x.ndim))
-    full = jnp.fft.irfftn(jnp.fft.rfftn(x, axes=axes) * _spectrum(wrapped, x.shape, x.dtype),
-                          x.shape, axes)
+    full = jnp.fft.irfftn(big * _spectrum(wrapped, x.shape, x.dtype), x.shape, axes)
     index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
     return full[index].astype(x.dtype)
 

@@ -209,7 +209,9 @@ def _linear_eqn(eqn: Any, invals: list[Any], widest: int) -> list[Any]:
         shape = np.broadcast_shapes(x.shape, c.shape)
         x = _broadcast(x, shape)
         c = np.broadcast_to(c, shape)
-        return [Linear(x.rows, x.cols, x.vals * c.reshape(-1)[x.rows], x.bias * c)]
+        with np.errstate(invalid="ignore"):  # an infinite weight times a zero bias
+            bias = np.where(x.bias == 0, 0.0, x.bias * c)  # a bias of 0 stays 0
+        return [Linear(x.rows, x.cols, x.vals * c.reshape(-1)[x.rows], bias)]
     if name == "reduce_sum":
         x = invals[0]
         axes = tuple(params["axes"])

@@ -33,6 +33,7 @@ from xstencil._engine.coords import (
     warn_repeated_endpoint,
 )
 from xstencil._engine.coordwindow import CoordWindow
+from xstencil._engine.dense_hoist import Staged
 from xstencil._engine.kcache import (
     Lifted,
     cached,
@@ -437,7 +438,7 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
                 return body(rebuild(template, leaves), plan, static, arrays, coords, dyn,
                             dynamic)
 
-            jitted = jax.jit(run)
+            jitted = Staged(run)  # jax.jit(run), FFT weight spectra hoisted (dense_hoist)
             return jitted if loops is None else loops(jitted, template, static)
 
         fn = cached(key, build)

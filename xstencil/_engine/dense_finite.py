@@ -1,0 +1,137 @@
+"""Non-finite values in the FFT lowering of :mod:`xstencil._engine.dense`.
+
+A direct weighted sum ``out[j] = sum_c w[c] * x[j + c]`` over the cells of
+nonzero weight makes non-finite only the outputs whose windows meet a
+non-finite term; an FFT spreads one NaN or inf over the whole field.
+:func:`finite_guard` runs the FFT as it is where everything is finite (the
+check costs no pass over the data) and :func:`nonfinite` otherwise, which
+gives the direct sum's NaN and +-inf footprint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from xstencil._engine.dense_hoist import report
+
+__all__ = ["finite_guard", "nonfinite"]
+
+
+def finite_guard(x: Any, w: Any, run: Callable[..., Any], forward: Callable[[Any], Any],
+                  fast: Callable[..., Any] | None = None) -> Any:
+    """``run(x, w)`` (an FFT correlation), with non-finite values handled as
+    the direct sum (cells of weight 0 not read) handles them: an FFT spreads
+    one NaN or inf over the whole output.  When ``x`` or ``w`` holds any
+    (checked at run time), :func:`nonfinite` zeroes them for the FFT and
+    sets the outputs whose windows read one to what the direct sum gives.
+    ``fast`` replaces ``run`` where all is finite (a spectrum given from
+    outside the program, :mod:`xstencil._engine.dense_hoist`).
+
+    With ``fast`` (the staged program of :mod:`xstencil._engine.dense_hoist`,
+    all-finite path only), ``forward(x)`` is the data's transform, which
+    ``fast(x, w, X)`` takes instead of transforming ``x`` again: its
+    zero-frequency entry (the sum of ``x``) is finite exactly when every
+    value is (or, falsely, when a finite sum overflows, which only takes the
+    exact path), so no separate pass over ``x`` checks it."""
+    dtype = x.dtype
+    if np.dtype(dtype) not in (np.float32, np.float64):  # no half-precision FFTs
+        x = x.astype(np.float32)
+
+    def dirty(x: Any, w: Any) -> Any:
+        return nonfinite(x, w, run)
+
+    if isinstance(w, np.ndarray) and not np.all(np.isfinite(w)):
+        return dirty(x, w).astype(dtype)  # known now: every output reads the weight
+    if fast is not None:  # the staged program: all-finite only (see dense_hoist.report)
+        big = forward(x)
+        ok = jnp.isfinite(big[(0,) * big.ndim]) & jnp.all(jnp.isfinite(w))
+        report(ok)
+        return fast(x, w, big).astype(dtype)
+    # the plain program (in transforms, and for data that are not finite): a
+    # pass over x, so that the exact path does not transform x for nothing
+    ok = jnp.all(jnp.isfinite(x))
+    if not isinstance(w, np.ndarray):
+        ok = ok & jnp.all(jnp.isfinite(w))
+
+    def clean(x: Any, w: Any) -> Any:
+        return run(x, w)
+
+    if isinstance(w, np.ndarray):
+        return lax.cond(ok, lambda x: clean(x, w), lambda x: dirty(x, w), x).astype(dtype)
+    return lax.cond(ok, clean, dirty, x, w).astype(dtype)
+
+
+def nonfinite(x: Any, w: Any, run: Callable[[Any, Any], Any]) -> Any:
+    """The correlation of ``x`` and ``w`` where either holds NaN or inf, as
+    the direct sum gives it: the FFT of both with those values zeroed, and
+    at the outputs whose windows meet one (a term ``w[c] * x[j + c]`` with
+    ``w[c] != 0`` that is not finite) NaN where such a term is NaN or the
+    infinite terms differ in sign, else the infinity.  The terms are
+    counted by FFT correlations of indicator arrays (0/1, exact to well
+    under 0.5); an input without infinities skips the sign counts.  A
+    finite sum that overflows is not reproduced.
+
+    Runtime weights: the correlations of a group run as one batched FFT
+    (``vmap``), which compiles as one (each separate FFT adds compile time)."""
+    const = isinstance(w, np.ndarray)
+    xp = jnp if not const else np
+
+    def corr(pairs: list[tuple[Any, Any]]) -> list[Any]:
+        """The correlation of each pair (data, weights) of arrays."""
+        if not const:
+            xs = jnp.stack([xm.astype(x.dtype) for xm, _ in pairs])
+            ws = jnp.stack([wm.astype(x.dtype) for _, wm in pairs])
+            got = jax.vmap(lambda a, b: run(a, b))(xs, ws)
+            return [got[i] for i in range(len(pairs))]
+        return [run(xm.astype(x.dtype), np.asarray(wm, np.float64)) for xm, wm in pairs]
+
+    def hits(pairs: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+        return [(xm, wm) for xm, wm in pairs if not const or np.any(wm)]
+
+    def any_of(parts: list[Any]) -> Any:
+        if not parts:
+            return jnp.zeros(out_shape, bool)
+        total = parts[0]
+        for part in parts[1:]:
+            total = total + part
+        return total > 0.5
+
+    xfin = jnp.isfinite(x)
+    x0 = jnp.where(xfin, x, jnp.zeros((), x.dtype))
+    w0 = xp.where(xp.isfinite(w), w, xp.zeros((), w.dtype))
+    wpos, wneg = w > 0, w < 0
+    first = corr([(x0, w0)] + hits([(jnp.isnan(x), w != 0)]))
+    out, out_shape = first[0], first[0].shape
+    # every output reads every weight: a NaN weight makes all NaN
+    nan = any_of(first[1:]) | xp.any(xp.isnan(w))
+
+    def signs(x: Any) -> tuple[Any, Any]:
+        xpi, xni = x == np.inf, x == -np.inf
+        xposf, xnegf = (x > 0) & xfin, (x < 0) & xfin
+        pos = hits([(xpi, wpos), (xni, wneg), (xposf, w == np.inf), (xnegf, w == -np.inf)])
+        neg = hits([(xni, wpos), (xpi, wneg), (xposf, w == -np.inf), (xnegf, w == np.inf)])
+        zero = hits([(x == 0, xp.isinf(w))])  # inf * 0: NaN
+        got = corr(pos + neg + zero)
+        return (any_of(got[:len(pos)]), any_of(got[len(pos):len(pos) + len(neg)]),
+                any_of(got[len(pos) + len(neg):]))
+
+    def no_signs(x: Any) -> tuple[Any, Any, Any]:
+        no = jnp.zeros(out_shape, bool)
+        return no, no, no
+
+    winf = xp.isinf(w)
+    if const and np.any(winf):
+        pos, neg, zero = signs(x)
+    else:
+        pred = jnp.any(jnp.isinf(x)) if const else jnp.any(jnp.isinf(x)) | jnp.any(winf)
+        pos, neg, zero = lax.cond(pred, signs, no_signs, x)
+    nan = nan | zero | (pos & neg)
+    big = jnp.asarray(np.inf, out.dtype)
+    out = jnp.where(pos, big, jnp.where(neg, -big, out))
+    return jnp.where(nan, jnp.asarray(np.nan, out.dtype), out)
