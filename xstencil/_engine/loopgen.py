@@ -90,7 +90,32 @@ def _cast(e: Code, dt: np.dtype) -> str:
         return e.expr
     if dt.kind == "b":
         return f"({e.expr} != 0)"
+    if e.dtype.kind == "f" and dt.kind in "iu":
+        return _float_to_int(e.expr, dt)
     return f"np.{dt.name}({e.expr})"
+
+
+def _float_to_int(x: str, dt: np.dtype) -> str:
+    """XLA's float to integer conversion: truncation, saturating at the
+    type's bounds, NaN to 0 (a plain C cast of NaN or of an out-of-range
+    value is undefined: numba gives INT_MIN or wraps)."""
+    info = np.iinfo(dt)
+    hi, lo = float(info.max), float(info.min)  # hi rounds up to a power of two
+    return (f"(np.{dt.name}(0) if {x} != {x} else np.{dt.name}({info.max}) if {x} >= {hi!r} "
+            f"else np.{dt.name}({info.min}) if {x} <= {lo!r} else np.{dt.name}({x}))")
+
+
+def _minmax(name: str, a: str, b: str, dt: np.dtype) -> str:
+    """``lax.max``/``lax.min``: on floats NaN propagates and -0.0 < +0.0, as
+    in XLA."""
+    op = ">" if name == "max" else "<"
+    if dt.kind != "f":
+        return f"({a} if {a} {op} {b} else {b})"
+    # equal operands: the zeros' signs decide (max: +0.0 if either is +0.0)
+    tie = f"{a} + {b}" if name == "max" else f"-(-{a} - {b})"
+    rev = "<" if name == "max" else ">"
+    return (f"({a} if ({a} {op} {b} or {a} != {a}) else {b} if ({a} {rev} {b} or {b} != {b})"
+            f" else ({a} if {a} != 0 else {tie}))")
 
 
 class CodeAlgebra:
@@ -156,10 +181,7 @@ class CodeAlgebra:
                     raise Unliftable("integer pow")
                 return self._new(f"np.{dt.name}({a} ** {b})", dt)
             if name in ("max", "min"):
-                op = ">" if name == "max" else "<"
-                if dt.kind == "f":  # NaN propagates, as in lax.max/lax.min
-                    return self._new(f"({a} if ({a} {op} {b} or {a} != {a}) else {b})", dt)
-                return self._new(f"({a} if {a} {op} {b} else {b})", dt)
+                return self._new(_minmax(name, a, b, dt), dt)
             if name in ("and", "or", "xor"):
                 sym = {"and": "&", "or": "|", "xor": "^"}[name]
                 if dt.kind == "f":
@@ -222,9 +244,9 @@ class CodeAlgebra:
             return self._new(expr, dt)
         if name == "clamp":
             lo, x, hi = (_cast(e, typed[1]) for e in es)
-            dt = typed[1]
-            inner = self._new(f"({x} if {x} > {lo} else {lo})", dt)
-            return self._new(f"({inner.expr} if {inner.expr} < {hi} else {hi})", dt)
+            dt = typed[1]  # min(max(lo, x), hi) as XLA: a NaN anywhere gives NaN
+            inner = self._new(_minmax("max", lo, x, dt), dt)
+            return self._new(_minmax("min", hi, inner.expr, dt), dt)
         if name in _IDENTITY:
             return es[0]
         raise Unliftable(f"primitive {name!r} in the loop backend")
