@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
+from tests.spies import count_calls
 from xstencil._backends import loops
 
 
@@ -14,13 +14,5 @@ from xstencil._backends import loops
 def ran(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Counts the loop kernels that ran (``backend="loops"`` maps that did
     not fall back to XLA); the environment's backend choice is cleared."""
-    calls: list[int] = []
-    real = loops.run_loops
-
-    def spy(*a: Any, **k: Any) -> Any:
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(loops, "run_loops", spy)
     monkeypatch.delenv(loops.ENV, raising=False)
-    yield calls
+    yield count_calls(monkeypatch, loops, "run_loops")

@@ -107,15 +107,14 @@ def _float_to_int(x: str, dt: np.dtype) -> str:
 
 def _minmax(name: str, a: str, b: str, dt: np.dtype) -> str:
     """``lax.max``/``lax.min``: on floats NaN propagates and -0.0 < +0.0, as
-    in XLA."""
-    op = ">" if name == "max" else "<"
+    in XLA.  Ordered, distinct operands take the first two comparisons; a
+    NaN or two zeros take the sum, which has XLA's NaN and zero sign."""
+    op, rev = (">", "<") if name == "max" else ("<", ">")
     if dt.kind != "f":
         return f"({a} if {a} {op} {b} else {b})"
-    # equal operands: the zeros' signs decide (max: +0.0 if either is +0.0)
     tie = f"{a} + {b}" if name == "max" else f"-(-{a} - {b})"
-    rev = "<" if name == "max" else ">"
-    return (f"({a} if ({a} {op} {b} or {a} != {a}) else {b} if ({a} {rev} {b} or {b} != {b})"
-            f" else ({a} if {a} != 0 else {tie}))")
+    return (f"({a} if {a} {op} {b} else {b} if {a} {rev} {b} else "
+            f"({tie} if (({a} != {b}) | ({a} == 0)) else {a}))")
 
 
 class CodeAlgebra:
