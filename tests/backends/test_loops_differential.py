@@ -30,6 +30,7 @@ import xstencil  # noqa: F401 - registers the accessor
 from tests.spies import count_calls
 from xstencil._backends import loops
 from xstencil._errors import XStencilError
+from xstencil._labelled import loop_scan
 
 pytest.importorskip("numba")
 
@@ -382,3 +383,29 @@ def test_property_loops_equal_xla(data: st.DataObject) -> None:
                           boundary=mode, **fill)
     for got, want in pairs:
         assert_same(got, want)
+
+
+# --------------------------------------------------------------------------
+# scans grown with steps= on the loop backend (xstencil/_labelled/loop_scan.py)
+
+
+@pytest.mark.parametrize(("data", "kernel", "opts"), [
+    (np.array([100, -100, 7, 1], np.int8),  # int8 wraps, step after step
+     lambda u: u(time=-1, x=1) * 3 + u(time=-1), {"save_every": 1}),
+    (np.array([0.0, -0.0, np.nan, 1.0, -2.0], np.float32),  # NaN and -0.0 through max
+     lambda u: jnp.maximum(u(time=-1, x=1), -u(time=-1)), {"save_every": "last"}),
+    (np.array([1, -1, 0, 5], np.int32),  # a saturating cast of the state, every step
+     lambda u: (u(time=-1, x=1).astype(jnp.float32) * 1e10).astype(jnp.int32), {"save_every": 2}),
+])
+def test_loop_scans_equal_xla(data: np.ndarray, kernel: Any, opts: dict[str, Any],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    steps = count_calls(monkeypatch, loop_scan, "_steps")
+    t0 = np.array(["2026-01-01"], "M8[ns]")
+    u0 = xr.DataArray(data[None], dims=("time", "x"), coords={"time": t0}, name="u")
+    run = dict(dim="time", steps=4, dt=np.timedelta64(90, "s"), boundary="periodic", **opts)
+    got = u0.stencil.scan(kernel, backend="loops", **run)
+    assert len(steps) == 1, "the scan fell back to XLA: the loops were not tested"
+    want = u0.stencil.scan(kernel, backend="xla", **run)
+    assert got.dims == want.dims and got.name == want.name
+    np.testing.assert_array_equal(got.time.values, want.time.values)
+    assert_same(np.asarray(got.data), np.asarray(want.data))

@@ -85,3 +85,15 @@ def test_continuing_the_input_spacing_checks_the_range_too() -> None:
     out = u0.stencil.scan(_two_back, dim="time", steps=3, backend="xla")
     assert out.time.values.astype(np.int64).tolist() == _python_ns(
         int(T0.astype(np.int64)), 10**18, 5)
+
+
+def test_a_time_span_of_360_seconds_is_no_repeated_periodic_endpoint() -> None:
+    """``boundary="periodic"`` for every dim reached the time coordinate,
+    whose span in seconds (0 to 360) was taken for a longitude's period: a
+    false warning, an error under ``-W error``."""
+    out = _dated().stencil.scan(lambda u: u(time=-1, x=1), dim="time", steps=4,
+                                dt=np.timedelta64(90, "s"), boundary="periodic")
+    assert out.sizes["time"] == 5
+    with pytest.warns(UserWarning, match="one period"):  # a longitude still warns
+        xr.DataArray(np.zeros(5), dims="lon", coords={"lon": np.linspace(0, 360, 5)}
+                     ).stencil.map(lambda u: u(lon=1), boundary="periodic")
