@@ -161,6 +161,24 @@ def test_min_max_clip_clamp_nan_and_signed_zeros(dtype: str, ran: list[int]) -> 
     assert not np.signbit(pairs[0][0][0, 0]) and np.signbit(pairs[1][0][0, 0])
 
 
+def test_a_mask_times_inf_or_nan_is_zero_as_in_xla(ran: list[int]) -> None:
+    """XLA rewrites ``convert(pred) * x`` to ``select(pred, x, 0)``: where the
+    mask is off the product is +0.0 even for an infinite, NaN or negative
+    ``x`` (IEEE, numpy and the loops before the fix: NaN and -0.0)."""
+    a = np.array([[1.0, np.inf, 6.0, np.nan, 2.0, -3.0, 7.0, -2.0]], np.float32)
+    kernels = [lambda u: (u() > 5).astype(jnp.float32) * u(x=1),
+               lambda u: u(x=1) * (u() > 5).astype(jnp.float32),
+               lambda u: (u() > 5).astype(jnp.float32) * u(x=1) + (u() > 5).astype(jnp.float32),
+               lambda u: jnp.where(u() > 5, 1.0, 0.0) * u(x=1),  # no rewrite: IEEE
+               lambda u: (u() > 5).astype(jnp.float32) / u(x=1)]
+    pairs = run_batch(a, kernels, ran, boundary="periodic")
+    for got, want in pairs:
+        assert_same(got, want)
+    masked, ieee = pairs[0][0][0], pairs[3][0][0]  # off at 0 (x = inf) and 4 (x = -3)
+    assert (masked[[0, 4]] == 0).all() and not np.signbit(masked[[0, 4]]).any()
+    assert np.isnan(ieee[0]) and ieee[4] == 0 and np.signbit(ieee[4])
+
+
 def _int_kernels() -> list[Callable[..., Any]]:
     return [lambda u: u() + u(x=1), lambda u: u() - u(x=1), lambda u: u() * u(x=1),
             lambda u: -u(), lambda u: abs(u()), lambda u: ~u(), lambda u: u() & u(x=1),

@@ -52,6 +52,7 @@ class Code:
     expr: str
     dtype: np.dtype
     const: bool = False  # a literal (weakly typed in the jaxpr: it takes the other operand's dtype)
+    pred: str | None = None  # a float converted from this bool expression
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,11 @@ class CodeAlgebra:
                                                            "or", "xor", "rem"):
             dt = next((t for t, e in zip(typed, es, strict=True) if not e.const), typed[0])
             a, b = (_cast(e, dt) for e in es)
+            if name == "mul" and dt.kind == "f" and (es[0].pred or es[1].pred):
+                # XLA rewrites convert(pred) * x to select(pred, x, 0): 0, not
+                # NaN, where x is inf or NaN, and +0.0 for a negative x
+                p, x = (es[0].pred, b) if es[0].pred else (es[1].pred, a)
+                return self._new(f"({x} if {p} else {literal(0, dt)})", dt)
             if name in _ARITH:
                 if dt.kind == "f":  # numba keeps float32 arithmetic in float32
                     return self._new(f"{a} {_ARITH[name]} {b}", dt)
@@ -227,7 +233,10 @@ class CodeAlgebra:
             return self._new(f"np.isfinite({_cast(es[0], typed[0])})", np.dtype(bool))
         if name == "convert_element_type":
             dt = _dt(params["new_dtype"])
-            return self._new(_cast(Code(_cast(es[0], typed[0]), typed[0]), dt), dt)
+            out = self._new(_cast(Code(_cast(es[0], typed[0]), typed[0]), dt), dt)
+            if typed[0].kind == "b" and dt.kind == "f":
+                return Code(out.expr, dt, pred=_cast(es[0], typed[0]))
+            return out
         if name == "select_n":
             pred, cases = es[0], es[1:]
             dt = typed[1]
