@@ -31,7 +31,7 @@ from xstencil._labelled.plan import Plan
 from xstencil._labelled.returns import kernel_cells
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.sizes import check_fits, check_inputs
-from xstencil._labelled.timesteps import spaced
+from xstencil._labelled.timesteps import joined, spaced
 
 __all__ = ["grown_coord", "setup", "plan_scan", "check_grown_length", "check_own_length",
            "returned", "evolving_indices", "time_coord",
@@ -87,7 +87,7 @@ def grown_coord(call: str, obj: Any, dim: str, coord: Any, dt: Any, steps: int, 
             start = None if have is None else have[-1]
             ks = np.arange(1, total - n_have + 1) if have is not None else np.arange(total)
             new = spaced(call, dim, start, dt, ks)
-            return new if have is None else np.concatenate([have.astype(new.dtype), new])
+            return new if have is None else joined(call, dim, have, new)
         if have is not None:
             new = have[-1] + dt * np.arange(1, total - n_have + 1)
             return np.concatenate([have, new])
@@ -99,8 +99,9 @@ def grown_coord(call: str, obj: Any, dim: str, coord: Any, dt: Any, steps: int, 
                 f"(values) to continue it for steps={steps}")
         d = have[-1] - have[-2]
         ks = np.arange(1, total - n_have + 1)
-        new = spaced(call, dim, have[-1], d, ks) if have.dtype.kind in "Mm" else have[-1] + d * ks
-        return np.concatenate([have.astype(new.dtype), new])
+        if have.dtype.kind in "Mm":
+            return joined(call, dim, have, spaced(call, dim, have[-1], d, ks))
+        return np.concatenate([have, have[-1] + d * ks])
     return np.arange(total)  # step numbers
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from xstencil._errors import XStencilError
 
-__all__ = ["spaced"]
+__all__ = ["joined", "spaced"]
 
 #: Units with a fixed length, coarse to fine (years and months have none).
 _LINEAR = ("W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as")
@@ -65,3 +65,11 @@ def spaced(call: str, dim: str, start: Any, dt: Any, ks: np.ndarray) -> np.ndarr
             f"with the positions")
     out = np.int64(a) + np.int64(d) * ks.astype(np.int64)  # in range: no wrap
     return out.view(f"{kind}8[{unit}]")
+
+
+def joined(call: str, dim: str, have: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """The input's positions ``have`` followed by ``new`` (from :func:`spaced`),
+    in ``new``'s unit, exactly or an error."""
+    if have.dtype.kind in "Mm" and have.dtype != new.dtype:
+        have = _exact(call, f"the {dim!r} coordinate", have, np.datetime_data(new.dtype)[0])
+    return np.concatenate([have, new])
