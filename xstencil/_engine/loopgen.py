@@ -108,14 +108,15 @@ def _float_to_int(x: str, dt: np.dtype) -> str:
 
 def _minmax(name: str, a: str, b: str, dt: np.dtype) -> str:
     """``lax.max``/``lax.min``: on floats NaN propagates and -0.0 < +0.0, as
-    in XLA.  Ordered, distinct operands take the first two comparisons; a
-    NaN or two zeros take the sum, which has XLA's NaN and zero sign."""
-    op, rev = (">", "<") if name == "max" else ("<", ">")
+    in XLA.  Two equal zeros take the sum (max) or the negated difference
+    (min), which carry XLA's zero sign; everything else a NaN-propagating
+    select (non-short-circuit ``|``: numba vectorizes it)."""
+    op = ">" if name == "max" else "<"
     if dt.kind != "f":
         return f"({a} if {a} {op} {b} else {b})"
     tie = f"{a} + {b}" if name == "max" else f"-(-{a} - {b})"
-    return (f"({a} if {a} {op} {b} else {b} if {a} {rev} {b} else "
-            f"({tie} if (({a} != {b}) | ({a} == 0)) else {a}))")
+    return (f"(({a} if ({a} {op} {b}) | ({a} != {a}) else {b}) "
+            f"if ({a} != {b}) | ({a} != 0) else {tie})")
 
 
 class CodeAlgebra:
