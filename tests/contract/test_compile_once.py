@@ -15,13 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 import xarray as xr
 
 import xstencil
+from tests.compiles import compiles
 
-_COMPILE = "/jax/core/compile/backend_compile_duration"
 _TRACES = [0]
 
 
@@ -34,19 +33,12 @@ def _traced() -> int:
 @contextmanager
 def counting() -> Iterator[dict[str, int]]:
     """Counts XLA compilations and kernel traces inside the block."""
-    got = {"compiles": 0, "traces": 0}
     start = _TRACES[0]
-
-    def listener(event: str, duration: float, **kwargs: Any) -> None:
-        if event == _COMPILE:
-            got["compiles"] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield got
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-        got["traces"] = _TRACES[0] - start
+    with compiles() as got:
+        try:
+            yield got
+        finally:
+            got["traces"] = _TRACES[0] - start
 
 
 def _field(seed: int, shape: tuple[int, int] = (24, 32)) -> xr.DataArray:

@@ -16,6 +16,7 @@ import xarray as xr
 
 import xstencil._labelled.map as map_module
 import xstencil._labelled.scan_setup as scan_module  # where the scan looks its names up
+from tests.spies import count_calls
 
 
 def _ds() -> xr.Dataset:
@@ -29,14 +30,7 @@ def _lat(s: Any) -> Any:
 
 
 def test_repeated_mesh_map_traces_result_dims_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    real = map_module.result_dims
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(map_module, "result_dims", counting)
+    calls = count_calls(monkeypatch, map_module, "result_dims")
     ds = _ds()
     m = ds.stencil.mesh()
     m[...] = _lat
@@ -60,14 +54,7 @@ def test_repeated_mesh_map_traces_result_dims_once(monkeypatch: pytest.MonkeyPat
 
 def test_repeated_dataset_scan_traces_the_returned_names_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    real = scan_module.returned
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(scan_module, "returned", counting)
+    calls = count_calls(monkeypatch, scan_module, "returned")
     ds = xr.Dataset({"h": ("x", np.arange(4.0))}, coords={"x": np.arange(4.0)})
 
     def step(s: Any) -> Any:

@@ -229,15 +229,16 @@ def test_time_labels_that_do_not_compare_are_a_miss_not_an_error(fast):
 
 
 def test_dt_in_another_unit_with_the_same_count_is_a_miss(fast):
-    """``np.timedelta64(5, 'ns').item()`` and ``np.timedelta64(5, 'ps').item()``
-    are both the int 5: the key must hold the unit."""
+    """``np.timedelta64(5, 'ns').item()`` is the int 5 (and a sub-nanosecond
+    unit raises, see test_scan_timesteps.py): the key must hold the unit."""
     u0 = xr.DataArray(np.ones(3), dims="x")
     halve = lambda u: u(time=-1) * 0.5  # noqa: E731
     u0.stencil.scan(halve, dim="time", steps=2, dt=np.timedelta64(5, "ns"))
-    out = u0.stencil.scan(halve, dim="time", steps=2, dt=np.timedelta64(5, "ps"))
+    out = u0.stencil.scan(halve, dim="time", steps=2, dt=np.timedelta64(5, "us"))
     assert fast["fast"] == 0
+    assert out.time.values[-1] == np.timedelta64(10, "us")
     xr.testing.assert_identical(out, _fresh(lambda: u0.stencil.scan(
-        halve, dim="time", steps=2, dt=np.timedelta64(5, "ps"))))
+        halve, dim="time", steps=2, dt=np.timedelta64(5, "us"))))
 
 
 @pytest.mark.parametrize("path", ["scan", "map"])

@@ -13,8 +13,6 @@ finite differences.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import jax
@@ -26,9 +24,9 @@ import xarray as xr
 from jax.test_util import check_grads
 
 import xstencil
+from tests.compiles import compiles
 from xstencil._engine import affine
 
-_COMPILE = "/jax/core/compile/backend_compile_duration"
 NUMPY_MODE = {"fill": "constant", "extend": "edge", "periodic": "wrap", "reflect": "reflect",
               "symmetric": "symmetric"}
 
@@ -59,22 +57,6 @@ def _accumulate(out: np.ndarray, p: np.ndarray, w: np.ndarray, shape: tuple[int,
 def _map(a: Any, kernel: Any, k: int, mode: str, *args: Any, **kw: Any) -> Any:
     da = xr.DataArray(a, dims=("y", "x"))
     return da.stencil.map(kernel, *args, window={"y": k, "x": k}, boundary=mode, **kw)
-
-
-@contextmanager
-def counting() -> Iterator[dict[str, int]]:
-    """Counts XLA compilations inside the block."""
-    got = {"compiles": 0}
-
-    def listener(event: str, duration: float, **kwargs: Any) -> None:
-        if event == _COMPILE:
-            got["compiles"] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield got
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 @pytest.mark.parametrize("k", [3, 9, 15, 31])
@@ -137,7 +119,7 @@ def test_new_weight_values_give_new_answers_without_compiling(x64: None, k: int)
         np.testing.assert_allclose(out[ok], ref[ok], rtol=1e-10, atol=1e-10)
 
     check()
-    with counting() as got:
+    with compiles() as got:
         w[...] = rng.standard_normal((k, k))  # changed in place: read afresh
         check()
         w = np.where(rng.random((k, k)) < 0.3, 0.0, rng.standard_normal((k, k)))  # a new array

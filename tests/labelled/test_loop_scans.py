@@ -23,6 +23,7 @@ from xstencil._errors import XStencilError
 
 pytest.importorskip("numba")
 
+from tests.spies import count_calls  # noqa: E402
 from xstencil._labelled import loop_scan as LS  # noqa: E402 - after the numba check
 
 NP_MODE = {"fill": "constant", "extend": "edge", "periodic": "wrap", "reflect": "reflect",
@@ -33,15 +34,7 @@ NU = 0.1
 @pytest.fixture
 def ran(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Counts the scans whose time loop ran as loops."""
-    calls: list[int] = []
-    real = LS._steps
-
-    def spy(*a: Any, **k: Any) -> Any:
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(LS, "_steps", spy)
-    yield calls
+    yield count_calls(monkeypatch, LS, "_steps")
 
 
 def heat2(u: Any) -> Any:

@@ -15,6 +15,7 @@ import pytest
 import xarray as xr
 
 import xstencil
+from tests.compiles import compiles
 from xstencil._labelled import scan as scan_mod
 from xstencil._labelled import scan_fast
 
@@ -354,25 +355,16 @@ def test_fast_result_keeps_the_full_results_order(counts):
 
 @pytest.mark.parametrize("save_every", [1, 2, "last"])
 def test_repeats_do_not_compile(counts, save_every):
-    got: list[int] = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            got.append(1)
-
     da = _da().transpose("x", "y")  # the result's dims differ from the loop's
     ds = xr.Dataset({"a": da, "b": da.T})
     kern = lambda s: {"a": heat(s["a"]), "b": heat(s["b"])}  # noqa: E731
     da.stencil.scan(heat, save_every=save_every, **OPTS)
     ds.stencil.scan(kern, save_every=save_every, **OPTS)
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with compiles() as got:
         for _ in range(2):
             a = da.stencil.scan(heat, save_every=save_every, **OPTS)
             b = ds.stencil.scan(kern, save_every=save_every, **OPTS)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    assert not got and counts["fast"] == 4
+    assert not got["compiles"] and counts["fast"] == 4
     assert a.dims[-2:] == ("x", "y") and b["b"].dims[-2:] == ("y", "x")
     full = np_heat(da.values.T, 4)
     want = full[-1] if save_every == "last" else full[::save_every]

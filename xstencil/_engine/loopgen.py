@@ -52,6 +52,7 @@ class Code:
     expr: str
     dtype: np.dtype
     const: bool = False  # a literal (weakly typed in the jaxpr: it takes the other operand's dtype)
+    pred: str | None = None  # a float converted from this bool expression
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,32 @@ def _cast(e: Code, dt: np.dtype) -> str:
         return e.expr
     if dt.kind == "b":
         return f"({e.expr} != 0)"
+    if e.dtype.kind == "f" and dt.kind in "iu":
+        return _float_to_int(e.expr, dt)
     return f"np.{dt.name}({e.expr})"
+
+
+def _float_to_int(x: str, dt: np.dtype) -> str:
+    """XLA's float to integer conversion: truncation, saturating at the
+    type's bounds, NaN to 0 (a plain C cast of NaN or of an out-of-range
+    value is undefined: numba gives INT_MIN or wraps)."""
+    info = np.iinfo(dt)
+    hi, lo = float(info.max), float(info.min)  # hi rounds up to a power of two
+    return (f"(np.{dt.name}(0) if {x} != {x} else np.{dt.name}({info.max}) if {x} >= {hi!r} "
+            f"else np.{dt.name}({info.min}) if {x} <= {lo!r} else np.{dt.name}({x}))")
+
+
+def _minmax(name: str, a: str, b: str, dt: np.dtype) -> str:
+    """``lax.max``/``lax.min``: on floats NaN propagates and -0.0 < +0.0, as
+    in XLA.  Two equal zeros take the sum (max) or the negated difference
+    (min), which carry XLA's zero sign; everything else a NaN-propagating
+    select (non-short-circuit ``|``: numba vectorizes it)."""
+    op = ">" if name == "max" else "<"
+    if dt.kind != "f":
+        return f"({a} if {a} {op} {b} else {b})"
+    tie = f"{a} + {b}" if name == "max" else f"-(-{a} - {b})"
+    return (f"(({a} if ({a} {op} {b}) | ({a} != {a}) else {b}) "
+            f"if ({a} != {b}) | ({a} != 0) else {tie})")
 
 
 class CodeAlgebra:
@@ -140,6 +166,11 @@ class CodeAlgebra:
                                                            "or", "xor", "rem"):
             dt = next((t for t, e in zip(typed, es, strict=True) if not e.const), typed[0])
             a, b = (_cast(e, dt) for e in es)
+            if name == "mul" and dt.kind == "f" and (es[0].pred or es[1].pred):
+                # XLA rewrites convert(pred) * x to select(pred, x, 0): 0, not
+                # NaN, where x is inf or NaN, and +0.0 for a negative x
+                p, x = (es[0].pred, b) if es[0].pred else (es[1].pred, a)
+                return self._new(f"({x} if {p} else {literal(0, dt)})", dt)
             if name in _ARITH:
                 if dt.kind == "f":  # numba keeps float32 arithmetic in float32
                     return self._new(f"{a} {_ARITH[name]} {b}", dt)
@@ -156,10 +187,7 @@ class CodeAlgebra:
                     raise Unliftable("integer pow")
                 return self._new(f"np.{dt.name}({a} ** {b})", dt)
             if name in ("max", "min"):
-                op = ">" if name == "max" else "<"
-                if dt.kind == "f":  # NaN propagates, as in lax.max/lax.min
-                    return self._new(f"({a} if ({a} {op} {b} or {a} != {a}) else {b})", dt)
-                return self._new(f"({a} if {a} {op} {b} else {b})", dt)
+                return self._new(_minmax(name, a, b, dt), dt)
             if name in ("and", "or", "xor"):
                 sym = {"and": "&", "or": "|", "xor": "^"}[name]
                 if dt.kind == "f":
@@ -206,7 +234,10 @@ class CodeAlgebra:
             return self._new(f"np.isfinite({_cast(es[0], typed[0])})", np.dtype(bool))
         if name == "convert_element_type":
             dt = _dt(params["new_dtype"])
-            return self._new(_cast(Code(_cast(es[0], typed[0]), typed[0]), dt), dt)
+            out = self._new(_cast(Code(_cast(es[0], typed[0]), typed[0]), dt), dt)
+            if typed[0].kind == "b" and dt.kind == "f":
+                return Code(out.expr, dt, pred=_cast(es[0], typed[0]))
+            return out
         if name == "select_n":
             pred, cases = es[0], es[1:]
             dt = typed[1]
@@ -222,9 +253,9 @@ class CodeAlgebra:
             return self._new(expr, dt)
         if name == "clamp":
             lo, x, hi = (_cast(e, typed[1]) for e in es)
-            dt = typed[1]
-            inner = self._new(f"({x} if {x} > {lo} else {lo})", dt)
-            return self._new(f"({inner.expr} if {inner.expr} < {hi} else {hi})", dt)
+            dt = typed[1]  # min(max(lo, x), hi) as XLA: a NaN anywhere gives NaN
+            inner = self._new(_minmax("max", lo, x, dt), dt)
+            return self._new(_minmax("min", hi, inner.expr, dt), dt)
         if name in _IDENTITY:
             return es[0]
         raise Unliftable(f"primitive {name!r} in the loop backend")

@@ -160,7 +160,9 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
                      coord_dims=cdims, output_dims=odims)
     for d, s in zip(plan.dims, plan.specs, strict=True):  # a grid repeating its endpoint
         if s.mode == "periodic" and (s.pad_lo > 0 or s.pad_hi > 0) and d in cdims \
-                and not isinstance(f.obj.indexes.get(d), pd.RangeIndex):  # (never repeats)
+                and not isinstance(f.obj.indexes.get(d), pd.RangeIndex) \
+                and f.obj.coords[d].dtype.kind not in "Mm":  # (never repeats; times
+            # in seconds that span 360 or 2 pi are no angles)
             warn_repeated_endpoint(call, d, numeric_coord(call, d, coord_values(f.obj.coords[d])))
     return plan
 

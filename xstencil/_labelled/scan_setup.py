@@ -31,6 +31,7 @@ from xstencil._labelled.plan import Plan
 from xstencil._labelled.returns import kernel_cells
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.sizes import check_fits, check_inputs
+from xstencil._labelled.timesteps import joined, spaced
 
 __all__ = ["grown_coord", "setup", "plan_scan", "check_grown_length", "check_own_length",
            "returned", "evolving_indices", "time_coord",
@@ -82,20 +83,25 @@ def grown_coord(call: str, obj: Any, dim: str, coord: Any, dt: Any, steps: int, 
             raise XStencilError(
                 f"{call}: dt={dt!r:.60} does not fit the {dim!r} coordinate of dtype "
                 f"{have.dtype}; pass {want}")
-        if timed:
-            dt = np.timedelta64(dt)
+        if timed:  # exact or an error: numpy's datetime arithmetic wraps silently
+            start = None if have is None else have[-1]
+            ks = np.arange(1, total - n_have + 1) if have is not None else np.arange(total)
+            new = spaced(call, dim, start, dt, ks)
+            return new if have is None else joined(call, dim, have, new)
         if have is not None:
             new = have[-1] + dt * np.arange(1, total - n_have + 1)
             return np.concatenate([have, new])
-        base = np.zeros((), dtype=dt.dtype) if timed else 0
-        return base + dt * np.arange(total)
+        return 0 + dt * np.arange(total)
     if have is not None:
         if n_have < 2:
             raise XStencilError(
                 f"{call}: the input has a {dim!r} coordinate; pass dt= (a spacing) or coord= "
                 f"(values) to continue it for steps={steps}")
         d = have[-1] - have[-2]
-        return np.concatenate([have, have[-1] + d * np.arange(1, total - n_have + 1)])
+        ks = np.arange(1, total - n_have + 1)
+        if have.dtype.kind in "Mm":
+            return joined(call, dim, have, spaced(call, dim, have[-1], d, ks))
+        return np.concatenate([have, have[-1] + d * ks])
     return np.arange(total)  # step numbers
 
 
