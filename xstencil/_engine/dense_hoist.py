@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -116,8 +117,12 @@ class Staged:
         self.makers: dict[Hashable, Callable[[Any], Any]] = {}
         self.lock = threading.Lock()
         self.skip = 0  # calls left to run as the plain program (data were not finite)
-        self.weights = jax.jit(self._weights)
-        self.main = jax.jit(self._main)
+        # through a weak reference: a jitted bound method would hold ``self`` in
+        # a cycle through the jit object that the garbage collector cannot see
+        # (a compiled map, with its executables, was never freed: ~1 MiB a map)
+        ref = weakref.ref(self)
+        self.weights = jax.jit(lambda *args: ref()._weights(*args))  # type: ignore[union-attr]
+        self.main = jax.jit(lambda *args: ref()._main(*args))  # type: ignore[union-attr]
 
     def __getattr__(self, name: str) -> Any:
         if name in ("plain", "split"):
