@@ -9,7 +9,6 @@ same result.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -17,23 +16,8 @@ import pytest
 import xarray as xr
 
 import xstencil  # noqa: F401 - registers the accessor
-from xstencil._backends import loops as L
 
 pytest.importorskip("numba")
-
-
-@pytest.fixture
-def ran(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    calls: list[int] = []
-    real = L.run_loops
-
-    def spy(*a: Any, **k: Any) -> Any:
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(L, "run_loops", spy)
-    monkeypatch.delenv(L.ENV, raising=False)
-    yield calls
 
 
 def _da() -> xr.DataArray:

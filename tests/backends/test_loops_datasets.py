@@ -4,7 +4,6 @@ several variables read and returned by one kernel, with coordinates, against
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import jax.numpy as jnp
@@ -13,24 +12,8 @@ import pytest
 import xarray as xr
 
 import xstencil  # noqa: F401 - registers the accessor
-from xstencil._backends import loops as L
 
 pytest.importorskip("numba")
-
-
-@pytest.fixture
-def ran(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Counts the loop kernels that ran."""
-    calls: list[int] = []
-    real = L.run_loops
-
-    def spy(*a: Any, **k: Any) -> Any:
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(L, "run_loops", spy)
-    monkeypatch.delenv(L.ENV, raising=False)
-    yield calls
 
 
 def _both(ds: xr.Dataset, kernel: Any, **opts: Any) -> tuple[xr.Dataset, xr.Dataset]:

@@ -18,6 +18,7 @@ import pytest
 import xarray as xr
 
 import xstencil
+from tests.spies import count_calls
 from xstencil._backends import loops as L
 from xstencil._backends import loops_mesh as LM
 from xstencil._errors import XStencilError
@@ -32,16 +33,8 @@ NP_MODE = {"fill": "constant", "extend": "edge", "periodic": "wrap", "reflect": 
 @pytest.fixture
 def ran(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Counts the meshes that ran as loops."""
-    calls: list[int] = []
-    real = LM.run_mesh
-
-    def spy(*a: Any, **k: Any) -> Any:
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(LM, "run_mesh", spy)
     monkeypatch.delenv(L.ENV, raising=False)
-    yield calls
+    yield count_calls(monkeypatch, LM, "run_mesh")
 
 
 def _shifted(a: np.ndarray, mode: str, fill: Any) -> Callable[[int, int], np.ndarray]:

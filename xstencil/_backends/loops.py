@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
 __all__ = ["AUTO_MIN_POINTS", "BACKENDS", "ENV", "LoopOrJit", "available", "backend_arg",
-           "aligned_empty", "fits", "resolve_mode", "leaf_sig", "on_host_cpu",
+           "aligned_empty", "fits", "resolve_mode", "leaf_sig", "numpy_on_cpu", "on_host_cpu",
            "run_loops"]
 
 #: The environment variable that sets the default backend of maps.
@@ -91,6 +91,21 @@ def leaf_sig(x: Any) -> Any:
     if isinstance(x, bool | int | float | complex):
         return type(x).__name__
     return (np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
+
+
+def numpy_on_cpu(what: str, arrays: Sequence[Any], others: Sequence[Any]) -> bool:
+    """Whether a call may run as loops: its data are non-empty numpy arrays
+    of bool, integer or float dtypes, its other inputs concrete on the host
+    (:func:`on_host_cpu`) and JAX's default backend the CPU.  JAX-array data
+    (e.g. the previous call's result) are logged as the reason."""
+    if any(isinstance(x, jax.Array) for x in arrays):
+        _LOG.debug("%s runs with XLA: the data are JAX arrays (a map's result is "
+                   "one), not numpy arrays; .as_numpy() them, or use scan or map(out=)", what)
+        return False
+    if not arrays or not all(isinstance(x, np.ndarray) and x.dtype.kind in "biuf"
+                             and x.size for x in arrays):
+        return False
+    return on_host_cpu(others) and jax.default_backend() == "cpu"
 
 
 def on_host_cpu(xs: Sequence[Any]) -> bool:
@@ -164,18 +179,9 @@ class LoopOrJit:
             return None
         if mode == "auto" and math.prod(g.count for g in self.geom) < AUTO_MIN_POINTS:
             return None
-        if any(isinstance(x, jax.Array) for x in arrays):  # e.g. the previous call's result
-            _LOG.debug("map runs with XLA: the data are JAX arrays (a map's result is "
-                       "one), not numpy arrays; .as_numpy() them, or use scan or map(out=)")
-            return None
-        if not arrays or not all(isinstance(x, np.ndarray) and x.dtype.kind in "biuf"
-                                 and x.size for x in arrays) \
-                or not all(g.count for g in self.geom):  # empty: XLA's path is trivial
-            return None
         dleaves = jax.tree_util.tree_leaves(dyn)
-        if not on_host_cpu(list(coords) + dleaves + list(leaves)):
-            return None
-        if jax.default_backend() != "cpu":
+        if not numpy_on_cpu("map", arrays, list(coords) + dleaves + list(leaves)) \
+                or not all(g.count for g in self.geom):  # empty: XLA's path is trivial
             return None
         x64 = bool(jax.config.read("jax_enable_x64"))
         key = (mode, tuple((x.shape, x.dtype.str) for x in arrays), tuple(map(leaf_sig, coords)),

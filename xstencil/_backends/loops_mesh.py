@@ -44,7 +44,7 @@ from xstencil._backends.loops import (
     aligned_empty,
     leaf_sig,
     numba,
-    on_host_cpu,
+    numpy_on_cpu,
     resolve_mode,
 )
 from xstencil._engine.kcache import cached
@@ -159,16 +159,8 @@ class MeshLoops:
         if mode == "auto" and (math.prod(g.count for g in self.geom) < AUTO_MIN_POINTS
                                or len(self.parts) > AUTO_MAX_NESTS):
             return None
-        if any(isinstance(x, jax.Array) for x in arrays):  # e.g. the previous call's result
-            _LOG.debug("mesh runs with XLA: the data are JAX arrays (a map's result is "
-                       "one), not numpy arrays; .as_numpy() them, or use scan or map(out=)")
-            return None
-        if not arrays or not all(isinstance(x, np.ndarray) and x.dtype.kind in "biuf"
-                                 and x.size for x in arrays):
-            return None
         dleaves = jax.tree_util.tree_leaves(dyn)
-        if not on_host_cpu(list(coords) + dleaves + list(leaves)) \
-                or jax.default_backend() != "cpu":
+        if not numpy_on_cpu("mesh", arrays, list(coords) + dleaves + list(leaves)):
             return None
         x64 = bool(jax.config.read("jax_enable_x64"))
         key = (mode, tuple((x.shape, x.dtype.str) for x in arrays), tuple(map(leaf_sig, coords)),
