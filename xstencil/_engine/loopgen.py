@@ -53,6 +53,10 @@ class Code:
     dtype: np.dtype
     const: bool = False  # a literal (weakly typed in the jaxpr: it takes the other operand's dtype)
     pred: str | None = None  # a float converted from this bool expression
+    # an integer that XLA's simplifier may take to be non-negative: a product
+    # of two non-literal values (they may be one value after CSE), or a max,
+    # min, select or clamp of one (see ``abs`` in :meth:`CodeAlgebra.apply`)
+    square: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,11 @@ class CodeAlgebra:
         self._hoisted: dict[str, str] = {}
         self._n = 0
 
-    def _new(self, expr: str, dt: np.dtype) -> Code:
+    def _new(self, expr: str, dt: np.dtype, square: bool = False) -> Code:
         name = f"v{self._n}"
         self._n += 1
         self.lines.append(f"{name} = {expr}")
-        return Code(name, dt)
+        return Code(name, dt, square=square)
 
     def _hoist(self, expr: str, prefix: str) -> str:
         name = self._hoisted.get(expr)
@@ -174,8 +178,9 @@ class CodeAlgebra:
             if name in _ARITH:
                 if dt.kind == "f":  # numba keeps float32 arithmetic in float32
                     return self._new(f"{a} {_ARITH[name]} {b}", dt)
+                square = name == "mul" and not (es[0].const ^ es[1].const)
                 return self._new(f"np.{dt.name}({a} {_ARITH[name]} {b})" if dt.kind != "b"
-                                 else _bool_arith(name, a, b), dt)
+                                 else _bool_arith(name, a, b), dt, square)
             if name in _COMPARE:
                 return self._new(f"({a} {_COMPARE[name]} {b})", np.dtype(bool))
             if name == "div":
@@ -187,7 +192,7 @@ class CodeAlgebra:
                     raise Unliftable("integer pow")
                 return self._new(f"np.{dt.name}({a} ** {b})", dt)
             if name in ("max", "min"):
-                return self._new(_minmax(name, a, b, dt), dt)
+                return self._new(_minmax(name, a, b, dt), dt, es[0].square or es[1].square)
             if name in ("and", "or", "xor"):
                 sym = {"and": "&", "or": "|", "xor": "^"}[name]
                 if dt.kind == "f":
@@ -206,6 +211,12 @@ class CodeAlgebra:
             dt = typed[0]
             if dt.kind == "b":
                 raise Unliftable("abs on bool")
+            if dt.kind != "f" and es[0].square:
+                # XLA drops abs(x * x) (x * x >= 0), also where the product
+                # wraps negative: the loops would give |x * x|, so the
+                # result would depend on the array's size under "auto"
+                raise Unliftable("abs of an integer product (XLA drops it even where "
+                                 "the product wraps negative)")
             return self._new(f"np.{dt.name}(abs({_cast(es[0], dt)}))", dt)
         if name == "not":
             dt = typed[0]
@@ -218,7 +229,7 @@ class CodeAlgebra:
             return self._integer_pow(es[0], typed[0], int(params["y"]))
         if name == "square":
             a = _cast(es[0], typed[0])
-            return self._new(_mul(a, a, typed[0]), typed[0])
+            return self._new(_mul(a, a, typed[0]), typed[0], typed[0].kind in "iu")
         if name == "rsqrt":
             dt = typed[0]
             if dt.kind != "f":
@@ -246,16 +257,17 @@ class CodeAlgebra:
             if typed[0].kind == "b":
                 if len(vals) != 2:
                     raise Unliftable("select_n with a bool predicate and many cases")
-                return self._new(f"({vals[1]} if {p} else {vals[0]})", dt)
+                return self._new(f"({vals[1]} if {p} else {vals[0]})", dt,
+                                 any(c.square for c in cases))
             expr = vals[-1]
             for k in range(len(vals) - 2, -1, -1):
                 expr = f"({vals[k]} if {p} == {k} else {expr})"
-            return self._new(expr, dt)
+            return self._new(expr, dt, any(c.square for c in cases))
         if name == "clamp":
             lo, x, hi = (_cast(e, typed[1]) for e in es)
             dt = typed[1]  # min(max(lo, x), hi) as XLA: a NaN anywhere gives NaN
             inner = self._new(_minmax("max", lo, x, dt), dt)
-            return self._new(_minmax("min", hi, inner.expr, dt), dt)
+            return self._new(_minmax("min", hi, inner.expr, dt), dt, any(e.square for e in es))
         if name in _IDENTITY:
             return es[0]
         raise Unliftable(f"primitive {name!r} in the loop backend")
@@ -280,6 +292,8 @@ class CodeAlgebra:
             if dt.kind != "f":
                 raise Unliftable("negative integer_pow on ints")
             return self._new(f"{self.constant(np.ones((), dt), ()).expr} / {acc.expr}", dt)
+        if dt.kind in "iu" and (x.square or acc.expr != x.expr):
+            return Code(acc.expr, dt, square=True)  # x ** 2 is x * x (see abs)
         return acc
 
 
