@@ -37,6 +37,7 @@ A failure names the seed, the kernel's source and the first differing point
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +49,6 @@ import pytest
 import xarray as xr
 
 import xstencil  # noqa: F401 - registers the accessor
-from xstencil._backends import loops
 from xstencil._errors import XStencilError
 
 pytest.importorskip("numba")
@@ -78,18 +78,36 @@ def mismatch(got: np.ndarray, want: np.ndarray, ulps: int = 0) -> str | None:
     return f"{int(bad.sum())} points differ, first at {i}: loops {got[i]!r}, xla {want[i]!r}"
 
 
+class Reasons(logging.Handler):
+    """Collects the messages of a logger (why a map fell back to XLA)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def run_ds(ds: xr.Dataset, kernel: Callable[[Any], dict[str, Any]], ran: list[int],
            **opts: Any) -> tuple[xr.Dataset, xr.Dataset] | tuple[str, str]:
     """The map on loops (asserted to have run as loops) and on XLA; or, where
     the options are refused, the two error messages."""
     n = len(ran)
+    log, why = logging.getLogger("xstencil.loops"), Reasons()
+    level = log.level
+    log.addHandler(why)
+    log.setLevel(logging.DEBUG)
     try:
         got = ds.stencil.map(kernel, backend="loops", **opts)
     except XStencilError as e:
         with pytest.raises(XStencilError) as info:
             ds.stencil.map(kernel, backend="xla", **opts)
         return str(e), str(info.value)
-    assert len(ran) == n + 1, f"the map fell back to XLA (the loops were not tested): {opts}"
+    finally:
+        log.removeHandler(why)
+        log.setLevel(level)
+    assert len(ran) == n + 1, f"the map fell back to XLA ({why.messages}): {opts}"
     return got, ds.stencil.map(kernel, backend="xla", **opts)
 
 
