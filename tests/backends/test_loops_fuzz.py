@@ -66,8 +66,8 @@ def mismatch(got: np.ndarray, want: np.ndarray, ulps: int = 0) -> str | None:
         nan_g, nan_w = np.isnan(got), np.isnan(want)
         fin = np.isfinite(want) & np.isfinite(got)
         tol = ulps * np.spacing(np.maximum(np.abs(got), np.abs(want)).astype(got.dtype))
-        close = np.where(fin, np.abs(got - want, where=fin, out=np.zeros_like(got)) <= tol,
-                         got == want)
+        err = np.abs(np.where(fin, got, 0) - np.where(fin, want, 0))
+        close = np.where(fin, err <= tol, got == want)
         same_zero = (got != 0) | (np.signbit(got) == np.signbit(want))
         bad = (nan_g != nan_w) | (~nan_w & ~nan_g & ~(close & same_zero))
     else:
@@ -172,7 +172,7 @@ def test_random_geometries(seed: int, ran: list[int]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(100, 124))
+@pytest.mark.parametrize("seed", range(100, 116))
 def test_random_geometries_slow(seed: int, ran: list[int]) -> None:
     check_geometry(seed, ran)
 
