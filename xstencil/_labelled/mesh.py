@@ -22,7 +22,7 @@ import xarray as xr
 from xstencil._engine.kcache import cached, describe
 from xstencil._engine.mesh import Slab
 from xstencil._errors import XStencilError, raised_here
-from xstencil._labelled.core import Fields, call_engine, prepare, rewrap, unwrap
+from xstencil._labelled.core import Fields, call_engine, prepare, unwrap
 from xstencil._labelled.dispatch import map_scaled
 from xstencil._labelled.dtypes import out_dtype
 from xstencil._labelled.map import leaf_dims_cached
@@ -39,6 +39,7 @@ from xstencil._labelled.mesh_regions import (
 from xstencil._labelled.mesh_repr import Loc, MeshRepr
 from xstencil._labelled.mesh_run import how, layout, lookup, remember, run, traced_call
 from xstencil._labelled.plan import Plan
+from xstencil._labelled.result import rewrap
 from xstencil._labelled.scan import scan_mesh
 
 __all__ = ["Mesh", "nearest"]
