@@ -17,7 +17,7 @@ from xstencil._engine.kernex import kscan as kscan
 from xstencil._engine.kernex import smap as smap
 from xstencil._engine.kernex import sscan as sscan
 from xstencil._engine.window import Window as Window
-from xstencil._engine.window import WindowSet as WindowSet
+from xstencil._engine.windowset import WindowSet as WindowSet
 from xstencil._errors import ConvergenceWarning as ConvergenceWarning
 from xstencil._errors import KernelError as KernelError
 from xstencil._errors import LabelError as LabelError

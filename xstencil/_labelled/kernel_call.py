@@ -16,7 +16,8 @@ import numpy as np
 from xstencil._engine.call import is_weak, merge_static, promote
 from xstencil._engine.coords import read_dtype
 from xstencil._engine.coordwindow import CoordWindow
-from xstencil._engine.window import Window, WindowSet
+from xstencil._engine.window import Window
+from xstencil._engine.windowset import WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.kernel_checks import check_returned, traced_error
 from xstencil._labelled.plan import Plan, unknown_keyword, with_call

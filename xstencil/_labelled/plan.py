@@ -22,7 +22,8 @@ from xstencil._engine.boundary import MODE_HELP, MODES, canonical_mode
 from xstencil._engine.call import stand_in
 from xstencil._engine.lower import AxisGeom
 from xstencil._engine.spec import AxisSpec, geometry
-from xstencil._engine.window import Window, WindowSet, positional_read
+from xstencil._engine.window import Window, positional_read
+from xstencil._engine.windowset import WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.fill import check_fill, fill_for
 from xstencil._labelled.kernel_checks import check_returned, traced_error
