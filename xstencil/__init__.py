@@ -17,7 +17,7 @@ from xstencil._engine.kernex import kscan as kscan
 from xstencil._engine.kernex import smap as smap
 from xstencil._engine.kernex import sscan as sscan
 from xstencil._engine.window import Window as Window
-from xstencil._engine.window import WindowSet as WindowSet
+from xstencil._engine.windowset import WindowSet as WindowSet
 from xstencil._errors import ConvergenceWarning as ConvergenceWarning
 from xstencil._errors import KernelError as KernelError
 from xstencil._errors import LabelError as LabelError
@@ -30,8 +30,8 @@ from xstencil._labelled.iterate import Converged as Converged
 from xstencil._labelled.iterate import iterate as iterate
 from xstencil._labelled.map import map as map
 from xstencil._labelled.mesh import Mesh as Mesh
-from xstencil._labelled.mesh import mesh as mesh
 from xstencil._labelled.mesh import nearest as nearest
+from xstencil._labelled.mesh_make import mesh as mesh
 from xstencil._labelled.multihost import gather as gather
 from xstencil._labelled.multihost import make_devices as make_devices
 from xstencil._labelled.multihost import open_sharded as open_sharded

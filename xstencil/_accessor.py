@@ -17,7 +17,7 @@ import xarray as xr
 
 from xstencil._labelled.iterate import iterate as _iterate
 from xstencil._labelled.map import map as _map
-from xstencil._labelled.mesh import mesh as _mesh
+from xstencil._labelled.mesh_make import mesh as _mesh
 from xstencil._labelled.scan import scan as _scan
 from xstencil._labelled.solve import solve as _solve
 

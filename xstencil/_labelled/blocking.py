@@ -94,7 +94,7 @@ def _state_bytes(obj: Any, dim: str) -> int:
 
 def _as_memory(x: np.ndarray) -> Any:
     """As the whole-array scan returns it: a JAX array, but numpy for 64-bit
-    data while JAX's x64 flag is off (see ``core.host64``)."""
+    data while JAX's x64 flag is off (see ``result.host64``)."""
     if x.dtype.itemsize >= 8 and not jax.config.read("jax_enable_x64"):
         return x
     return jnp.asarray(x)

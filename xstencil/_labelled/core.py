@@ -1,6 +1,7 @@
 """The labelled pipeline shared by map, mesh and scan: unwrap an xarray
-object into fields, build windows inside the trace, run the engine under a
-cached jit, and rewrap the result with its coords."""
+object into fields and run the engine under a cached jit; kernel_call.py
+builds the kernels' windows inside the trace, result.py rewraps the result with
+its coords."""
 
 from __future__ import annotations
 
@@ -17,10 +18,7 @@ import xarray as xr
 from xstencil._engine.call import (
     as_array,
     dtype_kind,
-    is_weak,
-    merge_static,
     precision,
-    promote,
     settled,
     split_static,
 )
@@ -32,7 +30,6 @@ from xstencil._engine.coords import (
     read_dtype,
     warn_repeated_endpoint,
 )
-from xstencil._engine.coordwindow import CoordWindow
 from xstencil._engine.dense_hoist import Staged
 from xstencil._engine.kcache import (
     Lifted,
@@ -45,13 +42,11 @@ from xstencil._engine.kcache import (
     settle,
 )
 from xstencil._engine.lower import Source
-from xstencil._engine.window import Window, WindowSet
-from xstencil._errors import KernelError, WindowIndexError, XStencilError
+from xstencil._errors import XStencilError
+from xstencil._labelled.kernel_call import dtype_probe, identity_caller, kernel_caller
 from xstencil._labelled.kernel_checks import (
     check_extra_args,
     check_known_chunks,
-    check_returned,
-    traced_error,
 )
 from xstencil._labelled.plan import (
     Plan,
@@ -59,13 +54,10 @@ from xstencil._labelled.plan import (
     infer_window,
     make_plan,
     parse_window,
-    unknown_keyword,
-    with_call,
 )
-from xstencil._labelled.returns import to_dims
 
-__all__ = ["Fields", "unwrap", "prepare", "kernel_caller", "identity_caller", "rewrap",
-           "compiled", "sources"]
+__all__ = ["Fields", "unwrap", "prepare", "kernel_caller", "identity_caller",
+           "compiled", "sources", "dtype_probe"]
 
 
 @dataclass
@@ -266,144 +258,6 @@ def sources(plan: Plan, arrays: Sequence[Any], coords: Sequence[Any]) -> list[So
     return out
 
 
-def _out_dtype(plan: Plan, name: str | None) -> Any:
-    if plan.var_names is not None and name in plan.var_names:
-        return plan.var_dtypes[plan.var_names.index(name)]
-    return promote(*plan.var_dtypes)
-
-
-def dtype_probe(plan: Plan) -> Any:
-    """See :meth:`Plan.dtype_probe`."""
-    return plan.dtype_probe()
-
-
-def result_dtype(plan: Plan, name: str | None, v: Any) -> Any:
-    """The dtype of a kernel result ``v`` for variable ``name`` (see
-    ``Plan.out_dtype``): the kernel's own dtype, a Python scalar's (weakly
-    typed) resolved against the data's dtype as JAX would; the state's dtype
-    (scans); or an explicit ``dtype=``."""
-    if plan.out_dtype is None:
-        return _out_dtype(plan, name)
-    if isinstance(plan.out_dtype, np.dtype):
-        return plan.out_dtype
-    if is_weak(v):
-        return promote(v, _out_dtype(plan, name))
-    return v.dtype
-
-
-def windows(plan: Plan, cells: Sequence[Any]) -> Any:
-    """The kernel's argument: a Window, or a WindowSet for a Dataset."""
-    field = plan.reach()
-    nvar = len(plan.var_dims)
-    coords = {}
-    for k, d in enumerate(plan.coord_dims):
-        coords[d] = CoordWindow(cells[nvar + k], (d,), (plan.specs[plan.axis(d)].lo,),
-                                field=field, label=f"u.coord({d!r})",
-                                read_dtype=read_dtype(plan.var_dtypes),
-                                single=(d,) if plan.shape[plan.axis(d)] == 1 else ())
-    wins = []
-    for k, vdims in enumerate(plan.var_dims):
-        wd = tuple(d for d in vdims if d in plan.window_dims)
-        centre = tuple(plan.specs[plan.axis(d)].lo for d in wd)
-        label = "u" if plan.var_names is None else f"s[{plan.var_names[k]!r}]"
-        wins.append(Window(cells[k], wd, centre, field=field, coords=coords, label=label))
-    if plan.var_names is None:
-        return wins[0]
-    return WindowSet(dict(zip(plan.var_names, wins, strict=True)))
-
-
-def kernel_caller(plan: Plan, kernel: Callable[..., Any], static: Any) -> Callable[..., Any]:
-    """The engine-facing kernel: cells in, normalized outputs out."""
-    name = getattr(kernel, "__name__", repr(kernel))
-
-    def call(cells: Sequence[Any], dyn: Any) -> Any:
-        a, kw = merge_static(dyn, static)
-        arg = windows(plan, cells)
-        try:
-            out = kernel(arg, *a, **kw)
-        except (XStencilError, WindowIndexError) as e:
-            raise with_call(plan.call, kernel, e) from None
-        except Exception as e:
-            typo = unknown_keyword(plan.call, kernel, e, kw) or traced_error(plan.call, kernel, e)
-            if typo is not None:
-                raise typo from e
-            shape = {d: plan.specs[plan.axis(d)].size for d in plan.window_dims}
-            raise KernelError(
-                f"{plan.call}: kernel {name!r} failed on a window {shape} "
-                f"({type(e).__name__}: {e})") from e
-        check_returned(plan.call, kernel, out, plan.var_names is not None)
-        return normalize(plan, name, out)
-
-    return call
-
-
-def normalize(plan: Plan, name: str, out: Any) -> Any:
-    if plan.var_names is not None and isinstance(out, Mapping):
-        res = {}
-        for k, v in out.items():
-            if not isinstance(k, str):
-                raise XStencilError(f"{plan.call}: kernel {name!r} returned a dict with key "
-                                    f"{k!r}; keys must be variable names (str)")
-            res[k] = _leaf(plan, name, v, k)
-        return res
-    if isinstance(out, Mapping):
-        raise XStencilError(
-            f"{plan.call}: kernel {name!r} returned a dict, which only a Dataset kernel may do")
-    return _leaf(plan, name, out, None)
-
-
-def _leaf(plan: Plan, name: str, v: Any, var: str | None) -> Any:
-    v = jnp.asarray(v)
-    if v.ndim != len(plan.output_dims):
-        if not plan.output_dims:
-            raise XStencilError(
-                f"{plan.call}: kernel {name!r} returned an array of shape {v.shape} per point; "
-                f"name its dims with output_dims=(...), e.g. output_dims="
-                f"{tuple(f'k{i}' for i in range(v.ndim))!r}, or return a scalar"
-            )
-        raise XStencilError(
-            f"{plan.call}: kernel {name!r} returned shape {v.shape} per point, which does not "
-            f"match output_dims={plan.output_dims!r}"
-        )
-    return v.astype(result_dtype(plan, var, v))
-
-
-def identity_caller(plan: Plan, like: Callable[..., Any]) -> Callable[..., Any]:
-    """Keeps the input: the centre of each variable the kernel returns."""
-
-    def keep(cells: Sequence[Any], dyn: Any) -> Any:
-        shapes = jax.eval_shape(like, cells, dyn)
-        centres = []
-        for k, vdims in enumerate(plan.var_dims):
-            wd = [d for d in vdims if d in plan.window_dims]
-            centres.append(cells[k][tuple(plan.specs[plan.axis(d)].lo for d in wd)])
-        if isinstance(shapes, Mapping):
-            out = {}
-            for n, sd in shapes.items():
-                if plan.var_names is None or n not in plan.var_names:
-                    raise XStencilError(
-                        f"{plan.call}: a mesh kernel returned {n!r}, which is not a data "
-                        f"variable, so uncovered points have no input value to keep")
-                c = centres[plan.var_names.index(n)]
-                out[n] = jnp.broadcast_to(c[(...,) + (None,) * sd.ndim], sd.shape).astype(
-                    _kept_dtype(plan, c, sd))
-            return out
-        c = centres[0]
-        return jnp.broadcast_to(c, shapes.shape).astype(_kept_dtype(plan, c, shapes))
-
-    return keep
-
-
-def _kept_dtype(plan: Plan, centre: Any, shape: Any) -> Any:
-    """The dtype of kept input values: the input's own (promoted with the
-    kernels' results by the mesh), the state's (scans) or ``dtype=``."""
-    if plan.out_dtype is None:
-        return shape.dtype
-    if isinstance(plan.out_dtype, np.dtype):
-        return plan.out_dtype
-    return centre.dtype
-
-
 # -- compile cache: see kcache.py ------------------------------------------------------
 
 def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | Lifted,
@@ -479,81 +333,3 @@ def _device_coords(plan: Plan, f: Fields, period: Mapping[str, float] | None) ->
         put(key, (sources, tuple(coord_values(variables[d]) for d in plan.coord_dims),
                   coords))
     return coords
-
-
-def host64(tree: Any) -> Any:
-    """64-bit results as numpy arrays when JAX's x64 flag is off.
-
-    A float64 JAX array outside an x64 context is truncated to float32 by the
-    next JAX operation on it (with a warning), so labelled results keep their
-    precision through follow-up arithmetic by living on the host instead.
-    Tracers and 32-bit results are returned unchanged.
-    """
-    if jax.config.read("jax_enable_x64"):
-        return tree
-
-    def conv(x: Any) -> Any:
-        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) \
-                and x.dtype.itemsize == 8 and x.is_fully_addressable \
-                and len(x.sharding.device_set) == 1:
-            return np.asarray(x)
-        return x
-
-    return jax.tree_util.tree_map(conv, tree)
-
-
-def replace_data(obj: xr.DataArray, out: Any) -> xr.DataArray:
-    """``obj.copy(deep=False, data=out)`` without the encoding (the on-disk
-    dtype and scale_factor were the input's), in a few microseconds:
-    coordinate variables are copied shallowly, indexes (immutable) shared."""
-    try:
-        var = xr.Variable(obj.dims, out, dict(obj.attrs), fastpath=True)
-        coords = {k: v.copy(deep=False) for k, v in obj._coords.items()}
-        return obj._replace(variable=var, coords=coords, indexes=dict(obj._indexes))
-    except (AttributeError, TypeError):  # xarray internals moved: the public way
-        res = obj.copy(deep=False, data=out)
-        res.encoding = {}
-        return res
-
-
-def rewrap(plan: Plan, f: Fields, out: Any,
-           leaf_dims: Mapping[str | None, tuple[str, ...]] | None = None
-           ) -> xr.DataArray | xr.Dataset:
-    """Put the engine's output back into xarray with dims, coords, attrs, name.
-
-    ``leaf_dims`` (Datasets, see returns.py) gives each result's own dims."""
-    out = host64(out)
-    index = {d: s for d, s in plan.input_index().items()
-             if s != slice(0, f.shape[plan.axis(d)], 1)}
-    if isinstance(f.obj, xr.DataArray) and not index and not plan.output_dims \
-            and not isinstance(out, Mapping):
-        return replace_data(f.obj, out)
-    coords_ds = f.obj.coords.to_dataset()
-    if index:  # coords may lack some of the dims (dims without coordinates)
-        coords_ds = coords_ds.isel({d: s for d, s in index.items() if d in coords_ds.dims})
-    dims = plan.dims + plan.output_dims
-    if isinstance(out, Mapping):
-        ds = f.obj if not index else f.obj.isel(index)
-        ds = ds.copy(deep=False)
-        for n, v in out.items():
-            v, vdims, vcoords = _own_dims(plan, coords_ds, v, dims, leaf_dims, n)
-            ds[n] = xr.DataArray(v, dims=vdims, coords=vcoords,
-                                 attrs=f.obj[n].attrs if n in f.obj else {}, name=n)
-        return ds
-    attrs = f.obj.attrs
-    name = f.obj.name if isinstance(f.obj, xr.DataArray) else None
-    out, dims, coords = _own_dims(plan, coords_ds, out, dims, leaf_dims, None)
-    return xr.DataArray(out, dims=dims, coords=coords, attrs=dict(attrs), name=name)
-
-
-def _own_dims(plan: Plan, coords_ds: xr.Dataset, v: Any, dims: tuple[str, ...],
-              leaf_dims: Mapping[str | None, tuple[str, ...]] | None, name: str | None
-              ) -> tuple[Any, tuple[str, ...], Any]:
-    """A result reduced to its own dims (``leaf_dims[name]``), with the coords on them."""
-    if leaf_dims is None or name not in leaf_dims:
-        return v, dims, coords_ds.coords
-    own = leaf_dims[name]
-    v = to_dims(plan, v, own)
-    dims = own + plan.output_dims
-    drop = [k for k, c in coords_ds.coords.items() if not set(c.dims) <= set(dims)]
-    return v, dims, coords_ds.drop_vars(drop).coords

@@ -34,11 +34,9 @@ from xstencil._labelled.core import (
     Fields,
     coord_arrays,
     dtype_probe,
-    host64,
-    replace_data,
-    rewrap,
 )
 from xstencil._labelled.plan import Plan
+from xstencil._labelled.result import host64, replace_data, rewrap
 
 __all__ = ["Entry", "signature", "lookup", "checked", "coord_sources", "run", "remember"]
 

@@ -15,9 +15,9 @@ import xarray as xr
 from xstencil._engine.call import as_array, merge_static, precision, settled, split_static
 from xstencil._engine.kcache import canonical, compiled
 from xstencil._errors import ConvergenceWarning, XStencilError
-from xstencil._labelled.core import host64
 from xstencil._labelled.mesh import Mesh
 from xstencil._labelled.operator import State, cached_body, step_function, weak
+from xstencil._labelled.result import host64
 
 __all__ = ["iterate", "Converged", "report"]
 

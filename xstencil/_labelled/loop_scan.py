@@ -294,7 +294,7 @@ def _steps(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
 
 def _as_returned(out: xr.DataArray) -> xr.DataArray:
     """The data as the XLA scan returns it: a JAX array, but numpy for 64-bit
-    data while JAX's x64 flag is off (see ``core.host64``)."""
+    data while JAX's x64 flag is off (see ``result.host64``)."""
     x = np.asarray(out.data)
     if x.dtype.itemsize >= 8 and not jax.config.read("jax_enable_x64"):
         # rewrap ran under x64 and may hand back a 64-bit JAX array, which the next

@@ -16,11 +16,12 @@ from xstencil._engine.call import split_static
 from xstencil._engine.kcache import cached, describe, rebuild
 from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError, raised_here
-from xstencil._labelled.core import call_engine, kernel_caller, prepare, rewrap, sources, unwrap
+from xstencil._labelled.core import call_engine, kernel_caller, prepare, sources, unwrap
 from xstencil._labelled.dispatch import devices_arg, map_scaled
 from xstencil._labelled.dtypes import out_dtype
 from xstencil._labelled.fastpath import lookup, remember, run, signature
 from xstencil._labelled.map_out import Target, check_alias, deliver, out_target
+from xstencil._labelled.result import rewrap
 from xstencil._labelled.returns import check_new_vars, result_dims
 from xstencil._labelled.sizes import check_inputs
 from xstencil._labelled.staggered_ops import FILL, map_grid

@@ -29,7 +29,7 @@ import xarray as xr
 
 from xstencil._engine.call import outside_transforms, split_static
 from xstencil._errors import XStencilError
-from xstencil._labelled.core import replace_data
+from xstencil._labelled.result import replace_data
 
 __all__ = ["Target", "out_target", "check_alias", "deliver"]
 

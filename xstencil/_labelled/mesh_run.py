@@ -49,16 +49,14 @@ from xstencil._engine.mesh import Mask, Slab, mesh_evaluate, select_evaluate
 from xstencil._labelled.core import (
     Fields,
     dtype_probe,
-    host64,
     identity_caller,
     kernel_caller,
-    replace_data,
-    rewrap,
     sources,
 )
 from xstencil._labelled.fastpath import checked, coord_sources, signature
 from xstencil._labelled.mesh_regions import region_key
 from xstencil._labelled.plan import Plan
+from xstencil._labelled.result import host64, replace_data, rewrap
 
 __all__ = ["Layout", "layout", "how", "use_select", "Entry", "lookup", "run", "remember",
            "traced_call", "SMALL"]

@@ -10,22 +10,22 @@ before anything is traced.
 from __future__ import annotations
 
 import difflib
-import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from xstencil._engine.boundary import MODE_HELP, MODES, canonical_mode
-from xstencil._engine.call import dtype_kind, stand_in
+from xstencil._engine.call import stand_in
 from xstencil._engine.lower import AxisGeom
 from xstencil._engine.spec import AxisSpec, geometry
-from xstencil._engine.window import Window, WindowSet, positional_read
+from xstencil._engine.window import Window, positional_read
+from xstencil._engine.windowset import WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
+from xstencil._labelled.fill import check_fill, fill_for
 from xstencil._labelled.kernel_checks import check_returned, traced_error
 from xstencil._labelled.options import options_for
 
@@ -177,97 +177,6 @@ def check_options(call: str, dims: tuple[str, ...], *, boundary: Any, stride: An
     _modes(call, boundary, dims)
     _strides(call, stride, dims)
     check_fill(call, fill_value)
-
-
-def fill_for(call: str, fill_value: Any, dtypes: Sequence[Any], needed: bool,
-             names: Sequence[str] | None = None) -> Any:
-    """The fill value, checked against every one of the data's dtypes."""
-    check_fill(call, fill_value)
-
-    def what(k: int) -> str:
-        return "" if names is None else f" (variable {names[k]!r})"
-
-    if fill_value is None:
-        if not needed:
-            return None
-        for k, dt in enumerate(dtypes):
-            if dtype_kind(dt) not in "fc":
-                raise XStencilError(
-                    f"{call}: boundary 'fill' on {np.dtype(dt)} data needs fill_value=...; the "
-                    f"default NaN has no {np.dtype(dt)} value{what(k)} (pass e.g. fill_value=0, or "
-                    f"another boundary mode)"
-                )
-        return math.nan
-    fill_value = exact_fill(call, fill_value)
-    for k, dt in enumerate(dtypes):
-        if not fits(fill_value, dt):
-            raise XStencilError(
-                f"{call}: fill_value={fill_value!r} cannot be stored in {np.dtype(dt)} data"
-                f"{what(k)}; "
-                f"pass a fill_value that {np.dtype(dt)} can hold, or convert the data with "
-                f".astype(...)"
-            )
-    if isinstance(fill_value, np.generic):
-        fill_value = fill_value.item()
-    return fill_value
-
-
-def check_fill(call: str, fill_value: Any) -> None:
-    """``fill_value`` is None or a number (not a bool-like string, list, ...)."""
-    if fill_value is not None and (isinstance(fill_value, str) or not isinstance(
-            fill_value, numbers.Number | np.generic) or np.ndim(fill_value) != 0):
-        raise XStencilError(
-            f"{call}: fill_value={fill_value!r:.60} must be a number, such as fill_value=0.0")
-    exact_fill(call, fill_value)
-
-
-def exact_fill(call: str, fill_value: Any) -> Any:
-    """``fill_value`` as a Python or numpy number: other numbers (``Decimal``,
-    ``Fraction``) are converted when the conversion is exact, else raise."""
-    if fill_value is None or isinstance(fill_value, np.generic | int | float | complex):
-        return fill_value
-    for kind in (int, float):
-        try:
-            v = kind(fill_value)
-        except (TypeError, ValueError, OverflowError, ArithmeticError):
-            continue
-        try:
-            same = bool(v == fill_value)
-        except (TypeError, ArithmeticError):
-            same = False
-        if same:
-            return v
-    raise XStencilError(
-        f"{call}: fill_value={fill_value!r:.60} ({type(fill_value).__name__}) has no exact "
-        f"int or float value; pass a Python int or float, e.g. fill_value="
-        f"{_approx(fill_value)!r}")
-
-
-def _approx(v: Any) -> Any:
-    try:
-        return float(v)
-    except (TypeError, ValueError, OverflowError, ArithmeticError):
-        return 0.0
-
-
-def fits(value: Any, dtype: Any) -> bool:
-    """Whether the scalar ``value`` can be stored in ``dtype`` without changing."""
-    dt = np.dtype(dtype)
-    v = value.item() if isinstance(value, np.generic) else value
-    if isinstance(v, complex) and dt.kind != "c":
-        return v.imag == 0 and fits(v.real, dt)
-    if dt.kind in "iu":
-        if isinstance(v, float) and not v.is_integer():
-            return False
-        info = np.iinfo(dt)
-        return bool(info.min <= v <= info.max)
-    if dt.kind == "b":
-        return v in (0, 1)
-    if dtype_kind(dt) in "fc":  # a finite value beyond the dtype's range would become inf
-        big = float(jnp.finfo(dt).max)
-        parts = (v.real, v.imag) if isinstance(v, complex) else (v,)
-        return all(not math.isfinite(p) or abs(p) <= big for p in parts)
-    return True
 
 
 class _Probe:

@@ -59,7 +59,7 @@ from xstencil._engine.call import is_weak, is_wide, precision, split_static
 from xstencil._engine.coords import coord_values, numeric_coord, repeated_period
 from xstencil._engine.kcache import Lifted, freeze, peek, put
 from xstencil._errors import XStencilError
-from xstencil._labelled.core import host64
+from xstencil._labelled.result import host64
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite
 

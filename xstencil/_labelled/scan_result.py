@@ -16,7 +16,8 @@ import xarray as xr
 from xstencil import _progress
 from xstencil._engine.call import settled
 from xstencil._errors import XStencilError
-from xstencil._labelled.core import Fields, host64
+from xstencil._labelled.core import Fields
+from xstencil._labelled.result import host64
 from xstencil._labelled.scan_plan import ScanPlan
 
 __all__ = ["call_with_progress", "finite", "initial_finite", "not_finite", "rewrap"]

@@ -19,7 +19,7 @@ from xstencil._engine.call import as_array, merge_static, precision, promote, sp
 from xstencil._engine.kcache import compiled
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
-from xstencil._labelled.core import host64
+from xstencil._labelled.result import host64
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite
 from xstencil._labelled.scan_setup import grown_coord

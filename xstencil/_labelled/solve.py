@@ -15,10 +15,10 @@ from xstencil._engine.call import as_array, merge_static, precision, settled, sp
 from xstencil._engine.kcache import compiled
 from xstencil._engine.krylov import KRYLOV
 from xstencil._errors import XStencilError
-from xstencil._labelled.core import host64
 from xstencil._labelled.iterate import Converged, report
 from xstencil._labelled.mesh import Mesh
 from xstencil._labelled.operator import State, cached_body, step_function
+from xstencil._labelled.result import host64
 
 __all__ = ["solve"]
 

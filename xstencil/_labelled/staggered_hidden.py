@@ -1,0 +1,114 @@
+"""The hidden variables of a staggered call: coordinates, metrics and
+periodic indices travel as data variables named ``__xs_...`` (:data:`HIDDEN`)
+on the index dims (:func:`translate`); they are never returned."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from xstencil._engine.coords import coord_values, numeric_coord
+from xstencil._labelled.grid import Grid
+
+__all__ = ["HIDDEN", "POS", "translate"]
+
+HIDDEN = "__xs_"
+POS = ("center", "left", "right")
+
+
+def _hidden_dtype(ds: xr.Dataset) -> Any:
+    floats = [ds[n].dtype for n in ds.data_vars if ds[n].dtype.kind in "fc"]
+    dt = np.result_type(*floats) if floats else np.dtype(np.float64)
+    return np.float64 if dt.kind == "c" and dt.itemsize == 16 else \
+        np.float32 if dt.kind == "c" else dt
+
+
+def translate(call: str, ds: xr.Dataset, g: Grid, positions: Mapping[str, Mapping[str, str]],
+              index: Mapping[str, str], bmodes: Mapping[str, str], uperiod: Mapping[str, Any]
+              ) -> tuple[xr.Dataset, dict[str, Any], dict[str, float]]:
+    hdt = _hidden_dtype(ds)
+    variables: dict[str, xr.Variable] = {}  # the hidden ones
+    coords, index_vars, periods, sizes = [], [], [], []
+    pperiod: dict[str, float] = {}
+    for a, idim in index.items():
+        ax = g.axis(a)
+        n = next(ds.sizes[d] for p, d in ax.dims if d in ds.dims and p in POS)
+        sizes.append((a, n))
+        for p, d in ax.dims:
+            cv = _coord(ds, g, d)
+            if p not in POS or cv is None or cv.dims != (d,):
+                continue
+            c = numeric_coord(call, d, coord_values(cv))
+            if c is None:
+                continue
+            name = f"{HIDDEN}c_{d}"
+            variables[name] = xr.Variable((idim,), c.astype(hdt))
+            coords.append((a, p, name))
+        if bmodes.get(idim) == "periodic":
+            name = f"{HIDDEN}i_{a}"
+            variables[name] = xr.Variable((idim,), np.arange(n, dtype=hdt))
+            index_vars.append((a, name))
+            periods.append((a, _period(a, ax.positions, ds, g, uperiod)))
+            cv = _coord(ds, g, idim)
+            if cv is not None and cv.dims == (idim,):
+                c = numeric_coord(call, idim, coord_values(cv))
+                if c is not None and n > 1:  # the plain call's own (unused) coord window
+                    pperiod[idim] = float(uperiod.get(a, uperiod.get(idim, 0.0))) or \
+                        float(abs(c[-1] - c[0]) * n / (n - 1)) or 1.0
+    metrics = []
+    for k, (axes, mname) in enumerate(g.metrics):
+        m = _coord(ds, g, mname)
+        if m is None or any(m.sizes[d] != n for d, n in ds.sizes.items() if d in m.dims):
+            continue
+        mpos: dict[str, str] = {}
+        for d in m.dims:
+            if str(d) not in g.where or g.where[str(d)][0] not in index:
+                break
+            mpos[g.where[str(d)][0]] = g.where[str(d)][1]
+        else:
+            if all(p in POS for p in mpos.values()):
+                name = f"{HIDDEN}m{k}_{mname}"
+                variables[name] = xr.Variable(tuple(index[g.where[str(d)][0]] for d in m.dims),
+                                              np.asarray(m.values, hdt))
+                metrics.append((axes, name, tuple(sorted(mpos.items()))))
+    idims = set(index.values())
+    other = {str(d) for d in ds.dims if str(d) not in g.where}
+    keep = {k: v for k, v in ds.coords.items()
+            if {str(d) for d in v.dims} <= idims | other}
+    for d in idims - set(map(str, ds.dims)):  # an output dim only the grid's Dataset has
+        cv = _coord(ds, g, d)
+        if cv is not None and cv.dims == (d,):
+            keep[d] = cv
+    spec_base = {
+        "axes": dict(index=tuple(sorted(index.items())),
+                     dims=tuple(sorted((d, a) for d, (a, _) in g.where.items())),
+                     period=tuple(periods), size=tuple(sizes)),
+        "rest": (tuple((n, tuple(sorted(p.items()))) for n, p in positions.items()),
+                 tuple(coords), tuple(index_vars), tuple(metrics)),
+    }
+    return variables, keep, spec_base, pperiod
+
+
+def _coord(ds: xr.Dataset, g: Grid, name: str) -> xr.Variable | None:
+    """Variable ``name`` of ``ds``, else of the grid's own Dataset."""
+    for src in (ds, g.source):
+        if src is not None and name in src.variables:
+            return src.variables[name]
+    return None
+
+
+def _period(a: str, dims: Mapping[str, str], ds: xr.Dataset, g: Grid,
+            uperiod: Mapping[str, Any]) -> float | None:
+    if a in uperiod:
+        return float(uperiod[a])
+    cv = _coord(ds, g, dims["center"])
+    if cv is None or cv.ndim != 1 or cv.dtype.kind not in "iuf" or cv.size < 2:
+        return None
+    x = np.asarray(cv.values, np.float64)
+    d = np.diff(x)
+    if not np.allclose(d, d[0], rtol=1e-6, atol=0):
+        return None
+    return float(len(x) * d[0])
