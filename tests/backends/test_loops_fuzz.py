@@ -163,17 +163,16 @@ def check_geometry(seed: int, ran: list[int]) -> None:
         assert bad is None, f"{where}, output {name!r}: {bad}"
 
 
-GEOMETRY_SEEDS = [0, 2]
+GEOMETRY_SEEDS: list[Any] = [0, 2]
 
 
-@pytest.mark.parametrize("seed", GEOMETRY_SEEDS)
+def _slow(seeds: range) -> list[Any]:
+    """More seeds, marked ``slow``."""
+    return [pytest.param(s, marks=pytest.mark.slow) for s in seeds]
+
+
+@pytest.mark.parametrize("seed", GEOMETRY_SEEDS + _slow(range(100, 116)))
 def test_random_geometries(seed: int, ran: list[int]) -> None:
-    check_geometry(seed, ran)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", range(100, 116))
-def test_random_geometries_slow(seed: int, ran: list[int]) -> None:
     check_geometry(seed, ran)
 
 
@@ -347,14 +346,8 @@ def check_expressions(seed: int, ran: list[int]) -> None:
                              f"`lambda s: {src}`: {bad}")
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, 1] + _slow(range(100, 110)))
 def test_random_expressions(seed: int, ran: list[int]) -> None:
-    check_expressions(seed, ran)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", range(100, 110))
-def test_random_expressions_slow(seed: int, ran: list[int]) -> None:
     check_expressions(seed, ran)
 
 

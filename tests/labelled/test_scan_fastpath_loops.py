@@ -150,18 +150,20 @@ def test_changed_closed_over_array_is_read_afresh(counts):
     _same(b, _fresh(da, kern, **OPTS))
 
 
-def test_changed_argument_and_input_values_are_read_afresh(counts):
-    def kern(u: Any, c: Any) -> Any:
-        return u(time=-1) + c * (u(time=-1, x=1) - 2 * u(time=-1) + u(time=-1, x=-1))
+def _heat_c(u: Any, c: Any) -> Any:
+    """Heat with its coefficient as a kernel argument."""
+    return u(time=-1) + c * (u(time=-1, x=1) - 2 * u(time=-1) + u(time=-1, x=-1))
 
+
+def test_changed_argument_and_input_values_are_read_afresh(counts):
     da = _da()
     opts = {k: v for k, v in OPTS.items() if k != "dim"}
-    da.stencil.scan(kern, "time", np.float64(0.2), **opts)
+    da.stencil.scan(_heat_c, "time", np.float64(0.2), **opts)
     other = da.copy(data=da.values[::-1].copy())
-    out = other.stencil.scan(kern, "time", np.float64(0.1), **opts)
+    out = other.stencil.scan(_heat_c, "time", np.float64(0.1), **opts)
     assert counts["fast"] == 1
     np.testing.assert_allclose(out.values, np_heat(other.values, 4, 0.1), rtol=1e-12)
-    _same(out, _fresh(other, kern, "time", np.float64(0.1), **opts))
+    _same(out, _fresh(other, _heat_c, "time", np.float64(0.1), **opts))
 
 
 def test_changed_coordinates_are_not_stale(counts):
@@ -233,16 +235,13 @@ def test_jax_data_entry_does_not_serve_numpy_data_or_the_reverse(counts):
 
 
 def test_inside_jit_runs_xla_after_a_loop_entry(counts):
-    def kern(u: Any, c: Any) -> Any:
-        return u(time=-1) + c * (u(time=-1, x=1) - 2 * u(time=-1) + u(time=-1, x=-1))
-
     da = _da()
     opts = {k: v for k, v in OPTS.items() if k != "dim"}
-    da.stencil.scan(kern, "time", np.float64(0.2), **opts)
-    da.stencil.scan(kern, "time", np.float64(0.2), **opts)
+    da.stencil.scan(_heat_c, "time", np.float64(0.2), **opts)
+    da.stencil.scan(_heat_c, "time", np.float64(0.2), **opts)
     assert counts["fast"] == 1 and counts["loops"] == 2
     with jax.enable_x64(True):
-        got = jax.jit(lambda c: da.stencil.scan(kern, "time", c, **opts).data)(
+        got = jax.jit(lambda c: da.stencil.scan(_heat_c, "time", c, **opts).data)(
             np.float64(0.2))
     assert counts["loops"] == 2  # traced: XLA, not the loop entry
     np.testing.assert_allclose(np.asarray(got), np_heat(da.values, 4), rtol=1e-12)
