@@ -55,7 +55,7 @@ import numpy as np
 import xarray as xr
 from xarray.core.utils import dict_equiv
 
-from xstencil._engine.call import is_weak, is_wide, precision, split_static
+from xstencil._engine.call import is_weak, is_wide, precision, settled, split_static
 from xstencil._engine.coords import coord_values, numeric_coord, repeated_period
 from xstencil._engine.kcache import Lifted, freeze, peek, put
 from xstencil._errors import XStencilError
@@ -220,13 +220,8 @@ def _call(entry: Entry, sp: ScanPlan, datas: list[Any], dyn: list[Any], leaves: 
         outs, bad = entry.fn(*runargs, _TOKEN)
     if entry.post is not None:  # dispatched before waiting: it runs right after the loop
         outs = entry.post(outs)
-    # as settled(): a numpy input may be read in place, and changed right after the call
-    # (post's outputs exist only once the loop has run)
-    if any(isinstance(x, np.ndarray) for x in datas) or any(
-            isinstance(x, np.ndarray) for x in dyn) or any(
-            isinstance(x, np.ndarray) for x in leaves):
-        jax.block_until_ready((outs, bad))
-    return outs, bad
+    # a numpy input may be read in place, and changed right after the call
+    return settled((outs, bad), (datas, dyn, leaves))
 
 
 def _inputs(sp: ScanPlan, datas: Sequence[Any], perms: Sequence[tuple[int, ...] | None]
