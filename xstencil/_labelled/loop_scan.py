@@ -12,8 +12,19 @@ on the same boundary cells, so the result is the XLA scan's, bitwise.
 
 Anything else (a Dataset, reads at other time offsets, coordinate reads, a
 kernel the generator cannot express, a result dtype other than the state's,
-JAX or dask data, tracers, options such as ``progress``) returns ``None``:
-the caller runs the XLA scan, silently.  The setup and the rewrap are the
+JAX or dask data, tracers, ``checkpoint``, ``check_finite`` or ``period``)
+returns ``None``: the caller runs the XLA scan, silently.
+
+``progress=True`` runs on the loops too: the Python time loop moves the same
+tqdm bar as the XLA loop (:class:`xstencil._progress.Progress`, same label),
+between two steps, at the step counts :func:`xstencil._progress.advance`
+answers: the first report after one step, then about
+:data:`~xstencil._progress.INTERVAL` seconds ahead at the measured speed.  The
+steps themselves are unchanged, so the result is bitwise the one without a
+bar; a report costs a few microseconds, about five times a second.  A Ctrl-C
+(which the open bar turns into a flag) stops the loop at the next report with
+``KeyboardInterrupt``; the input was never written, and the partial result is
+dropped.  The setup and the rewrap are the
 XLA scan's own (:func:`~xstencil._labelled.scan_setup.plan_scan`,
 :func:`~xstencil._labelled.scan_result.rewrap`).
 
@@ -38,6 +49,7 @@ import jax
 import numpy as np
 import xarray as xr
 
+from xstencil import _progress
 from xstencil._backends.loops import (
     AUTO_MIN_POINTS,
     MAX_STATEMENTS,
@@ -95,16 +107,16 @@ def _previous_kernel(kernel: Callable[..., Any], dim: str) -> Callable[..., Any]
 def _eligible(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
               backend: str | None) -> bool:
     return callable(kernel) and type(obj) is xr.DataArray and candidate(
-        obj, obj.data, o.dim, o.grown, bool(o.progress or o.checkpoint or o.check_finite
-                                            or o.period), args, kwargs, backend)
+        obj, obj.data, o.dim, o.grown, bool(o.checkpoint or o.check_finite or o.period),
+        args, kwargs, backend)
 
 
 def candidate(obj: Any, data: Any, dim: str, grown: bool, other: bool, args: Any,
               kwargs: Any, backend: str | None) -> bool:
     """Whether a scan of the DataArray ``obj`` (``data``: its array) may run on
     the loop backend; the kernel and the state's dtype decide the rest
-    (``grown``: ``steps=`` given; ``other``: any of ``progress``,
-    ``checkpoint``, ``check_finite`` or ``period``)."""
+    (``grown``: ``steps=`` given; ``other``: any of ``checkpoint``,
+    ``check_finite`` or ``period``; a ``progress`` bar runs on the loops)."""
     mode = resolve_mode(backend)
     if mode == "xla" or not available():
         return False
@@ -223,16 +235,31 @@ def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, li
         raise _Fallback(built)
     if len(built.out_avals) != 1 or np.dtype(built.out_avals[0].dtype) != state:
         raise _Fallback("the kernel's result is not one array of the state's dtype")
-    out = _steps(built, sp, slab, dleaves, leaves)
+    out = _with_bar(built, sp, slab, dleaves, leaves)
     return rewrap(sp, f, obj, [out]), Repeat(built, sp), [out]
+
+
+def _with_bar(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
+              leaves: list[Any]) -> np.ndarray:
+    """:func:`_steps`, under a progress bar where the scan asks for one (as
+    :func:`~xstencil._labelled.scan_result.call_with_progress` opens it for
+    the XLA loop and for a repeated call)."""
+    if not sp.loop.progress_every:
+        return _steps(built, sp, slab, dleaves, leaves)
+    with _progress.Progress(sp.loop.steps, _progress.label(sp.call)) as p:
+        out = _steps(built, sp, slab, dleaves, leaves, p.token)
+        if p.interrupted:  # Ctrl-C after the last report: the run finished anyway
+            raise KeyboardInterrupt
+    return out
 
 
 class Repeat:
     """A loop scan rerun on new data (the repeat-call fast path), called as
     the XLA scan's compiled loop is: ``(arrays, init, coords, tcoord, masks,
     dyn, leaves, token) -> ([saved slabs, dim first], first bad position)``;
-    only ``init`` (the initial slab), ``dyn`` (the kernel arguments' arrays)
-    and ``leaves`` (the kernel's closed-over arrays, read afresh) are used."""
+    only ``init`` (the initial slab), ``dyn`` (the kernel arguments' arrays),
+    ``leaves`` (the kernel's closed-over arrays, read afresh) and ``token``
+    (the open progress bar to move, 0 for none) are used."""
 
     __slots__ = ("built", "sp")
 
@@ -242,7 +269,7 @@ class Repeat:
     def __call__(self, arrays: Any, init: Any, coords: Any, tcoord: Any, masks: Any,
                  dyn: Any, leaves: Any, token: Any) -> tuple[list[Any], Any]:
         slab = np.ascontiguousarray(np.asarray(init[0][0]))
-        out = _steps(self.built, self.sp, slab, list(dyn), list(leaves))
+        out = _steps(self.built, self.sp, slab, list(dyn), list(leaves), int(token))
         # a JAX array as the XLA loop returns (64-bit: under x64, then on the host)
         return [jax.device_put(out)], _NO_BAD
 
@@ -265,8 +292,11 @@ def _build(plan: Any, lifted: Any, static: Any, dim: str, slab: np.ndarray, udyn
 
 
 def _steps(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
-           leaves: list[Any]) -> np.ndarray:
-    """Run ``sp.loop.steps`` steps from ``slab``: the saved positions, dim first."""
+           leaves: list[Any], token: int = 0) -> np.ndarray:
+    """Run ``sp.loop.steps`` steps from ``slab``: the saved positions, dim
+    first.  ``token``: the open progress bar (:mod:`xstencil._progress`) to
+    move between steps, when :func:`~xstencil._progress.advance` says a
+    report is due (0: none; then the test never passes)."""
     loop = sp.loop
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(list(dleaves) + list(leaves), built.params, strict=True)]
@@ -278,6 +308,7 @@ def _steps(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
         out[0] = slab
     cur = slab  # never written: it may share the caller's data
     spares = (aligned_empty(slab.shape, slab.dtype), aligned_empty(slab.shape, slab.dtype))
+    due = 1 if token else steps + 1  # the first report after one step: it times a step
     for t in range(1, steps + 1):
         if every and t % every == 0:
             nxt = out[t // every]
@@ -287,9 +318,21 @@ def _steps(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
             nxt = spares[0] if cur is not spares[0] else spares[1]
         built.fn(nxt, cur, *fixed)
         cur = nxt
+        if t >= due:
+            due = _report(token, t)
     if not every and steps == 0:
         out[0] = slab
     return out
+
+
+def _report(token: int, done: int) -> int:
+    """Move bar ``token`` to ``done`` steps; the step count of the next
+    report.  A Ctrl-C noted by the bar ends the loop as ``KeyboardInterrupt``
+    (the XLA loop's caller turns the aborted call into the same)."""
+    try:
+        return int(_progress.advance(token, done))
+    except _progress.Interrupted:
+        raise KeyboardInterrupt from None
 
 
 def _as_returned(out: xr.DataArray) -> xr.DataArray:
