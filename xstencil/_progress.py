@@ -18,6 +18,11 @@ registered only while their call runs; the bar is closed, and unregistered,
 when the call returns, fails or is interrupted (``KeyboardInterrupt``), after
 ``jax.effects_barrier()`` has flushed every pending callback.
 
+Scans that run as numba loops (:mod:`xstencil._labelled.loop_scan`) drive
+their time loop from Python and call :func:`advance` there, between two
+steps, when the step count it answered comes due: the same bar, label and
+update rule, without a compiled callback (so without its cost).
+
 Ctrl-C: while a bar is open in the main thread, SIGINT only sets the bar's
 ``interrupted`` flag; the next :func:`report` from the loop then raises
 :class:`Interrupted`, which aborts the compiled call (within one update

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -202,6 +203,37 @@ def test_updates_come_at_most_half_a_second_apart(route: dict[str, list[int]],
     assert [d for _, d in stamps] == sorted(d for _, d in stamps)
     assert len(stamps) <= 4 * run / _progress.INTERVAL  # about one per INTERVAL, not per step
     assert f"{steps}/{steps}" in capsys.readouterr().err
+
+
+def test_a_loop_that_slows_down_reports_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a fake clock: 1,000 steps/s, then 4 times slower.  The report due
+    ``INTERVAL`` s ahead at the first speed would come 4 ``INTERVAL`` s later;
+    the ticker's clock reads between reports move the bar within about
+    ``INTERVAL * (1 + 4 / 4)``."""
+    clock = [0.0]
+    fake = SimpleNamespace(perf_counter=lambda: clock[0])
+    monkeypatch.setattr(_progress, "time", fake)
+    monkeypatch.setattr(loop_scan, "time", fake)
+    stamps: list[tuple[float, int]] = []
+    real = _progress.report
+    monkeypatch.setattr(_progress, "report", lambda token, done: (
+        stamps.append((clock[0], int(done))), real(token, done))[1])
+    interval = _progress.INTERVAL
+    with _progress.Progress(10_000, "t", disable=True) as p:
+        tick = loop_scan._Ticker(p.token)
+        due = 1
+        for t in range(1, 4001):
+            clock[0] += 1e-3 if t <= 1000 else 4e-3
+            if t >= due:
+                due = tick(t)
+    times = [s for s, _ in stamps]
+    assert stamps[0] == (1e-3, 1)  # the first report after one step
+    assert [d for _, d in stamps] == sorted(d for _, d in stamps)
+    gaps = np.diff(times)
+    assert gaps.max() <= interval * 2 + 1e-9, np.round(gaps, 4).tolist()
+    slow = gaps[np.asarray(times[1:]) > 2.0]  # well after the slowdown: steady again
+    assert slow.size and np.all(np.abs(slow - interval) <= 0.1 * interval), slow
+    assert len(stamps) <= 2 * (times[-1] / interval) + 2  # not one per step
 
 
 def _interrupt_after(monkeypatch: pytest.MonkeyPatch, at: int, how: str

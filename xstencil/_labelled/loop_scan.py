@@ -17,11 +17,13 @@ returns ``None``: the caller runs the XLA scan, silently.
 
 ``progress=True`` runs on the loops too: the Python time loop moves the same
 tqdm bar as the XLA loop (:class:`xstencil._progress.Progress`, same label),
-between two steps, at the step counts :func:`xstencil._progress.advance`
-answers: the first report after one step, then about
-:data:`~xstencil._progress.INTERVAL` seconds ahead at the measured speed.  The
-steps themselves are unchanged, so the result is bitwise the one without a
-bar; a report costs a few microseconds, about five times a second.  A Ctrl-C
+between two steps, by the XLA loop's rule (:func:`xstencil._progress.advance`):
+the first report after one step, then about
+:data:`~xstencil._progress.INTERVAL` seconds ahead at the measured speed,
+early if the clock, read a few times in between, says the loop slowed down
+(:class:`_Ticker`).  The steps themselves are unchanged, so the result is
+bitwise the one without a bar; a report costs about ten microseconds, about
+five times a second.  A Ctrl-C
 (which the open bar turns into a flag) stops the loop at the next report with
 ``KeyboardInterrupt``; the input was never written, and the partial result is
 dropped.  The setup and the rewrap are the
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -295,8 +298,8 @@ def _steps(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
            leaves: list[Any], token: int = 0) -> np.ndarray:
     """Run ``sp.loop.steps`` steps from ``slab``: the saved positions, dim
     first.  ``token``: the open progress bar (:mod:`xstencil._progress`) to
-    move between steps, when :func:`~xstencil._progress.advance` says a
-    report is due (0: none; then the test never passes)."""
+    move between steps (:class:`_Ticker`; 0: none, and the test for a due
+    report never passes)."""
     loop = sp.loop
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(list(dleaves) + list(leaves), built.params, strict=True)]
@@ -308,6 +311,7 @@ def _steps(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
         out[0] = slab
     cur = slab  # never written: it may share the caller's data
     spares = (aligned_empty(slab.shape, slab.dtype), aligned_empty(slab.shape, slab.dtype))
+    tick = _Ticker(token)
     due = 1 if token else steps + 1  # the first report after one step: it times a step
     for t in range(1, steps + 1):
         if every and t % every == 0:
@@ -319,20 +323,41 @@ def _steps(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
         built.fn(nxt, cur, *fixed)
         cur = nxt
         if t >= due:
-            due = _report(token, t)
+            due = tick(t)
     if not every and steps == 0:
         out[0] = slab
     return out
 
 
-def _report(token: int, done: int) -> int:
-    """Move bar ``token`` to ``done`` steps; the step count of the next
-    report.  A Ctrl-C noted by the bar ends the loop as ``KeyboardInterrupt``
-    (the XLA loop's caller turns the aborted call into the same)."""
-    try:
-        return int(_progress.advance(token, done))
-    except _progress.Interrupted:
-        raise KeyboardInterrupt from None
+class _Ticker:
+    """When the time loop moves bar ``token``: called after step ``done``
+    when the step count it last returned comes due, it returns the next one.
+
+    It reports (:func:`~xstencil._progress.advance`, the XLA loop's rule:
+    the next report about :data:`~xstencil._progress.INTERVAL` seconds
+    ahead at the speed measured since the last) when that report is due, and
+    in between reads the clock four times per interval at that speed, to
+    report early once ``INTERVAL`` seconds have passed: a loop that slows
+    down by a factor ``f`` mid-interval still reports within about
+    ``INTERVAL * (1 + f / 4)`` seconds, not ``INTERVAL * f``.  A Ctrl-C
+    noted by the bar ends the loop as ``KeyboardInterrupt`` (the XLA loop's
+    caller turns the aborted call into the same).
+    """
+
+    __slots__ = ("token", "at", "next", "every")
+
+    def __init__(self, token: int):
+        self.token, self.at, self.next, self.every = token, 0.0, 1, 1
+
+    def __call__(self, done: int) -> int:
+        now = time.perf_counter()
+        if done >= self.next or now - self.at >= _progress.INTERVAL:
+            try:
+                self.next = int(_progress.advance(self.token, done))
+            except _progress.Interrupted:
+                raise KeyboardInterrupt from None
+            self.at, self.every = now, max(1, (self.next - done) // 4)
+        return min(self.next, done + self.every)
 
 
 def _as_returned(out: xr.DataArray) -> xr.DataArray:
