@@ -476,8 +476,9 @@ def section(rows: list[dict[str, Any]], overhead: dict[str, Any], memory: dict[s
         "|---|---|---|---|---|---|---|",
         *[_row(r) for r in rows],
         "",
-        f"`progress=True` overhead on 2-D heat {overhead['n']}², {overhead['steps']:,} steps "
-        f"({overhead['updates']:.1f} bar updates per call from inside the loop; "
+        f"`progress=True` overhead on 2-D heat {overhead['n']}², {overhead['steps']:,} steps, "
+        f"{overhead['route']} ({overhead['updates']:.1f} bar updates per call from inside the "
+        f"loop; "
         f"{overhead['rounds']} alternating rounds of eager calls): "
         f"{H.fmt_time(overhead['off'])} without, {H.fmt_time(overhead['on'])} with a bar, "
         f"{overhead['wall']:+.1%} as the median of per-round ratios "
