@@ -19,7 +19,8 @@ import pytest
 import xarray as xr
 
 import xstencil
-from xstencil._backends import bufpool
+from tests.spies import count_calls
+from xstencil._backends import bufpool, loops_mesh
 
 pytest.importorskip("numba")
 
@@ -223,3 +224,28 @@ def test_threads_never_share_a_buffer() -> None:
         t.join()
     assert errors == []
     bufpool.clear()
+
+
+def test_mesh_results_are_right_and_independent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loop meshes take their outputs from the pool too."""
+    ran = count_calls(monkeypatch, loops_mesh, "run_mesh")
+    rng = np.random.default_rng(9)
+    a, b = (rng.random(SHAPES[2], dtype=np.float32) for _ in range(2))
+
+    def mesh_of(x: np.ndarray) -> Any:
+        m = xr.DataArray(x, dims=("y", "x")).stencil.mesh(backend="loops", boundary="periodic")
+        m[...] = _lap(2)
+        m[{"x": 0}] = lambda u: 2 * u()
+        return m
+
+    first = mesh_of(a).map()
+    dropped = mesh_of(b).map()
+    del dropped
+    gc.collect()
+    second = mesh_of(b).map()
+    assert len(ran) == 3
+    for res, x in ((first, a), (second, b)):
+        ref = _lap_ref(x, "periodic", 0.0)
+        ref[:, 0] = 2 * x[:, 0]
+        np.testing.assert_array_equal(np.asarray(res), ref)
+    assert not np.shares_memory(np.asarray(first), np.asarray(second))
