@@ -249,3 +249,28 @@ def test_mesh_results_are_right_and_independent(monkeypatch: pytest.MonkeyPatch)
         ref[:, 0] = 2 * x[:, 0]
         np.testing.assert_array_equal(np.asarray(res), ref)
     assert not np.shares_memory(np.asarray(first), np.asarray(second))
+
+
+def test_recycled_memory_never_leaks_into_uncovered_mesh_cells(monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """A recycled buffer holds an old result: cells no region covers must
+    still come out as the input (fresh memory read as zeros would hide it)."""
+    ran = count_calls(monkeypatch, loops_mesh, "run_mesh")
+    rng = np.random.default_rng(10)
+    a = rng.random(SHAPES[2], dtype=np.float32)
+    mask = rng.random(SHAPES[2]) > 0.7
+    da = xr.DataArray(a, dims=("y", "x"))
+    for _ in range(3):
+        stale = da.stencil.map(lambda u: u() + 100.0, backend="loops", boundary="fill",
+                               fill_value=0.0)  # fills a pooled buffer with other values
+        del stale
+        gc.collect()
+        m = da.stencil.mesh(backend="loops", boundary="periodic")
+        m[{"x": slice(0, 200)}] = _lap(2)
+        m[xr.DataArray(mask, dims=("y", "x"))] = lambda u: -u()
+        res = np.asarray(m.map())
+        ref = a.copy()
+        ref[:, :200] = _lap_ref(a, "periodic", 0.0)[:, :200]
+        ref[mask] = -a[mask]
+        np.testing.assert_array_equal(res, ref)
+    assert len(ran) == 3
