@@ -141,5 +141,8 @@ def idle_bytes() -> int:
 def clear() -> None:
     """Release every idle block (arrays still in use come back later)."""
     with _LOCK:
-        _drain()
-        _IDLE.clear()
+        while True:  # a finalizer run by a collection in here only appends
+            _drain()
+            _IDLE.clear()
+            if not _RETURNED:
+                break
