@@ -16,7 +16,11 @@ array, the JAX array that wraps it without a copy (``jax.device_put`` aliases
 a 64-byte aligned numpy buffer on the CPU and keeps the numpy array alive),
 and every ``np.asarray`` of that JAX array keep the lease alive; a finalizer on
 the lease returns the memory.  A buffer is therefore never handed out twice
-while any result, view or JAX array can still see it.
+while any result, view or JAX array can still see it.  jaxlib lets go of the
+numpy array behind a dropped JAX array lazily, at its next garbage collection
+(run by Python's ``gc`` and by :func:`empty` before it looks for a block), so
+without that call a dropped result would come back only after the next one
+was allocated.
 
 At most :data:`MAX_IDLE_BYTES` of returned memory is kept (the most recently
 returned buffers first); :func:`clear` (``xstencil.clear_caches()``) releases
