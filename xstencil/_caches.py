@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from xstencil._backends.bufpool import clear as _clear_buffers
 from xstencil._backends.dask import clear_cache as _clear_dask
 from xstencil._engine.kcache import clear as _clear_kernels
 
@@ -15,7 +16,8 @@ def clear_caches() -> None:
     :doc:`/performance`, "When xstencil compiles"): the in-memory and sharded
     maps and scans, the inferred windows, the repeat-call fast path, and the
     per-process block functions of dask graphs (in this process; run it on
-    dask workers with ``client.run(xstencil.clear_caches)``).  A cache only
+    dask workers with ``client.run(xstencil.clear_caches)``), and the idle
+    output memory the CPU loop backend keeps for reuse.  A cache only
     makes calls faster, so clearing it never changes a result; the next call
     of each kernel compiles again.  JAX's own caches are left alone
     (:func:`jax.clear_caches` clears those).
@@ -31,3 +33,4 @@ def clear_caches() -> None:
     """
     _clear_kernels()
     _clear_dask()
+    _clear_buffers()

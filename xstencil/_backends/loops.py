@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xstencil._backends import bufpool
 from xstencil._engine.lift import Unliftable
 from xstencil._engine.loopgen import Param, boundary_tables, generate
 from xstencil._engine.lower import AxisGeom, Source, cell_avals
@@ -248,15 +249,17 @@ def run_loops(built: _Built, arrays: Sequence[np.ndarray], coords: Sequence[Any]
     CPU that share the loop's output buffers), or ``out`` itself, written in
     place, where it :func:`fits`.
 
-    New buffers come from numpy (:func:`aligned_empty`), which asks the
-    kernel for transparent huge pages on allocations of 4 MiB and more: a
-    4096 x 4096 float32 output costs about 34 minor page faults, not 16,384
-    (the loop never allocates inside numba, whose allocator does not ask)."""
+    New buffers come from :func:`xstencil._backends.bufpool.empty`: 64-byte
+    aligned, so that ``jax.device_put`` wraps them without a copy, on huge
+    pages (numpy asks the kernel for them from 4 MiB on; numba's allocator
+    does not, so the loop never allocates), and recycled from results that
+    nothing holds any more, so that a loop of maps does not fault in fresh
+    memory on every call (see bufpool.py)."""
     values = list(dleaves) + list(leaves)
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(values, built.params, strict=True)]
     into = fits(built, out)
-    outs = [out] if into else [aligned_empty(built.field, np.dtype(a.dtype))
+    outs = [out] if into else [bufpool.empty(built.field, np.dtype(a.dtype))
                                for a in built.out_avals]
     srcs = list(arrays) + [np.asarray(c) for c in coords]
     built.fn(*outs, *srcs, *built.tables, *built.fills, *params)

@@ -38,10 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xstencil._backends import bufpool
 from xstencil._backends.loops import (
     AUTO_MIN_POINTS,
     MAX_STATEMENTS,
-    aligned_empty,
     leaf_sig,
     numba,
     numpy_on_cpu,
@@ -227,11 +227,11 @@ def _compile(source: str, parallel: bool) -> Any:
 def run_mesh(built: _BuiltMesh, arrays: Sequence[np.ndarray], coords: Sequence[Any],
              dleaves: Sequence[Any], leaves: Sequence[Any]) -> Any:
     """Run a compiled mesh: its nests in order into one set of output buffers
-    (JAX arrays on the CPU that share them)."""
+    (JAX arrays on the CPU that share them; recycled buffers, see bufpool.py)."""
     values = list(dleaves) + list(leaves)
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(values, built.params, strict=True)]
-    outs = [aligned_empty(built.field, dt) for dt in built.out_dtypes]
+    outs = [bufpool.empty(built.field, dt) for dt in built.out_dtypes]
     srcs = list(arrays) + [np.asarray(c) for c in coords]
     for nest in built.nests:
         views = [o[nest.index] for o in outs]

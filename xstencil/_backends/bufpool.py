@@ -1,0 +1,152 @@
+"""Output buffers of the loop backend, recycled once no result uses them.
+
+A map that returns a new result needs a new output array on every call.  Fresh
+memory costs as much as the stencil itself: the kernel faults in and zeroes
+every page (numpy's ``a.copy()`` of a 4096 x 4096 float32 array takes twice
+an ``np.copyto`` into an existing one), and on a virtual machine that hands
+freed memory back to its host (free page reporting) each fault can also fault
+on the host, which measured up to 40x slower.  glibc returns every block over
+32 MiB to the kernel with ``munmap`` when it is freed, so a loop of maps pays
+this on every call even when it drops each result before the next.
+
+:func:`empty` hands out arrays whose memory comes back here, instead of to
+glibc, when the last object that can reach it is gone.  The array's numpy base
+is a :class:`_Lease` (an ``__array_interface__`` holder), so every view of the
+array, the JAX array that wraps it without a copy (``jax.device_put`` aliases
+a 64-byte aligned numpy buffer on the CPU and keeps the numpy array alive),
+and every ``np.asarray`` of that JAX array keep the lease alive; a finalizer on
+the lease returns the memory.  A buffer is therefore never handed out twice
+while any result, view or JAX array can still see it.  jaxlib lets go of the
+numpy array behind a dropped JAX array lazily, at its next garbage collection
+(run by Python's ``gc`` and by :func:`empty` before it looks for a block), so
+without that call a dropped result would come back only after the next one
+was allocated.
+
+At most :data:`MAX_IDLE_BYTES` of returned memory is kept (the most recently
+returned buffers first); :func:`clear` (``xstencil.clear_caches()``) releases
+it all.  Arrays under :data:`MIN_BYTES` come from numpy, whose small blocks
+glibc already recycles.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+try:  # drains the Python references jaxlib releases lazily (also run by gc)
+    from jax._src.lib import _jax as _jaxlib
+except ImportError:  # pragma: no cover - a jaxlib without it: buffers come back later
+    _jaxlib = None
+
+__all__ = ["ALIGN", "MAX_IDLE_BYTES", "MIN_BYTES", "clear", "empty", "idle_bytes"]
+
+#: Byte alignment of every array :func:`empty` returns: the alignment
+#: ``jax.device_put`` needs to wrap a numpy buffer on the CPU without a copy.
+ALIGN = 64
+#: Arrays from this size on are recycled (1 MiB).
+MIN_BYTES = 1 << 20
+#: The most memory kept for reuse while no result holds it (256 MiB).
+MAX_IDLE_BYTES = 256 << 20
+_HUGE = 2 << 20  # arrays from 2 MiB on start on a huge-page boundary
+_LOCK = threading.Lock()
+_IDLE: list[np.ndarray] = []  # raw blocks ready for reuse, most recently returned last
+_RETURNED: collections.deque[np.ndarray] = collections.deque()  # appended by finalizers
+
+
+class _Lease:
+    """The numpy base of one handed-out array: alive while anything can see it."""
+
+    __slots__ = ("__array_interface__", "__weakref__", "raw")
+
+    def __init__(self, raw: np.ndarray, shape: tuple[int, ...], dtype: np.dtype):
+        self.raw = raw
+        self.__array_interface__ = {"data": (_start(raw), False), "shape": shape,
+                                    "typestr": dtype.str, "version": 3}
+
+
+def _start(raw: np.ndarray) -> int:
+    """The aligned address inside ``raw`` where the array starts."""
+    p = raw.ctypes.data
+    return p + (-p) % (_HUGE if raw.nbytes >= 2 * _HUGE else ALIGN)  # see _need
+
+
+def _give_back(raw: np.ndarray) -> None:
+    """Finalizer of a lease: may run inside any allocation of any thread (a
+    garbage collection), so it only appends; :func:`_drain` files it."""
+    _RETURNED.append(raw)
+    if _LOCK.acquire(blocking=False):  # not inside empty() or clear(): file it now
+        try:
+            _drain()
+        finally:
+            _LOCK.release()
+
+
+def _drain() -> None:
+    """Move returned blocks to the idle list and trim it (``_LOCK`` held)."""
+    while _RETURNED:
+        _IDLE.append(_RETURNED.popleft())
+    total = sum(r.nbytes for r in _IDLE)
+    while _IDLE and total > MAX_IDLE_BYTES:
+        total -= _IDLE.pop(0).nbytes
+
+
+def _need(nbytes: int) -> int:
+    """The raw block size for an array of ``nbytes``: room to align its start
+    to a huge page from 2 MiB on (the block is then at least 4 MiB), else to
+    :data:`ALIGN` bytes (the block is then under 4 MiB)."""
+    return nbytes + (_HUGE if nbytes >= _HUGE else ALIGN)
+
+
+def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised, writeable, C-contiguous array aligned to :data:`ALIGN`
+    bytes, in recycled memory where some is idle.
+
+    No other array, view or JAX array shares its memory: memory comes back for
+    reuse only after every object that could read it is gone.
+    """
+    dtype = np.dtype(dtype)
+    shape = tuple(int(n) for n in shape)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < MIN_BYTES:
+        buf = np.empty(nbytes + ALIGN, np.uint8)
+        off = (-buf.ctypes.data) % ALIGN
+        return buf[off:off + nbytes].view(dtype).reshape(shape)
+    need = _need(nbytes)
+    if _jaxlib is not None and hasattr(_jaxlib, "collect_garbage"):
+        _jaxlib.collect_garbage()  # results dropped since the last JAX call come back now
+    raw = None
+    with _LOCK:
+        _drain()
+        for i in range(len(_IDLE) - 1, -1, -1):
+            if _IDLE[i].nbytes == need:
+                raw = _IDLE.pop(i)
+                break
+    if raw is None:
+        raw = np.empty(need, np.uint8)  # numpy asks for huge pages from 4 MiB on
+    lease = _Lease(raw, shape, dtype)
+    out = np.asarray(lease)
+    fin = weakref.finalize(lease, _give_back, raw)
+    fin.atexit = False
+    return out
+
+
+def idle_bytes() -> int:
+    """The memory kept for reuse now, in bytes."""
+    with _LOCK:
+        _drain()
+        return sum(r.nbytes for r in _IDLE)
+
+
+def clear() -> None:
+    """Release every idle block (arrays still in use come back later)."""
+    with _LOCK:
+        while True:  # a finalizer run by a collection in here only appends
+            _drain()
+            _IDLE.clear()
+            if not _RETURNED:
+                break
