@@ -39,6 +39,14 @@ resolves its regions; its per-call cost should not grow with R beyond the
 loop nests' own work).  Loop-backend results are checked against XLA's::
 
     PYTHONPATH=. python benchmarks/mesh.py --masked --n 2048 --rounds 5
+
+``--first`` times the first call (numba's compile included) of meshes of
+R = 1, 4 and 8 regions on the loop backend at ``--n``: a periodic Laplacian
+everywhere, then R-1 rows and columns (edges first) with two boundary
+kernels in turn, after :func:`xstencil.clear_caches` each, and the number of
+loop nests numba compiled::
+
+    PYTHONPATH=. python benchmarks/mesh.py --first --n 512
 """
 
 from __future__ import annotations
@@ -222,6 +230,48 @@ def masked_main(n: int, rounds: int) -> None:
               f"first call {first[name]:.2f} s")
 
 
+FIRST = (1, 4, 8)
+EDGES = ({"x": 0}, {"x": -1}, {"y": 0}, {"y": -1}, {"x": 1}, {"x": -2}, {"y": slice(10, 20)})
+
+
+def first_main(n: int) -> None:
+    """First calls of meshes of 1, 4 and 8 regions on the loop backend (module doc)."""
+    from xstencil._backends import loops_mesh
+
+    rng = np.random.default_rng(3)
+    da = xr.DataArray(rng.random((n, n), dtype=np.float32), dims=("y", "x"))
+    kernels = [lambda u: 0.5 * u() + u(y=1), lambda u: u() - 0.1 * (u(x=1) - u(x=-1))]
+    real = loops_mesh._compile
+    compiled: list[int] = []
+
+    def counting(source: str, parallel: bool) -> Any:
+        compiled.append(1)
+        return real(source, parallel)
+
+    loops_mesh._compile = counting  # type: ignore[assignment]
+    try:
+        print(f"first call of a mesh on the loop backend, {n}x{n} float32")
+        for r in FIRST:
+            xstencil.clear_caches()
+            compiled.clear()
+            m = da.stencil.mesh(boundary="periodic", backend="loops")
+            m[...] = lap
+            for i in range(r - 1):
+                m[EDGES[i]] = kernels[i % 2]
+            t0 = time.perf_counter()
+            out = m.map()
+            out.data.block_until_ready()
+            t = time.perf_counter() - t0
+            x = da.stencil.mesh(boundary="periodic", backend="xla")
+            x[...] = lap
+            for i in range(r - 1):
+                x[EDGES[i]] = kernels[i % 2]
+            np.testing.assert_allclose(out.values, x.map().values, rtol=1e-6, atol=1e-6)
+            print(f"  mesh {r} regions: {t:6.2f} s, {len(compiled)} nests compiled")
+    finally:
+        loops_mesh._compile = real  # type: ignore[assignment]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=64)
@@ -232,7 +282,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="with --loops: 512^2, 5 rounds")
     p.add_argument("--masked", action="store_true",
                    help="masked meshes of 2, 8, 32 regions at --n, loops and XLA")
+    p.add_argument("--first", action="store_true",
+                   help="first calls of meshes of 1, 4, 8 regions on the loop backend at --n")
     a = p.parse_args(argv)
+    if a.first:
+        first_main(a.n)
+        return
     if a.masked:
         masked_main(a.n, a.rounds)
         return
