@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import xstencil
 from tests.backends.test_loops_mesh import _lap, _lap_ref, _reference
 from tests.spies import count_calls
 from xstencil._backends import loops as L
@@ -150,3 +151,45 @@ def test_coverage_nests_and_digests_are_built_once(kind: str, mesh_ran: list[int
         got = out if kind == "DataArray" else out["u"]
         np.testing.assert_array_equal(got.values, ref)
         np.testing.assert_array_equal(got.values, (xla if kind == "DataArray" else xla["u"]).values)
+
+
+@pytest.mark.parametrize("mode", ["periodic", "fill", "reflect"])
+def test_strips_of_one_kernel_share_one_compiled_nest(mode: str, mesh_ran: list[int],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A boundary kernel on every edge, on strided and reversed strips: the
+    strips' nests take their box at run time, so each kernel (per step
+    pattern) compiles once, and every strip still reads its own halo."""
+    compiled = count_calls(monkeypatch, LM, "_compile")
+    xstencil.clear_caches()
+    rng = np.random.default_rng(14)
+    a = rng.random((19, 17), dtype=np.float32)
+    da = xr.DataArray(a, dims=("y", "x"))
+
+    def bc(u: Any) -> Any:
+        return u(x=1) * 2 - u(y=-1)
+
+    def bc_ref(get: Callable[[int, int], np.ndarray]) -> np.ndarray:
+        return get(0, 1) * np.float32(2) - get(-1, 0)
+
+    edges = [({"x": 0}, (slice(None), 0)), ({"x": -1}, (slice(None), -1)),
+             ({"y": 0}, (0, slice(None))), ({"y": -1}, (-1, slice(None))),
+             ({"y": slice(3, 8)}, (slice(3, 8),)),
+             ({"x": 5, "y": slice(2, 15)}, (slice(2, 15), 5))]
+    strided = [({"y": slice(1, None, 4), "x": 2}, (slice(1, None, 4), 2)),
+               ({"y": slice(14, 2, -4), "x": 9}, (slice(14, 2, -4), 9))]
+    outs = []
+    for backend in ("loops", "xla"):
+        m = da.stencil.mesh(boundary=mode, fill_value=0.5 if mode == "fill" else None,
+                            backend=backend)
+        m[...] = _lap
+        for key, _ in edges + strided:
+            m[key] = bc
+        outs.append(m.map())
+    assert len(mesh_ran) == 1
+    # the Laplacian; bc on unit steps (rows and columns alike); bc on steps of 4
+    # (the reversed strip runs forwards with the same step)
+    assert len(compiled) == 3
+    ref = _reference(a, [(..., _lap_ref)] + [(index, bc_ref) for _, index in edges + strided],
+                     mode, 0.5, np.float32)
+    np.testing.assert_array_equal(outs[0].values, ref)
+    np.testing.assert_array_equal(outs[0].values, outs[1].values)
