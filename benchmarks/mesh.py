@@ -29,6 +29,24 @@ checked against each other.  ``--quick`` runs it at 512²::
 
     NUMBA_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. \
         python benchmarks/mesh.py --loops [--quick]
+
+``--masked`` times masked meshes of R = 2, 8 and 32 regions (a periodic
+Laplacian everywhere, then R-1 random masks, each a tenth of the cells, with
+two other kernels in turn) at ``--n`` (64 by default) on the loop backend and
+on XLA, warm, against a plain map: a DataArray mesh called again (the
+repeat-call fast path) and a Dataset mesh of two variables (every call
+resolves its regions; its per-call cost should not grow with R beyond the
+loop nests' own work).  Loop-backend results are checked against XLA's::
+
+    PYTHONPATH=. python benchmarks/mesh.py --masked --n 2048 --rounds 5
+
+``--first`` times the first call (numba's compile included) of meshes of
+R = 1, 4 and 8 regions on the loop backend at ``--n``: a periodic Laplacian
+everywhere, then R-1 rows and columns (edges first) with two boundary
+kernels in turn, after :func:`xstencil.clear_caches` each, and the number of
+loop nests numba compiled::
+
+    PYTHONPATH=. python benchmarks/mesh.py --first --n 512
 """
 
 from __future__ import annotations
@@ -146,6 +164,115 @@ def loops_main(n: int, rounds: int) -> None:
               f"xla {first[name + ' xla']:.2f} s")
 
 
+MASKED = (2, 8, 32)
+
+
+def masked_cases(n: int) -> dict[str, Callable[[], Any]]:
+    """The ``--masked`` columns on ``n`` x ``n`` float32 data (see the module doc)."""
+    rng = np.random.default_rng(2)
+    da = xr.DataArray(rng.random((n, n), dtype=np.float32), dims=("y", "x"))
+    ds = xr.Dataset({"u": da, "h": da * 2})
+    masks = [xr.DataArray(rng.random((n, n)) > 0.9, dims=("y", "x"))
+             for _ in range(max(MASKED) - 1)]
+    others = [edge, lambda u: u(x=1) - u()]
+    ds_others = [lambda s: {"u": 0.5 * s["u"](), "h": s["h"](y=1)},
+                 lambda s: {"u": s["h"](x=1) - s["u"](), "h": 2 * s["h"]()}]
+
+    def ds_lap(s: Any) -> Any:
+        return {"u": lap(s["u"]), "h": s["h"](x=1) - s["u"]()}
+
+    def build_masked(obj: Any, r: int, backend: str) -> Any:
+        m = obj.stencil.mesh(boundary="periodic", backend=backend)
+        m[...] = lap if isinstance(obj, xr.DataArray) else ds_lap
+        kernels = others if isinstance(obj, xr.DataArray) else ds_others
+        for i in range(r - 1):
+            m[masks[i]] = kernels[i % 2]
+        return m
+
+    def ready(out: Any) -> Any:
+        for v in ([out] if isinstance(out, xr.DataArray) else out.data_vars.values()):
+            v.data.block_until_ready()
+        return out
+
+    cases: dict[str, Callable[[], Any]] = {
+        "map xla": lambda: ready(da.stencil.map(lap, boundary="periodic", backend="xla")),
+        "map loops": lambda: ready(da.stencil.map(lap, boundary="periodic", backend="loops"))}
+    for backend in ("loops", "xla"):
+        for r in MASKED:
+            for kind, obj in (("mesh", da), ("ds mesh", ds)):
+                m = build_masked(obj, r, backend)
+                cases[f"{kind} {r} {backend}"] = lambda m=m: ready(m.map())
+    return cases
+
+
+def masked_main(n: int, rounds: int) -> None:
+    """Masked meshes of 2, 8 and 32 regions, loops and XLA (see the module doc)."""
+    cases = masked_cases(n)
+    first, outs = {}, {}
+    for name, f in cases.items():
+        t0 = time.perf_counter()
+        outs[name] = f()
+        first[name] = time.perf_counter() - t0
+    for name, out in outs.items():
+        if name.endswith("loops") and not name.startswith("map"):
+            want = outs[name[:-len("loops")] + "xla"]
+            pairs = [(out, want)] if isinstance(out, xr.DataArray) else \
+                [(out[v], want[v]) for v in out.data_vars]
+            for a, b in pairs:
+                np.testing.assert_array_equal(a.values, b.values)
+    for f in cases.values():  # warm
+        f()
+    med = H.round_robin(cases, rounds, 1 if n > 512 else 20)
+    print(f"masked meshes on {n}x{n} float32: median per call of {rounds} interleaved rounds")
+    for name, v in med.items():
+        floor = med["map loops" if name.endswith("loops") else "map xla"]
+        print(f"  {name:18s} {v * 1e3:9.3f} ms   {v / floor:7.2f}x map   "
+              f"first call {first[name]:.2f} s")
+
+
+FIRST = (1, 4, 8)
+EDGES = ({"x": 0}, {"x": -1}, {"y": 0}, {"y": -1}, {"x": 1}, {"x": -2}, {"y": slice(10, 20)})
+
+
+def first_main(n: int) -> None:
+    """First calls of meshes of 1, 4 and 8 regions on the loop backend (module doc)."""
+    from xstencil._backends import loops_mesh
+
+    rng = np.random.default_rng(3)
+    da = xr.DataArray(rng.random((n, n), dtype=np.float32), dims=("y", "x"))
+    kernels = [lambda u: 0.5 * u() + u(y=1), lambda u: u() - 0.1 * (u(x=1) - u(x=-1))]
+    real = loops_mesh._compile
+    compiled: list[int] = []
+
+    def counting(source: str, parallel: bool) -> Any:
+        compiled.append(1)
+        return real(source, parallel)
+
+    loops_mesh._compile = counting  # type: ignore[assignment]
+    try:
+        print(f"first call of a mesh on the loop backend, {n}x{n} float32")
+        for r in FIRST:
+            xstencil.clear_caches()
+            compiled.clear()
+            m = da.stencil.mesh(boundary="periodic", backend="loops")
+            m[...] = lap
+            for i in range(r - 1):
+                m[EDGES[i]] = kernels[i % 2]
+            t0, c0 = time.perf_counter(), time.process_time()
+            out = m.map()
+            out.data.block_until_ready()
+            t, c = time.perf_counter() - t0, time.process_time() - c0
+            x = da.stencil.mesh(boundary="periodic", backend="xla")
+            x[...] = lap
+            for i in range(r - 1):
+                x[EDGES[i]] = kernels[i % 2]
+            np.testing.assert_allclose(out.values, x.map().values, rtol=1e-6, atol=1e-6)
+            print(f"  mesh {r} regions: {t:6.2f} s ({c:6.2f} s of CPU), "
+                  f"{len(compiled)} nests compiled")
+    finally:
+        loops_mesh._compile = real  # type: ignore[assignment]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=64)
@@ -154,7 +281,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--loops", action="store_true",
                    help="the CPU loop backend against XLA: meshes and Dataset maps at 2048^2")
     p.add_argument("--quick", action="store_true", help="with --loops: 512^2, 5 rounds")
+    p.add_argument("--masked", action="store_true",
+                   help="masked meshes of 2, 8, 32 regions at --n, loops and XLA")
+    p.add_argument("--first", action="store_true",
+                   help="first calls of meshes of 1, 4, 8 regions on the loop backend at --n")
     a = p.parse_args(argv)
+    if a.first:
+        first_main(a.n)
+        return
+    if a.masked:
+        masked_main(a.n, a.rounds)
+        return
     if a.loops:
         loops_main(512 if a.quick else 2048, 5 if a.quick else max(5, min(a.rounds, 9)))
         return

@@ -11,8 +11,12 @@ positions (with steps); a mask region's box is the whole field, and its loop
 writes only where the mask (a runtime argument) is true, so that the
 generated code does not depend on where the mask lies.  Every compiled nest
 is kept in the shared compile cache under its source text, so a mesh whose
-mask moved, or another mesh with a region in common, compiles no nest
-twice.  Every
+mask moved, or another mesh with a region in common, compiles no nest twice.
+A boundary strip's nest (serial, not the whole field) takes where its box
+lies (counts, starts, interior ranges) as a runtime argument instead of
+constants in the source, so strips of one kernel with the same steps (a
+boundary kernel on several edges) share one compile; large nests keep their
+box in the source, where runtime bounds cost numba about 3x.  Every
 nest is :func:`~xstencil._engine.loopgen.generate`'s loop of that kernel over
 that box, so boundaries at a region's edge read the same cells as on the XLA
 path.  The result's dtypes are the XLA function's (found with
@@ -50,6 +54,7 @@ from xstencil._backends.loops import (
 from xstencil._engine.kcache import cached
 from xstencil._engine.lift import Unliftable
 from xstencil._engine.loopgen import Param, boundary_tables, generate
+from xstencil._engine.loopnest import box_args
 from xstencil._engine.lower import AxisGeom, Source, cell_avals
 from xstencil._engine.mesh import Slab, slab_geometry
 
@@ -107,6 +112,7 @@ class _Nest(NamedTuple):
     fn: Any
     source: str
     index: tuple[slice, ...]  # the piece's box in the output
+    box: np.ndarray | None  # a boxed nest: where its box lies (loopnest.box_args)
     tables: list[np.ndarray]
     mask: np.ndarray | None
 
@@ -200,14 +206,24 @@ class MeshLoops:
                     return f"tracing warned: {caught[0].message}"
                 params = [Param(i, tuple(v.aval.shape), np.dtype(v.aval.dtype))
                           for i, v in enumerate(closed.jaxpr.invars[len(sources):])]
+                parallel = math.prod(part.box.counts()) >= PARALLEL_MIN_POINTS
+                whole = all(r == (0, g.count, 1)
+                            for r, g in zip(part.box.ranges, self.geom, strict=True))
+                # a boundary strip's box is a runtime argument: strips of one kernel
+                # with the same steps share the source, hence one compile (large
+                # boxes keep it in the source: runtime bounds cost numba 3x there)
+                boxed = not parallel and not whole
                 source, n = generate(closed, sources, geom, params, limit, out_dtypes,
-                                     masked=part.mask is not None)
+                                     masked=part.mask is not None,
+                                     out_steps=tuple(r[2] for r in part.box.ranges)
+                                     if boxed else None)
                 if n != len(out_dtypes):
                     return "a kernel returns another structure than the mesh's result"
-                parallel = math.prod(part.box.counts()) >= PARALLEL_MIN_POINTS
                 fn = cached(("loop-nest", source, parallel),
                             lambda s=source, p=parallel: _compile(s, p))
                 nests.append(_Nest(fn, source, tuple(slice(*r) for r in part.box.ranges),
+                                   box_args(sources, geom, [r[0] for r in part.box.ranges])
+                                   if boxed else None,
                                    boundary_tables(sources, geom), part.mask))
             fills = [np.asarray(jnp.full((), s.fill_value, s.array.dtype))[()] for s in sources]
             return _BuiltMesh(nests, fills, params or [], out_dtypes, tree, field)
@@ -234,7 +250,10 @@ def run_mesh(built: _BuiltMesh, arrays: Sequence[np.ndarray], coords: Sequence[A
     outs = [bufpool.empty(built.field, dt) for dt in built.out_dtypes]
     srcs = list(arrays) + [np.asarray(c) for c in coords]
     for nest in built.nests:
-        views = [o[nest.index] for o in outs]
         extra = [] if nest.mask is None else [nest.mask]
-        nest.fn(*views, *srcs, *nest.tables, *built.fills, *params, *extra)
+        if nest.box is None:
+            views = [o[nest.index] for o in outs]
+            nest.fn(*views, *srcs, *nest.tables, *built.fills, *params, *extra)
+        else:  # a boxed nest writes into the whole outputs
+            nest.fn(*outs, *srcs, *nest.tables, *built.fills, *params, *extra, nest.box)
     return jax.tree_util.tree_unflatten(built.out_tree, [jax.device_put(o) for o in outs])

@@ -326,7 +326,8 @@ def boundary_tables(sources: Sequence[Source], geom: Sequence[AxisGeom]) -> list
 
 def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
              params: Sequence[Param], limit: int = 1000,
-             out_dtypes: Sequence[Any] | None = None, masked: bool = False) -> tuple[str, int]:
+             out_dtypes: Sequence[Any] | None = None, masked: bool = False,
+             out_steps: Sequence[int] | None = None) -> tuple[str, int]:
     """The source of the loop function and its number of outputs.
 
     ``closed`` is the per-cell jaxpr with invars ``cells + params``.  Raises
@@ -336,7 +337,8 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     XLA mesh casts every region's values into the one result (``astype``).
     ``masked``: the function takes a boolean array ``mk`` of the field's
     shape after the parameters and writes only where it is true (a mask
-    region of a function mesh).
+    region of a function mesh).  ``out_steps``: a *boxed* nest, whose box
+    is a runtime argument (see :func:`~xstencil._engine.loopnest.render`).
     """
     algebra = CodeAlgebra()
     table = Table(algebra)  # type: ignore[arg-type]
@@ -375,7 +377,7 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     if len(reads) + len(algebra.lines) > limit:
         raise Unliftable(f"{len(reads) + len(algebra.lines)} statements per point, over the "
                          f"loop backend's {limit}")
-    src = render(sources, geom, params, algebra.lines, reads, results, masked)
+    src = render(sources, geom, params, algebra.lines, reads, results, masked, out_steps)
     head, _, body = src.partition("\n")
     prologue = "".join(f"    {line}\n" for line in algebra.prologue)
     return f"{head}\n{prologue}{body}", len(results)

@@ -12,14 +12,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from xstencil._engine.lower import AxisGeom, Source, interior_ranges
 
-__all__ = ["render"]
+__all__ = ["box_args", "render"]
 
 
 def _index(s: Source, k: int, idx: tuple[int, ...], geom: Sequence[AxisGeom],
-           boundary: bool, t0: int) -> tuple[list[str], list[str]]:
-    """Index expressions of read ``idx`` of source ``k`` and fill conditions."""
+           boundary: bool, t0: int, boxed: bool = False) -> tuple[list[str], list[str]]:
+    """Index expressions of read ``idx`` of source ``k`` and fill conditions
+    (``boxed``: each axis's start is the runtime value ``s{axis}``)."""
     offs = dict(zip(s.cell_axes, idx, strict=True))
     index, conds = [], []
     for j, a in enumerate(s.axes):
@@ -32,17 +35,21 @@ def _index(s: Source, k: int, idx: tuple[int, ...], geom: Sequence[AxisGeom],
                 conds.append(f"{index[-1]} >= 0")
         else:
             lo = s.pads[j][0] if s.pads else 0
-            index.append(f"{g.start + o - lo} + j{a} * {g.step}" if g.step != 1
-                         else f"{g.start + o - lo} + j{a}")
+            first = f"{o - lo} + s{a}" if boxed else f"{g.start + o - lo}"
+            index.append(f"{first} + j{a} * {g.step}" if g.step != 1 else f"{first} + j{a}")
     return index, conds
 
 
 def _body(sources: Sequence[Source], geom: Sequence[AxisGeom], lines: list[str],
           reads: list[tuple[int, tuple[int, ...], str]], results: list[str],
-          boundary: bool, masked: bool = False) -> tuple[list[str], list[str]]:
+          boundary: bool, masked: bool = False,
+          out_steps: Sequence[int] | None = None) -> tuple[list[str], list[str]]:
     """The statements of one output point, and (interior only) the row views
     hoisted out of the innermost loop.  ``masked``: all of them run only
-    where the boolean array ``mk`` (of the field's shape) is true."""
+    where the boolean array ``mk`` (of the field's shape) is true.
+    ``out_steps``: the outputs (and ``mk``) are whole fields and point ``j``
+    of the box is at ``q{axis} + j{axis} * step`` (see :func:`render`)."""
+    boxed = out_steps is not None
     starts, t = [], 0
     for s in sources:
         starts.append(t)
@@ -52,7 +59,7 @@ def _body(sources: Sequence[Source], geom: Sequence[AxisGeom], lines: list[str],
     out = []
     for k, idx, name in reads:
         src = sources[k]
-        index, conds = _index(src, k, idx, geom, boundary, starts[k])
+        index, conds = _index(src, k, idx, geom, boundary, starts[k], boxed)
         if not boundary and len(index) > 1 and src.axes[-1] == last:
             # a 1-D view of the row: the innermost loop indexes one axis only
             row = f"a{k}[{', '.join(index[:-1])}]"
@@ -65,46 +72,79 @@ def _body(sources: Sequence[Source], geom: Sequence[AxisGeom], lines: list[str],
         else:
             out.append(f"{name} = {ref}")
     out += lines
-    at = ", ".join(f"j{a}" for a in range(len(geom)))
+    at = ", ".join(f"j{a}" if out_steps is None else f"q{a} + j{a}" if out_steps[a] == 1
+                   else f"q{a} + j{a} * {out_steps[a]}" for a in range(len(geom)))
     views = [f"{v} = {row}" for row, v in hoisted.items()]
     for m, r in enumerate(results):
         if boundary or last == 0:
             out.append(f"o{m}[{at}] = {r}")
         else:  # the output row as a 1-D view too
             views.append(f"x{m} = o{m}[{at.rsplit(', ', 1)[0]}]")
-            out.append(f"x{m}[j{last}] = {r}")
+            out.append(f"x{m}[{at.rsplit(', ', 1)[1]}] = {r}")
     if masked:
         if boundary or last == 0:
             cond = f"mk[{at}]"
         else:
             views.append(f"mr = mk[{at.rsplit(', ', 1)[0]}]")
-            cond = f"mr[j{last}]"
+            cond = f"mr[{at.rsplit(', ', 1)[1]}]"
         out = [f"if {cond}:"] + [f"    {line}" for line in out]
     return out, views
 
 
+def box_args(sources: Sequence[Source], geom: Sequence[AxisGeom],
+             out_starts: Sequence[int]) -> np.ndarray:
+    """The runtime argument ``gm`` of a boxed nest (:func:`render`): per
+    axis its output count, first padded input position, interior range and
+    first output position."""
+    vals: list[int] = []
+    for a, (g, q) in enumerate(zip(geom, out_starts, strict=True)):
+        vals += [g.count, g.start, *interior_ranges(sources, a, g), q]
+    return np.array(vals, np.int64)
+
+
 def render(sources: Sequence[Source], geom: Sequence[AxisGeom], params: Sequence[Any],
             lines: list[str], reads: list[tuple[int, tuple[int, ...], str]],
-            results: list[str], masked: bool = False) -> str:
+            results: list[str], masked: bool = False,
+            out_steps: Sequence[int] | None = None) -> str:
     """``kernel(*args)``: a loop over the field (``prange`` over the first
     axis).  Each row along the last axis runs its interior with direct
     indexing and then its boundary points (two runs, or the whole row where
     an outer index is in the shell) through the boundary tables; the shell
-    body is written once to keep numba's compile short.  ``masked``: a last
-    argument ``mk`` (booleans of the field's shape) says where to write."""
+    body is written once to keep numba's compile short.  ``masked``: an
+    argument ``mk`` (booleans of the field's shape) says where to write.
+
+    ``out_steps`` (a *boxed* nest, for a function mesh's regions): the
+    outputs and ``mk`` are the whole field, the box's point ``j`` is written
+    at ``q + j * step`` along each axis, and where the box lies (its counts,
+    input starts, interior ranges and output starts: :func:`box_args`) is a
+    last runtime argument ``gm``, not constants in the source; so regions of
+    one kernel with the same steps share one source and one compile.
+    """
     rank = len(geom)
-    inner, views = _body(sources, geom, lines, reads, results, boundary=False, masked=masked)
-    shell, _ = _body(sources, geom, lines, reads, results, boundary=True, masked=masked)
+    boxed = out_steps is not None
+    inner, views = _body(sources, geom, lines, reads, results, boundary=False, masked=masked,
+                         out_steps=out_steps)
+    shell, _ = _body(sources, geom, lines, reads, results, boundary=True, masked=masked,
+                     out_steps=out_steps)
     ntab = sum(len(s.axes) for s in sources if s.pads)
     names = ", ".join([f"o{m}" for m in range(len(results))]
                       + [f"a{k}" for k in range(len(sources))]
                       + [f"t{i}" for i in range(ntab)] + [f"f{k}" for k in range(len(sources))]
-                      + [f"p{p.index}" for p in params] + (["mk"] if masked else []))
+                      + [f"p{p.index}" for p in params] + (["mk"] if masked else [])
+                      + (["gm"] if boxed else []))
     last = rank - 1
     src = [f"def kernel({names}):"]
-    ranges = [interior_ranges(sources, a, g) for a, g in enumerate(geom)]
+    if boxed:
+        src += [f"    n{a}, s{a}, l{a}, h{a}, q{a} = "
+                f"gm[{5 * a}], gm[{5 * a + 1}], gm[{5 * a + 2}], gm[{5 * a + 3}], gm[{5 * a + 4}]"
+                for a in range(rank)]
+        ranges: list[tuple[Any, Any]] = [(f"l{a}", f"h{a}") for a in range(rank)]
+        counts: list[Any] = [f"n{a}" for a in range(rank)]
+    else:
+        ranges = [interior_ranges(sources, a, g) for a, g in enumerate(geom)]
+        counts = [g.count for g in geom]
     lo, hi = ranges[last]
-    n = geom[last].count
+    n = counts[last]
 
     def emit(depth: int, head: str, body: list[str]) -> None:
         src.append("    " * depth + head)
@@ -118,7 +158,7 @@ def render(sources: Sequence[Source], geom: Sequence[AxisGeom], params: Sequence
     depth = 1
     for a in range(last):
         loop = "prange" if a == 0 else "range"
-        src.append("    " * depth + f"for j{a} in {loop}({geom[a].count}):")
+        src.append("    " * depth + f"for j{a} in {loop}({counts[a]}):")
         depth += 1
         a_lo, a_hi = ranges[a]
         cond = f"({a_lo} <= j{a} < {a_hi})"

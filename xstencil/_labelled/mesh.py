@@ -37,6 +37,7 @@ from xstencil._labelled.mesh_regions import (
     region_dims,
 )
 from xstencil._labelled.mesh_repr import Loc, MeshRepr
+from xstencil._labelled.mesh_resolved import resolved
 from xstencil._labelled.mesh_run import how, layout, lookup, remember, run, traced_call
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.result import rewrap
@@ -157,7 +158,8 @@ class Mesh(MeshRepr):
         if not self._regions:
             raise XStencilError(f"{self._call}: the mesh has no regions; assign kernels with "
                                 f"m[...] = f, m[{{dim: pos}}] = f or m.loc[{{dim: label}}] = f")
-        plan = prepare(call or self._call, self._fields, [k for _, k in self._regions],
+        # the distinct kernels: a window is inferred once per kernel, not per region
+        plan = prepare(call or self._call, self._fields, layout(self).distinct,
                        window=o.get("window"), boundary=o.get("boundary", "fill"),
                        fill_value=o.get("fill_value"), stride=o.get("stride"),
                        output_dims=o.get("output_dims"), args=o.get("args", ()),
@@ -228,9 +230,11 @@ class Mesh(MeshRepr):
         result = out_dtype(call, given)
         plan, _ = self._plan(call=call, args=args, kwargs=kwargs)
         plan = replace(plan, out_dtype=result)
-        regions, masks = self.regions(plan)
-        kernels = tuple(k for _, k in self._regions)
         lay = layout(self)
+        # resolved once per regions and plan, with their coverage (mesh_resolved.py)
+        res = resolved(plan, lay.key[0], lambda: self.regions(plan))
+        regions, masks = list(res.regions), list(res.masks)
+        kernels = tuple(k for _, k in self._regions)
         lifted = describe(lay.distinct)  # the compile-cache key and closed-over arrays
         leaf_dims = None
         if self._fields.names is not None:  # each result gets its own dims (returns.py)
@@ -243,8 +247,8 @@ class Mesh(MeshRepr):
         if out is not None:  # dask-backed or sharded: the backend chosen by the arrays
             return rewrap(plan, self._fields, out, leaf_dims)
         traced = traced_call(self._fields.arrays, args, kwargs, lifted)
-        key_extra, body, dynamic = how(plan, lay, lifted, regions, masks, traced)
-        hook = loop_hook(plan, self._fields.arrays, lay.kidx, regions, masks, key_extra,
+        key_extra, body, dynamic = how(plan, lay, lifted, res, traced)
+        hook = loop_hook(plan, self._fields.arrays, lay.kidx, res, key_extra,
                          self._options.get("backend"), traced)
         if hook is not None:  # numba loops on large numpy data (mesh_loops.py)
             key_extra = (key_extra, hook[0])
@@ -256,8 +260,11 @@ class Mesh(MeshRepr):
         return rewrap(plan, self._fields, out, leaf_dims)
 
     def _region_dims(self) -> tuple[str, ...]:
-        """Dims along which the regions vary: results change along them."""
-        return region_dims(self._fields, self._regions)
+        """Dims along which the regions vary: results change along them
+        (cached by the regions' keys: a pass over each mask otherwise)."""
+        f = self._fields
+        return cached(("mesh-region-dims", f.dims, f.shape, layout(self).key[0]),
+                      lambda: region_dims(f, self._regions))
 
     @raised_here
     def scan(self, dim: str = "time", *args: Any,

@@ -55,6 +55,7 @@ from xstencil._labelled.core import (
 )
 from xstencil._labelled.fastpath import checked, coord_sources, signature
 from xstencil._labelled.mesh_regions import region_key
+from xstencil._labelled.mesh_resolved import Resolved
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.result import host64, replace_data, rewrap
 
@@ -110,17 +111,19 @@ def _branches(lifted: Lifted) -> tuple[int, ...]:
     return tuple(out)
 
 
-def how(plan: Plan, lay: Layout, lifted: Lifted, regions: Sequence[Slab | int],
-        masks: Sequence[np.ndarray], traced: bool = False
+def how(plan: Plan, lay: Layout, lifted: Lifted, res: Resolved, traced: bool = False
         ) -> tuple[Hashable, Callable[..., Any], list[Any]]:
     """How to evaluate the mesh: ``(key_extra, body, dynamic)`` for
-    :func:`~xstencil._labelled.core.call_engine`.
+    :func:`~xstencil._labelled.core.call_engine`; ``res``: its regions over
+    the plan, with their coverage and membership arrays built once
+    (mesh_resolved.py).
 
     ``traced``: some input is a JAX tracer, so the call may be differentiated.
     Then rectangular regions keep *slabs*: under *select* a kernel also runs
     where it is not kept, and one singular there on finite data (``1 / h``
     over land where ``h == 0``) would turn the gradient into NaN.
     """
+    regions, masks, covered = res.regions, res.masks, res.covered
     rep = _branches(lifted)
     reps = tuple(dict.fromkeys(rep))  # the distinct kernels that are traced
     branch = [reps.index(rep[i]) for i in lay.kidx]  # per region
@@ -129,19 +132,9 @@ def how(plan: Plan, lay: Layout, lifted: Lifted, regions: Sequence[Slab | int],
     slab_work = n + sum(math.prod(r.counts()) if isinstance(r, Slab) else n for r in regions)
     rectangular = any(isinstance(r, Slab) for r in regions)
     if use_select(n, len(reps), slab_work) and not (traced and rectangular):
-        member = np.full(counts, -1, np.int8 if len(reps) < 127 else np.int32)
-        for r, b in zip(regions, branch, strict=True):
-            if isinstance(r, Slab):
-                member[tuple(slice(*rr) for rr in r.ranges)] = b
-            else:
-                member[masks[r]] = b
-        covered = bool((member >= 0).all())
-        dynamic = [] if covered and len(reps) == 1 else [member]
+        dynamic = [] if covered and len(reps) == 1 else [res.member(tuple(branch), len(reps))]
         return ("mesh-select", reps, covered), _select_body(reps, covered), dynamic
-    hit = np.zeros(counts, bool)  # the masks are run-time inputs: is every position covered?
-    for r in regions:
-        hit[tuple(slice(*rr) for rr in r.ranges) if isinstance(r, Slab) else masks[r]] = True
-    covered = bool(hit.all())
+    # the masks are run-time inputs
     return (("mesh", tuple(regions), lay.kidx, covered), _slab_body(regions, lay.kidx, covered),
             list(masks))
 
