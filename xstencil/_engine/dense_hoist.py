@@ -220,7 +220,7 @@ def _input_key(args: tuple[Any, ...]) -> Hashable | None:
     weights are computed from these alone, so equal values give equal
     spectra without running the weights program.  ``None`` otherwise."""
     # x.dtype: np.result_type of a JAX array warns (a deprecated conversion)
-    data = tuple((np.shape(x), str(np.dtype(getattr(x, "dtype", None) or np.result_type(x))))
+    data = tuple((np.shape(x), str(x.dtype) if hasattr(x, "dtype") else str(np.result_type(x)))
                  for x in jax.tree_util.tree_leaves(args[0]))
     rest, size = [], 0
     leaves, tree = jax.tree_util.tree_flatten(args[1:])
