@@ -193,11 +193,9 @@ def _fft(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> 
         spec = provided(w, ("padded", sizes, dt.str),
                         lambda w: runtime_spectrum(w, sizes, dt, None))
         if spec is not None:
-            def fast(x: Any, w: Any, big: Any = None) -> Any:
-                return _fft_raw(x, w, steps, counts, big, spec)
-    sizes, axes = tuple(_fast_size(n) for n in p.shape), tuple(range(p.ndim))
-    return finite_guard(p, w, lambda x, w, big=None: _fft_raw(x, w, steps, counts, big),
-                         lambda x: jnp.fft.rfftn(x, sizes, axes), fast)
+            def fast(x: Any, w: Any) -> Any:
+                return _fft_raw(x, w, steps, counts, None, spec)
+    return finite_guard(p, w, lambda x, w: _fft_raw(x, w, steps, counts), fast)
 
 
 def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int],
@@ -234,12 +232,9 @@ def _circular(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
         spec = provided(w, ("circular", shape, dt.str, tuple(lows)),
                         lambda w: wrapped_runtime_spectrum(w, shape, dt, lows))
         if spec is not None:
-            def fast(x: Any, w: Any, big: Any = None) -> Any:
-                return _circular_raw(x, w, lows, steps, counts, big, spec)
-    axes = tuple(range(x.ndim))
-    return finite_guard(
-        x, w, lambda x, w, big=None: _circular_raw(x, w, lows, steps, counts, big),
-        lambda x: jnp.fft.rfftn(x, axes=axes), fast)
+            def fast(x: Any, w: Any) -> Any:
+                return _circular_raw(x, w, lows, steps, counts, None, spec)
+    return finite_guard(x, w, lambda x, w: _circular_raw(x, w, lows, steps, counts), fast)
 
 
 def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],

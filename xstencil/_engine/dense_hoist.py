@@ -219,7 +219,8 @@ def _input_key(args: tuple[Any, ...]) -> Hashable | None:
     closed-over arrays), when they are small (:data:`INPUT_KEY_BYTES`): the
     weights are computed from these alone, so equal values give equal
     spectra without running the weights program.  ``None`` otherwise."""
-    data = tuple((np.shape(x), str(np.result_type(x)))
+    # x.dtype: np.result_type of a JAX array warns (a deprecated conversion)
+    data = tuple((np.shape(x), str(x.dtype) if hasattr(x, "dtype") else str(np.result_type(x)))
                  for x in jax.tree_util.tree_leaves(args[0]))
     rest, size = [], 0
     leaves, tree = jax.tree_util.tree_flatten(args[1:])
