@@ -10,9 +10,17 @@ buffers (saved positions are written straight into the preallocated
 trajectory).  Each step performs the XLA step's operations in the same order
 on the same boundary cells, so the result is the XLA scan's, bitwise.
 
-Anything else (a Dataset, reads at other time offsets, coordinate reads, a
-kernel the generator cannot express, a result dtype other than the state's,
-JAX or dask data, tracers, options such as ``progress``) returns ``None``:
+A Dataset grown the same way (coupled fields: ``s["u"](time=-1, x=1)``,
+``s["v"](time=-1, y=-1)``, returning ``{"u": ..., "v": ...}``) runs as the
+Dataset map of its previous state: one loop nest per step computes every
+advanced variable from the previous positions of all of them (each variable
+double-buffered, so every new value reads the old state, as the XLA step
+does); variables without the scanned dim are constants, read as they are.
+
+Anything else (reads at other time offsets, coordinate reads, a kernel the
+generator cannot express, a result dtype other than the state's, an advanced
+variable without every dim of the Dataset, JAX or dask data, tracers,
+options such as ``progress``) returns ``None``:
 the caller runs the XLA scan, silently.  The setup and the rewrap are the
 XLA scan's own (:func:`~xstencil._labelled.scan_setup.plan_scan`,
 :func:`~xstencil._labelled.scan_result.rewrap`).
@@ -31,7 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -55,7 +63,7 @@ from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import rewrap
 from xstencil._labelled.scan_setup import plan_scan
 
-__all__ = ["backend_mode", "candidate", "loop_scan", "Repeat"]
+__all__ = ["backend_mode", "candidate", "eligible", "loop_scan", "Repeat"]
 
 _LOG = logging.getLogger("xstencil.loops")
 _BUILT: dict[Any, Any] = {}  # per kernel structure and layout: the loop, or why not
@@ -84,9 +92,56 @@ class _Previous:
         raise _NotPrevious(f"window attribute {name!r}")
 
 
-def _previous_kernel(kernel: Callable[..., Any], dim: str) -> Callable[..., Any]:
+class _Constant:
+    """A variable without ``dim`` (a constant of a Dataset scan): read as it
+    is; a ``dim`` offset of 0 or -1 is dropped, as XLA's scan broadcasts the
+    variable along ``dim``; anything else raises :class:`_NotPrevious`."""
+
+    __slots__ = ("_w", "_dim")
+
+    def __init__(self, w: Any, dim: str):
+        self._w, self._dim = w, dim
+
+    def __call__(self, *positional: Any, **offsets: Any) -> Any:
+        if positional or offsets.pop(self._dim, 0) not in (0, -1):
+            raise _NotPrevious("reads of a constant other than by name")
+        return self._w(**offsets)
+
+    def __getattr__(self, name: str) -> Any:
+        raise _NotPrevious(f"window attribute {name!r}")
+
+
+class _PreviousSet(Mapping[str, Any]):
+    """The windows a Dataset kernel sees: the advanced variables as
+    :class:`_Previous`, the constants (``consts``) as :class:`_Constant`."""
+
+    def __init__(self, s: Any, dim: str, consts: frozenset[str]):
+        self._s, self._dim, self._consts = s, dim, consts
+
+    def __getitem__(self, name: str) -> Any:
+        w = self._s[name]
+        return _Constant(w, self._dim) if name in self._consts else _Previous(w, self._dim)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._s)
+
+    def __len__(self) -> int:
+        return len(self._s)
+
+
+def _previous_kernel(kernel: Callable[..., Any], dim: str,
+                     consts: frozenset[str] | None = None) -> Callable[..., Any]:
+    """The kernel on the previous state (``consts``: a Dataset's constants;
+    ``None`` for a DataArray)."""
+
     def prev(u: Any, *args: Any, **kwargs: Any) -> Any:
-        return kernel(_Previous(u, dim), *args, **kwargs)
+        w = _Previous(u, dim) if consts is None else _PreviousSet(u, dim, consts)
+        return kernel(w, *args, **kwargs)
 
     prev.__name__ = getattr(kernel, "__name__", "kernel")
     return prev
@@ -94,9 +149,22 @@ def _previous_kernel(kernel: Callable[..., Any], dim: str) -> Callable[..., Any]
 
 def _eligible(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
               backend: str | None) -> bool:
-    return callable(kernel) and type(obj) is xr.DataArray and candidate(
-        obj, obj.data, o.dim, o.grown, bool(o.progress or o.checkpoint or o.check_finite
-                                            or o.period), args, kwargs, backend)
+    return callable(kernel) and eligible(
+        obj, o.dim, o.grown, bool(o.progress or o.checkpoint or o.check_finite or o.period),
+        args, kwargs, backend)
+
+
+def eligible(obj: Any, dim: str, grown: bool, other: bool, args: Any, kwargs: Any,
+             backend: str | None) -> bool:
+    """Whether a scan of the DataArray or Dataset ``obj`` may run on the loop
+    backend (:func:`candidate`; for a Dataset, every data variable's array)."""
+    if type(obj) is xr.DataArray:
+        return candidate(obj, obj.variable._data, dim, grown, other, args, kwargs, backend)
+    if type(obj) is not xr.Dataset or not obj.data_vars:
+        return False
+    variables = [obj._variables[n] for n in obj.data_vars]
+    return _candidate(obj, [(v.dims, v._data) for v in variables], dim, grown, other, args,
+                      kwargs, backend)
 
 
 def candidate(obj: Any, data: Any, dim: str, grown: bool, other: bool, args: Any,
@@ -105,17 +173,22 @@ def candidate(obj: Any, data: Any, dim: str, grown: bool, other: bool, args: Any
     the loop backend; the kernel and the state's dtype decide the rest
     (``grown``: ``steps=`` given; ``other``: any of ``progress``,
     ``checkpoint``, ``check_finite`` or ``period``)."""
+    return _candidate(obj, [(obj.dims, data)], dim, grown, other, args, kwargs, backend)
+
+
+def _candidate(obj: Any, variables: Sequence[tuple[tuple[Any, ...], Any]], dim: str,
+               grown: bool, other: bool, args: Any, kwargs: Any, backend: str | None) -> bool:
     mode = resolve_mode(backend)
     if mode == "xla" or not available():
         return False
-    if type(data) is not np.ndarray or data.dtype.kind not in "biuf" or not data.size:
-        return False
+    for dims, data in variables:
+        if type(data) is not np.ndarray or data.dtype.kind not in "biuf" or not data.size:
+            return False
+        if dim in dims and data.shape[dims.index(dim)] != 1:
+            return False
     if not grown or other:
         return False
-    dims, shape = obj.dims, data.shape
-    if dim in dims and shape[dims.index(dim)] != 1:
-        return False
-    if mode == "auto" and math.prod(s for d, s in zip(dims, shape, strict=True)
+    if mode == "auto" and math.prod(n for d, n in obj.sizes.items()
                                     if d != dim) < AUTO_MIN_POINTS:
         return False
     if jax.default_backend() != "cpu":
@@ -172,7 +245,7 @@ def _loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
     with precision(f.arrays, args, kwargs):  # 64-bit data computes in 64 bits, as on XLA
         out, repeat, outs = _in_precision(obj, kernel, o, args, kwargs, limit, sp, f, lifted,
                                           static, udyn)
-    out = _as_returned(out)  # outside the x64 context, where 64-bit data goes to the host
+    out = _as_returned(out, sp.names)  # outside the x64 context, where 64-bit data goes to the host
     if keep is not None:
         keep(sp, repeat, outs, out)
     return out
@@ -182,18 +255,24 @@ def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, li
                   sp: ScanPlan, f: Any, lifted: Any, static: Any, udyn: Any
                   ) -> tuple[Any, Repeat, list[np.ndarray]]:
     call, dim = o.call, o.dim
+    names = sp.plan.var_names
     try:
-        if sp.k != 1 or tuple(sp.evolving) != (0,):
-            raise _Fallback("not one evolving variable with one initial position")
+        if sp.k != 1:
+            raise _Fallback("not one initial position")
         arrays_in, init = inputs(sp, f.arrays)
-        slab = np.ascontiguousarray(np.asarray(init[0][0]))
-        state = np.dtype(slab.dtype)
-        sdims = tuple(d for d in sp.plan.var_dims[0] if d != dim)
-        prev = xr.DataArray(slab, dims=sdims)
+        slabs, consts = _state(sp, arrays_in, init)
+        sdims = [tuple(d for d in vd if d != dim) for vd in sp.plan.var_dims]
+        if names is None:
+            prev: Any = xr.DataArray(slabs[0], dims=sdims[0])
+            kept = None
+        else:
+            prev = xr.Dataset({n: (sdims[i], slabs[sp.evolving.index(i)] if c is None else c)
+                               for i, (n, c) in enumerate(zip(names, consts, strict=True))})
+            kept = frozenset(n for n, c in zip(names, consts, strict=True) if c is not None)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             pf = unwrap(call, prev)
-            pk = _previous_kernel(kernel, dim)
+            pk = _previous_kernel(kernel, dim, kept)
             plan = prepare(call, pf, [pk], window=_spatial(o.window, dim),
                            boundary=_spatial(o.boundary, dim), fill_value=o.fill_value,
                            stride=None, output_dims=None, args=args, kwargs=kwargs)
@@ -201,103 +280,168 @@ def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, li
             raise _Fallback(f"setup warned: {caught[0].message}")
         if plan.coord_dims:
             raise _Fallback("the kernel reads coordinates")
+        if plan.var_dims != tuple(sdims) or any(sdims[i] != plan.dims for i in sp.evolving):
+            raise _Fallback("an advanced variable lacks some of the Dataset's dims")
     except _Fallback:
         raise
     except Exception as e:  # noqa: BLE001 - the XLA path decides and reports
         raise _Fallback(f"{type(e).__name__}: {e}") from e
     dleaves = jax.tree_util.tree_leaves(udyn)
     leaves = list(lifted.leaves)
-    key = (lifted.key, plan, static, slab.shape, slab.dtype.str, tuple(map(leaf_sig, dleaves)),
-           tuple(map(leaf_sig, leaves)), bool(jax.config.read("jax_enable_x64")), limit)
+    srcs = _sources(slabs, consts, sp.evolving)
+    key = (lifted.key, plan, static, tuple((x.shape, x.dtype.str) for x in srcs),
+           tuple(map(leaf_sig, dleaves)), tuple(map(leaf_sig, leaves)),
+           bool(jax.config.read("jax_enable_x64")), limit)
     try:
         hash(key)
     except TypeError as e:  # e.g. an unhashable static argument: XLA's path decides
         raise _Fallback(f"uncacheable: {e}") from e
     built = _BUILT.get(key)
     if built is None:
-        built = _build(plan, lifted, static, dim, slab, udyn, leaves, limit)
+        built = _build(plan, lifted, static, dim, kept, srcs, udyn, leaves, limit)
         if len(_BUILT) >= _MAX_BUILT:
             _BUILT.pop(next(iter(_BUILT)))
         _BUILT[key] = built
     if isinstance(built, str):
         raise _Fallback(built)
-    if len(built.out_avals) != 1 or np.dtype(built.out_avals[0].dtype) != state:
-        raise _Fallback("the kernel's result is not one array of the state's dtype")
-    out = _steps(built, sp, slab, dleaves, leaves)
-    return rewrap(sp, f, obj, [out]), Repeat(built, sp), [out]
+    order = _outputs(built, sp, slabs)
+    outs = _steps(built, sp, slabs, consts, order, dleaves, leaves)
+    return rewrap(sp, f, obj, outs), Repeat(built, sp, order), outs
+
+
+def _state(sp: ScanPlan, arrays_in: Sequence[Any], init: Sequence[Sequence[Any]]
+           ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+    """Per advanced variable its initial slab, and per variable its array
+    if it is a constant (without ``dim``; ``None`` for advanced ones), all
+    C-contiguous numpy arrays in the plan's dim order."""
+    slabs = [np.ascontiguousarray(np.asarray(x[0])) for x in init]
+    consts: list[np.ndarray | None] = []
+    for i, a in enumerate(arrays_in):
+        if i in sp.evolving:
+            consts.append(None)
+        elif a is None:
+            raise _Fallback("a variable along the scanned dim is not advanced")
+        else:
+            consts.append(np.ascontiguousarray(np.asarray(a)))
+    return slabs, consts
+
+
+def _sources(slabs: Sequence[np.ndarray], consts: Sequence[np.ndarray | None],
+             evolving: Sequence[int]) -> list[np.ndarray]:
+    """The loop's source arrays: per variable its current slab or constant."""
+    return [slabs[evolving.index(i)] if c is None else c for i, c in enumerate(consts)]
+
+
+def _outputs(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray]) -> tuple[int, ...]:
+    """Per loop output, the advanced variable (index into ``sp.evolving``) it
+    is; each must have the state's dtype."""
+    n = len(built.out_avals)
+    tree = jax.tree_util.tree_unflatten(built.out_tree, list(range(n)))
+    names = sp.names
+    if names is None:
+        if n != 1:
+            raise _Fallback("the kernel's result is not one array")
+        order = (0,)
+    else:
+        if not isinstance(tree, Mapping) or sorted(tree) != sorted(names) or n != len(names):
+            raise _Fallback("the kernel's result is not one array per advanced variable")
+        order = tuple(names.index(m) for m, _ in sorted(tree.items(), key=lambda kv: kv[1]))
+    for m, j in enumerate(order):
+        if np.dtype(built.out_avals[m].dtype) != slabs[j].dtype:
+            raise _Fallback("the kernel's result does not have the state's dtype")
+    return order
 
 
 class Repeat:
     """A loop scan rerun on new data (the repeat-call fast path), called as
     the XLA scan's compiled loop is: ``(arrays, init, coords, tcoord, masks,
     dyn, leaves, token) -> ([saved slabs, dim first], first bad position)``;
-    only ``init`` (the initial slab), ``dyn`` (the kernel arguments' arrays)
-    and ``leaves`` (the kernel's closed-over arrays, read afresh) are used."""
+    only ``arrays`` (a Dataset's constants), ``init`` (the initial slabs),
+    ``dyn`` (the kernel arguments' arrays) and ``leaves`` (the kernel's
+    closed-over arrays, read afresh) are used."""
 
-    __slots__ = ("built", "sp")
+    __slots__ = ("built", "sp", "order")
 
-    def __init__(self, built: Any, sp: ScanPlan):
-        self.built, self.sp = built, sp
+    def __init__(self, built: Any, sp: ScanPlan, order: tuple[int, ...]):
+        self.built, self.sp, self.order = built, sp, order
 
     def __call__(self, arrays: Any, init: Any, coords: Any, tcoord: Any, masks: Any,
                  dyn: Any, leaves: Any, token: Any) -> tuple[list[Any], Any]:
-        slab = np.ascontiguousarray(np.asarray(init[0][0]))
-        out = _steps(self.built, self.sp, slab, list(dyn), list(leaves))
-        # a JAX array as the XLA loop returns (64-bit: under x64, then on the host)
-        return [jax.device_put(out)], _NO_BAD
+        slabs, consts = _state(self.sp, arrays, init)
+        outs = _steps(self.built, self.sp, slabs, consts, self.order, list(dyn), list(leaves))
+        # JAX arrays as the XLA loop returns (64-bit: under x64, then on the host)
+        return [jax.device_put(out) for out in outs], _NO_BAD
 
 
 _NO_BAD = np.int32(-1)  # no position was checked for NaN or Inf (check_finite is off)
 
 
-def _build(plan: Any, lifted: Any, static: Any, dim: str, slab: np.ndarray, udyn: Any,
-           leaves: list[Any], limit: int) -> Any:
+def _build(plan: Any, lifted: Any, static: Any, dim: str, kept: frozenset[str] | None,
+           srcs: list[np.ndarray], udyn: Any, leaves: list[Any], limit: int) -> Any:
     """The compiled loop of one step (``loops._Built``), or why not (a string)."""
 
     def kern(cells: Any, dyn: Any, lv: Any) -> Any:
-        k = _previous_kernel(rebuild(lifted, lv)[0], dim)
+        k = _previous_kernel(rebuild(lifted, lv)[0], dim, kept)
         return kernel_caller(plan, k, static)(cells, dyn)
 
     lj = LoopOrJit(None, kern, lambda arrays, coords: sources(plan, arrays, coords), plan.geom,
                    "loops")
-    built, _ = lj._build([slab], [], udyn, leaves, limit)  # noqa: SLF001
+    built, _ = lj._build(srcs, [], udyn, leaves, limit)  # noqa: SLF001
     return built
 
 
-def _steps(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
-           leaves: list[Any]) -> np.ndarray:
-    """Run ``sp.loop.steps`` steps from ``slab``: the saved positions, dim first."""
+def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
+           consts: Sequence[np.ndarray | None], order: Sequence[int], dleaves: list[Any],
+           leaves: list[Any]) -> list[np.ndarray]:
+    """Run ``sp.loop.steps`` steps from ``slabs`` (one per advanced variable;
+    ``consts``: a Dataset's constants; ``order``: the advanced variable each
+    loop output is): per advanced variable its saved positions, dim first.
+    Every step writes every variable's new slab into a buffer of its own,
+    reading the previous slabs of all of them (two buffers per variable)."""
     loop = sp.loop
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(list(dleaves) + list(leaves), built.params, strict=True)]
     fixed = [*built.tables, *built.fills, *params]
     every, steps = loop.every, loop.steps
     n = loop.saves + 1 if every else 1
-    out = aligned_empty((n, *slab.shape), slab.dtype)
+    outs = [aligned_empty((n, *s.shape), s.dtype) for s in slabs]
     if every:
-        out[0] = slab
-    cur = slab  # never written: it may share the caller's data
-    spares = (aligned_empty(slab.shape, slab.dtype), aligned_empty(slab.shape, slab.dtype))
+        for out, slab in zip(outs, slabs, strict=True):
+            out[0] = slab
+    cur = list(slabs)  # never written: they may share the caller's data
+    spares = [(aligned_empty(s.shape, s.dtype), aligned_empty(s.shape, s.dtype)) for s in slabs]
     for t in range(1, steps + 1):
         if every and t % every == 0:
-            nxt = out[t // every]
+            nxt = [out[t // every] for out in outs]
         elif not every and t == steps:
-            nxt = out[0]
+            nxt = [out[0] for out in outs]
         else:
-            nxt = spares[0] if cur is not spares[0] else spares[1]
-        built.fn(nxt, cur, *fixed)
+            nxt = [a if c is not a else b for c, (a, b) in zip(cur, spares, strict=True)]
+        built.fn(*[nxt[j] for j in order], *_sources(cur, consts, sp.evolving), *fixed)
         cur = nxt
     if not every and steps == 0:
-        out[0] = slab
-    return out
+        for out, slab in zip(outs, slabs, strict=True):
+            out[0] = slab
+    return outs
 
 
-def _as_returned(out: xr.DataArray) -> xr.DataArray:
-    """The data as the XLA scan returns it: a JAX array, but numpy for 64-bit
+def _host(x: Any) -> Any:
+    """An array as the XLA scan returns it: a JAX array, but numpy for 64-bit
     data while JAX's x64 flag is off (see ``result.host64``)."""
-    x = np.asarray(out.data)
+    x = np.asarray(x)
     if x.dtype.itemsize >= 8 and not jax.config.read("jax_enable_x64"):
         # rewrap ran under x64 and may hand back a 64-bit JAX array, which the next
         # JAX operation outside x64 would truncate: numpy, as the XLA scan returns
-        return out if type(out.data) is np.ndarray else out.copy(data=x)
-    return out.copy(data=jax.device_put(x))
+        return x
+    return jax.device_put(x)
+
+
+def _as_returned(out: Any, names: Sequence[str] | None) -> Any:
+    """The result with its advanced variables' data as the XLA scan returns them."""
+    if names is None:
+        x = _host(out.data)
+        return out if x is out.data else out.copy(data=x)
+    for n in names:  # a Dataset made by rewrap for this call: set in place
+        v = out.variables[n]
+        v.data = _host(v.data)
+    return out

@@ -41,7 +41,7 @@ from xstencil._labelled.blocking import blocked, blocking_arg
 from xstencil._labelled.core import Fields, coord_arrays
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.dtypes import out_dtype, state_dtype
-from xstencil._labelled.loop_scan import backend_mode, candidate, loop_scan
+from xstencil._labelled.loop_scan import backend_mode, eligible, loop_scan
 from xstencil._labelled.scale import scale_out
 from xstencil._labelled.scan_loop import build_loop, inputs, time_input
 from xstencil._labelled.scan_plan import MAX_STEPS, ScanPlan
@@ -266,9 +266,9 @@ def _repeat(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwargs: 
                                                     options[10], options[11])
     lifted = describe([kernel])
     # whether it may run as numba loops is keyed too: an entry never changes the route
-    loops = blocking is None and type(obj) is xr.DataArray and candidate(
-        obj, obj.variable._data, dim, steps is not None,
-        bool(checkpoint or check_finite or period), args, kwargs, backend)
+    loops = blocking is None and eligible(obj, dim, steps is not None,
+                                          bool(checkpoint or check_finite or period), args,
+                                          kwargs, backend)
     sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
                                               backend_mode(backend), loops), args, kwargs)
     return lifted, sig, None if sig is None else scan_fast.lookup(lifted, sig, obj)
@@ -298,7 +298,8 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
     if blocking is None and devices is None and halo_every is None:
         out = loop_scan(cast, kernel, o, args, kwargs, backend,
                         None if sig is None else keep_loops)
-        if out is not None:  # numba loops: a grown DataArray on numpy data (loop_scan.py)
+        if out is not None:  # numba loops: a grown DataArray or Dataset on numpy data
+            # (loop_scan.py)
             return out
     out = blocked(cast, kernel, o.dim, args, kwargs, blocking, **opts)
     if out is not None:  # in memory, large: tiles stepped K steps at a time (blocking.py)
