@@ -171,10 +171,13 @@ def scan(
     backend
         ``"auto"`` (the default, or the ``XSTENCIL_BACKEND`` environment
         variable), ``"loops"`` or ``"xla"``, as for :func:`xstencil.map`: a
-        DataArray grown by ``steps=`` on numpy data whose kernel reads only
-        the previous position (``u(time=-1, ...)``) runs as numba loops when
-        ``blocking`` is ``None`` (see :doc:`/performance`); every other scan
-        runs on XLA.
+        DataArray or Dataset grown by ``steps=`` on numpy data whose kernel
+        reads only the previous position (``u(time=-1, ...)``; for a
+        Dataset, ``s["u"](time=-1, ...)`` of every advanced variable, with
+        variables without ``dim`` read as constants) runs as numba loops when
+        ``blocking`` is ``None``, one loop nest per step over all advanced
+        variables (see :doc:`/performance`); every other scan, and one the
+        loops cannot express, runs on XLA (silently, also for ``"loops"``).
 
     Returns
     -------
