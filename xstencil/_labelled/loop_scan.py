@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -58,6 +58,7 @@ from xstencil._backends.loops import (
 from xstencil._engine.call import outside_transforms, precision, split_static
 from xstencil._engine.kcache import describe, rebuild
 from xstencil._labelled.core import kernel_caller, prepare, sources, unwrap
+from xstencil._labelled.loop_previous import previous_kernel
 from xstencil._labelled.scan_loop import inputs
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import rewrap
@@ -68,83 +69,6 @@ __all__ = ["backend_mode", "candidate", "eligible", "loop_scan", "Repeat"]
 _LOG = logging.getLogger("xstencil.loops")
 _BUILT: dict[Any, Any] = {}  # per kernel structure and layout: the loop, or why not
 _MAX_BUILT = 64
-
-
-class _NotPrevious(Exception):
-    """The kernel does something other than read the previous position."""
-
-
-class _Previous:
-    """The window a kernel sees: ``u(dim=-1, x=a)`` reads ``u(x=a)`` of the
-    previous state; anything else raises :class:`_NotPrevious`."""
-
-    __slots__ = ("_w", "_dim")
-
-    def __init__(self, w: Any, dim: str):
-        self._w, self._dim = w, dim
-
-    def __call__(self, *positional: Any, **offsets: Any) -> Any:
-        if positional or offsets.pop(self._dim, None) != -1:
-            raise _NotPrevious("reads other than the previous position")
-        return self._w(**offsets)
-
-    def __getattr__(self, name: str) -> Any:
-        raise _NotPrevious(f"window attribute {name!r}")
-
-
-class _Constant:
-    """A variable without ``dim`` (a constant of a Dataset scan): read as it
-    is; a ``dim`` offset of 0 or -1 is dropped, as XLA's scan broadcasts the
-    variable along ``dim``; anything else raises :class:`_NotPrevious`."""
-
-    __slots__ = ("_w", "_dim")
-
-    def __init__(self, w: Any, dim: str):
-        self._w, self._dim = w, dim
-
-    def __call__(self, *positional: Any, **offsets: Any) -> Any:
-        if positional or offsets.pop(self._dim, 0) not in (0, -1):
-            raise _NotPrevious("reads of a constant other than by name")
-        return self._w(**offsets)
-
-    def __getattr__(self, name: str) -> Any:
-        raise _NotPrevious(f"window attribute {name!r}")
-
-
-class _PreviousSet(Mapping[str, Any]):
-    """The windows a Dataset kernel sees: the advanced variables as
-    :class:`_Previous`, the constants (``consts``) as :class:`_Constant`."""
-
-    def __init__(self, s: Any, dim: str, consts: frozenset[str]):
-        self._s, self._dim, self._consts = s, dim, consts
-
-    def __getitem__(self, name: str) -> Any:
-        w = self._s[name]
-        return _Constant(w, self._dim) if name in self._consts else _Previous(w, self._dim)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return self[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._s)
-
-    def __len__(self) -> int:
-        return len(self._s)
-
-
-def _previous_kernel(kernel: Callable[..., Any], dim: str,
-                     consts: frozenset[str] | None = None) -> Callable[..., Any]:
-    """The kernel on the previous state (``consts``: a Dataset's constants;
-    ``None`` for a DataArray)."""
-
-    def prev(u: Any, *args: Any, **kwargs: Any) -> Any:
-        w = _Previous(u, dim) if consts is None else _PreviousSet(u, dim, consts)
-        return kernel(w, *args, **kwargs)
-
-    prev.__name__ = getattr(kernel, "__name__", "kernel")
-    return prev
 
 
 def _eligible(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
@@ -272,7 +196,7 @@ def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, li
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             pf = unwrap(call, prev)
-            pk = _previous_kernel(kernel, dim, kept)
+            pk = previous_kernel(kernel, dim, kept)
             plan = prepare(call, pf, [pk], window=_spatial(o.window, dim),
                            boundary=_spatial(o.boundary, dim), fill_value=o.fill_value,
                            stride=None, output_dims=None, args=args, kwargs=kwargs)
@@ -381,7 +305,7 @@ def _build(plan: Any, lifted: Any, static: Any, dim: str, kept: frozenset[str] |
     """The compiled loop of one step (``loops._Built``), or why not (a string)."""
 
     def kern(cells: Any, dyn: Any, lv: Any) -> Any:
-        k = _previous_kernel(rebuild(lifted, lv)[0], dim, kept)
+        k = previous_kernel(rebuild(lifted, lv)[0], dim, kept)
         return kernel_caller(plan, k, static)(cells, dyn)
 
     lj = LoopOrJit(None, kern, lambda arrays, coords: sources(plan, arrays, coords), plan.geom,
