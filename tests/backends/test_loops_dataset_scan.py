@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
@@ -310,3 +311,62 @@ def test_unsupported_scans_fall_back_to_xla(ran: list[int], case: str) -> None:
     want = ds.compute().stencil.scan(kernel, "time", backend="xla",
                                      **{**opts, "blocking": False})
     xr.testing.assert_identical(got.compute(), want)
+
+
+def test_mixed_dtypes_follow_the_state_dtype_rules(ran: list[int], x64: None) -> None:
+    """A float32 field advanced with a float64 one takes the promoted state
+    dtype, an int32 constant stays int32, uint8 fields wrap: as on XLA."""
+    rng = np.random.default_rng(5)
+    ds = xr.Dataset({"u": (("y", "x"), rng.random((6, 5)).astype(np.float32)),
+                     "v": (("y", "x"), rng.random((6, 5))),
+                     "m": (("y", "x"), rng.integers(0, 3, (6, 5)).astype(np.int32))})
+
+    def k(s: Any) -> Any:
+        u, v, f64 = s["u"], s["v"], jnp.float64
+        return {"v": v(time=-1) - 0.1 * u(time=-1, x=1).astype(f64),
+                "u": u(time=-1).astype(f64) + 0.1 * v(time=-1, y=-1) * s["m"](x=1).astype(f64)}
+
+    got = ds.stencil.scan(k, "time", steps=4, boundary="periodic", backend="loops")
+    want = ds.stencil.scan(k, "time", steps=4, boundary="periodic", backend="xla")
+    assert ran == [1]
+    _same_layout(got, want)
+    assert got.u.dtype == np.float64 and got.m.dtype == np.int32
+    for n in ("u", "v"):
+        assert _ulps(np.asarray(got[n].values), np.asarray(want[n].values)) <= 4
+    ds8 = xr.Dataset({"a": ("x", np.arange(200, 210, dtype=np.uint8)),
+                      "b": ("x", np.arange(10, dtype=np.uint8)[::-1].copy())})
+
+    def k8(s: Any) -> Any:
+        return {"a": s["a"](time=-1, x=1) + s["b"](time=-1),
+                "b": s["b"](time=-1, x=-1) + s["a"](time=-1)}
+
+    got = ds8.stencil.scan(k8, "time", steps=3, boundary="periodic", backend="loops")
+    want = ds8.stencil.scan(k8, "time", steps=3, boundary="periodic", backend="xla")
+    assert ran == [1, 1]
+    _same_layout(got, want)
+    a, b = ds8.a.values, ds8.b.values
+    for t in range(1, 4):
+        a, b = np.roll(a, -1) + b, np.roll(b, 1) + a  # uint8 wraps
+        np.testing.assert_array_equal(got.a.values[t], a)
+        np.testing.assert_array_equal(got.b.values[t], b)
+
+
+def test_fast_path_reads_new_constants(ran: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = count_calls(monkeypatch, scan_fast, "run")
+    xstencil.clear_caches()
+    base = _state((8, 10))
+
+    def k(s: Any) -> Any:
+        return {"u": s["u"](time=-1) + s["f"](x=1), "v": s["v"](time=-1, y=1) * s["f"]()}
+
+    outs = []
+    for f in (np.zeros(10, np.float32), np.linspace(0, 1, 10, dtype=np.float32)):
+        ds = base.assign(f=("x", f))
+        outs.append(ds.stencil.scan(k, "time", steps=3, boundary="periodic", backend="loops"))
+    assert fast == [1] and ran == [1, 1]
+    u, v, f = base.u.values, base.v.values, np.linspace(0, 1, 10, dtype=np.float32)
+    for t in range(1, 4):
+        u, v = u + np.roll(f, -1), np.roll(v, -1, axis=0) * f
+        np.testing.assert_array_equal(outs[1].u.values[t], u)
+        np.testing.assert_array_equal(outs[1].v.values[t], v)
+    xr.testing.assert_identical(outs[1].f, base.assign(f=("x", f)).f)
