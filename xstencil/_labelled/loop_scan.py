@@ -169,7 +169,7 @@ def _loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
     with precision(f.arrays, args, kwargs):  # 64-bit data computes in 64 bits, as on XLA
         out, repeat, outs = _in_precision(obj, kernel, o, args, kwargs, limit, sp, f, lifted,
                                           static, udyn)
-    out = _as_returned(out, sp.names)  # outside the x64 context, where 64-bit data goes to the host
+    out = _as_returned(out, sp.names)  # outside x64, where 64-bit data goes to the host
     if keep is not None:
         keep(sp, repeat, outs, out)
     return out
