@@ -64,7 +64,8 @@ from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import rewrap
 from xstencil._labelled.scan_setup import plan_scan
 
-__all__ = ["backend_mode", "candidate", "eligible", "loop_scan", "Repeat"]
+__all__ = ["backend_mode", "candidate", "eligible", "loop_scan", "Repeat", "Fallback",
+           "as_returned", "outputs", "previous_state", "step_sources"]
 
 _LOG = logging.getLogger("xstencil.loops")
 _BUILT: dict[Any, Any] = {}  # per kernel structure and layout: the loop, or why not
@@ -142,13 +143,13 @@ def loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
     try:
         return _loop_scan(obj, kernel, o, args, kwargs, MAX_STATEMENTS[resolve_mode(backend)],
                           keep)
-    except _Fallback as e:
+    except Fallback as e:
         _LOG.debug("scan runs with XLA: %s", e)
         return None
 
 
-class _Fallback(Exception):
-    pass
+class Fallback(Exception):
+    """The loops do not apply (the message says why): the caller runs XLA."""
 
 
 def _loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
@@ -161,15 +162,15 @@ def _loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
             warnings.simplefilter("always")
             sp, f = plan_scan(obj, [kernel], o, args, kwargs, lifted, static, udyn)
         if caught:
-            raise _Fallback(f"setup warned: {caught[0].message}")
-    except _Fallback:
+            raise Fallback(f"setup warned: {caught[0].message}")
+    except Fallback:
         raise
     except Exception as e:  # noqa: BLE001 - the XLA path decides and reports
-        raise _Fallback(f"{type(e).__name__}: {e}") from e
+        raise Fallback(f"{type(e).__name__}: {e}") from e
     with precision(f.arrays, args, kwargs):  # 64-bit data computes in 64 bits, as on XLA
         out, repeat, outs = _in_precision(obj, kernel, o, args, kwargs, limit, sp, f, lifted,
                                           static, udyn)
-    out = _as_returned(out, sp.names)  # outside x64, where 64-bit data goes to the host
+    out = as_returned(out, sp.names)  # outside x64, where 64-bit data goes to the host
     if keep is not None:
         keep(sp, repeat, outs, out)
     return out
@@ -178,11 +179,44 @@ def _loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
 def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, limit: int,
                   sp: ScanPlan, f: Any, lifted: Any, static: Any, udyn: Any
                   ) -> tuple[Any, Repeat, list[np.ndarray]]:
+    dim = o.dim
+    slabs, consts, kept, plan = previous_state(o, sp, f, [kernel], args, kwargs)
+    dleaves = jax.tree_util.tree_leaves(udyn)
+    leaves = list(lifted.leaves)
+    srcs = step_sources(slabs, consts, sp.evolving)
+    key = (lifted.key, plan, static, tuple((x.shape, x.dtype.str) for x in srcs),
+           tuple(map(leaf_sig, dleaves)), tuple(map(leaf_sig, leaves)),
+           bool(jax.config.read("jax_enable_x64")), limit)
+    try:
+        hash(key)
+    except TypeError as e:  # e.g. an unhashable static argument: XLA's path decides
+        raise Fallback(f"uncacheable: {e}") from e
+    built = _BUILT.get(key)
+    if built is None:
+        built = _build(plan, lifted, static, dim, kept, srcs, udyn, leaves, limit)
+        if len(_BUILT) >= _MAX_BUILT:
+            _BUILT.pop(next(iter(_BUILT)))
+        _BUILT[key] = built
+    if isinstance(built, str):
+        raise Fallback(built)
+    order = outputs(built, sp, slabs)
+    outs = _steps(built, sp, slabs, consts, order, dleaves, leaves)
+    return rewrap(sp, f, obj, outs), Repeat(built, sp, order), outs
+
+
+def previous_state(o: ScanPlan, sp: ScanPlan, f: Any, kernels: Sequence[Any], args: Any,
+                   kwargs: Any) -> tuple[list[np.ndarray], list[np.ndarray | None],
+                                         frozenset[str] | None, Any]:
+    """The previous state as the loops read it: per advanced variable its
+    initial slab, per variable its constant array (or ``None``), the names of
+    a Dataset's constants (``None`` for a DataArray) and the plan of the map
+    of that state by the kernels on their previous position; raises
+    :class:`Fallback` where the loops do not apply."""
     call, dim = o.call, o.dim
     names = sp.plan.var_names
     try:
         if sp.k != 1:
-            raise _Fallback("not one initial position")
+            raise Fallback("not one initial position")
         arrays_in, init = inputs(sp, f.arrays)
         slabs, consts = _state(sp, arrays_in, init)
         sdims = [tuple(d for d in vd if d != dim) for vd in sp.plan.var_dims]
@@ -196,41 +230,21 @@ def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, li
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             pf = unwrap(call, prev)
-            pk = previous_kernel(kernel, dim, kept)
-            plan = prepare(call, pf, [pk], window=_spatial(o.window, dim),
+            pks = [previous_kernel(k, dim, kept) for k in kernels]
+            plan = prepare(call, pf, pks, window=_spatial(o.window, dim),
                            boundary=_spatial(o.boundary, dim), fill_value=o.fill_value,
                            stride=None, output_dims=None, args=args, kwargs=kwargs)
         if caught:
-            raise _Fallback(f"setup warned: {caught[0].message}")
+            raise Fallback(f"setup warned: {caught[0].message}")
         if plan.coord_dims:
-            raise _Fallback("the kernel reads coordinates")
+            raise Fallback("the kernel reads coordinates")
         if plan.var_dims != tuple(sdims) or any(sdims[i] != plan.dims for i in sp.evolving):
-            raise _Fallback("an advanced variable lacks some of the Dataset's dims")
-    except _Fallback:
+            raise Fallback("an advanced variable lacks some of the Dataset's dims")
+    except Fallback:
         raise
     except Exception as e:  # noqa: BLE001 - the XLA path decides and reports
-        raise _Fallback(f"{type(e).__name__}: {e}") from e
-    dleaves = jax.tree_util.tree_leaves(udyn)
-    leaves = list(lifted.leaves)
-    srcs = _sources(slabs, consts, sp.evolving)
-    key = (lifted.key, plan, static, tuple((x.shape, x.dtype.str) for x in srcs),
-           tuple(map(leaf_sig, dleaves)), tuple(map(leaf_sig, leaves)),
-           bool(jax.config.read("jax_enable_x64")), limit)
-    try:
-        hash(key)
-    except TypeError as e:  # e.g. an unhashable static argument: XLA's path decides
-        raise _Fallback(f"uncacheable: {e}") from e
-    built = _BUILT.get(key)
-    if built is None:
-        built = _build(plan, lifted, static, dim, kept, srcs, udyn, leaves, limit)
-        if len(_BUILT) >= _MAX_BUILT:
-            _BUILT.pop(next(iter(_BUILT)))
-        _BUILT[key] = built
-    if isinstance(built, str):
-        raise _Fallback(built)
-    order = _outputs(built, sp, slabs)
-    outs = _steps(built, sp, slabs, consts, order, dleaves, leaves)
-    return rewrap(sp, f, obj, outs), Repeat(built, sp, order), outs
+        raise Fallback(f"{type(e).__name__}: {e}") from e
+    return slabs, consts, kept, plan
 
 
 def _state(sp: ScanPlan, arrays_in: Sequence[Any], init: Sequence[Sequence[Any]]
@@ -244,19 +258,19 @@ def _state(sp: ScanPlan, arrays_in: Sequence[Any], init: Sequence[Sequence[Any]]
         if i in sp.evolving:
             consts.append(None)
         elif a is None:
-            raise _Fallback("a variable along the scanned dim is not advanced")
+            raise Fallback("a variable along the scanned dim is not advanced")
         else:
             consts.append(np.ascontiguousarray(np.asarray(a)))
     return slabs, consts
 
 
-def _sources(slabs: Sequence[np.ndarray], consts: Sequence[np.ndarray | None],
+def step_sources(slabs: Sequence[np.ndarray], consts: Sequence[np.ndarray | None],
              evolving: Sequence[int]) -> list[np.ndarray]:
     """The loop's source arrays: per variable its current slab or constant."""
     return [slabs[evolving.index(i)] if c is None else c for i, c in enumerate(consts)]
 
 
-def _outputs(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray]) -> tuple[int, ...]:
+def outputs(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray]) -> tuple[int, ...]:
     """Per loop output, the advanced variable (index into ``sp.evolving``) it
     is; each must have the state's dtype."""
     n = len(built.out_avals)
@@ -264,15 +278,15 @@ def _outputs(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray]) -> tuple[int
     names = sp.names
     if names is None:
         if n != 1:
-            raise _Fallback("the kernel's result is not one array")
+            raise Fallback("the kernel's result is not one array")
         order = (0,)
     else:
         if not isinstance(tree, Mapping) or sorted(tree) != sorted(names) or n != len(names):
-            raise _Fallback("the kernel's result is not one array per advanced variable")
+            raise Fallback("the kernel's result is not one array per advanced variable")
         order = tuple(names.index(m) for m, _ in sorted(tree.items(), key=lambda kv: kv[1]))
     for m, j in enumerate(order):
         if np.dtype(built.out_avals[m].dtype) != slabs[j].dtype:
-            raise _Fallback("the kernel's result does not have the state's dtype")
+            raise Fallback("the kernel's result does not have the state's dtype")
     return order
 
 
@@ -341,7 +355,7 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
             nxt = [out[0] for out in outs]
         else:
             nxt = [a if c is not a else b for c, (a, b) in zip(cur, spares, strict=True)]
-        built.fn(*[nxt[j] for j in order], *_sources(cur, consts, sp.evolving), *fixed)
+        built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
         cur = nxt
     if not every and steps == 0:
         for out, slab in zip(outs, slabs, strict=True):
@@ -360,7 +374,7 @@ def _host(x: Any) -> Any:
     return jax.device_put(x)
 
 
-def _as_returned(out: Any, names: Sequence[str] | None) -> Any:
+def as_returned(out: Any, names: Sequence[str] | None) -> Any:
     """The result with its advanced variables' data as the XLA scan returns them."""
     if names is None:
         x = _host(out.data)

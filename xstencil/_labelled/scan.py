@@ -41,6 +41,7 @@ from xstencil._labelled.blocking import blocked, blocking_arg
 from xstencil._labelled.core import Fields, coord_arrays
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.dtypes import out_dtype, state_dtype
+from xstencil._labelled.loop_mesh_scan import loop_mesh_scan
 from xstencil._labelled.loop_scan import backend_mode, eligible, loop_scan
 from xstencil._labelled.scale import scale_out
 from xstencil._labelled.scan_loop import build_loop, inputs, time_input
@@ -330,7 +331,7 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                             f"with .to_zarr(...)")
     halo_every = options.pop("halo_every", None)
     blocking_arg(call, options.pop("blocking", None))  # checked; a mesh runs unblocked
-    backend_arg(call, options.pop("backend", None))  # checked; a mesh scan runs with XLA
+    backend = backend_arg(call, options.pop("backend", m._options.get("backend")))
     dtype = options.pop("dtype", m._options.get("dtype"))
     kwargs = {k: v for k, v in options.items() if k not in known}
     opts.update({k: v for k, v in options.items() if k in known})
@@ -347,6 +348,10 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                     devices=m._options.get("devices"), halo_every=halo_every, function_mesh=m)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
+    if halo_every is None and m._options.get("devices") is None:
+        out = loop_mesh_scan(obj, m, kernels, o, args, kwargs, backend)
+        if out is not None:  # numba loops: one nest per region (loop_mesh_scan.py)
+            return out
     return _run(call, obj, kernels, m, o, args, kwargs)
 
 
