@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 import xarray as xr
@@ -184,3 +185,29 @@ def test_region_along_the_scanned_dim(ran: list[int]) -> None:
     for _ in range(3):
         ref.append(_np_heat(np.pad(ref[-1], 1, mode="wrap")))
     np.testing.assert_array_equal(got.values, np.stack(ref))
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_float64_with_and_without_x64(ran: list[int], wide: bool) -> None:
+    """float64 stays float64 (on the host with x64 off, as on XLA); an int
+    region (``lambda u: 1``) is cast to the state's dtype."""
+    u0 = _field((9, 10), np.float64)
+    with jax.enable_x64(wide):
+        m = u0.stencil.mesh(boundary="extend")
+        m[...] = heat
+        m[{"y": 0}] = lambda u: 1
+        got = m.scan("time", steps=4, save_every=2, backend="loops")
+        want = m.scan("time", steps=4, save_every=2, backend="xla")
+    assert ran == [1]
+    assert got.dtype == want.dtype == np.float64 and type(got.data) is type(want.data)
+    if not wide:
+        assert type(got.data) is np.ndarray
+    xr.testing.assert_identical(got.copy(data=np.asarray(want.data)), want.copy(
+        data=np.asarray(want.data)))
+    ref = [u0.values]
+    for _ in range(4):
+        new = _np_heat(np.pad(ref[-1], 1, mode="edge"))
+        new[0] = 1.0
+        ref.append(new)
+    np.testing.assert_array_equal(got.values, np.stack(ref[::2]))
+    np.testing.assert_allclose(np.asarray(got.values), np.asarray(want.values), rtol=1e-14)
