@@ -49,7 +49,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import io_callback
 
-__all__ = ["Progress", "Interrupted", "report", "callback", "advance", "report_if_due",
+__all__ = ["Progress", "Interrupted", "Ticker", "report", "callback", "advance", "report_if_due",
            "check_every", "label"]
 
 # open bars by token; entries live only inside a ``with Progress(...)`` block
@@ -252,3 +252,35 @@ class Progress:
             shown = getattr(self, "_shown", None)
             if shown is not None:
                 shown.update(self.bar.container)  # the saved text/plain reads 100 %
+
+
+class Ticker:
+    """When a Python time loop (the loop backend's) moves bar ``token``:
+    called after step ``done`` when the step count it last returned comes
+    due, it returns the next one.
+
+    It reports (:func:`advance`, the XLA loop's rule: the next report about
+    :data:`INTERVAL` seconds ahead at the speed measured since the last) when
+    that report is due, and in between reads the clock four times per
+    interval at that speed, to report early once ``INTERVAL`` seconds have
+    passed: a loop that slows down by a factor ``f`` mid-interval still
+    reports within about ``INTERVAL * (1 + f / 4)`` seconds, not
+    ``INTERVAL * f``.  A Ctrl-C noted by the bar ends the loop as
+    ``KeyboardInterrupt`` (the XLA loop's caller turns the aborted call into
+    the same).
+    """
+
+    __slots__ = ("token", "at", "next", "every")
+
+    def __init__(self, token: int):
+        self.token, self.at, self.next, self.every = token, 0.0, 1, 1
+
+    def __call__(self, done: int) -> int:
+        now = time.perf_counter()
+        if done >= self.next or now - self.at >= INTERVAL:
+            try:
+                self.next = int(advance(self.token, done))
+            except Interrupted:
+                raise KeyboardInterrupt from None
+            self.at, self.every = now, max(1, (self.next - done) // 4)
+        return min(self.next, done + self.every)

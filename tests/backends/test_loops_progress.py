@@ -220,7 +220,7 @@ def test_a_loop_that_slows_down_reports_early(monkeypatch: pytest.MonkeyPatch) -
         stamps.append((clock[0], int(done))), real(token, done))[1])
     interval = _progress.INTERVAL
     with _progress.Progress(10_000, "t", disable=True) as p:
-        tick = loop_scan._Ticker(p.token)
+        tick = _progress.Ticker(p.token)
         due = 1
         for t in range(1, 4001):
             clock[0] += 1e-3 if t <= 1000 else 4e-3

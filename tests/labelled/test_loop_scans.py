@@ -198,8 +198,7 @@ def _reads_input(u: Any) -> Any:
     return u(time=-1) + u(x=1)
 
 
-@pytest.mark.parametrize("case", ["coord", "xla", "check_finite", "dask", "dataset",
-                                  "blocking"])
+@pytest.mark.parametrize("case", ["coord", "xla", "check_finite", "dask", "blocking"])
 def test_fallbacks_run_xla(ran: list[int], case: str) -> None:
     u0 = _field((10, 8))
     kernel, opts = heat2, dict(steps=4, boundary="periodic")
@@ -213,9 +212,6 @@ def test_fallbacks_run_xla(ran: list[int], case: str) -> None:
         opts["check_finite"] = True
     elif case == "dask":
         obj = u0.copy(data=dask.array.from_array(u0.values, chunks=5))
-    elif case == "dataset":
-        obj = u0.to_dataset()
-        kernel = lambda s: {"T": heat2(s["T"])}  # noqa: E731
     elif case == "blocking":
         opts["blocking"] = False  # the whole-array XLA loop, as before
     got = obj.stencil.scan(kernel, backend=backend, **opts)

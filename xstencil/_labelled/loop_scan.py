@@ -10,23 +10,30 @@ buffers (saved positions are written straight into the preallocated
 trajectory).  Each step performs the XLA step's operations in the same order
 on the same boundary cells, so the result is the XLA scan's, bitwise.
 
-Anything else (a Dataset, reads at other time offsets, coordinate reads, a
-kernel the generator cannot express, a result dtype other than the state's,
-JAX or dask data, tracers, ``checkpoint``, ``check_finite`` or ``period``)
-returns ``None``: the caller runs the XLA scan, silently.
+A Dataset grown the same way (coupled fields: ``s["u"](time=-1, x=1)``,
+``s["v"](time=-1, y=-1)``, returning ``{"u": ..., "v": ...}``) runs as the
+Dataset map of its previous state: one loop nest per step computes every
+advanced variable from the previous positions of all of them (each variable
+double-buffered, so every new value reads the old state, as the XLA step
+does); variables without the scanned dim are constants, read as they are.
+
+Anything else (reads at other time offsets, coordinate reads, a kernel the
+generator cannot express, a result dtype other than the state's, an advanced
+variable without every dim of the Dataset, JAX or dask data, tracers,
+``checkpoint``, ``check_finite`` or ``period``) returns ``None``: the caller
+runs the XLA scan, silently.
 
 ``progress=True`` runs on the loops too: the Python time loop moves the same
 tqdm bar as the XLA loop (:class:`xstencil._progress.Progress`, same label),
-between two steps, by the XLA loop's rule (:func:`xstencil._progress.advance`):
-the first report after one step, then about
-:data:`~xstencil._progress.INTERVAL` seconds ahead at the measured speed,
-early if the clock, read a few times in between, says the loop slowed down
-(:class:`_Ticker`).  The steps themselves are unchanged, so the result is
+between two steps, by the XLA loop's rule (:func:`xstencil._progress.advance`,
+driven by :class:`xstencil._progress.Ticker`): the first report after one
+step, then about :data:`~xstencil._progress.INTERVAL` seconds ahead at the
+measured speed, early if the clock, read a few times in between, says the
+loop slowed down.  The steps themselves are unchanged, so the result is
 bitwise the one without a bar; a report costs about ten microseconds, about
-five times a second.  A Ctrl-C
-(which the open bar turns into a flag) stops the loop at the next report with
-``KeyboardInterrupt``; the input was never written, and the partial result is
-dropped.  The setup and the rewrap are the
+five times a second.  A Ctrl-C (which the open bar turns into a flag) stops
+the loop at the next report with ``KeyboardInterrupt``; the input was never
+written, and the partial result is dropped.  The setup and the rewrap are the
 XLA scan's own (:func:`~xstencil._labelled.scan_setup.plan_scan`,
 :func:`~xstencil._labelled.scan_result.rewrap`).
 
@@ -43,9 +50,8 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -65,53 +71,38 @@ from xstencil._backends.loops import (
 from xstencil._engine.call import outside_transforms, precision, split_static
 from xstencil._engine.kcache import describe, rebuild
 from xstencil._labelled.core import kernel_caller, prepare, sources, unwrap
+from xstencil._labelled.loop_previous import previous_kernel
 from xstencil._labelled.scan_loop import inputs
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import rewrap
 from xstencil._labelled.scan_setup import plan_scan
 
-__all__ = ["backend_mode", "candidate", "loop_scan", "Repeat"]
+__all__ = ["backend_mode", "candidate", "eligible", "loop_scan", "Repeat", "Fallback",
+           "as_returned", "outputs", "previous_state", "run_steps", "step_sources"]
 
 _LOG = logging.getLogger("xstencil.loops")
 _BUILT: dict[Any, Any] = {}  # per kernel structure and layout: the loop, or why not
 _MAX_BUILT = 64
 
 
-class _NotPrevious(Exception):
-    """The kernel does something other than read the previous position."""
-
-
-class _Previous:
-    """The window a kernel sees: ``u(dim=-1, x=a)`` reads ``u(x=a)`` of the
-    previous state; anything else raises :class:`_NotPrevious`."""
-
-    __slots__ = ("_w", "_dim")
-
-    def __init__(self, w: Any, dim: str):
-        self._w, self._dim = w, dim
-
-    def __call__(self, *positional: Any, **offsets: Any) -> Any:
-        if positional or offsets.pop(self._dim, None) != -1:
-            raise _NotPrevious("reads other than the previous position")
-        return self._w(**offsets)
-
-    def __getattr__(self, name: str) -> Any:
-        raise _NotPrevious(f"window attribute {name!r}")
-
-
-def _previous_kernel(kernel: Callable[..., Any], dim: str) -> Callable[..., Any]:
-    def prev(u: Any, *args: Any, **kwargs: Any) -> Any:
-        return kernel(_Previous(u, dim), *args, **kwargs)
-
-    prev.__name__ = getattr(kernel, "__name__", "kernel")
-    return prev
-
-
 def _eligible(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
               backend: str | None) -> bool:
-    return callable(kernel) and type(obj) is xr.DataArray and candidate(
-        obj, obj.data, o.dim, o.grown, bool(o.checkpoint or o.check_finite or o.period),
-        args, kwargs, backend)
+    return callable(kernel) and eligible(
+        obj, o.dim, o.grown, bool(o.checkpoint or o.check_finite or o.period), args, kwargs,
+        backend)
+
+
+def eligible(obj: Any, dim: str, grown: bool, other: bool, args: Any, kwargs: Any,
+             backend: str | None) -> bool:
+    """Whether a scan of the DataArray or Dataset ``obj`` may run on the loop
+    backend (:func:`candidate`; for a Dataset, every data variable's array)."""
+    if type(obj) is xr.DataArray:
+        return candidate(obj, obj.variable._data, dim, grown, other, args, kwargs, backend)
+    if type(obj) is not xr.Dataset or not obj.data_vars:
+        return False
+    variables = [obj._variables[n] for n in obj.data_vars]
+    return _candidate(obj, [(v.dims, v._data) for v in variables], dim, grown, other, args,
+                      kwargs, backend)
 
 
 def candidate(obj: Any, data: Any, dim: str, grown: bool, other: bool, args: Any,
@@ -120,17 +111,22 @@ def candidate(obj: Any, data: Any, dim: str, grown: bool, other: bool, args: Any
     the loop backend; the kernel and the state's dtype decide the rest
     (``grown``: ``steps=`` given; ``other``: any of ``checkpoint``,
     ``check_finite`` or ``period``; a ``progress`` bar runs on the loops)."""
+    return _candidate(obj, [(obj.dims, data)], dim, grown, other, args, kwargs, backend)
+
+
+def _candidate(obj: Any, variables: Sequence[tuple[tuple[Any, ...], Any]], dim: str,
+               grown: bool, other: bool, args: Any, kwargs: Any, backend: str | None) -> bool:
     mode = resolve_mode(backend)
     if mode == "xla" or not available():
         return False
-    if type(data) is not np.ndarray or data.dtype.kind not in "biuf" or not data.size:
-        return False
+    for dims, data in variables:
+        if type(data) is not np.ndarray or data.dtype.kind not in "biuf" or not data.size:
+            return False
+        if dim in dims and data.shape[dims.index(dim)] != 1:
+            return False
     if not grown or other:
         return False
-    dims, shape = obj.dims, data.shape
-    if dim in dims and shape[dims.index(dim)] != 1:
-        return False
-    if mode == "auto" and math.prod(s for d, s in zip(dims, shape, strict=True)
+    if mode == "auto" and math.prod(n for d, n in obj.sizes.items()
                                     if d != dim) < AUTO_MIN_POINTS:
         return False
     if jax.default_backend() != "cpu":
@@ -160,13 +156,13 @@ def loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
     try:
         return _loop_scan(obj, kernel, o, args, kwargs, MAX_STATEMENTS[resolve_mode(backend)],
                           keep)
-    except _Fallback as e:
+    except Fallback as e:
         _LOG.debug("scan runs with XLA: %s", e)
         return None
 
 
-class _Fallback(Exception):
-    pass
+class Fallback(Exception):
+    """The loops do not apply (the message says why): the caller runs XLA."""
 
 
 def _loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
@@ -179,15 +175,15 @@ def _loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
             warnings.simplefilter("always")
             sp, f = plan_scan(obj, [kernel], o, args, kwargs, lifted, static, udyn)
         if caught:
-            raise _Fallback(f"setup warned: {caught[0].message}")
-    except _Fallback:
+            raise Fallback(f"setup warned: {caught[0].message}")
+    except Fallback:
         raise
     except Exception as e:  # noqa: BLE001 - the XLA path decides and reports
-        raise _Fallback(f"{type(e).__name__}: {e}") from e
+        raise Fallback(f"{type(e).__name__}: {e}") from e
     with precision(f.arrays, args, kwargs):  # 64-bit data computes in 64 bits, as on XLA
         out, repeat, outs = _in_precision(obj, kernel, o, args, kwargs, limit, sp, f, lifted,
                                           static, udyn)
-    out = _as_returned(out)  # outside the x64 context, where 64-bit data goes to the host
+    out = as_returned(out, sp.names)  # outside x64, where 64-bit data goes to the host
     if keep is not None:
         keep(sp, repeat, outs, out)
     return out
@@ -196,176 +192,231 @@ def _loop_scan(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
 def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, limit: int,
                   sp: ScanPlan, f: Any, lifted: Any, static: Any, udyn: Any
                   ) -> tuple[Any, Repeat, list[np.ndarray]]:
-    call, dim = o.call, o.dim
-    try:
-        if sp.k != 1 or tuple(sp.evolving) != (0,):
-            raise _Fallback("not one evolving variable with one initial position")
-        arrays_in, init = inputs(sp, f.arrays)
-        slab = np.ascontiguousarray(np.asarray(init[0][0]))
-        state = np.dtype(slab.dtype)
-        sdims = tuple(d for d in sp.plan.var_dims[0] if d != dim)
-        prev = xr.DataArray(slab, dims=sdims)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            pf = unwrap(call, prev)
-            pk = _previous_kernel(kernel, dim)
-            plan = prepare(call, pf, [pk], window=_spatial(o.window, dim),
-                           boundary=_spatial(o.boundary, dim), fill_value=o.fill_value,
-                           stride=None, output_dims=None, args=args, kwargs=kwargs)
-        if caught:
-            raise _Fallback(f"setup warned: {caught[0].message}")
-        if plan.coord_dims:
-            raise _Fallback("the kernel reads coordinates")
-    except _Fallback:
-        raise
-    except Exception as e:  # noqa: BLE001 - the XLA path decides and reports
-        raise _Fallback(f"{type(e).__name__}: {e}") from e
+    dim = o.dim
+    slabs, consts, kept, plan = previous_state(o, sp, f, [kernel], args, kwargs)
     dleaves = jax.tree_util.tree_leaves(udyn)
     leaves = list(lifted.leaves)
-    key = (lifted.key, plan, static, slab.shape, slab.dtype.str, tuple(map(leaf_sig, dleaves)),
-           tuple(map(leaf_sig, leaves)), bool(jax.config.read("jax_enable_x64")), limit)
+    srcs = step_sources(slabs, consts, sp.evolving)
+    key = (lifted.key, plan, static, tuple((x.shape, x.dtype.str) for x in srcs),
+           tuple(map(leaf_sig, dleaves)), tuple(map(leaf_sig, leaves)),
+           bool(jax.config.read("jax_enable_x64")), limit)
     try:
         hash(key)
     except TypeError as e:  # e.g. an unhashable static argument: XLA's path decides
-        raise _Fallback(f"uncacheable: {e}") from e
+        raise Fallback(f"uncacheable: {e}") from e
     built = _BUILT.get(key)
     if built is None:
-        built = _build(plan, lifted, static, dim, slab, udyn, leaves, limit)
+        built = _build(plan, lifted, static, dim, kept, srcs, udyn, leaves, limit)
         if len(_BUILT) >= _MAX_BUILT:
             _BUILT.pop(next(iter(_BUILT)))
         _BUILT[key] = built
     if isinstance(built, str):
-        raise _Fallback(built)
-    if len(built.out_avals) != 1 or np.dtype(built.out_avals[0].dtype) != state:
-        raise _Fallback("the kernel's result is not one array of the state's dtype")
-    out = _with_bar(built, sp, slab, dleaves, leaves)
-    return rewrap(sp, f, obj, [out]), Repeat(built, sp), [out]
+        raise Fallback(built)
+    order = outputs(built, sp, slabs)
+    outs = run_steps(built, sp, slabs, consts, order, dleaves, leaves)
+    return rewrap(sp, f, obj, outs), Repeat(built, sp, order), outs
 
 
-def _with_bar(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
-              leaves: list[Any]) -> np.ndarray:
-    """:func:`_steps`, under a progress bar where the scan asks for one (as
-    :func:`~xstencil._labelled.scan_result.call_with_progress` opens it for
-    the XLA loop and for a repeated call)."""
-    if not sp.loop.progress_every:
-        return _steps(built, sp, slab, dleaves, leaves)
-    with _progress.Progress(sp.loop.steps, _progress.label(sp.call)) as p:
-        out = _steps(built, sp, slab, dleaves, leaves, p.token)
-        if p.interrupted:  # Ctrl-C after the last report: the run finished anyway
-            raise KeyboardInterrupt
-    return out
+def previous_state(o: ScanPlan, sp: ScanPlan, f: Any, kernels: Sequence[Any], args: Any,
+                   kwargs: Any) -> tuple[list[np.ndarray], list[np.ndarray | None],
+                                         frozenset[str] | None, Any]:
+    """The previous state as the loops read it: per advanced variable its
+    initial slab, per variable its constant array (or ``None``), the names of
+    a Dataset's constants (``None`` for a DataArray) and the plan of the map
+    of that state by the kernels on their previous position; raises
+    :class:`Fallback` where the loops do not apply."""
+    call, dim = o.call, o.dim
+    names = sp.plan.var_names
+    try:
+        if sp.k != 1:
+            raise Fallback("not one initial position")
+        arrays_in, init = inputs(sp, f.arrays)
+        slabs, consts = _state(sp, arrays_in, init)
+        sdims = [tuple(d for d in vd if d != dim) for vd in sp.plan.var_dims]
+        if names is None:
+            prev: Any = xr.DataArray(slabs[0], dims=sdims[0])
+            kept = None
+        else:
+            prev = xr.Dataset({n: (sdims[i], slabs[sp.evolving.index(i)] if c is None else c)
+                               for i, (n, c) in enumerate(zip(names, consts, strict=True))})
+            kept = frozenset(n for n, c in zip(names, consts, strict=True) if c is not None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pf = unwrap(call, prev)
+            pks = [previous_kernel(k, dim, kept) for k in kernels]
+            plan = prepare(call, pf, pks, window=_spatial(o.window, dim),
+                           boundary=_spatial(o.boundary, dim), fill_value=o.fill_value,
+                           stride=None, output_dims=None, args=args, kwargs=kwargs)
+        if caught:
+            raise Fallback(f"setup warned: {caught[0].message}")
+        if plan.coord_dims:
+            raise Fallback("the kernel reads coordinates")
+        if plan.var_dims != tuple(sdims) or any(sdims[i] != plan.dims for i in sp.evolving):
+            raise Fallback("an advanced variable lacks some of the Dataset's dims")
+    except Fallback:
+        raise
+    except Exception as e:  # noqa: BLE001 - the XLA path decides and reports
+        raise Fallback(f"{type(e).__name__}: {e}") from e
+    return slabs, consts, kept, plan
+
+
+def _state(sp: ScanPlan, arrays_in: Sequence[Any], init: Sequence[Sequence[Any]]
+           ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+    """Per advanced variable its initial slab, and per variable its array
+    if it is a constant (without ``dim``; ``None`` for advanced ones), all
+    C-contiguous numpy arrays in the plan's dim order."""
+    slabs = [np.ascontiguousarray(np.asarray(x[0])) for x in init]
+    consts: list[np.ndarray | None] = []
+    for i, a in enumerate(arrays_in):
+        if i in sp.evolving:
+            consts.append(None)
+        elif a is None:
+            raise Fallback("a variable along the scanned dim is not advanced")
+        else:
+            consts.append(np.ascontiguousarray(np.asarray(a)))
+    return slabs, consts
+
+
+def step_sources(slabs: Sequence[np.ndarray], consts: Sequence[np.ndarray | None],
+             evolving: Sequence[int]) -> list[np.ndarray]:
+    """The loop's source arrays: per variable its current slab or constant."""
+    return [slabs[evolving.index(i)] if c is None else c for i, c in enumerate(consts)]
+
+
+def outputs(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray]) -> tuple[int, ...]:
+    """Per loop output, the advanced variable (index into ``sp.evolving``) it
+    is; each must have the state's dtype."""
+    n = len(built.out_avals)
+    tree = jax.tree_util.tree_unflatten(built.out_tree, list(range(n)))
+    names = sp.names
+    if names is None:
+        if n != 1:
+            raise Fallback("the kernel's result is not one array")
+        order = (0,)
+    else:
+        if not isinstance(tree, Mapping) or sorted(tree) != sorted(names) or n != len(names):
+            raise Fallback("the kernel's result is not one array per advanced variable")
+        order = tuple(names.index(m) for m, _ in sorted(tree.items(), key=lambda kv: kv[1]))
+    for m, j in enumerate(order):
+        if np.dtype(built.out_avals[m].dtype) != slabs[j].dtype:
+            raise Fallback("the kernel's result does not have the state's dtype")
+    return order
 
 
 class Repeat:
     """A loop scan rerun on new data (the repeat-call fast path), called as
     the XLA scan's compiled loop is: ``(arrays, init, coords, tcoord, masks,
     dyn, leaves, token) -> ([saved slabs, dim first], first bad position)``;
-    only ``init`` (the initial slab), ``dyn`` (the kernel arguments' arrays),
-    ``leaves`` (the kernel's closed-over arrays, read afresh) and ``token``
-    (the open progress bar to move, 0 for none) are used."""
+    only ``arrays`` (a Dataset's constants), ``init`` (the initial slabs),
+    ``dyn`` (the kernel arguments' arrays), ``leaves`` (the kernel's
+    closed-over arrays, read afresh) and ``token`` (the open progress bar to
+    move, 0 for none) are used."""
 
-    __slots__ = ("built", "sp")
+    __slots__ = ("built", "sp", "order")
 
-    def __init__(self, built: Any, sp: ScanPlan):
-        self.built, self.sp = built, sp
+    def __init__(self, built: Any, sp: ScanPlan, order: tuple[int, ...]):
+        self.built, self.sp, self.order = built, sp, order
 
     def __call__(self, arrays: Any, init: Any, coords: Any, tcoord: Any, masks: Any,
                  dyn: Any, leaves: Any, token: Any) -> tuple[list[Any], Any]:
-        slab = np.ascontiguousarray(np.asarray(init[0][0]))
-        out = _steps(self.built, self.sp, slab, list(dyn), list(leaves), int(token))
-        # a JAX array as the XLA loop returns (64-bit: under x64, then on the host)
-        return [jax.device_put(out)], _NO_BAD
+        slabs, consts = _state(self.sp, arrays, init)
+        outs = _steps(self.built, self.sp, slabs, consts, self.order, list(dyn), list(leaves),
+                      int(token))
+        # JAX arrays as the XLA loop returns (64-bit: under x64, then on the host)
+        return [jax.device_put(out) for out in outs], _NO_BAD
 
 
 _NO_BAD = np.int32(-1)  # no position was checked for NaN or Inf (check_finite is off)
 
 
-def _build(plan: Any, lifted: Any, static: Any, dim: str, slab: np.ndarray, udyn: Any,
-           leaves: list[Any], limit: int) -> Any:
+def _build(plan: Any, lifted: Any, static: Any, dim: str, kept: frozenset[str] | None,
+           srcs: list[np.ndarray], udyn: Any, leaves: list[Any], limit: int) -> Any:
     """The compiled loop of one step (``loops._Built``), or why not (a string)."""
 
     def kern(cells: Any, dyn: Any, lv: Any) -> Any:
-        k = _previous_kernel(rebuild(lifted, lv)[0], dim)
+        k = previous_kernel(rebuild(lifted, lv)[0], dim, kept)
         return kernel_caller(plan, k, static)(cells, dyn)
 
     lj = LoopOrJit(None, kern, lambda arrays, coords: sources(plan, arrays, coords), plan.geom,
                    "loops")
-    built, _ = lj._build([slab], [], udyn, leaves, limit)  # noqa: SLF001
+    built, _ = lj._build(srcs, [], udyn, leaves, limit)  # noqa: SLF001
     return built
 
 
-def _steps(built: Any, sp: ScanPlan, slab: np.ndarray, dleaves: list[Any],
-           leaves: list[Any], token: int = 0) -> np.ndarray:
-    """Run ``sp.loop.steps`` steps from ``slab``: the saved positions, dim
-    first.  ``token``: the open progress bar (:mod:`xstencil._progress`) to
-    move between steps (:class:`_Ticker`; 0: none, and the test for a due
-    report never passes)."""
+def run_steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
+              consts: Sequence[np.ndarray | None], order: Sequence[int], dleaves: list[Any],
+              leaves: list[Any]) -> list[np.ndarray]:
+    """:func:`_steps`, under a progress bar where the scan asks for one (as
+    :func:`~xstencil._labelled.scan_result.call_with_progress` opens it for
+    the XLA loop and for a repeated call)."""
+    if not sp.loop.progress_every:
+        return _steps(built, sp, slabs, consts, order, dleaves, leaves)
+    with _progress.Progress(sp.loop.steps, _progress.label(sp.call)) as p:
+        outs = _steps(built, sp, slabs, consts, order, dleaves, leaves, p.token)
+        if p.interrupted:  # Ctrl-C after the last report: the run finished anyway
+            raise KeyboardInterrupt
+    return outs
+
+
+def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
+           consts: Sequence[np.ndarray | None], order: Sequence[int], dleaves: list[Any],
+           leaves: list[Any], token: int = 0) -> list[np.ndarray]:
+    """Run ``sp.loop.steps`` steps from ``slabs`` (one per advanced variable;
+    ``consts``: a Dataset's constants; ``order``: the advanced variable each
+    loop output is): per advanced variable its saved positions, dim first.
+    Every step writes every variable's new slab into a buffer of its own,
+    reading the previous slabs of all of them (two buffers per variable).
+    ``token``: the open progress bar (:mod:`xstencil._progress`) to move
+    between steps (:class:`~xstencil._progress.Ticker`; 0: none, and the test
+    for a due report never passes)."""
     loop = sp.loop
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(list(dleaves) + list(leaves), built.params, strict=True)]
     fixed = [*built.tables, *built.fills, *params]
     every, steps = loop.every, loop.steps
     n = loop.saves + 1 if every else 1
-    out = aligned_empty((n, *slab.shape), slab.dtype)
+    outs = [aligned_empty((n, *s.shape), s.dtype) for s in slabs]
     if every:
-        out[0] = slab
-    cur = slab  # never written: it may share the caller's data
-    spares = (aligned_empty(slab.shape, slab.dtype), aligned_empty(slab.shape, slab.dtype))
-    tick = _Ticker(token)
+        for out, slab in zip(outs, slabs, strict=True):
+            out[0] = slab
+    cur = list(slabs)  # never written: they may share the caller's data
+    spares = [(aligned_empty(s.shape, s.dtype), aligned_empty(s.shape, s.dtype)) for s in slabs]
+    tick = _progress.Ticker(token)
     due = 1 if token else steps + 1  # the first report after one step: it times a step
     for t in range(1, steps + 1):
         if every and t % every == 0:
-            nxt = out[t // every]
+            nxt = [out[t // every] for out in outs]
         elif not every and t == steps:
-            nxt = out[0]
+            nxt = [out[0] for out in outs]
         else:
-            nxt = spares[0] if cur is not spares[0] else spares[1]
-        built.fn(nxt, cur, *fixed)
+            nxt = [a if c is not a else b for c, (a, b) in zip(cur, spares, strict=True)]
+        built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
         cur = nxt
         if t >= due:
             due = tick(t)
     if not every and steps == 0:
-        out[0] = slab
-    return out
+        for out, slab in zip(outs, slabs, strict=True):
+            out[0] = slab
+    return outs
 
 
-class _Ticker:
-    """When the time loop moves bar ``token``: called after step ``done``
-    when the step count it last returned comes due, it returns the next one.
-
-    It reports (:func:`~xstencil._progress.advance`, the XLA loop's rule:
-    the next report about :data:`~xstencil._progress.INTERVAL` seconds
-    ahead at the speed measured since the last) when that report is due, and
-    in between reads the clock four times per interval at that speed, to
-    report early once ``INTERVAL`` seconds have passed: a loop that slows
-    down by a factor ``f`` mid-interval still reports within about
-    ``INTERVAL * (1 + f / 4)`` seconds, not ``INTERVAL * f``.  A Ctrl-C
-    noted by the bar ends the loop as ``KeyboardInterrupt`` (the XLA loop's
-    caller turns the aborted call into the same).
-    """
-
-    __slots__ = ("token", "at", "next", "every")
-
-    def __init__(self, token: int):
-        self.token, self.at, self.next, self.every = token, 0.0, 1, 1
-
-    def __call__(self, done: int) -> int:
-        now = time.perf_counter()
-        if done >= self.next or now - self.at >= _progress.INTERVAL:
-            try:
-                self.next = int(_progress.advance(self.token, done))
-            except _progress.Interrupted:
-                raise KeyboardInterrupt from None
-            self.at, self.every = now, max(1, (self.next - done) // 4)
-        return min(self.next, done + self.every)
-
-
-def _as_returned(out: xr.DataArray) -> xr.DataArray:
-    """The data as the XLA scan returns it: a JAX array, but numpy for 64-bit
+def _host(x: Any) -> Any:
+    """An array as the XLA scan returns it: a JAX array, but numpy for 64-bit
     data while JAX's x64 flag is off (see ``result.host64``)."""
-    x = np.asarray(out.data)
+    x = np.asarray(x)
     if x.dtype.itemsize >= 8 and not jax.config.read("jax_enable_x64"):
         # rewrap ran under x64 and may hand back a 64-bit JAX array, which the next
         # JAX operation outside x64 would truncate: numpy, as the XLA scan returns
-        return out if type(out.data) is np.ndarray else out.copy(data=x)
-    return out.copy(data=jax.device_put(x))
+        return x
+    return jax.device_put(x)
+
+
+def as_returned(out: Any, names: Sequence[str] | None) -> Any:
+    """The result with its advanced variables' data as the XLA scan returns them."""
+    if names is None:
+        x = _host(out.data)
+        return out if x is out.data else out.copy(data=x)
+    for n in names:  # a Dataset made by rewrap for this call: set in place
+        v = out.variables[n]
+        v.data = _host(v.data)
+    return out

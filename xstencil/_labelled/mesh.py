@@ -295,8 +295,11 @@ class Mesh(MeshRepr):
         store
             Not available for a mesh yet (raises).
         backend
-            Checked as for :func:`xstencil.scan`; a mesh scan runs with XLA
-            whatever it says (a repeated ``m.map()`` runs as loops).
+            As for :func:`xstencil.scan` (default: the mesh's own
+            ``backend=``): a mesh grown by ``steps=`` on numpy data whose
+            kernels read only the previous position runs as numba loops, one
+            nest per region per step (see :doc:`/performance`); other mesh
+            scans run with XLA.
 
         Returns
         -------

@@ -41,7 +41,8 @@ from xstencil._labelled.blocking import blocked, blocking_arg
 from xstencil._labelled.core import Fields, coord_arrays
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.dtypes import out_dtype, state_dtype
-from xstencil._labelled.loop_scan import backend_mode, candidate, loop_scan
+from xstencil._labelled.loop_mesh_scan import loop_mesh_scan
+from xstencil._labelled.loop_scan import backend_mode, eligible, loop_scan
 from xstencil._labelled.scale import scale_out
 from xstencil._labelled.scan_loop import build_loop, inputs, time_input
 from xstencil._labelled.scan_plan import MAX_STEPS, ScanPlan
@@ -176,11 +177,15 @@ def scan(
     backend
         ``"auto"`` (the default, or the ``XSTENCIL_BACKEND`` environment
         variable), ``"loops"`` or ``"xla"``, as for :func:`xstencil.map`: a
-        DataArray grown by ``steps=`` on numpy data whose kernel reads only
-        the previous position (``u(time=-1, ...)``) runs as numba loops when
-        ``blocking`` is ``None``, with or without ``progress``, and without
-        ``checkpoint``, ``check_finite`` or ``period`` (see
-        :doc:`/performance`); every other scan runs on XLA.
+        DataArray or Dataset grown by ``steps=`` on numpy data whose kernel
+        reads only the previous position (``u(time=-1, ...)``; for a
+        Dataset, ``s["u"](time=-1, ...)`` of every advanced variable, with
+        variables without ``dim`` read as constants) runs as numba loops when
+        ``blocking`` is ``None``, one loop nest per step over all advanced
+        variables, with or without ``progress``, and without ``checkpoint``,
+        ``check_finite`` or ``period`` (see :doc:`/performance`); every other
+        scan, and one the loops cannot express, runs on XLA (silently, also
+        for ``"loops"``).
 
     Returns
     -------
@@ -272,9 +277,9 @@ def _repeat(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwargs: 
                                                     options[10], options[11])
     lifted = describe([kernel])
     # whether it may run as numba loops is keyed too: an entry never changes the route
-    loops = blocking is None and type(obj) is xr.DataArray and candidate(
-        obj, obj.variable._data, dim, steps is not None,
-        bool(checkpoint or check_finite or period), args, kwargs, backend)
+    loops = blocking is None and eligible(obj, dim, steps is not None,
+                                          bool(checkpoint or check_finite or period), args,
+                                          kwargs, backend)
     sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
                                               backend_mode(backend), loops), args, kwargs)
     return lifted, sig, None if sig is None else scan_fast.lookup(lifted, sig, obj)
@@ -304,7 +309,8 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
     if blocking is None and devices is None and halo_every is None:
         out = loop_scan(cast, kernel, o, args, kwargs, backend,
                         None if sig is None else keep_loops)
-        if out is not None:  # numba loops: a grown DataArray on numpy data (loop_scan.py)
+        if out is not None:  # numba loops: a grown DataArray or Dataset on numpy data
+            # (loop_scan.py)
             return out
     out = blocked(cast, kernel, o.dim, args, kwargs, blocking, **opts)
     if out is not None:  # in memory, large: tiles stepped K steps at a time (blocking.py)
@@ -332,7 +338,7 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                             f"with .to_zarr(...)")
     halo_every = options.pop("halo_every", None)
     blocking_arg(call, options.pop("blocking", None))  # checked; a mesh runs unblocked
-    backend_arg(call, options.pop("backend", None))  # checked; a mesh scan runs with XLA
+    backend = backend_arg(call, options.pop("backend", m._options.get("backend")))
     dtype = options.pop("dtype", m._options.get("dtype"))
     kwargs = {k: v for k, v in options.items() if k not in known}
     opts.update({k: v for k, v in options.items() if k in known})
@@ -349,6 +355,10 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
                     devices=m._options.get("devices"), halo_every=halo_every, function_mesh=m)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
+    if halo_every is None and m._options.get("devices") is None:
+        out = loop_mesh_scan(obj, m, kernels, o, args, kwargs, backend)
+        if out is not None:  # numba loops: one nest per region (loop_mesh_scan.py)
+            return out
     return _run(call, obj, kernels, m, o, args, kwargs)
 
 
