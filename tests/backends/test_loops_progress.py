@@ -213,7 +213,6 @@ def test_a_loop_that_slows_down_reports_early(monkeypatch: pytest.MonkeyPatch) -
     clock = [0.0]
     fake = SimpleNamespace(perf_counter=lambda: clock[0])
     monkeypatch.setattr(_progress, "time", fake)
-    monkeypatch.setattr(loop_scan, "time", fake)
     stamps: list[tuple[float, int]] = []
     real = _progress.report
     monkeypatch.setattr(_progress, "report", lambda token, done: (
@@ -284,3 +283,56 @@ def test_ctrl_c_between_chunks(route: dict[str, list[int]], monkeypatch: pytest.
     after = u0.stencil.scan(heat, "time", **kw)  # the next call runs, correct
     np.testing.assert_allclose(after.values, np_heat(u0.values, STEPS, "periodic")[-1],
                                rtol=1e-5, atol=1e-6)
+
+
+def _coupled(s: Any) -> dict[str, Any]:
+    """Two coupled fields, each read at the previous position only."""
+    u, v = s["u"], s["v"]
+    return {"u": u(time=-1) + NU * (v(time=-1, x=1) - u(time=-1)),
+            "v": v(time=-1) + NU * (u(time=-1, y=-1) - v(time=-1))}
+
+
+def _np_coupled(u: np.ndarray, v: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    f = u.dtype.type
+    for _ in range(steps):  # periodic
+        u, v = (u + f(NU) * (np.roll(v, -1, 1) - u), v + f(NU) * (np.roll(u, 1, 0) - v))
+    return u, v
+
+
+@pytest.mark.parametrize("kind", ["dataset", "mesh"])
+def test_dataset_and_mesh_loop_scans_keep_their_bar(kind: str, route: dict[str, list[int]],
+                                                   every_step: list[int],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A Dataset scan and a function mesh's scan run on the loops too, with
+    a bar that reaches every step, bitwise the result without it."""
+    u0 = _field()
+    if kind == "dataset":
+        obj = xr.Dataset({"u": u0, "v": u0 * 2})
+        run = lambda p: obj.stencil.scan(_coupled, "time", steps=STEPS, save_every="last",  # noqa: E731
+                                         boundary="periodic", progress=p, backend="loops")
+    else:
+        m = u0.stencil.mesh(boundary="periodic")
+        m[...] = heat
+        m[{"x": 0}] = lambda u: u(time=-1) * 0.5
+        run = lambda p: m.scan("time", steps=STEPS, save_every="last", progress=p,  # noqa: E731
+                               backend="loops")
+    off = run(False)
+    assert every_step == [] and capsys.readouterr().err == ""
+    on = run(True)
+    assert len(route["loops"]) == 2 and not route["xla"], route
+    assert every_step == list(range(1, STEPS + 1))
+    assert "100%" in capsys.readouterr().err and not _progress._OPEN
+    xr.testing.assert_identical(on, off)
+    if kind == "dataset":
+        want_u, want_v = _np_coupled(u0.values, (u0 * 2).values, STEPS)
+        np.testing.assert_array_equal(on["u"].values, want_u)
+        np.testing.assert_array_equal(on["v"].values, want_v)
+    else:
+        a = u0.values
+        f = a.dtype.type
+        for _ in range(STEPS):
+            p = np.pad(a, 1, mode="wrap")
+            new = a + f(NU) * (p[1:-1, 2:] + p[1:-1, :-2] + p[2:, 1:-1] + p[:-2, 1:-1] - f(4) * a)
+            new[:, 0] = a[:, 0] * f(0.5)
+            a = new
+        np.testing.assert_array_equal(on.values, a)

@@ -58,7 +58,8 @@ from xstencil._engine.loopnest import box_args
 from xstencil._engine.lower import AxisGeom, Source, cell_avals
 from xstencil._engine.mesh import Slab, slab_geometry
 
-__all__ = ["AUTO_MAX_NESTS", "PARALLEL_MIN_POINTS", "Piece", "MeshLoops", "pieces", "run_mesh"]
+__all__ = ["AUTO_MAX_NESTS", "PARALLEL_MIN_POINTS", "Piece", "MeshLoops", "pieces", "run_mesh",
+           "write_nests"]
 
 #: ``"auto"`` runs a mesh as loops only up to this many loop nests (regions,
 #: plus one where cells keep their input): numba compiles each nest, about a
@@ -248,7 +249,15 @@ def run_mesh(built: _BuiltMesh, arrays: Sequence[np.ndarray], coords: Sequence[A
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(values, built.params, strict=True)]
     outs = [bufpool.empty(built.field, dt) for dt in built.out_dtypes]
-    srcs = list(arrays) + [np.asarray(c) for c in coords]
+    write_nests(built, outs, list(arrays) + [np.asarray(c) for c in coords], params)
+    return jax.tree_util.tree_unflatten(built.out_tree, [jax.device_put(o) for o in outs])
+
+
+def write_nests(built: _BuiltMesh, outs: Sequence[np.ndarray], srcs: Sequence[np.ndarray],
+                params: Sequence[np.ndarray]) -> None:
+    """Run a compiled mesh's nests in order into the whole-field buffers
+    ``outs`` (``srcs``: the arrays and coordinates; ``params``: the flat
+    argument and closed-over arrays)."""
     for nest in built.nests:
         extra = [] if nest.mask is None else [nest.mask]
         if nest.box is None:
@@ -256,4 +265,3 @@ def run_mesh(built: _BuiltMesh, arrays: Sequence[np.ndarray], coords: Sequence[A
             nest.fn(*views, *srcs, *nest.tables, *built.fills, *params, *extra)
         else:  # a boxed nest writes into the whole outputs
             nest.fn(*outs, *srcs, *nest.tables, *built.fills, *params, *extra, nest.box)
-    return jax.tree_util.tree_unflatten(built.out_tree, [jax.device_put(o) for o in outs])

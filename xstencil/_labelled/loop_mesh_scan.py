@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xstencil._backends.loops import MAX_STATEMENTS, resolve_mode
-from xstencil._backends.loops_mesh import AUTO_MAX_NESTS, MeshLoops, pieces
+from xstencil._backends.loops_mesh import AUTO_MAX_NESTS, MeshLoops, pieces, write_nests
 from xstencil._engine.call import precision, split_static
 from xstencil._engine.kcache import describe, rebuild
 from xstencil._engine.mesh import Slab
@@ -178,8 +178,4 @@ class _MeshStep:
     def fn(self, *args: Any) -> None:
         nout, npar = len(self.out_avals), len(self.params)
         outs, srcs = args[:nout], args[nout:len(args) - npar]
-        params = args[len(args) - npar:]
-        for nest in self.mesh.nests:
-            views = [o[nest.index] for o in outs]
-            extra = [] if nest.mask is None else [nest.mask]
-            nest.fn(*views, *srcs, *nest.tables, *self.mesh.fills, *params, *extra)
+        write_nests(self.mesh, outs, srcs, args[len(args) - npar:])
