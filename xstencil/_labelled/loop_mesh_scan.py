@@ -172,7 +172,9 @@ class _MeshStep:
         self.tables: list[np.ndarray] = []
         self.fills: list[Any] = []
         self.params = built.params
-        self.out_avals = [jax.ShapeDtypeStruct(built.field, dt) for dt in built.out_dtypes]
+        # what loop_scan.outputs reads of a loop's outputs: their dtypes, exactly (not a
+        # JAX stand-in, which would narrow a 64-bit dtype with x64 off)
+        self.out_avals = [np.empty(0, dt) for dt in built.out_dtypes]
         self.out_tree = built.out_tree
 
     def fn(self, *args: Any) -> None:
