@@ -68,3 +68,20 @@ def test_constant_dot_with_a_nan_weight_spoils_only_what_it_touches() -> None:
         np.testing.assert_array_equal(np.isinf(out), np.isinf(ref))
         ok = np.isfinite(ref)
         np.testing.assert_allclose(out[ok], ref[ok], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">f8", ">i2"])
+@pytest.mark.parametrize("backend", ["xla", "loops"])
+def test_big_endian_data_map_like_native(dtype: str, backend: str) -> None:
+    """Big-endian data (netCDF/HDF5 files hold it) used to crash inside
+    ``jax.jit`` with an obscure TypeError; it now maps like native data."""
+    a = np.arange(12.0).reshape(3, 4).astype(dtype)
+    ref = a + np.roll(a, -1, axis=1)
+    res = xr.DataArray(a, dims=("y", "x")).stencil.map(
+        lambda u: u(x=1) + u(), boundary="periodic", backend=backend)
+    assert res.dtype == np.dtype(dtype).newbyteorder("=")
+    np.testing.assert_array_equal(res.values, ref)
+    ds = xr.Dataset({"v": (("y", "x"), a)})
+    out = ds.stencil.map(lambda s: {"v": s["v"](x=1) + s["v"]()}, boundary="periodic",
+                         backend=backend)
+    np.testing.assert_array_equal(out["v"].values, ref)
