@@ -85,3 +85,65 @@ def test_big_endian_data_map_like_native(dtype: str, backend: str) -> None:
     out = ds.stencil.map(lambda s: {"v": s["v"](x=1) + s["v"]()}, boundary="periodic",
                          backend=backend)
     np.testing.assert_array_equal(out["v"].values, ref)
+
+
+def _skip_zero_correlate(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Periodic ``out[j] = sum_c w[c] * a[j + c - h]`` over the cells of
+    nonzero weight only (a weight of 0 does not read its cell)."""
+    ky, kx = w.shape
+    p = np.pad(a, (((ky - 1) // 2, ky // 2), ((kx - 1) // 2, kx // 2)), mode="wrap")
+    out = np.zeros(a.shape, a.dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for y in range(a.shape[0]):
+            for x in range(a.shape[1]):
+                s = a.dtype.type(0)
+                for i in range(ky):
+                    for j in range(kx):
+                        if w[i, j] != 0:
+                            s = s + w[i, j] * p[y + i, x + j]
+                out[y, x] = s
+    return out
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (2, 2), (3, 3), (5, 5)])
+@pytest.mark.parametrize("backend", ["xla", "loops"])
+def test_zero_weight_on_nan_is_not_read_on_every_lowering(shape: tuple[int, int],
+                                                          backend: str) -> None:
+    """(b) ``(u * w).sum()`` with a weight of 0 over a NaN cell: windows of up
+    to 8 cells (shifted slices) and the loop backend gave NaN, larger windows
+    (the dense lowerings) the sum over the nonzero weights, so ``"auto"``
+    changed the answer with the array's size.  Every lowering now reads a
+    cell under a zero weight as absent."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((9, 10)).astype(np.float32)
+    a[4, 5], a[0, 0] = np.nan, np.inf
+    w = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+    w.reshape(-1)[::2] = 0
+    ref = _skip_zero_correlate(a, w)
+    da = xr.DataArray(a, dims=("y", "x"))
+    win = {"y": shape[0], "x": shape[1]}
+    closed = da.stencil.map(lambda u: (u * w).sum(), window=win, boundary="periodic",
+                            backend=backend).values
+    arg = da.stencil.map(lambda u, ww: (u * ww).sum(), jnp.asarray(w), window=win,
+                         boundary="periodic", backend=backend).values
+    for out in (closed, arg):
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+        np.testing.assert_array_equal(np.isinf(out), np.isinf(ref))
+        ok = np.isfinite(ref)
+        np.testing.assert_allclose(out[ok], ref[ok], rtol=1e-5, atol=1e-5)
+
+
+def test_zero_weight_rule_in_a_scan_and_a_named_offset_kernel() -> None:
+    """The same rule for a kernel written with offsets and a runtime
+    coefficient of 0, in a map and a scan (loops and XLA agree)."""
+    a = np.array([1.0, np.nan, 2.0, 3.0, np.inf, 4.0], np.float32)
+    da = xr.DataArray(a, dims=("x",))
+    c = np.float32(0.0)
+
+    def k(u, c):
+        return u() + c * u(x=1)
+
+    ref = a.copy()  # c * u(x=1) is 0 everywhere: u() itself
+    for backend in ("xla", "loops"):
+        out = da.stencil.map(k, jnp.asarray(c), boundary="periodic", backend=backend)
+        np.testing.assert_array_equal(out.values, ref)
