@@ -147,3 +147,58 @@ def test_zero_weight_rule_in_a_scan_and_a_named_offset_kernel() -> None:
     for backend in ("xla", "loops"):
         out = da.stencil.map(k, jnp.asarray(c), boundary="periodic", backend=backend)
         np.testing.assert_array_equal(out.values, ref)
+
+
+def _heat_ref(x0: np.ndarray, nu: float, steps: int) -> np.ndarray:
+    p, out = x0.copy(), [x0.copy()]
+    for _ in range(steps):
+        p = (p + np.float32(nu) * (np.roll(p, -1) - 2 * p + np.roll(p, 1))).astype(np.float32)
+        out.append(p)
+    return np.array(out)
+
+
+class _Model:
+    def __init__(self) -> None:
+        self.c = np.array([0.1], np.float32)
+
+    def step(self, u):
+        return u(time=-1) + self.c[0] * (u(time=-1, x=1) - 2 * u(time=-1) + u(time=-1, x=-1))
+
+
+def _partial_kernel(u, p):
+    return u(time=-1) + p["nu"] * (u(time=-1, x=1) - 2 * u(time=-1) + u(time=-1, x=-1))
+
+
+@pytest.mark.parametrize("backend", ["xla", "loops"])
+@pytest.mark.parametrize("how", ["method in place", "method rebound", "partial dict"])
+def test_same_bound_method_or_partial_sees_changed_state(backend: str, how: str) -> None:
+    """A bound method (``step = model.step``) or a ``functools.partial`` passed
+    again after the state it reads changed: the compile caches keyed them by
+    identity only, so the second call reused code traced with the old value
+    (maps and scans, XLA and loops)."""
+    import functools
+
+    x0 = np.random.default_rng(0).random(17).astype(np.float32)
+    u0 = xr.DataArray(x0, dims=("x",))
+    model, params = _Model(), {"nu": 0.1}
+    if how.startswith("method"):
+        kernel = model.step
+
+        def set_nu(v: float) -> None:
+            if how == "method in place":
+                model.c[0] = v
+            else:
+                model.c = np.array([v], np.float32)
+    else:
+        kernel = functools.partial(_partial_kernel, p=params)
+
+        def set_nu(v: float) -> None:
+            params["nu"] = v
+    for nu in (0.1, 0.3, 0.2):
+        set_nu(nu)
+        out = u0.stencil.scan(kernel, dim="time", steps=4, boundary={"x": "periodic"},
+                              backend=backend).values
+        np.testing.assert_allclose(out, _heat_ref(x0, nu, 4), atol=1e-6)
+        two = xr.DataArray(np.stack([x0, x0]), dims=("time", "x")).stencil.map(
+            kernel, boundary={"time": "valid", "x": "periodic"}, backend=backend)
+        np.testing.assert_allclose(two.values[0], _heat_ref(x0, nu, 1)[1], atol=1e-6)

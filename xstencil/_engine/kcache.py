@@ -377,6 +377,8 @@ def _instance(w: _Walk, k: Any) -> Hashable:
     for an instance of a user class, the attributes its methods name, by value
     (so ``k.nu = 0.1`` after a call is seen).  Nothing is lifted: the kernel
     called is ``k`` itself."""
+    if isinstance(k, types.MethodType | functools.partial):
+        return _wrapped(w, k)
     klass = type(k)
     call = next((c.__dict__["__call__"] for c in klass.__mro__ if "__call__" in c.__dict__),
                 None)
@@ -391,6 +393,31 @@ def _instance(w: _Walk, k: Any) -> Hashable:
         key = w.value(types.MethodType(call, k), tuple(names), lift=False)[0]
     except (_Opaque, TypeError, RecursionError):
         return ("callable", Identity(k))
+    return ("callable", Identity(k), key)
+
+
+def _wrapped(w: _Walk, k: types.MethodType | functools.partial) -> Hashable:
+    """The key of a bound method (``model.step``) or a ``functools.partial``:
+    by identity, and by the values they carry (the instance's attributes
+    that the method's code names, the partial's function and arguments),
+    arrays by content.  The same object called again after ``model.c[0] = 3``
+    or ``params["nu"] = 0.3`` must not reuse code traced with the old value."""
+    fn = k.__func__ if isinstance(k, types.MethodType) else k.func
+    names = _names(fn.__code__) if type(fn) is types.FunctionType else ()
+    w.opaque = False
+    w.budget = _BUDGET
+    w.fixed += 1
+    try:
+        if isinstance(k, types.MethodType):
+            key = w.value(k, names, lift=False)[0]
+        else:
+            key = ("partial", w.value(fn, names, lift=False)[0],
+                   w.value(k.args, names, lift=False)[0],
+                   w.value(dict(k.keywords), names, lift=False)[0])
+    except (_Opaque, TypeError, RecursionError):
+        return ("callable", Identity(k))
+    finally:
+        w.fixed -= 1
     return ("callable", Identity(k), key)
 
 
