@@ -202,3 +202,25 @@ def test_same_bound_method_or_partial_sees_changed_state(backend: str, how: str)
         two = xr.DataArray(np.stack([x0, x0]), dims=("time", "x")).stencil.map(
             kernel, boundary={"time": "valid", "x": "periodic"}, backend=backend)
         np.testing.assert_allclose(two.values[0], _heat_ref(x0, nu, 1)[1], atol=1e-6)
+
+
+def test_zero_weight_rule_keeps_gradients_with_respect_to_zero_weights() -> None:
+    """The rule masks the window value, not the product: fitting a filter
+    from zero weights still gets the gradient ``sum(2 * out * shifted)``."""
+    import jax
+
+    a = np.random.default_rng(0).random((6, 7)).astype(np.float32)
+    da = xr.DataArray(a, dims=("y", "x"))
+
+    def loss(w):
+        r = da.stencil.map(lambda u, ww: (u * ww).sum(), w, window={"y": 2, "x": 2},
+                           boundary="periodic", backend="xla")
+        return (r.data ** 2).sum()
+
+    w0 = jnp.zeros((2, 2), jnp.float32).at[0, 0].set(1.0)
+    g = np.asarray(jax.grad(loss)(w0))
+    shifted = [[np.roll(a, (-i, -j), (0, 1)) for j in range(2)] for i in range(2)]
+    out = shifted[0][0]
+    ref = np.array([[(2 * out * shifted[i][j]).sum() for j in range(2)] for i in range(2)])
+    np.testing.assert_allclose(g, ref, rtol=1e-4)
+    assert np.all(g != 0)
