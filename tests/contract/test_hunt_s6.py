@@ -224,3 +224,18 @@ def test_zero_weight_rule_keeps_gradients_with_respect_to_zero_weights() -> None
     ref = np.array([[(2 * out * shifted[i][j]).sum() for j in range(2)] for i in range(2)])
     np.testing.assert_allclose(g, ref, rtol=1e-4)
     assert np.all(g != 0)
+
+
+@pytest.mark.parametrize("c", [-1.0, 1.0, 0.0])
+def test_runtime_weight_products_bitwise_equal_on_loops_and_xla(c: float) -> None:
+    """Products of window values and runtime weights (a bool converted to a
+    float, a zero) give the same bits on both backends, sign of zero
+    included, with negative, NaN and infinite data."""
+    a = np.array([-1.0, np.nan, 2.0, -np.inf, -3.0, 0.5], np.float32)
+    da = xr.DataArray(a, dims=("x",))
+    kernels = [lambda u, c: u() * (c > 0) + 0 * u(x=1), lambda u, c: u() * c - u(x=-1) * c,
+               lambda u, c: (c > 0) * u(x=1)]
+    for k in kernels:
+        outs = [da.stencil.map(k, jnp.float32(c), boundary="periodic", backend=b).values
+                for b in ("xla", "loops")]
+        np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))

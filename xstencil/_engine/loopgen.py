@@ -178,11 +178,6 @@ class CodeAlgebra:
                                                            "or", "xor", "rem"):
             dt = next((t for t, e in zip(typed, es, strict=True) if not e.const), typed[0])
             a, b = (_cast(e, dt) for e in es)
-            if name == "mul" and dt.kind == "f" and (es[0].pred or es[1].pred):
-                # XLA rewrites convert(pred) * x to select(pred, x, 0): 0, not
-                # NaN, where x is inf or NaN, and +0.0 for a negative x
-                p, x = (es[0].pred, b) if es[0].pred else (es[1].pred, a)
-                return self._new(f"({x} if {p} else {literal(0, dt)})", dt)
             if name == "mul" and dt.kind == "f" and (es[0].expr in self.cells) != (
                     es[1].expr in self.cells):
                 # a window value times a weight: a weight of 0 does not read
@@ -192,6 +187,11 @@ class CodeAlgebra:
                 kept = self._new(f"({x} if ({w} != 0) | np.isfinite({x}) "
                                  f"else {literal(0, dt)})", dt)
                 return self._new(f"{kept.expr} * {w}" if x == a else f"{w} * {kept.expr}", dt)
+            if name == "mul" and dt.kind == "f" and (es[0].pred or es[1].pred):
+                # XLA rewrites convert(pred) * x to select(pred, x, 0): 0, not
+                # NaN, where x is inf or NaN, and +0.0 for a negative x
+                p, x = (es[0].pred, b) if es[0].pred else (es[1].pred, a)
+                return self._new(f"({x} if {p} else {literal(0, dt)})", dt)
             if name in _ARITH:
                 if dt.kind == "f":  # numba keeps float32 arithmetic in float32
                     return self._new(f"{a} {_ARITH[name]} {b}", dt)
