@@ -233,8 +233,9 @@ def test_runtime_weight_products_bitwise_equal_on_loops_and_xla(c: float) -> Non
     included, with negative, NaN and infinite data."""
     a = np.array([-1.0, np.nan, 2.0, -np.inf, -3.0, 0.5], np.float32)
     da = xr.DataArray(a, dims=("x",))
-    kernels = [lambda u, c: u() * (c > 0) + 0 * u(x=1), lambda u, c: u() * c - u(x=-1) * c,
-               lambda u, c: (c > 0) * u(x=1)]
+    kernels = [lambda u, c: u() * (c > 0).astype(jnp.float32) + 0 * u(x=1),
+               lambda u, c: u() * c - u(x=-1) * c,
+               lambda u, c: (c > 0).astype(jnp.float32) * u(x=1)]
     for k in kernels:
         outs = [da.stencil.map(k, jnp.float32(c), boundary="periodic", backend=b).values
                 for b in ("xla", "loops")]
