@@ -34,7 +34,9 @@ among those, recursively):
   object shares its code (a fresh lambda compiles again), while the values
   that could be seen are still keyed for the same object.  An instance of a
   user class with a ``__call__`` method is keyed by identity and by the
-  attributes its class's methods name, by value (``k.nu = 0.1`` is seen).
+  attributes its class's methods name, by value (``k.nu = 0.1`` is seen);
+  so are a bound method (``model.step``: the attributes its code names) and
+  a ``functools.partial`` (its function and arguments), arrays by content.
 * Arrays reached through an attribute or a bound method are keyed by
   identity and content, not lifted: the kernel's rebuilt copy calls the
   attribute itself, so it would not read a lifted stand-in.
