@@ -240,3 +240,33 @@ def test_runtime_weight_products_bitwise_equal_on_loops_and_xla(c: float) -> Non
         outs = [da.stencil.map(k, jnp.float32(c), boundary="periodic", backend=b).values
                 for b in ("xla", "loops")]
         np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
+class _Scaled:
+    def __init__(self) -> None:
+        self.c = np.array([1.0], np.float32)
+        self.s = 1.0
+
+    def kernel(self, u):
+        return u(x=1) * self.c[0] * self.s
+
+
+_MODEL = _Scaled()
+
+
+@pytest.mark.parametrize("backend", ["xla", "loops"])
+def test_lambda_calling_a_method_sees_the_instance_state(backend: str) -> None:
+    """``lambda u: model.kernel(u)``: the attributes read inside the method
+    (``self.c``, ``self.s``) are not names of the lambda's code, so the
+    compile cache did not key them and a changed ``model.c[0]`` or
+    ``model.s`` reused code traced with the old values."""
+    a = np.arange(6.0, dtype=np.float32)
+    da = xr.DataArray(a, dims=("x",))
+
+    def k(u):
+        return _MODEL.kernel(u)
+
+    for c, s in ((1.0, 1.0), (3.0, 1.0), (3.0, 2.0)):
+        _MODEL.c[0], _MODEL.s = c, s
+        out = da.stencil.map(k, boundary="periodic", backend=backend).values
+        np.testing.assert_array_equal(out, np.roll(a, -1) * np.float32(c) * np.float32(s))

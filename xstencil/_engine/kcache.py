@@ -272,6 +272,9 @@ class _Walk:
         if id(v) in self.seen:
             return ("cycle", self.seen[id(v)])
         self.seen[id(v)] = len(self.seen)
+        # the attributes its own methods read too: ``lambda u: model.step(u)``
+        # reads ``model.c`` inside ``step``, a name the lambda's code lacks
+        names = tuple(sorted(set(names) | _method_names(v if isinstance(v, type) else type(v))))
         attrs = []
         self.fixed += 1
         try:
@@ -317,6 +320,13 @@ class _Walk:
         new.__dict__.update(fn.__dict__)
         self.made[id(fn)] = new
         return key, new
+
+
+def _method_names(klass: type) -> set[str]:
+    """The names read by the plain functions of a user class and its bases."""
+    return {n for c in klass.__mro__ if not _library(c.__module__)
+            for f in c.__dict__.values() if type(f) is types.FunctionType
+            for n in _names(f.__code__)}
 
 
 def _static_attr(v: Any, name: str) -> tuple[bool | None, Any]:
