@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -102,6 +103,8 @@ class ArrayAlgebra:
                 arrays.append(e if e.dtype == dt else lax.convert_element_type(e, dt))
             else:
                 arrays.append(np.asarray(e, dtype=dt))
+        if prim is lax.mul_p:
+            arrays = unread_zero_weight(arrays)
         shapes = [np.shape(a) for a in arrays]
         if len(set(shapes)) > 1:
             target = np.broadcast_shapes(*shapes)
@@ -109,6 +112,24 @@ class ArrayAlgebra:
                       if np.shape(a) != target else a for a in arrays]
         out = prim.bind(*arrays, **params)
         return out
+
+
+def unread_zero_weight(arrays: list[Any]) -> list[Any]:
+    """The operands of a product of a window value (a whole-field array) and
+    a weight (a scalar that does not come from the window), where a weight of
+    0 does not read its cell: a NaN or inf window value under a zero weight
+    counts as 0, as in the dense lowerings (which drop cells of weight 0) and
+    the loop backend (:mod:`xstencil._engine.loopgen`).  Finite values and
+    nonzero weights are untouched, and so are derivatives there."""
+    a, b = arrays
+    if np.ndim(a) == 0 and np.ndim(b) > 0:
+        return unread_zero_weight([b, a])[::-1]
+    if np.ndim(a) == 0 or np.ndim(b) != 0 or not jnp.issubdtype(jnp.result_type(a), jnp.floating):
+        return arrays
+    if not isinstance(b, jax.core.Tracer) and np.asarray(b) != 0:
+        return arrays
+    keep = (b != 0) | jnp.isfinite(a)
+    return [jnp.where(keep, a, jnp.zeros((), a.dtype)), b]
 
 
 def _bdims(ndim: int, target_ndim: int) -> tuple[int, ...]:

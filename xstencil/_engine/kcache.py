@@ -34,7 +34,9 @@ among those, recursively):
   object shares its code (a fresh lambda compiles again), while the values
   that could be seen are still keyed for the same object.  An instance of a
   user class with a ``__call__`` method is keyed by identity and by the
-  attributes its class's methods name, by value (``k.nu = 0.1`` is seen).
+  attributes its class's methods name, by value (``k.nu = 0.1`` is seen);
+  so are a bound method (``model.step``: the attributes its code names) and
+  a ``functools.partial`` (its function and arguments), arrays by content.
 * Arrays reached through an attribute or a bound method are keyed by
   identity and content, not lifted: the kernel's rebuilt copy calls the
   attribute itself, so it would not read a lifted stand-in.
@@ -270,6 +272,9 @@ class _Walk:
         if id(v) in self.seen:
             return ("cycle", self.seen[id(v)])
         self.seen[id(v)] = len(self.seen)
+        # the attributes its own methods read too: ``lambda u: model.step(u)``
+        # reads ``model.c`` inside ``step``, a name the lambda's code lacks
+        names = tuple(sorted(set(names) | _method_names(v if isinstance(v, type) else type(v))))
         attrs = []
         self.fixed += 1
         try:
@@ -315,6 +320,13 @@ class _Walk:
         new.__dict__.update(fn.__dict__)
         self.made[id(fn)] = new
         return key, new
+
+
+def _method_names(klass: type) -> set[str]:
+    """The names read by the plain functions of a user class and its bases."""
+    return {n for c in klass.__mro__ if not _library(c.__module__)
+            for f in c.__dict__.values() if type(f) is types.FunctionType
+            for n in _names(f.__code__)}
 
 
 def _static_attr(v: Any, name: str) -> tuple[bool | None, Any]:
@@ -377,6 +389,8 @@ def _instance(w: _Walk, k: Any) -> Hashable:
     for an instance of a user class, the attributes its methods name, by value
     (so ``k.nu = 0.1`` after a call is seen).  Nothing is lifted: the kernel
     called is ``k`` itself."""
+    if isinstance(k, types.MethodType | functools.partial):
+        return _wrapped(w, k)
     klass = type(k)
     call = next((c.__dict__["__call__"] for c in klass.__mro__ if "__call__" in c.__dict__),
                 None)
@@ -391,6 +405,31 @@ def _instance(w: _Walk, k: Any) -> Hashable:
         key = w.value(types.MethodType(call, k), tuple(names), lift=False)[0]
     except (_Opaque, TypeError, RecursionError):
         return ("callable", Identity(k))
+    return ("callable", Identity(k), key)
+
+
+def _wrapped(w: _Walk, k: types.MethodType | functools.partial) -> Hashable:
+    """The key of a bound method (``model.step``) or a ``functools.partial``:
+    by identity, and by the values they carry (the instance's attributes
+    that the method's code names, the partial's function and arguments),
+    arrays by content.  The same object called again after ``model.c[0] = 3``
+    or ``params["nu"] = 0.3`` must not reuse code traced with the old value."""
+    fn = k.__func__ if isinstance(k, types.MethodType) else k.func
+    names = _names(fn.__code__) if type(fn) is types.FunctionType else ()
+    w.opaque = False
+    w.budget = _BUDGET
+    w.fixed += 1
+    try:
+        if isinstance(k, types.MethodType):
+            key = w.value(k, names, lift=False)[0]
+        else:
+            key = ("partial", w.value(fn, names, lift=False)[0],
+                   w.value(k.args, names, lift=False)[0],
+                   w.value(dict(k.keywords), names, lift=False)[0])
+    except (_Opaque, TypeError, RecursionError):
+        return ("callable", Identity(k))
+    finally:
+        w.fixed -= 1
     return ("callable", Identity(k), key)
 
 

@@ -292,11 +292,39 @@ def _dot(eqn: Any, invals: list[Any]) -> Linear:
     c = np.asarray(rhs if lhs is lin else lhs, dtype=np.float64)
     m = _dense(lin, ncols)
     if lhs is lin:
-        coefs = np.einsum(f"{sl}z,{sr}->{so}z", m, c)
-        bias = np.einsum(f"{sl},{sr}->{so}", lin.bias, c)
+        coefs = _einsum(f"{sl}z", sr, f"{so}z", m, c, lin_first=True)
+        bias = _einsum(sl, sr, so, lin.bias, c, lin_first=True)
     else:
-        coefs = np.einsum(f"{sl},{sr}z->{so}z", c, m)
-        bias = np.einsum(f"{sl},{sr}->{so}", c, lin.bias)
+        coefs = _einsum(sl, f"{sr}z", f"{so}z", c, m, lin_first=False)
+        bias = _einsum(sl, sr, so, c, lin.bias, lin_first=False)
     flat = coefs.reshape(-1, ncols)
     rows, cols = np.nonzero(flat)
     return Linear(rows, cols, flat[rows, cols], bias)
+
+
+def _einsum(sa: str, sb: str, so: str, a: np.ndarray, b: np.ndarray, lin_first: bool
+            ) -> np.ndarray:
+    """``einsum(sa,sb->so)`` in which a term whose window-side factor (``a``
+    if ``lin_first`` else ``b``) is 0 adds 0, as in :func:`_linear_eqn`'s
+    ``mul``: the zeros of a coefficient matrix are cells the value does not
+    depend on, and ``0 * inf`` there must not make the weight NaN."""
+    if np.all(np.isfinite(a)) and np.all(np.isfinite(b)):
+        return np.einsum(f"{sa},{sb}->{so}", a, b)
+    full = "".join(dict.fromkeys(sa + sb))
+    sizes = dict(zip(sa, a.shape, strict=True)) | dict(zip(sb, b.shape, strict=True))
+    if math.prod(sizes[k] for k in full) > MAX_DENSE_COEFS:
+        raise _NotLinear
+    with np.errstate(invalid="ignore"):
+        terms = np.einsum(f"{sa},{sb}->{full}", a, b)
+    side = (a, sa) if lin_first else (b, sb)
+    mask = _expand(side[0] == 0, side[1], full, sizes)
+    terms = np.where(mask, 0.0, terms)
+    return np.einsum(f"{full}->{so}", terms)
+
+
+def _expand(x: np.ndarray, spec: str, full: str, sizes: dict[str, int]) -> np.ndarray:
+    """``x`` (indexed by ``spec``) broadcast to the index order ``full``."""
+    order = [spec.index(k) for k in full if k in spec]
+    x = np.transpose(x, order)
+    shape = [sizes[k] if k in spec else 1 for k in full]
+    return np.broadcast_to(x.reshape(shape), [sizes[k] for k in full])

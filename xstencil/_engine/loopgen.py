@@ -131,6 +131,7 @@ class CodeAlgebra:
         self.prologue: list[str] = []  # constants and parameter reads, hoisted out of the loops
         self._hoisted: dict[str, str] = {}
         self._n = 0
+        self.cells: set[str] = set()  # names of window reads and values computed from them
 
     def _new(self, expr: str, dt: np.dtype, square: bool = False) -> Code:
         name = f"v{self._n}"
@@ -162,6 +163,13 @@ class CodeAlgebra:
 
     def apply(self, prim: Any, elems: Sequence[Any], params: dict[str, Any],
               dtypes: Sequence[Any]) -> Code:
+        out = self._apply(prim, elems, params, dtypes)
+        if any(isinstance(e, Code) and e.expr in self.cells for e in elems):
+            self.cells.add(out.expr)  # a value computed from the window
+        return out
+
+    def _apply(self, prim: Any, elems: Sequence[Any], params: dict[str, Any],
+               dtypes: Sequence[Any]) -> Code:
         name = prim.name
         es = [e if isinstance(e, Code) else self.constant(e, ()) for e in elems]
         # binary ops: the operands share one dtype (a literal may be declared wider)
@@ -170,6 +178,15 @@ class CodeAlgebra:
                                                            "or", "xor", "rem"):
             dt = next((t for t, e in zip(typed, es, strict=True) if not e.const), typed[0])
             a, b = (_cast(e, dt) for e in es)
+            if name == "mul" and dt.kind == "f" and (es[0].expr in self.cells) != (
+                    es[1].expr in self.cells):
+                # a window value times a weight: a weight of 0 does not read
+                # its cell (NaN or inf there counts as 0), as on XLA
+                # (elements.unread_zero_weight) and in the dense lowerings
+                x, w = (a, b) if es[0].expr in self.cells else (b, a)
+                kept = self._new(f"({x} if ({w} != 0) | np.isfinite({x}) "
+                                 f"else {literal(0, dt)})", dt)
+                return self._new(f"{kept.expr} * {w}" if x == a else f"{w} * {kept.expr}", dt)
             if name == "mul" and dt.kind == "f" and (es[0].pred or es[1].pred):
                 # XLA rewrites convert(pred) * x to select(pred, x, 0): 0, not
                 # NaN, where x is inf or NaN, and +0.0 for a negative x
@@ -347,6 +364,7 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     def read(k: int, idx: tuple[int, ...], dt: np.dtype) -> Code:
         name = f"r{k}_{'_'.join(map(str, idx))}"
         reads.append((k, idx, name))
+        algebra.cells.add(name)
         return Code(name, _dt(dt))
 
     cells = []

@@ -81,14 +81,23 @@ def _check_dtype(call: str, name: str, dtype: Any) -> None:
         )
 
 
+def _native(x: Any) -> Any:
+    """Numpy data in native byte order (a big-endian ``'>f4'`` array, read
+    from a file, is converted; JAX and numba take native data only)."""
+    if isinstance(x, np.ndarray) and not x.dtype.isnative:
+        return x.astype(x.dtype.newbyteorder("="))
+    return x
+
+
 def unwrap(call: str, obj: Any, *, skip: Sequence[str] = ()) -> Fields:
     """Check and unwrap a DataArray or Dataset (no copy of JAX data)."""
     if isinstance(obj, xr.DataArray):
         _check_dtype(call, "the data", obj.dtype)
         if obj.ndim == 0:
             raise XStencilError(f"{call}: the DataArray is a scalar; stencils need dims")
-        return Fields(obj, tuple(map(str, obj.dims)), tuple(obj.shape), None, [obj.data],
-                      (tuple(map(str, obj.dims)),), (obj.dtype,))
+        data = _native(obj.data)
+        return Fields(obj, tuple(map(str, obj.dims)), tuple(obj.shape), None, [data],
+                      (tuple(map(str, obj.dims)),), (data.dtype,))
     if isinstance(obj, xr.Dataset):
         names = tuple(str(n) for n in obj.data_vars if str(n) not in skip)
         if not names:
@@ -101,11 +110,11 @@ def unwrap(call: str, obj: Any, *, skip: Sequence[str] = ()) -> Fields:
         for n in names:
             v = obj[n]
             order = tuple(d for d in dims if d in v.dims)
-            arrays.append(v.transpose(*order).data)
+            arrays.append(_native(v.transpose(*order).data))
             var_dims.append(order)
         shape = tuple(obj.sizes[d] for d in dims)
         return Fields(obj, tuple(dims), shape, names, arrays, tuple(var_dims),
-                      tuple(obj[n].dtype for n in names))
+                      tuple(a.dtype for a in arrays))
     call = call.replace("ds.stencil.", "xstencil.").replace("da.stencil.", "xstencil.")
     raise XStencilError(
         f"{call}: expected an xarray DataArray or Dataset, got {type(obj).__name__}: "
