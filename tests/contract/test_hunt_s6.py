@@ -270,3 +270,15 @@ def test_lambda_calling_a_method_sees_the_instance_state(backend: str) -> None:
         _MODEL.c[0], _MODEL.s = c, s
         out = da.stencil.map(k, boundary="periodic", backend=backend).values
         np.testing.assert_array_equal(out, np.roll(a, -1) * np.float32(c) * np.float32(s))
+
+
+def test_mesh_map_option_error_says_where_the_option_goes() -> None:
+    """``m.map(backend=...)`` said "backend= is not an option of this call"
+    and then listed 'backend' among the options; it now says that a mesh
+    takes it when it is made."""
+    da = xr.DataArray(np.arange(6.0), dims=("x",))
+    m = da.stencil.mesh(boundary="periodic")
+    m[...] = lambda u: u(x=1)
+    with pytest.raises(xstencil.XStencilError,
+                       match=r"backend= of a function mesh is given when the mesh is made"):
+        m.map(backend="loops")

@@ -345,6 +345,10 @@ def unknown_keyword(call: str, kernel: Any, e: Exception,
     close = difflib.get_close_matches(bad[0], options, n=1)
     hint = ("" if not close else f"{bad[0]}= is not an option of this call; " if close[0] ==
             bad[0] else f"did you mean {close[0]}=...? ")
+    if close and close[0] == bad[0] and ".mesh(" in call and ").map(" in call:
+        hint = (f"{bad[0]}= of a function mesh is given when the mesh is made "
+                f"(da.stencil.mesh(..., {bad[0]}=...)), not to its .map(); ")
+        options = ("dtype",)
     return XStencilError(
         f"{call}: unknown keyword {bad[0]}={kwargs[bad[0]]!r:.40}: extra keywords are passed "
         f"to the kernel, and kernel {name!r} does not take {bad[0]!r}; {hint}the options are "
