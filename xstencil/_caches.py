@@ -5,6 +5,7 @@ from __future__ import annotations
 from xstencil._backends.bufpool import clear as _clear_buffers
 from xstencil._backends.dask import clear_cache as _clear_dask
 from xstencil._engine.kcache import clear as _clear_kernels
+from xstencil._labelled.loop_scan import clear as _clear_loop_scans
 
 __all__ = ["clear_caches"]
 
@@ -34,3 +35,4 @@ def clear_caches() -> None:
     _clear_kernels()
     _clear_dask()
     _clear_buffers()
+    _clear_loop_scans()

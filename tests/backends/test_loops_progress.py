@@ -336,3 +336,18 @@ def test_dataset_and_mesh_loop_scans_keep_their_bar(kind: str, route: dict[str, 
             new[:, 0] = a[:, 0] * f(0.5)
             a = new
         np.testing.assert_array_equal(on.values, a)
+
+
+def test_clear_caches_drops_the_compiled_loop_steps(route: dict[str, list[int]]) -> None:
+    """``xstencil.clear_caches()`` empties the loop scans' compiled steps too,
+    and the next scan compiles again and gives the same result."""
+    u0 = _field()
+    kw = dict(steps=3, save_every="last", boundary="periodic", backend="loops")
+    first = u0.stencil.scan(heat, "time", **kw)
+    assert loop_scan._BUILT and route["loops"] == [1]
+    xstencil.clear_caches()
+    assert not loop_scan._BUILT
+    again = u0.stencil.scan(heat, "time", **kw)
+    assert loop_scan._BUILT and len(route["loops"]) == 2
+    np.testing.assert_array_equal(again.values, first.values)
+    np.testing.assert_array_equal(first.values, np_heat(u0.values, 3, "periodic")[-1])

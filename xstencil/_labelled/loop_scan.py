@@ -78,11 +78,16 @@ from xstencil._labelled.scan_result import rewrap
 from xstencil._labelled.scan_setup import plan_scan
 
 __all__ = ["backend_mode", "candidate", "eligible", "loop_scan", "Repeat", "Fallback",
-           "as_returned", "outputs", "previous_state", "run_steps", "step_sources"]
+           "as_returned", "clear", "outputs", "previous_state", "run_steps", "step_sources"]
 
 _LOG = logging.getLogger("xstencil.loops")
 _BUILT: dict[Any, Any] = {}  # per kernel structure and layout: the loop, or why not
 _MAX_BUILT = 64
+
+
+def clear() -> None:
+    """Drop every compiled time-loop step (``xstencil.clear_caches``)."""
+    _BUILT.clear()
 
 
 def _eligible(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
