@@ -128,7 +128,7 @@ def test_a_dataset_mesh_with_new_masks_gives_the_new_result(mesh_ran: list[int])
 @pytest.mark.parametrize("kind", ["DataArray", "Dataset"])
 def test_coverage_nests_and_digests_are_built_once(kind: str, mesh_ran: list[int],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    covered = count_calls(monkeypatch, mesh_resolved, "_covered")
+    covered = count_calls(monkeypatch, mesh_resolved, "covered")
     nests = count_calls(monkeypatch, mesh_resolved, "pieces")
     digests = count_calls(monkeypatch, mesh_run, "region_key")
     varying = count_calls(monkeypatch, mesh_module, "region_dims")

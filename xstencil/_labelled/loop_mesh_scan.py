@@ -37,6 +37,7 @@ from xstencil._engine.mesh import Slab
 from xstencil._labelled import loop_scan as LS
 from xstencil._labelled.core import identity_caller, kernel_caller, sources
 from xstencil._labelled.loop_previous import previous_kernel
+from xstencil._labelled.mesh_resolved import covered
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import rewrap
 from xstencil._labelled.scan_setup import plan_scan
@@ -82,10 +83,7 @@ def _mesh_scan(obj: Any, mesh: Any, kernels: list[Any], o: ScanPlan, args: Any, 
         slabs, consts, kept, plan = LS.previous_state(o, sp, f, kernels, args, kwargs)
         field = tuple(g.count for g in plan.geom)
         sregions, smasks = _spatial_regions(sp, regions, masks)
-        hit = np.zeros(field, bool)
-        for r in sregions:
-            hit[tuple(slice(*rr) for rr in r.ranges) if isinstance(r, Slab) else smasks[r]] = True
-        parts = pieces(sregions, smasks, field, bool(hit.all()))
+        parts = pieces(sregions, smasks, field, covered(sregions, smasks, field))
         if not parts or (mode == "auto" and len(parts) > AUTO_MAX_NESTS):
             raise LS.Fallback(f"{len(parts)} loop nests")
         leaves = list(lifted.leaves)

@@ -33,7 +33,7 @@ from xstencil._engine.kcache import cached
 from xstencil._engine.mesh import Slab
 from xstencil._labelled.plan import Plan
 
-__all__ = ["Resolved", "resolved"]
+__all__ = ["Resolved", "covered", "resolved"]
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -43,7 +43,7 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return v
 
 
-def _covered(regions: Sequence[Slab | int], masks: Sequence[np.ndarray],
+def covered(regions: Sequence[Slab | int], masks: Sequence[np.ndarray],
              counts: tuple[int, ...]) -> bool:
     """Whether the regions leave no output position uncovered."""
     if any(isinstance(r, Slab) and all(rr[2] == 1 and len(range(*rr)) == n
@@ -68,7 +68,7 @@ class Resolved:
         self.masks = tuple(_frozen(m) for m in masks)
         self.counts = tuple(counts)
         self.key = key
-        self.covered = _covered(self.regions, self.masks, self.counts)
+        self.covered = covered(self.regions, self.masks, self.counts)
         self._members: dict[tuple[int, ...], np.ndarray] = {}
         self._pieces: list[Piece] | None = None
         self._lock = threading.Lock()
