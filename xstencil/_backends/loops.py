@@ -40,7 +40,7 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
 __all__ = ["AUTO_MIN_POINTS", "BACKENDS", "ENV", "LoopOrJit", "available", "backend_arg",
-           "aligned_empty", "fits", "resolve_mode", "leaf_sig", "numpy_on_cpu", "on_host_cpu",
+           "fits", "resolve_mode", "leaf_sig", "numpy_on_cpu", "on_host_cpu",
            "run_loops"]
 
 #: The environment variable that sets the default backend of maps.
@@ -57,7 +57,6 @@ AUTO_MIN_POINTS = 2**18
 MAX_STATEMENTS = {"auto": 200, "loops": 1000}
 
 _LOG = logging.getLogger("xstencil.loops")
-_ALIGN = 64  # jax.device_put takes a 64-byte aligned numpy buffer without a copy
 
 
 def available() -> bool:
@@ -118,13 +117,6 @@ def on_host_cpu(xs: Sequence[Any]) -> bool:
                 d.platform != "cpu" for d in x.sharding.device_set)):
             return False
     return True
-
-
-def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    n = math.prod(shape) * dtype.itemsize
-    buf = np.empty(n + _ALIGN, np.uint8)
-    off = (-buf.ctypes.data) % _ALIGN
-    return buf[off:off + n].view(dtype).reshape(shape)
 
 
 class _Built:

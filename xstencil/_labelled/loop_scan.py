@@ -59,11 +59,11 @@ import numpy as np
 import xarray as xr
 
 from xstencil import _progress
+from xstencil._backends import bufpool
 from xstencil._backends.loops import (
     AUTO_MIN_POINTS,
     MAX_STATEMENTS,
     LoopOrJit,
-    aligned_empty,
     available,
     leaf_sig,
     resolve_mode,
@@ -380,12 +380,12 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
     fixed = [*built.tables, *built.fills, *params]
     every, steps = loop.every, loop.steps
     n = loop.saves + 1 if every else 1
-    outs = [aligned_empty((n, *s.shape), s.dtype) for s in slabs]
+    outs = [bufpool.empty((n, *s.shape), s.dtype) for s in slabs]
     if every:
         for out, slab in zip(outs, slabs, strict=True):
             out[0] = slab
     cur = list(slabs)  # never written: they may share the caller's data
-    spares = [(aligned_empty(s.shape, s.dtype), aligned_empty(s.shape, s.dtype)) for s in slabs]
+    spares = [(bufpool.empty(s.shape, s.dtype), bufpool.empty(s.shape, s.dtype)) for s in slabs]
     tick = _progress.Ticker(token)
     due = 1 if token else steps + 1  # the first report after one step: it times a step
     for t in range(1, steps + 1):
