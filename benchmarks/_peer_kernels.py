@@ -362,6 +362,9 @@ def dense_columns(n: int, k: int) -> tuple[Columns, str]:
 
     cols["lax.conv"] = lambda: jax.block_until_ready(conv(x))
     cols["jnp.fft"] = lambda: jax.block_until_ready(fft(x))
+    # the same program on the numpy array, copied into XLA's memory on each call as
+    # the "xstencil" column's input is (XLA:CPU reads in place only 64-byte aligned data)
+    cols["jnp.fft (numpy in)"] = lambda: jax.block_until_ready(fft(a))
     if numba is not None:
         out = np.empty_like(a)
         cols["numba prange"] = lambda: _dense(np.pad(a, h, mode="wrap"), w, out)
