@@ -324,9 +324,28 @@ def heat_columns(n: int, steps: int) -> Columns:
     return cols
 
 
+def offset_array(a: np.ndarray, offset: int = 16, align: int = 64) -> np.ndarray:
+    """A C-contiguous copy of ``a`` whose data start ``offset`` bytes past an
+    ``align``-byte boundary.  XLA:CPU reads a numpy array in place only when
+    it is 64-byte aligned and copies it otherwise; numpy's large arrays start
+    16 bytes past a page when freshly mapped and anywhere 16-byte aligned when
+    carved from the heap, so whether a benchmark's input is copied would
+    otherwise depend on the order of earlier allocations (measured: the 21 x 21
+    and 31 x 31 inputs landed 16 and 0 bytes past a boundary, and xstencil
+    took 1.26x and 1.11x ``jnp.fft``'s CPU time; both 16 bytes past, 1.18x and
+    1.19x)."""
+    raw = np.empty(a.nbytes + align + offset, np.uint8)
+    start = (offset - raw.ctypes.data) % align
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % align == offset % align
+    return out
+
+
 def dense_columns(n: int, k: int) -> tuple[Columns, str]:
     rng = np.random.default_rng(k)
-    a = rng.standard_normal((n, n)).astype(np.float32)
+    # the numpy input XLA must copy on every call, for every k alike (see offset_array)
+    a = offset_array(rng.standard_normal((n, n)).astype(np.float32))
     w = rng.standard_normal((k, k)).astype(np.float32)
     h = k // 2
     da = xr.DataArray(a, dims=("y", "x"))
