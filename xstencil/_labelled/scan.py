@@ -371,7 +371,8 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], mesh: Any, o: ScanPlan, ar
     repeat-call fast path (:mod:`xstencil._labelled.scan_fast`)."""
     udyn, static = split_static(call, (args, kwargs))
     lifted = describe(kernels)  # the compile-cache key, closed-over arrays (kcache.py)
-    sp, f = _plan(obj, kernels, o, args, kwargs, lifted, static, udyn)
+    sp, f = _plan(obj, kernels, o, args, kwargs, lifted, static, udyn,
+                  () if mesh is None else mesh._region_dims())
     with precision(f.arrays, args, kwargs):
         spatial = dataclasses.replace(sp.plan, coord_dims=tuple(
             d for d in sp.plan.coord_dims if d != sp.dim))
@@ -399,8 +400,10 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], mesh: Any, o: ScanPlan, ar
 
 
 def _plan(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: Any,
-          lifted: Any, static: Any, udyn: Any) -> tuple[ScanPlan, Fields]:
+          lifted: Any, static: Any, udyn: Any,
+          region_dims: Sequence[str] = ()) -> tuple[ScanPlan, Fields]:
     """The request completed with the data's layout and the evolving
     variables (:func:`~xstencil._labelled.scan_setup.plan_scan`, the setup
     the dask and sharded scans share)."""
-    return plan_scan(obj, kernels, o, args, kwargs, lifted, static, udyn)
+    return plan_scan(obj, kernels, o, args, kwargs, lifted, static, udyn,
+                     region_dims=region_dims)
