@@ -52,8 +52,7 @@ def loop_mesh_scan(obj: Any, mesh: Any, kernels: Sequence[Any], o: ScanPlan, arg
     """The mesh scan of ``obj`` (already cast to the state dtype) on the loop
     backend, or ``None`` where it does not apply (the caller runs XLA)."""
     if not all(callable(k) for k in kernels) or not LS.eligible(
-            obj, o.dim, o.grown, bool(o.checkpoint or o.check_finite or o.period), args,
-            kwargs, backend):
+            obj, o.dim, o.grown, bool(o.checkpoint or o.period), args, kwargs, backend):
         return None
     mode = resolve_mode(backend)
     try:
