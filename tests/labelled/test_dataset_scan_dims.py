@@ -18,7 +18,9 @@ import pytest
 import xarray as xr
 
 import xstencil  # noqa: F401 - registers the accessor
+from tests.spies import count_calls
 from xstencil._errors import XStencilError
+from xstencil._labelled import loop_scan as LS
 
 A, B, C = 0.1, 0.5, 0.2
 
@@ -71,21 +73,42 @@ def check(out: xr.Dataset, ds: xr.Dataset, steps: int, rtol: float = 1e-12) -> N
     assert out["T"].attrs == {"units": "K"} and out.attrs == {"title": "t"}
 
 
+@pytest.fixture
+def ran(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the scans whose time loop ran as numba loops."""
+    return count_calls(monkeypatch, LS, "_steps")
+
+
 @pytest.mark.parametrize("backend", ["xla", "loops", None])
-def test_grown_variables_keep_their_own_dims(backend: str | None) -> None:
+def test_grown_variables_keep_their_own_dims(backend: str | None, ran: list[int]) -> None:
     ds = start()
     before = ds.copy(deep=True)
     for _ in range(2):  # the second call takes the repeat-call fast path
         out = ds.stencil.scan(kernel, "time", steps=4, boundary="periodic", backend=backend)
         check(out, ds, 4)
     xr.testing.assert_identical(ds, before)
+    if LS.available():  # "loops" runs them as loops; small data stays on XLA by default
+        assert len(ran) == (2 if backend == "loops" else 0)
 
 
-def test_grown_large_default_route_matches_numpy() -> None:
-    """Large enough for the default route to try the numba loops first."""
-    ds = start(64, 520)
+@pytest.mark.parametrize("save_every", [2, "last"])
+def test_loops_and_xla_agree_on_saves(save_every: object, ran: list[int]) -> None:
+    ds = start(6, 9)
+    outs = [ds.stencil.scan(kernel, "time", steps=6, save_every=save_every,
+                            boundary="periodic", backend=b) for b in ("loops", "xla")]
+    xr.testing.assert_allclose(outs[0], outs[1], rtol=1e-12)
+    assert outs[0]["s"].dims == (("x",) if save_every == "last" else ("time", "x"))
+    if LS.available():
+        assert len(ran) == 1
+
+
+def test_grown_large_default_route_matches_numpy(ran: list[int]) -> None:
+    """Large enough for the default route to take the numba loops."""
+    ds = start(512, 520)
     out = ds.stencil.scan(kernel, "time", steps=3, boundary="periodic")
     check(out, ds, 3)
+    if LS.available():
+        assert len(ran) == 1
     xla = ds.stencil.scan(kernel, "time", steps=3, boundary="periodic", backend="xla")
     xr.testing.assert_allclose(out, xla, rtol=1e-12)
 
@@ -113,11 +136,16 @@ def test_own_trajectory_input() -> None:
         check(out, ds, 3)
 
 
-def test_transposed_and_short_variable() -> None:
-    """A full variable stored as (x, y) next to a short one: each keeps its order."""
+@pytest.mark.parametrize("backend", ["xla", "loops"])
+@pytest.mark.parametrize("short_first", [False, True])
+def test_transposed_and_short_variable(backend: str, short_first: bool) -> None:
+    """A full variable stored as (x, y) next to a short one: each keeps its
+    order (the short one first: the Dataset's dims then start with x)."""
     ds = start(6, 6)
     ds["T"] = ds["T"].transpose("x", "y")
-    out = ds.stencil.scan(kernel, "time", steps=3, boundary="periodic", backend="xla")
+    if short_first:
+        ds = ds[["s", "T", "q", "b"]]
+    out = ds.stencil.scan(kernel, "time", steps=3, boundary="periodic", backend=backend)
     T, s, _ = numpy_reference(ds.T.values.T, ds.s.values, ds.q.values, ds.b.values, 3)
     assert out["T"].dims == ("time", "x", "y")
     np.testing.assert_allclose(out["T"].transpose("time", "y", "x").values, T, rtol=1e-12)
@@ -144,7 +172,7 @@ def test_result_from_a_wider_variable_raises(backend: str | None) -> None:
 
 
 def test_large_default_route_raises_too() -> None:
-    ds = start(64, 520)
+    ds = start(512, 520)
     with pytest.raises(XStencilError, match="'s' has dims \\('x',\\)"):
         ds.stencil.scan(wider, "time", steps=2, boundary="periodic")
 
@@ -158,7 +186,7 @@ def test_result_from_a_coordinate_raises() -> None:
         ds.stencil.scan(k, "time", steps=2, window={"y": 1, "time": (1, 0)})
 
 
-def test_mesh_regions_along_a_missing_dim_raise() -> None:
+def test_mesh_regions_along_a_missing_dim_raise(ran: list[int]) -> None:
     ds = start()
     plain = lambda s: {"T": s["T"](time=-1), "s": s["s"](time=-1),  # noqa: E731
                        "q": s["q"](time=-1)}
@@ -176,7 +204,10 @@ def test_mesh_regions_along_a_missing_dim_raise() -> None:
     ok[...] = lambda s: {"T": s["T"](time=-1), "s": s["s"](time=-1)}
     ok[{"x": 1}] = lambda s: {"T": 2 * s["T"](time=-1), "s": 3 * s["s"](time=-1)}
     for backend in ("xla", "loops"):
+        before = len(ran)
         out = ok.scan("time", steps=2, backend=backend)
+        if LS.available():
+            assert len(ran) == before + (backend == "loops")
         factor = np.where(np.arange(ds.sizes["x"]) == 1, 3.0, 1.0)
         np.testing.assert_allclose(out["s"].values, ds.s.values * factor ** np.arange(3)[:, None],
                                    rtol=1e-12)

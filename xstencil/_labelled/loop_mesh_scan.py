@@ -70,7 +70,8 @@ def _mesh_scan(obj: Any, mesh: Any, kernels: list[Any], o: ScanPlan, args: Any, 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            sp, f = plan_scan(obj, kernels, o, args, kwargs, lifted, static, udyn)
+            sp, f = plan_scan(obj, kernels, o, args, kwargs, lifted, static, udyn,
+                              region_dims=mesh._region_dims())
             regions, masks = mesh.regions(sp.plan, dim)
         if caught:
             raise LS.Fallback(f"setup warned: {caught[0].message}")

@@ -17,9 +17,15 @@ advanced variable from the previous positions of all of them (each variable
 double-buffered, so every new value reads the old state, as the XLA step
 does); variables without the scanned dim are constants, read as they are.
 
+An advanced variable without some of the Dataset's dims (``s(time, x)``
+next to ``T(time, y, x)``, checked by :mod:`~xstencil._labelled.scan_dims`
+not to vary along them) is written by the loop over the whole field into a
+scratch buffer, whose first cells along the missing dims are copied into its
+state (:func:`_short`), as the XLA step keeps them.
+
 Anything else (reads at other time offsets, coordinate reads, a kernel the
 generator cannot express, a result dtype other than the state's, an advanced
-variable without every dim of the Dataset, JAX or dask data, tracers,
+variable whose dims are not in the Dataset's order, JAX or dask data, tracers,
 ``checkpoint`` or ``period``) returns ``None``: the caller runs the XLA scan,
 silently.
 
@@ -266,8 +272,9 @@ def previous_state(o: ScanPlan, sp: ScanPlan, f: Any, kernels: Sequence[Any], ar
             raise Fallback(f"setup warned: {caught[0].message}")
         if plan.coord_dims:
             raise Fallback("the kernel reads coordinates")
-        if plan.var_dims != tuple(sdims) or any(sdims[i] != plan.dims for i in sp.evolving):
-            raise Fallback("an advanced variable lacks some of the Dataset's dims")
+        if plan.var_dims != tuple(sdims) or any(
+                sdims[i] != tuple(d for d in plan.dims if d in sdims[i]) for i in sp.evolving):
+            raise Fallback("an advanced variable's dims are not in the Dataset's order")
     except Fallback:
         raise
     except Exception as e:  # noqa: BLE001 - the XLA path decides and reports
@@ -405,6 +412,7 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
     check = loop.check_finite
     tick = _progress.Ticker(token)
     due = 1 if token else steps + 1  # the first report after one step: it times a step
+    short = _short(sp, slabs)
     for t in range(1, steps + 1):
         if every and t % every == 0:
             nxt = [out[t // every] for out in outs]
@@ -412,7 +420,13 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
             nxt = [out[0] for out in outs]
         else:
             nxt = [a if c is not a else b for c, (a, b) in zip(cur, spares, strict=True)]
-        built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
+        if short:  # variables on fewer dims: the loop writes the whole field, kept here
+            built.fn(*[nxt[j] if j not in short else short[j][0] for j in order],
+                     *step_sources(cur, consts, sp.evolving), *fixed)
+            for j, (full, index) in short.items():
+                np.copyto(nxt[j], full[index])
+        else:
+            built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
         if check and not all(all_finite(x) for x in nxt):
             finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
         cur = nxt
@@ -422,6 +436,25 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
         for out, slab in zip(outs, slabs, strict=True):
             out[0] = slab
     return outs
+
+
+def _short(sp: ScanPlan, slabs: Sequence[np.ndarray]
+           ) -> dict[int, tuple[np.ndarray, tuple[Any, ...]]]:
+    """Per advanced variable that lacks some of the Dataset's dims (index into
+    ``sp.evolving``): a buffer over the whole field, which the loop writes,
+    and the index of the variable's cells in it (the first along the dims it
+    lacks: the setup checked that the result does not vary along them,
+    :mod:`~xstencil._labelled.scan_dims`)."""
+    plan, dim = sp.plan, sp.dim
+    space = [d for d in plan.dims if d != dim]
+    field = tuple(plan.shape[plan.axis(d)] for d in space)
+    out = {}
+    for j, i in enumerate(sp.evolving):
+        own = plan.var_dims[i]
+        if len(own) - (dim in own) != len(space):
+            index = tuple(slice(None) if d in own else 0 for d in space)
+            out[j] = (bufpool.empty(field, slabs[j].dtype), index)
+    return out
 
 
 def _host(x: Any) -> Any:
