@@ -21,7 +21,8 @@ An advanced variable without some of the Dataset's dims (``s(time, x)``
 next to ``T(time, y, x)``, checked by :mod:`~xstencil._labelled.scan_dims`
 not to vary along them) is written by the loop over the whole field into a
 scratch buffer, whose first cells along the missing dims are copied into its
-state (:func:`_short`), as the XLA step keeps them.
+state (:func:`~xstencil._labelled.scan_dims.short_buffers`), as the XLA
+step keeps them.
 
 Anything else (reads at other time offsets, coordinate reads, a kernel the
 generator cannot express, a result dtype other than the state's, an advanced
@@ -89,6 +90,7 @@ from xstencil._engine.call import outside_transforms, precision, split_static
 from xstencil._engine.kcache import describe, rebuild
 from xstencil._labelled.core import kernel_caller, prepare, sources, unwrap
 from xstencil._labelled.loop_previous import previous_kernel
+from xstencil._labelled.scan_dims import short_buffers
 from xstencil._labelled.scan_loop import inputs
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import finite, initial_finite, rewrap
@@ -412,7 +414,7 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
     check = loop.check_finite
     tick = _progress.Ticker(token)
     due = 1 if token else steps + 1  # the first report after one step: it times a step
-    short = _short(sp, slabs)
+    short = short_buffers(sp, slabs)
     for t in range(1, steps + 1):
         if every and t % every == 0:
             nxt = [out[t // every] for out in outs]
@@ -436,25 +438,6 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
         for out, slab in zip(outs, slabs, strict=True):
             out[0] = slab
     return outs
-
-
-def _short(sp: ScanPlan, slabs: Sequence[np.ndarray]
-           ) -> dict[int, tuple[np.ndarray, tuple[Any, ...]]]:
-    """Per advanced variable that lacks some of the Dataset's dims (index into
-    ``sp.evolving``): a buffer over the whole field, which the loop writes,
-    and the index of the variable's cells in it (the first along the dims it
-    lacks: the setup checked that the result does not vary along them,
-    :mod:`~xstencil._labelled.scan_dims`)."""
-    plan, dim = sp.plan, sp.dim
-    space = [d for d in plan.dims if d != dim]
-    field = tuple(plan.shape[plan.axis(d)] for d in space)
-    out = {}
-    for j, i in enumerate(sp.evolving):
-        own = plan.var_dims[i]
-        if len(own) - (dim in own) != len(space):
-            index = tuple(slice(None) if d in own else 0 for d in space)
-            out[j] = (bufpool.empty(field, slabs[j].dtype), index)
-    return out
 
 
 def _host(x: Any) -> Any:

@@ -24,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
+from xstencil._backends import bufpool
 from xstencil._engine.kcache import cached
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import kernel_caller
 from xstencil._labelled.returns import result_reads
 from xstencil._labelled.scan_plan import ScanPlan
 
-__all__ = ["check_advanced_dims"]
+__all__ = ["check_advanced_dims", "short_buffers"]
 
 
 def check_advanced_dims(sp: ScanPlan, obj: Any, kernels: Sequence[Any], lifted: Any,
@@ -90,3 +91,23 @@ def check_advanced_dims(sp: ScanPlan, obj: Any, kernels: Sequence[Any], lifted: 
             f"would return {name!r} on dims {got!r}, but {name!r} has dims {have!r}; a scan "
             f"never broadcasts an advanced variable to more dims. To fix it, select the "
             f"regions along {have!r} only, or {fix}")
+
+
+def short_buffers(sp: ScanPlan, slabs: Sequence[np.ndarray]
+                  ) -> dict[int, tuple[np.ndarray, tuple[Any, ...]]]:
+    """For the loop backend's scans (:mod:`~xstencil._labelled.loop_scan`):
+    per advanced variable that lacks some of the Dataset's dims (index into
+    ``sp.evolving``, ``slabs``: their states) a buffer over the whole field,
+    which the loop writes, and the index of the variable's cells in it (the
+    first along the dims it lacks: :func:`check_advanced_dims` made sure
+    that the result does not vary along them)."""
+    plan, dim = sp.plan, sp.dim
+    space = [d for d in plan.dims if d != dim]
+    field = tuple(plan.shape[plan.axis(d)] for d in space)
+    out: dict[int, tuple[np.ndarray, tuple[Any, ...]]] = {}
+    for j, i in enumerate(sp.evolving):
+        own = plan.var_dims[i]
+        if len(own) - (dim in own) != len(space):
+            index = tuple(slice(None) if d in own else 0 for d in space)
+            out[j] = (bufpool.empty(field, slabs[j].dtype), index)
+    return out
