@@ -272,9 +272,9 @@ def plan_scan(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: 
     """The scan's one setup, for every backend: the request completed with the
     data's layout (:func:`setup`), and the evolving variables: for a Dataset,
     those the kernels return (traced once per kernel structure and plan),
-    checked to vary only along their own dims and, for a mesh, along the dims
-    its regions vary along (``region_dims``; see
-    :mod:`xstencil._labelled.scan_dims`)."""
+    each checked not to vary along a dim it lacks, through the kernels' reads
+    or through a mesh's regions (``region_dims``: the dims they vary along;
+    see :mod:`xstencil._labelled.scan_dims`)."""
     call = o.call
     sp, f = setup(obj, kernels, o, args, kwargs, in_memory=in_memory)
     assert sp.plan is not None
