@@ -283,7 +283,7 @@ def _array_window(s: Any) -> Any:
     return {"u": s["u"](time=-1), "v": s["v"][-1, 0, 1]}
 
 
-@pytest.mark.parametrize("case", ["two_back", "coord", "array", "check_finite", "dask", "xla",
+@pytest.mark.parametrize("case", ["two_back", "coord", "array", "checkpoint", "dask", "xla",
                                   "blocking"])
 def test_unsupported_scans_fall_back_to_xla(ran: list[int], case: str) -> None:
     """As for DataArrays, ``backend="loops"`` falls back silently (the
@@ -298,8 +298,8 @@ def test_unsupported_scans_fall_back_to_xla(ran: list[int], case: str) -> None:
     elif case == "array":
         kernel = _array_window
         opts["window"] = {"time": (1, 0), "y": 3, "x": 3}
-    elif case == "check_finite":
-        opts["check_finite"] = True
+    elif case == "checkpoint":  # check_finite runs on the loops (test_loops_check_finite.py)
+        opts["checkpoint"] = True
     elif case == "dask":
         ds = ds.chunk({"x": 4})
     elif case == "xla":

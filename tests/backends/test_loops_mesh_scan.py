@@ -161,7 +161,7 @@ def test_auto_by_size_and_fallbacks(ran: list[int], monkeypatch: pytest.MonkeyPa
     ms = small.stencil.mesh(boundary="periodic")
     ms[...] = heat
     ms.scan("time", steps=2)  # auto: small stays on XLA
-    ms.scan("time", steps=2, progress=False, check_finite=True, backend="loops")  # option
+    ms.scan("time", steps=2, progress=False, checkpoint=True, backend="loops")  # option
     ms.scan("time", steps=2, backend="xla")
     assert ran == [1]
     ms.scan("time", steps=2, backend="loops")

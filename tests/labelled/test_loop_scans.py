@@ -198,7 +198,7 @@ def _reads_input(u: Any) -> Any:
     return u(time=-1) + u(x=1)
 
 
-@pytest.mark.parametrize("case", ["coord", "xla", "check_finite", "dask", "blocking"])
+@pytest.mark.parametrize("case", ["coord", "xla", "checkpoint", "dask", "blocking"])
 def test_fallbacks_run_xla(ran: list[int], case: str) -> None:
     u0 = _field((10, 8))
     kernel, opts = heat2, dict(steps=4, boundary="periodic")
@@ -208,8 +208,8 @@ def test_fallbacks_run_xla(ran: list[int], case: str) -> None:
         kernel = _reads_coord
     elif case == "xla":
         backend = "xla"
-    elif case == "check_finite":
-        opts["check_finite"] = True
+    elif case == "checkpoint":  # check_finite runs on the loops (test_loops_check_finite.py)
+        opts["checkpoint"] = True
     elif case == "dask":
         obj = u0.copy(data=dask.array.from_array(u0.values, chunks=5))
     elif case == "blocking":

@@ -260,6 +260,9 @@ def stencil_step(branches: Sequence[tuple[Slab | Mask, KernelCall]], base: Kerne
                               for a, g in enumerate(geom)])]
     plain = len(wrap) == 1 and covering
     width = loop.lo + loop.hi + 1
+    rest = tuple(a for a in range(len(geom)) if a != axis)
+    fits = [_fitter(v.axes, rest) for v in sorted(
+        (v for v in variables if v.state is not None), key=lambda v: v.state)]
 
     def step(t: Any, hist: Any) -> tuple[Any, ...]:
         srcs = step_sources(variables, arrays, hist, t, loop) + list(extra)
@@ -269,12 +272,36 @@ def stencil_step(branches: Sequence[tuple[Slab | Mask, KernelCall]], base: Kerne
             # without the walked axis: no size-1 axis in the step's expressions
             flat = [g for a, g in enumerate(geom) if a != axis]
             out = evaluate(wrap[0][1], [_drop_axis(x, axis) for x in srcs], flat, d)
-            return tuple(jax.tree_util.tree_leaves(out))
+            leaves = jax.tree_util.tree_leaves(out)
         else:
             out = slab_mesh(wrap, wbase, srcs, sub, d, {axis: t}, {axis: (loop.start, total)})
-        return tuple(lax.squeeze(leaf, (axis,)) for leaf in jax.tree_util.tree_leaves(out))
+            leaves = [lax.squeeze(leaf, (axis,)) for leaf in jax.tree_util.tree_leaves(out)]
+        if len(leaves) != len(fits):
+            return tuple(leaves)
+        return tuple(fit(leaf) for fit, leaf in zip(fits, leaves, strict=True))
 
     return step
+
+
+def _fitter(axes: tuple[int, ...], rest: tuple[int, ...]) -> Callable[[Any], Any]:
+    """Fit a step's output over the slab's axes ``rest`` (the field's, time
+    excluded) to a variable's slab over ``axes`` (a subset of ``rest``, in the
+    variable's order): the first cell along the axes it lacks (the labelled
+    layer has checked that the output is constant along them), transposed.
+    """
+    if axes == rest:
+        return lambda x: x
+    index = tuple(slice(None) if a in axes else 0 for a in rest)
+    kept = [a for a in rest if a in axes]
+    perm = tuple(kept.index(a) for a in axes)
+
+    def fit(x: Any) -> Any:
+        if x.ndim != len(rest):  # not an output over the slab: the caller's error
+            return x
+        x = x[index]
+        return x if perm == tuple(range(len(perm))) else jnp.transpose(x, perm)
+
+    return fit
 
 
 def time_reads(calls: Sequence[KernelCall], variables: Sequence[Var], slabs: Sequence[Any],

@@ -52,8 +52,7 @@ def loop_mesh_scan(obj: Any, mesh: Any, kernels: Sequence[Any], o: ScanPlan, arg
     """The mesh scan of ``obj`` (already cast to the state dtype) on the loop
     backend, or ``None`` where it does not apply (the caller runs XLA)."""
     if not all(callable(k) for k in kernels) or not LS.eligible(
-            obj, o.dim, o.grown, bool(o.checkpoint or o.check_finite or o.period), args,
-            kwargs, backend):
+            obj, o.dim, o.grown, bool(o.checkpoint or o.period), args, kwargs, backend):
         return None
     mode = resolve_mode(backend)
     try:
@@ -71,7 +70,8 @@ def _mesh_scan(obj: Any, mesh: Any, kernels: list[Any], o: ScanPlan, args: Any, 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            sp, f = plan_scan(obj, kernels, o, args, kwargs, lifted, static, udyn)
+            sp, f = plan_scan(obj, kernels, o, args, kwargs, lifted, static, udyn,
+                              region_dims=mesh._region_dims())
             regions, masks = mesh.regions(sp.plan, dim)
         if caught:
             raise LS.Fallback(f"setup warned: {caught[0].message}")

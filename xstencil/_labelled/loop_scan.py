@@ -17,11 +17,28 @@ advanced variable from the previous positions of all of them (each variable
 double-buffered, so every new value reads the old state, as the XLA step
 does); variables without the scanned dim are constants, read as they are.
 
+An advanced variable without some of the Dataset's dims (``s(time, x)``
+next to ``T(time, y, x)``, checked by :mod:`~xstencil._labelled.scan_dims`
+not to vary along them) is written by the loop over the whole field into a
+scratch buffer, whose first cells along the missing dims are copied into its
+state (:func:`~xstencil._labelled.scan_dims.short_buffers`), as the XLA
+step keeps them.
+
 Anything else (reads at other time offsets, coordinate reads, a kernel the
 generator cannot express, a result dtype other than the state's, an advanced
-variable without every dim of the Dataset, JAX or dask data, tracers,
-``checkpoint``, ``check_finite`` or ``period``) returns ``None``: the caller
-runs the XLA scan, silently.
+variable whose dims are not in the Dataset's order, JAX or dask data, tracers,
+``checkpoint`` or ``period``) returns ``None``: the caller runs the XLA scan,
+silently.
+
+``check_finite=True`` runs on the loops as on XLA: the initial state is
+checked before the first step (the same error), and every step's new slabs
+after the step (the XLA loop tests each step's new slabs too), with
+:func:`~xstencil._backends.finite.all_finite` on the floating-point ones: one
+serial read of the new state per step, cache-warm as the step has just
+written it (0.18 ms at 2048² float32 timed alone, against 1.3-2 ms for a
+heat step there).  The first position that holds a NaN or Inf stops the loop
+(XLA runs on and reports it after) and raises XLA's error, naming that
+position and its coordinate.
 
 ``progress=True`` runs on the loops too: the Python time loop moves the same
 tqdm bar as the XLA loop (:class:`xstencil._progress.Progress`, same label),
@@ -60,6 +77,7 @@ import xarray as xr
 
 from xstencil import _progress
 from xstencil._backends import bufpool
+from xstencil._backends.finite import all_finite
 from xstencil._backends.loops import (
     AUTO_MIN_POINTS,
     MAX_STATEMENTS,
@@ -72,9 +90,10 @@ from xstencil._engine.call import outside_transforms, precision, split_static
 from xstencil._engine.kcache import describe, rebuild
 from xstencil._labelled.core import kernel_caller, prepare, sources, unwrap
 from xstencil._labelled.loop_previous import previous_kernel
+from xstencil._labelled.scan_dims import short_buffers
 from xstencil._labelled.scan_loop import inputs
 from xstencil._labelled.scan_plan import ScanPlan
-from xstencil._labelled.scan_result import rewrap
+from xstencil._labelled.scan_result import finite, initial_finite, rewrap
 from xstencil._labelled.scan_setup import plan_scan
 
 __all__ = ["backend_mode", "candidate", "eligible", "loop_scan", "Repeat", "Fallback",
@@ -93,8 +112,7 @@ def clear() -> None:
 def _eligible(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any,
               backend: str | None) -> bool:
     return callable(kernel) and eligible(
-        obj, o.dim, o.grown, bool(o.checkpoint or o.check_finite or o.period), args, kwargs,
-        backend)
+        obj, o.dim, o.grown, bool(o.checkpoint or o.period), args, kwargs, backend)
 
 
 def eligible(obj: Any, dim: str, grown: bool, other: bool, args: Any, kwargs: Any,
@@ -114,8 +132,8 @@ def candidate(obj: Any, data: Any, dim: str, grown: bool, other: bool, args: Any
               kwargs: Any, backend: str | None) -> bool:
     """Whether a scan of the DataArray ``obj`` (``data``: its array) may run on
     the loop backend; the kernel and the state's dtype decide the rest
-    (``grown``: ``steps=`` given; ``other``: any of ``checkpoint``,
-    ``check_finite`` or ``period``; a ``progress`` bar runs on the loops)."""
+    (``grown``: ``steps=`` given; ``other``: ``checkpoint`` or ``period``; a
+    ``progress`` bar and ``check_finite`` run on the loops)."""
     return _candidate(obj, [(obj.dims, data)], dim, grown, other, args, kwargs, backend)
 
 
@@ -256,8 +274,9 @@ def previous_state(o: ScanPlan, sp: ScanPlan, f: Any, kernels: Sequence[Any], ar
             raise Fallback(f"setup warned: {caught[0].message}")
         if plan.coord_dims:
             raise Fallback("the kernel reads coordinates")
-        if plan.var_dims != tuple(sdims) or any(sdims[i] != plan.dims for i in sp.evolving):
-            raise Fallback("an advanced variable lacks some of the Dataset's dims")
+        if plan.var_dims != tuple(sdims) or any(
+                sdims[i] != tuple(d for d in plan.dims if d in sdims[i]) for i in sp.evolving):
+            raise Fallback("an advanced variable's dims are not in the Dataset's order")
     except Fallback:
         raise
     except Exception as e:  # noqa: BLE001 - the XLA path decides and reports
@@ -331,7 +350,7 @@ class Repeat:
         return [jax.device_put(out) for out in outs], _NO_BAD
 
 
-_NO_BAD = np.int32(-1)  # no position was checked for NaN or Inf (check_finite is off)
+_NO_BAD = np.int32(-1)  # no bad position to report: with check_finite, _steps raises itself
 
 
 def _build(plan: Any, lifted: Any, static: Any, dim: str, kept: frozenset[str] | None,
@@ -353,7 +372,11 @@ def run_steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
               leaves: list[Any]) -> list[np.ndarray]:
     """:func:`_steps`, under a progress bar where the scan asks for one (as
     :func:`~xstencil._labelled.scan_result.call_with_progress` opens it for
-    the XLA loop and for a repeated call)."""
+    the XLA loop and for a repeated call); with ``check_finite``, the initial
+    state is checked first, as the XLA scan does (a repeated call checks it
+    in :mod:`~xstencil._labelled.scan_fast`)."""
+    if sp.check_finite:
+        initial_finite(sp.call, [[s] for s in slabs], sp.dim, sp.k)
     if not sp.loop.progress_every:
         return _steps(built, sp, slabs, consts, order, dleaves, leaves)
     with _progress.Progress(sp.loop.steps, _progress.label(sp.call)) as p:
@@ -373,7 +396,9 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
     reading the previous slabs of all of them (two buffers per variable).
     ``token``: the open progress bar (:mod:`xstencil._progress`) to move
     between steps (:class:`~xstencil._progress.Ticker`; 0: none, and the test
-    for a due report never passes)."""
+    for a due report never passes).  With ``check_finite``, each step's new
+    slabs are checked after the step; the first that holds a NaN or Inf stops
+    the loop with the XLA scan's error for its position."""
     loop = sp.loop
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(list(dleaves) + list(leaves), built.params, strict=True)]
@@ -386,8 +411,10 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
             out[0] = slab
     cur = list(slabs)  # never written: they may share the caller's data
     spares = [(bufpool.empty(s.shape, s.dtype), bufpool.empty(s.shape, s.dtype)) for s in slabs]
+    check = loop.check_finite
     tick = _progress.Ticker(token)
     due = 1 if token else steps + 1  # the first report after one step: it times a step
+    short = short_buffers(sp, slabs)
     for t in range(1, steps + 1):
         if every and t % every == 0:
             nxt = [out[t // every] for out in outs]
@@ -395,7 +422,15 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
             nxt = [out[0] for out in outs]
         else:
             nxt = [a if c is not a else b for c, (a, b) in zip(cur, spares, strict=True)]
-        built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
+        if short:  # variables on fewer dims: the loop writes the whole field, kept here
+            built.fn(*[nxt[j] if j not in short else short[j][0] for j in order],
+                     *step_sources(cur, consts, sp.evolving), *fixed)
+            for j, (full, index) in short.items():
+                np.copyto(nxt[j], full[index])
+        else:
+            built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
+        if check and not all(all_finite(x) for x in nxt):
+            finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
         cur = nxt
         if t >= due:
             due = tick(t)

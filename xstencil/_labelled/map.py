@@ -272,7 +272,7 @@ def leaf_dims_cached(plan: Any, f: Any, kernels: Sequence[Any], kernels_key: Any
     obj = f.obj
     layout = (tuple((str(n), tuple(str(d) for d in obj[n].dims)) for n in obj.data_vars),
               tuple((str(n), tuple(str(d) for d in c.dims)) for n, c in obj.coords.items()),
-              tuple((np.shape(x), str(np.result_type(x)))
+              tuple((np.shape(x), str(x.dtype if hasattr(x, "dtype") else np.result_type(x)))
                     for x in jax.tree_util.tree_leaves(dyn)))
     key = ("result_dims", kernels_key, plan, static, names, layout, region_dims)
     try:

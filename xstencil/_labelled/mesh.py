@@ -256,7 +256,8 @@ class Mesh(MeshRepr):
         out = call_engine(plan, self._fields, lifted, key_extra, body, args, kwargs,
                           self._options.get("period"), dynamic, used=used,
                           loops=None if hook is None else hook[1])
-        remember(self, lifted, plan, self._fields, args, kwargs, given, dynamic, used)
+        remember(self, lifted, plan, self._fields, args, kwargs, given, dynamic, used,
+                 leaf_dims)
         return rewrap(plan, self._fields, out, leaf_dims)
 
     def _region_dims(self) -> tuple[str, ...]:

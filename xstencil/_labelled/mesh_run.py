@@ -26,8 +26,8 @@ validation, planning and region resolution: the first call records an
 :class:`Entry` under the data's layout, the options, the kernels' describe
 key and the regions' key (positions by value, masks by digest), and later
 calls, from the same mesh or one rebuilt with equal regions, go straight to
-the compiled function.  Only DataArrays with numpy or single-device JAX data
-take it.
+the compiled function.  DataArrays and Datasets (mesh_fast_ds.py) with numpy
+or single-device JAX data take it.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from xstencil._labelled.core import (
     sources,
 )
 from xstencil._labelled.fastpath import checked, coord_sources, signature
+from xstencil._labelled.mesh_fast_ds import DsEntry, ds_datas, ds_entry, ds_signature, run_ds
 from xstencil._labelled.mesh_regions import region_key
 from xstencil._labelled.mesh_resolved import Resolved
 from xstencil._labelled.plan import Plan
@@ -192,6 +193,8 @@ def _sig(m: Any, args: Any, kwargs: Any, dtype: Any) -> Hashable | None:
                                                   else str(dtype)),)
     # the backend in effect (XSTENCIL_BACKEND may change): it chooses the compiled function
     opts += (("backend()", resolve_mode(m._options.get("backend"))),)
+    if isinstance(m._obj, xr.Dataset):  # mesh_fast_ds.py
+        return ds_signature(m._obj, opts, args, kwargs)
     return signature(m._obj, opts, args, kwargs)
 
 
@@ -211,7 +214,8 @@ def lookup(m: Any, args: Any, kwargs: Any,
     if sig is None:
         return None
     lifted = describe(lay.distinct)
-    if traced_call(obj.variable._data, args, kwargs, lifted):
+    data = ds_datas(obj) if isinstance(obj, xr.Dataset) else obj.variable._data
+    if traced_call(data, args, kwargs, lifted):
         # a traced call may choose another evaluation than the recorded one (see
         # :func:`how`): it takes the full path
         return None
@@ -230,9 +234,11 @@ def traced_call(data: Any, args: Any, kwargs: Any, lifted: Lifted) -> bool:
                                                              lifted.leaves)))
 
 
-def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any,
-        lifted: Lifted) -> xr.DataArray:
+def run(entry: Entry | DsEntry, obj: Any, args: Any, kwargs: Any,
+        lifted: Lifted) -> Any:
     """The compiled call and a cheap rewrap."""
+    if isinstance(entry, DsEntry):  # a Dataset's mesh (mesh_fast_ds.py)
+        return run_ds(entry, obj, args, kwargs, lifted)
     data = obj.variable._data
     dyn = split_static("map", (args, kwargs))[0] if args or kwargs else []
     leaves = list(lifted.leaves)
@@ -251,10 +257,12 @@ def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any,
 
 
 def remember(m: Any, lifted: Lifted, plan: Plan, f: Fields, args: Any, kwargs: Any,
-             dtype: Any, dynamic: Sequence[Any], used: dict[str, Any]) -> None:
+             dtype: Any, dynamic: Sequence[Any], used: dict[str, Any],
+             leaf_dims: Any = None) -> None:
     """Record the entry after a successful full call (``used``: what
-    :func:`~xstencil._labelled.core.call_engine` compiled and padded)."""
-    if "fn" not in used or f.names is not None or not hasattr(f.obj, "_indexes"):
+    :func:`~xstencil._labelled.core.call_engine` compiled and padded;
+    ``leaf_dims``: a Dataset's result dims, see mesh_fast_ds.py)."""
+    if "fn" not in used or not hasattr(f.obj, "_indexes"):
         return
     lay = layout(m)
     sig = _sig(m, args, kwargs, dtype)
@@ -262,6 +270,11 @@ def remember(m: Any, lifted: Lifted, plan: Plan, f: Fields, args: Any, kwargs: A
     if sig is None or any(isinstance(c, jax.core.Tracer) for c in coords) \
             or any(traced_call(x, args, kwargs, lifted) for x in f.arrays):
         return  # a traced call is not recorded (nor looked up): see lookup
+    if f.names is not None:  # a Dataset's mesh (mesh_fast_ds.py)
+        ds = ds_entry(plan, f, args, kwargs, used["fn"], coords, dynamic, leaf_dims)
+        if ds is not None:
+            put(("meshfast", lifted.key, sig, lay.key, _branches(lifted)), ds)
+        return
     variables = f.obj.coords.variables
     values = tuple(coord_values(variables[d]) for d in plan.coord_dims)
     index = plan.input_index()

@@ -33,7 +33,7 @@ from xstencil._engine.call import precision, stand_in
 from xstencil._errors import XStencilError
 from xstencil._labelled.plan import Plan
 
-__all__ = ["check_new_vars", "kernel_cells", "result_dims", "to_dims"]
+__all__ = ["check_new_vars", "kernel_cells", "result_dims", "result_reads", "to_dims"]
 
 
 def check_new_vars(call: str, new_vars: Any) -> tuple[str, ...]:
@@ -93,6 +93,13 @@ def _reads(plan: Plan, caller: Callable[..., Any], dyn: Any, wide: Any
         read: set[str] = set().union(*(set(dims_of[k]) for k in d))
         out[n] = (read, {k for k in d if k < nvar})
     return out
+
+
+def result_reads(plan: Plan, caller: Callable[..., Any], dyn: Any, wide: Any
+                 ) -> dict[str | None, tuple[set[str], set[int]]]:
+    """Per result name (``None``: not a dict), the dims it read and the data
+    variables (by index) it read (one trace of ``caller``)."""
+    return _reads(plan, caller, dyn, wide)
 
 
 def result_dims(plan: Plan, obj: xr.Dataset, callers: Sequence[Callable[..., Any]], dyn: Any,

@@ -182,8 +182,8 @@ def scan(
         Dataset, ``s["u"](time=-1, ...)`` of every advanced variable, with
         variables without ``dim`` read as constants) runs as numba loops when
         ``blocking`` is ``None``, one loop nest per step over all advanced
-        variables, with or without ``progress``, and without ``checkpoint``,
-        ``check_finite`` or ``period`` (see :doc:`/performance`); every other
+        variables, with or without ``progress`` and ``check_finite``, and
+        without ``checkpoint`` or ``period`` (see :doc:`/performance`); every other
         scan, and one the loops cannot express, runs on XLA (silently, also
         for ``"loops"``).
 
@@ -273,13 +273,11 @@ def _repeat(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwargs: 
             dtype: Any, blocking: Any, backend: str | None) -> tuple[Any, Any, Any]:
     """The kernel's key, the call's signature and the fast path's entry for
     them (``None`` when there is none yet)."""
-    dim, steps, checkpoint, check_finite, period = (options[0], options[4], options[9],
-                                                    options[10], options[11])
+    dim, steps, checkpoint, period = options[0], options[4], options[9], options[11]
     lifted = describe([kernel])
     # whether it may run as numba loops is keyed too: an entry never changes the route
     loops = blocking is None and eligible(obj, dim, steps is not None,
-                                          bool(checkpoint or check_finite or period), args,
-                                          kwargs, backend)
+                                          bool(checkpoint or period), args, kwargs, backend)
     sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
                                               backend_mode(backend), loops), args, kwargs)
     return lifted, sig, None if sig is None else scan_fast.lookup(lifted, sig, obj)
@@ -371,7 +369,8 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], mesh: Any, o: ScanPlan, ar
     repeat-call fast path (:mod:`xstencil._labelled.scan_fast`)."""
     udyn, static = split_static(call, (args, kwargs))
     lifted = describe(kernels)  # the compile-cache key, closed-over arrays (kcache.py)
-    sp, f = _plan(obj, kernels, o, args, kwargs, lifted, static, udyn)
+    sp, f = _plan(obj, kernels, o, args, kwargs, lifted, static, udyn,
+                  () if mesh is None else mesh._region_dims())
     with precision(f.arrays, args, kwargs):
         spatial = dataclasses.replace(sp.plan, coord_dims=tuple(
             d for d in sp.plan.coord_dims if d != sp.dim))
@@ -399,8 +398,10 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], mesh: Any, o: ScanPlan, ar
 
 
 def _plan(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: Any,
-          lifted: Any, static: Any, udyn: Any) -> tuple[ScanPlan, Fields]:
+          lifted: Any, static: Any, udyn: Any,
+          region_dims: Sequence[str] = ()) -> tuple[ScanPlan, Fields]:
     """The request completed with the data's layout and the evolving
     variables (:func:`~xstencil._labelled.scan_setup.plan_scan`, the setup
     the dask and sharded scans share)."""
-    return plan_scan(obj, kernels, o, args, kwargs, lifted, static, udyn)
+    return plan_scan(obj, kernels, o, args, kwargs, lifted, static, udyn,
+                     region_dims=region_dims)

@@ -29,6 +29,7 @@ from xstencil._errors import XStencilError
 from xstencil._labelled.core import Fields, kernel_caller, prepare, unwrap
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.returns import kernel_cells
+from xstencil._labelled.scan_dims import check_advanced_dims
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.sizes import check_fits, check_inputs
 from xstencil._labelled.timesteps import joined, spaced
@@ -266,10 +267,14 @@ def setup(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: Any,
 
 def plan_scan(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: Any,
               lifted: Any, static: Any, udyn: Any, *,
-              in_memory: bool = True) -> tuple[ScanPlan, Fields]:
+              in_memory: bool = True,
+              region_dims: Sequence[str] = ()) -> tuple[ScanPlan, Fields]:
     """The scan's one setup, for every backend: the request completed with the
     data's layout (:func:`setup`), and the evolving variables: for a Dataset,
-    those the kernels return (traced once per kernel structure and plan)."""
+    those the kernels return (traced once per kernel structure and plan),
+    each checked not to vary along a dim it lacks, through the kernels' reads
+    or through a mesh's regions (``region_dims``: the dims they vary along;
+    see :mod:`xstencil._labelled.scan_dims`)."""
     call = o.call
     sp, f = setup(obj, kernels, o, args, kwargs, in_memory=in_memory)
     assert sp.plan is not None
@@ -283,7 +288,11 @@ def plan_scan(obj: Any, kernels: Sequence[Any], o: ScanPlan, args: Any, kwargs: 
     names = None if got is None else list(got)  # a copy: the cached list stays intact
     if names is not None and sp.grown and sp.dim not in obj.dims:
         sp, f = setup(obj, kernels, o, args, kwargs, evolve=names, in_memory=in_memory)
-    return dataclasses.replace(sp, evolving=evolving_indices(sp, names)), f
+    sp = dataclasses.replace(sp, evolving=evolving_indices(sp, names))
+    with precision(f.arrays, args, kwargs):
+        check_advanced_dims(sp, obj, kernels, lifted, static, udyn, (f.arrays, args, kwargs),
+                            region_dims)
+    return sp, f
 
 
 def returned(call: str, plan: Plan, kernels: Sequence[Any], static: Any,
