@@ -22,13 +22,14 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from xstencil._backends import bufpool
+from xstencil._backends.hostwrap import Wrapper
 from xstencil._engine.lift import Unliftable
 from xstencil._engine.loopgen import Param, boundary_tables, generate
 from xstencil._engine.lower import AxisGeom, Source, cell_avals
@@ -39,9 +40,9 @@ try:  # optional: the ``cpu`` extra
 except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
-__all__ = ["AUTO_MIN_POINTS", "BACKENDS", "ENV", "LoopOrJit", "available", "backend_arg",
-           "fits", "resolve_mode", "leaf_sig", "numpy_on_cpu", "on_host_cpu",
-           "run_loops"]
+__all__ = ["AUTO_MIN_POINTS", "BACKENDS", "ENV", "LoopOrJit", "Staged", "available",
+           "backend_arg", "fits", "resolve_mode", "leaf_sig", "numpy_on_cpu", "on_host_cpu",
+           "run_loops", "stage_loops"]
 
 #: The environment variable that sets the default backend of maps.
 ENV = "XSTENCIL_BACKEND"
@@ -119,6 +120,20 @@ def on_host_cpu(xs: Sequence[Any]) -> bool:
     return True
 
 
+class Staged(NamedTuple):
+    """A map call split around its loop nest: ``go()`` runs the nest (or the
+    jitted function) and returns the output pytree; ``early`` is that same
+    pytree where it exists before the nest runs (the nest's output buffers,
+    already wrapped), else ``None``.  The labelled layer builds the result
+    DataArray from ``early`` before calling ``go()``, while Python's code and
+    data are still in the caches that the nest's streaming then evicts (see
+    :mod:`~xstencil._backends.hostwrap`); it must not hand out that result
+    before ``go()`` has returned."""
+
+    early: Any
+    go: Callable[[], Any]
+
+
 class _Built:
     """A compiled loop kernel and the fixed arguments it takes."""
 
@@ -128,6 +143,7 @@ class _Built:
         self.fn, self.source, self.tables, self.fills = fn, source, tables, fills
         self.params, self.out_avals, self.out_tree = params, out_avals, out_tree
         self.field = field
+        self.wraps = [Wrapper(field, a.dtype) for a in out_avals]  # jax.device_put, cheaper
 
 
 class LoopOrJit:
@@ -160,13 +176,21 @@ class LoopOrJit:
         no memory with the inputs) is returned itself, written by the loop,
         where the loop runs and its only output has ``out``'s shape and dtype;
         otherwise the result is a new array (the caller copies it)."""
-        res = self._loops(arrays, coords, dyn, dynamic, leaves, out)
-        if res is not None:
-            return res
-        return self.jitted(arrays, coords, dyn, dynamic, leaves)
+        return self.stage(arrays, coords, dyn, dynamic, leaves, out).go()
+
+    def stage(self, arrays: Any, coords: Any, dyn: Any, dynamic: Any, leaves: Any,
+              out: np.ndarray | None = None) -> Staged:
+        """The call in two halves (see :class:`Staged`): ``go()`` runs the
+        loop nest, or the jitted function where the loops do not apply, and
+        returns what :meth:`__call__` returns; ``early`` is that same
+        output, already wrapped, where it is known before the nest runs."""
+        staged = self._loops(arrays, coords, dyn, dynamic, leaves, out)
+        if staged is not None:
+            return staged
+        return Staged(None, lambda: self.jitted(arrays, coords, dyn, dynamic, leaves))
 
     def _loops(self, arrays: Any, coords: Any, dyn: Any, dynamic: Any, leaves: Any,
-               out: np.ndarray | None = None) -> Any:
+               out: np.ndarray | None = None) -> Staged | None:
         mode = resolve_mode(self.backend)
         if mode == "xla" or numba is None or dynamic:
             return None
@@ -185,10 +209,11 @@ class LoopOrJit:
             self.built[key] = built
             if isinstance(built, str):
                 _LOG.debug("map runs with XLA: %s", built)
-            return res
+                return None
+            return Staged(None, lambda: res)
         if isinstance(built, str):
             return None
-        return run_loops(built, arrays, coords, dleaves, leaves, out)
+        return stage_loops(built, arrays, coords, dleaves, leaves, out)
 
     def _build(self, arrays: Any, coords: Any, dyn: Any, leaves: Any,
                limit: int, out: np.ndarray | None = None) -> tuple[_Built | str, Any]:
@@ -234,15 +259,42 @@ def fits(built: _Built, out: np.ndarray | None) -> bool:
             and out.flags.writeable)
 
 
+def stage_loops(built: _Built, arrays: Sequence[np.ndarray], coords: Sequence[Any],
+                dleaves: Sequence[Any], leaves: Sequence[Any],
+                out: np.ndarray | None = None) -> Staged:
+    """:func:`run_loops` in two halves: the output buffers are taken and
+    wrapped now, and ``go()`` runs the kernel (through :func:`run_loops`)."""
+    outs, early = _outputs(built, out)
+    return Staged(early, lambda: run_loops(built, arrays, coords, dleaves, leaves, out,
+                                           (outs, early)))
+
+
+def _outputs(built: _Built, out: np.ndarray | None) -> tuple[list[np.ndarray], Any]:
+    """The buffers the kernel writes and, where it is known before the kernel
+    runs, the output pytree that holds them: ``out`` itself where it
+    :func:`fits`, else new buffers, wrapped as JAX arrays where the wrap is
+    verified to alias them (the kernel's writes are then what they hold)."""
+    if fits(built, out):
+        return [out], jax.tree_util.tree_unflatten(built.out_tree, [out])
+    outs = [bufpool.empty(built.field, np.dtype(a.dtype)) for a in built.out_avals]
+    wrapped = [w.alias(o) for w, o in zip(built.wraps, outs, strict=True)]
+    if any(w is None for w in wrapped):
+        return outs, None
+    return outs, jax.tree_util.tree_unflatten(built.out_tree, wrapped)
+
+
 def run_loops(built: _Built, arrays: Sequence[np.ndarray], coords: Sequence[Any],
               dleaves: Sequence[Any], leaves: Sequence[Any],
-              out: np.ndarray | None = None) -> Any:
+              out: np.ndarray | None = None, prepared: tuple[list[np.ndarray], Any] | None = None
+              ) -> Any:
     """Run a compiled loop kernel: the map's output pytree (JAX arrays on the
     CPU that share the loop's output buffers), or ``out`` itself, written in
-    place, where it :func:`fits`.
+    place, where it :func:`fits`.  ``prepared``: the buffers and early output
+    :func:`stage_loops` took (see :func:`_outputs`).
 
     New buffers come from :func:`xstencil._backends.bufpool.empty`: 64-byte
-    aligned, so that ``jax.device_put`` wraps them without a copy, on huge
+    aligned, so that ``jax.device_put`` (here its direct jaxlib call,
+    :mod:`~xstencil._backends.hostwrap`) wraps them without a copy, on huge
     pages (numpy asks the kernel for them from 4 MiB on; numba's allocator
     does not, so the loop never allocates), and recycled from results that
     nothing holds any more, so that a loop of maps does not fault in fresh
@@ -250,12 +302,10 @@ def run_loops(built: _Built, arrays: Sequence[np.ndarray], coords: Sequence[Any]
     values = list(dleaves) + list(leaves)
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(values, built.params, strict=True)]
-    into = fits(built, out)
-    outs = [out] if into else [bufpool.empty(built.field, np.dtype(a.dtype))
-                               for a in built.out_avals]
+    outs, early = _outputs(built, out) if prepared is None else prepared
     srcs = list(arrays) + [np.asarray(c) for c in coords]
     built.fn(*outs, *srcs, *built.tables, *built.fills, *params)
-    if into:
-        return jax.tree_util.tree_unflatten(built.out_tree, outs)
-    return jax.tree_util.tree_unflatten(built.out_tree, [jax.device_put(o) for o in outs])
-
+    if early is not None:
+        return early
+    return jax.tree_util.tree_unflatten(
+        built.out_tree, [w(o) for w, o in zip(built.wraps, outs, strict=True)])

@@ -118,6 +118,14 @@ def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any,
     dyn = split_static("map", (args, kwargs))[0] if args or kwargs else []
     leaves = list(lifted.leaves)
     kw = {} if into is None else {"out": into}
+    stage = getattr(entry.fn, "stage", None) if entry.simple and not entry.wide else None
+    if stage is not None:  # the loop backend: the result is wrapped before the nest runs
+        staged = stage([data], entry.coords, dyn, [], leaves, **kw)
+        if staged.early is not None:
+            res = replace_data(obj, staged.early)  # while the caches still hold this code
+            staged.go()  # the nest writes into the arrays res holds; nothing saw them yet
+            return res
+        return replace_data(obj, settled(staged.go(), (data, dyn, leaves)))
     if entry.wide and not jax.config.read("jax_enable_x64"):
         with jax.enable_x64(True):
             out = settled(entry.fn([data], entry.coords, dyn, [], leaves, **kw),
