@@ -46,8 +46,12 @@ def finite_guard(x: Any, w: Any, run: Callable[..., Any],
     so is its product with the weights' (the sum of ``w``: ``inf * 0`` is
     NaN), and the inverse transform's first output adds that product to the
     others (its twiddle factors are all 1); NaN and inf are absorbing under
-    the sums and products of an FFT.  A finite result that overflows only
-    takes the exact path, never a wrong one."""
+    the sums and products of an FFT.  Both programs run the FFT on the data
+    and weights scaled by powers of two (:func:`scaled`; ``fast`` is called
+    as ``fast(x, w, factor)``, its given spectrum to be multiplied by
+    ``factor``), so finite values never overflow it: the first output alone
+    did not catch an overflow elsewhere (inf came back where the direct
+    sum is finite)."""
     dtype = x.dtype
     if np.dtype(dtype) not in (np.float32, np.float64):  # no half-precision FFTs
         x = x.astype(np.float32)
@@ -58,7 +62,7 @@ def finite_guard(x: Any, w: Any, run: Callable[..., Any],
     if isinstance(w, np.ndarray) and not np.all(np.isfinite(w)):
         return dirty(x, w).astype(dtype)  # known now: every output reads the weight
     if fast is not None:  # the staged program: all-finite only (see dense_hoist.report)
-        out = fast(x, w)
+        out = scaled(fast, x, w, factor=True)
         ok = jnp.all(jnp.isfinite(w))
         if out.size:
             ok = ok & jnp.isfinite(out[(0,) * out.ndim])
@@ -178,14 +182,17 @@ def _times_pow2(v: Any, e: Any, dtype: Any) -> Any:
     return v * _pow2(third, dtype) * _pow2(third, dtype) * _pow2(e - 2 * third, dtype)
 
 
-def scaled(run: Callable[[Any, Any], Any], x: Any, w: Any) -> Any:
+def scaled(run: Callable[..., Any], x: Any, w: Any, factor: bool = False) -> Any:
     """``run(x, w)`` (a correlation, linear in each) computed on ``x`` and
     ``w`` scaled by powers of two to magnitudes of at most 1 and scaled
     back: an FFT's sums run over the whole field, so on huge finite values
     they overflowed (every output NaN) where each window's direct sum is
     finite.  Scaling by a power of two is exact, so results that did not
     overflow are bitwise the same (save values that underflow, far below
-    the FFT's own error).  NaN and inf pass through unchanged."""
+    the FFT's own error).  NaN and inf pass through unchanged.  ``factor``:
+    ``run`` takes a third argument, the weights' scale (``2**-e``, in the
+    data's dtype), for a weight spectrum computed outside from unscaled
+    weights (the scale is exact on it too)."""
     dtype = x.dtype
     lim = np.finfo(dtype).maxexp - 4  # weights beyond the data's range keep their scale
     ex = _exponent(lax.stop_gradient(x))
@@ -199,4 +206,5 @@ def scaled(run: Callable[[Any, Any], Any], x: Any, w: Any) -> Any:
             w = w.astype(np.float32)
         ew = jnp.clip(_exponent(lax.stop_gradient(w)), -lim, lim)
         ws = _times_pow2(w, -ew, w.dtype)
-    return _times_pow2(run(xs, ws), ex + ew, dtype)
+    out = run(xs, ws, _pow2(-jnp.asarray(ew, np.int32), dtype)) if factor else run(xs, ws)
+    return _times_pow2(out, ex + ew, dtype)
