@@ -109,3 +109,27 @@ def test_fft_lowering_huge_data_next_to_nan_and_inf(how: str) -> None:
     ok = np.isfinite(ref)
     np.testing.assert_allclose(out[ok], ref[ok], rtol=1e-4,
                                atol=float(np.abs(ref[ok]).max()) * 1e-5)
+
+
+@pytest.mark.parametrize("how", ["map", "mesh"])
+def test_dataset_dtype_float64_on_float32_data_runs_without_a_jax_warning(how: str) -> None:
+    """(b) ``ds.stencil.map(..., dtype=np.float64)`` on float32 data with
+    x64 off: the result is float64 (as for a DataArray), but tracing the
+    kernel to find each result's dims ran outside x64 and JAX warned that
+    float64 "will be truncated to dtype float32" (an error under
+    ``-W error``), although nothing was truncated."""
+    u = np.arange(12, dtype=np.float32).reshape(3, 4) / np.float32(3)
+    ds = xr.Dataset({"u": (("y", "x"), u), "h": (("x",), u[0])})
+
+    def k(s):
+        return {"u": s["u"](x=1) * 2, "h": s["h"](x=-1)}
+
+    if how == "map":
+        out = ds.stencil.map(k, boundary="periodic", dtype=np.float64)
+    else:
+        m = ds.stencil.mesh(boundary="periodic", dtype=np.float64)
+        m[...] = k
+        out = m.map()
+    assert out["u"].dtype == np.float64 and out["h"].dtype == np.float64
+    np.testing.assert_array_equal(out["u"].values, (np.roll(u, -1, 1) * 2).astype(np.float64))
+    np.testing.assert_array_equal(out["h"].values, np.roll(u[0], 1).astype(np.float64))
