@@ -22,12 +22,14 @@ Tried and found correct (no test kept here; they pass):
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.ndimage as ndi
 import xarray as xr
 
-import xstencil  # noqa: F401 - registers the .stencil accessor
+import xstencil
 
 _RNG = np.random.default_rng(7)
 _W = _RNG.random((11, 11)).astype(np.float32)  # 121 taps, rank > 1: the FFT lowering
@@ -133,3 +135,22 @@ def test_dataset_dtype_float64_on_float32_data_runs_without_a_jax_warning(how: s
     assert out["u"].dtype == np.float64 and out["h"].dtype == np.float64
     np.testing.assert_array_equal(out["u"].values, (np.roll(u, -1, 1) * 2).astype(np.float64))
     np.testing.assert_array_equal(out["h"].values, np.roll(u[0], 1).astype(np.float64))
+
+
+def test_fft_lowering_scales_each_vmapped_example_on_its_own() -> None:
+    """Under ``jax.vmap`` (the plain program) each example's FFT is scaled
+    by its own largest value: an ordinary example next to a huge one keeps
+    its precision, and the huge ones stay finite."""
+
+    @xstencil.kmap(kernel_size=(11, 11), padding="same", relative=False)
+    def f(x):
+        return (x * _W).sum()
+
+    xs = _RNG.random((3, 40, 40)).astype(np.float32)
+    xs[1] *= np.float32(1e36)
+    xs[2, 3, 3] = 3e38
+    out = np.asarray(jax.vmap(f)(jnp.asarray(xs)))
+    for i in range(3):
+        ref = _direct(xs[i], _W, "fill")
+        assert np.isfinite(out[i]).all()
+        np.testing.assert_allclose(out[i], ref, rtol=1e-4, atol=float(np.abs(ref).max()) * 1e-5)
