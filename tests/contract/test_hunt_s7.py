@@ -17,7 +17,28 @@ Tried and found correct (no test kept here; they pass):
   more maps and collections.
 * meshes on loops against XLA: a Dataset whose variables have different
   dim orders, a mask with another dim order, a position and a label
-  region, every boundary, ``valid`` and ``stride``: equal.
+  region, every boundary, ``valid`` and ``stride``; int32, uint8, int8,
+  bool and float64 data with float regions, uncovered cells, ``dtype=`` and
+  window sums: equal.
+* cached mesh regions: the mask DataArray changed in place after
+  assignment (the mesh keeps its copy), the data changed in place or
+  replaced (``da.data = ...``), a mesh on ``sortby``'d descending labels
+  with label, mask and position regions, a mask with reversed labels
+  (aligned by label), ``isel`` with a negative step, and coords
+  reassigned after the mesh was made (raises): all follow the current
+  data and labels, on loops and XLA.
+* loop scans against XLA and a numpy loop: Datasets of float32, float64,
+  int32, uint8, bool and mixed (int16/int32, float32/float64) fields in
+  different dim orders, with attrs and encodings, every ``save_every``
+  form; a constant field (no scanned dim) read at offsets 0 and -1;
+  ``steps=1``; a datetime scanned coordinate with ``dt`` a timedelta;
+  NaN with ``fill``; int ``fill_value``; uint8 and bool sums; ``dtype=``;
+  repeated scans (the fast path) with the data and the constants changed
+  in place between calls, earlier results kept; mesh scans of float32,
+  int32, uint8, float64 and bool data and a Dataset mesh scan with masks,
+  positions and labels: equal.
+* maps reading coordinates (non-uniform ``x``, datetime ``t``) on loops
+  against XLA and numpy, every boundary and ``period=``: equal.
 """
 
 from __future__ import annotations
