@@ -193,8 +193,8 @@ def _fft(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> 
         spec = provided(w, ("padded", sizes, dt.str),
                         lambda w: runtime_spectrum(w, sizes, dt, None))
         if spec is not None:
-            def fast(x: Any, w: Any) -> Any:
-                return _fft_raw(x, w, steps, counts, None, spec)
+            def fast(x: Any, w: Any, factor: Any) -> Any:
+                return _fft_raw(x, w, steps, counts, None, spec * factor.astype(spec.dtype))
     return finite_guard(p, w, lambda x, w: _fft_raw(x, w, steps, counts), fast)
 
 
@@ -232,8 +232,9 @@ def _circular(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
         spec = provided(w, ("circular", shape, dt.str, tuple(lows)),
                         lambda w: wrapped_runtime_spectrum(w, shape, dt, lows))
         if spec is not None:
-            def fast(x: Any, w: Any) -> Any:
-                return _circular_raw(x, w, lows, steps, counts, None, spec)
+            def fast(x: Any, w: Any, factor: Any) -> Any:
+                return _circular_raw(x, w, lows, steps, counts, None,
+                                     spec * factor.astype(spec.dtype))
     return finite_guard(x, w, lambda x, w: _circular_raw(x, w, lows, steps, counts), fast)
 
 

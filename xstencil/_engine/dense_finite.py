@@ -5,7 +5,10 @@ nonzero weight makes non-finite only the outputs whose windows meet a
 non-finite term; an FFT spreads one NaN or inf over the whole field.
 :func:`finite_guard` runs the FFT as it is where everything is finite (the
 check costs no pass over the data) and :func:`nonfinite` otherwise, which
-gives the direct sum's NaN and +-inf footprint.
+gives the direct sum's NaN and +-inf footprint.  Both run the FFT through
+:func:`scaled`: its sums run over the whole field, so on data or weights
+that are huge but finite they overflowed (every output NaN) where each
+window's direct sum is finite.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from jax import lax
 
 from xstencil._engine.dense_hoist import report
 
-__all__ = ["finite_guard", "nonfinite"]
+__all__ = ["finite_guard", "nonfinite", "scaled"]
 
 
 def finite_guard(x: Any, w: Any, run: Callable[..., Any],
@@ -43,8 +46,12 @@ def finite_guard(x: Any, w: Any, run: Callable[..., Any],
     so is its product with the weights' (the sum of ``w``: ``inf * 0`` is
     NaN), and the inverse transform's first output adds that product to the
     others (its twiddle factors are all 1); NaN and inf are absorbing under
-    the sums and products of an FFT.  A finite result that overflows only
-    takes the exact path, never a wrong one."""
+    the sums and products of an FFT.  Both programs run the FFT on the data
+    and weights scaled by powers of two (:func:`scaled`; ``fast`` is called
+    as ``fast(x, w, factor)``, its given spectrum to be multiplied by
+    ``factor``), so finite values never overflow it: the first output alone
+    did not catch an overflow elsewhere (inf came back where the direct
+    sum is finite)."""
     dtype = x.dtype
     if np.dtype(dtype) not in (np.float32, np.float64):  # no half-precision FFTs
         x = x.astype(np.float32)
@@ -55,20 +62,21 @@ def finite_guard(x: Any, w: Any, run: Callable[..., Any],
     if isinstance(w, np.ndarray) and not np.all(np.isfinite(w)):
         return dirty(x, w).astype(dtype)  # known now: every output reads the weight
     if fast is not None:  # the staged program: all-finite only (see dense_hoist.report)
-        out = fast(x, w)
+        out = scaled(fast, x, w, factor=True)
         ok = jnp.all(jnp.isfinite(w))
         if out.size:
             ok = ok & jnp.isfinite(out[(0,) * out.ndim])
         report(ok)
         return out.astype(dtype)
-    # the plain program (in transforms, and for data that are not finite): a
-    # pass over x, so that the exact path does not transform x for nothing
+    # the plain program (in transforms, and for data that are not finite, or
+    # whose FFT overflowed): a pass over x, so that the exact path does not
+    # transform x for nothing
     ok = jnp.all(jnp.isfinite(x))
     if not isinstance(w, np.ndarray):
         ok = ok & jnp.all(jnp.isfinite(w))
 
     def clean(x: Any, w: Any) -> Any:
-        return run(x, w)
+        return scaled(run, x, w)
 
     if isinstance(w, np.ndarray):
         return lax.cond(ok, lambda x: clean(x, w), lambda x: dirty(x, w), x).astype(dtype)
@@ -95,9 +103,9 @@ def nonfinite(x: Any, w: Any, run: Callable[[Any, Any], Any]) -> Any:
         if not const:
             xs = jnp.stack([xm.astype(x.dtype) for xm, _ in pairs])
             ws = jnp.stack([wm.astype(x.dtype) for _, wm in pairs])
-            got = jax.vmap(lambda a, b: run(a, b))(xs, ws)
+            got = jax.vmap(lambda a, b: scaled(run, a, b))(xs, ws)
             return [got[i] for i in range(len(pairs))]
-        return [run(xm.astype(x.dtype), np.asarray(wm, np.float64)) for xm, wm in pairs]
+        return [scaled(run, xm.astype(x.dtype), np.asarray(wm, np.float64)) for xm, wm in pairs]
 
     def hits(pairs: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         return [(xm, wm) for xm, wm in pairs if not const or np.any(wm)]
@@ -143,3 +151,60 @@ def nonfinite(x: Any, w: Any, run: Callable[[Any, Any], Any]) -> Any:
     big = jnp.asarray(np.inf, out.dtype)
     out = jnp.where(pos, big, jnp.where(neg, -big, out))
     return jnp.where(nan, jnp.asarray(np.nan, out.dtype), out)
+
+
+def _pow2(k: Any, dtype: Any) -> Any:
+    """``2.0 ** k`` in ``dtype`` (float32 or float64), exactly: built from its
+    bits (``k``: an int32 scalar within the normal exponent range)."""
+    if np.dtype(dtype) == np.float64:
+        bits = (k.astype(np.int64) + 1023) << 52
+        return lax.bitcast_convert_type(bits, np.float64)
+    return lax.bitcast_convert_type((k.astype(np.int32) + 127) << 23, np.float32)
+
+
+def _exponent(a: Any) -> Any:
+    """The binary exponent ``e`` of ``a``'s largest finite magnitude
+    (``max|a| = m * 2**e``, ``0.5 <= m < 1``; 0 for none), kept within
+    the normal range of ``a``'s dtype by a margin."""
+    xp = np if isinstance(a, np.ndarray) else jnp
+    mag = xp.abs(a)
+    e = xp.frexp(xp.max(xp.where(xp.isfinite(mag), mag, 0), initial=0))[1]
+    lim = np.finfo(a.dtype).maxexp - 4
+    return xp.clip(e, -lim, lim)
+
+
+def _times_pow2(v: Any, e: Any, dtype: Any) -> Any:
+    """``v * 2**e`` in three exact steps, each factor a normal number for
+    ``|e|`` up to twice the dtype's exponent range, all scaling the same
+    way (no step overflows or underflows unless the result does)."""
+    e = jnp.asarray(e, np.int32)
+    third = e // 3
+    return v * _pow2(third, dtype) * _pow2(third, dtype) * _pow2(e - 2 * third, dtype)
+
+
+def scaled(run: Callable[..., Any], x: Any, w: Any, factor: bool = False) -> Any:
+    """``run(x, w)`` (a correlation, linear in each) computed on ``x`` and
+    ``w`` scaled by powers of two to magnitudes of at most 1 and scaled
+    back: an FFT's sums run over the whole field, so on huge finite values
+    they overflowed (every output NaN) where each window's direct sum is
+    finite.  Scaling by a power of two is exact, so results that did not
+    overflow are bitwise the same (save values that underflow, far below
+    the FFT's own error).  NaN and inf pass through unchanged.  ``factor``:
+    ``run`` takes a third argument, the weights' scale (``2**-e``, in the
+    data's dtype), for a weight spectrum computed outside from unscaled
+    weights (the scale is exact on it too)."""
+    dtype = x.dtype
+    lim = np.finfo(dtype).maxexp - 4  # weights beyond the data's range keep their scale
+    ex = _exponent(lax.stop_gradient(x))
+    xs = _times_pow2(x, -ex, dtype)
+    if isinstance(w, np.ndarray):
+        w = np.asarray(w, np.float64)
+        ew = int(np.clip(_exponent(w), -lim, lim))
+        ws = np.ldexp(w, -ew)  # exact in float64
+    else:
+        if np.dtype(w.dtype) not in (np.float32, np.float64):  # half precision: exact
+            w = w.astype(np.float32)
+        ew = jnp.clip(_exponent(lax.stop_gradient(w)), -lim, lim)
+        ws = _times_pow2(w, -ew, w.dtype)
+    out = run(xs, ws, _pow2(-jnp.asarray(ew, np.int32), dtype)) if factor else run(xs, ws)
+    return _times_pow2(out, ex + ew, dtype)

@@ -266,8 +266,9 @@ def leaf_dims_cached(plan: Any, f: Any, kernels: Sequence[Any], kernels_key: Any
     region_dims = tuple(region_dims)
 
     def build() -> Any:
+        # the explicit dtype= too: a requested float64 traces under x64 (else JAX warns)
         return result_dims(plan, f.obj, [kernel_caller(plan, k, static) for k in kernels], dyn,
-                           (f.arrays, args, kwargs), names, region_dims)
+                           (f.arrays, args, kwargs, plan.dtype_probe()), names, region_dims)
 
     obj = f.obj
     layout = (tuple((str(n), tuple(str(d) for d in obj[n].dims)) for n in obj.data_vars),
