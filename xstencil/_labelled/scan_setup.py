@@ -337,16 +337,6 @@ def evolving_indices(s: ScanPlan, names: Sequence[str] | None) -> tuple[int, ...
             f"{call}: the kernel returned {consts!r}, which have no dim {dim!r}; variables "
             f"without {dim!r} are constants of the scan (give them the dim to advance them)")
     evolving = tuple(plan.var_names.index(n) for n in names)
-    short = {n: plan.var_dims[i] for n, i in zip(names, evolving, strict=True)
-             if set(plan.var_dims[i]) != set(plan.dims)}
-    if short:  # the step computes every advanced variable over the whole field
-        n, vd = next(iter(short.items()))
-        fdims = tuple(str(d) for d in plan.dims if d != dim)
-        raise XStencilError(
-            f"{call}: the kernel advances {n!r}, whose dims {vd!r} are not all of the "
-            f"Dataset's dims {fdims!r} (with {dim!r}); every advanced variable is "
-            f"computed over the whole field. Broadcast it first, e.g. "
-            f"ds[{n!r}] = ds[{n!r}].broadcast_like(ds), or scan it in a Dataset of its own")
     if s.grown:
         missing = [n for i, n in enumerate(plan.var_names)
                    if dim in plan.var_dims[i] and i not in evolving]
