@@ -33,7 +33,8 @@ from xstencil._engine.lift import Lifted, Table, Unliftable, cell_grid, interpre
 from xstencil._engine.loopnest import render
 from xstencil._engine.lower import AxisGeom, Source
 
-__all__ = ["Code", "CodeAlgebra", "Param", "generate", "boundary_tables"]
+__all__ = ["Code", "CodeAlgebra", "Param", "Variants", "generate", "generate_variants",
+           "boundary_tables"]
 
 _KINDS = "biuf"
 
@@ -132,11 +133,20 @@ class CodeAlgebra:
         self._hoisted: dict[str, str] = {}
         self._n = 0
         self.cells: set[str] = set()  # names of window reads and values computed from them
+        # values computed from constants and parameters only go to the prologue
+        self._into = self.lines
+        self.invariant = 0  # how many statements went there
+        self._values: dict[str, Any] = {}  # literal names -> values
+        # the zero-weight rule's masks of runtime weights (line number -> the
+        # unmasked statement) and those weights (see :func:`generate_variants`)
+        self.plain: dict[int, str] = {}
+        self.weights: list[str] = []
 
     def _new(self, expr: str, dt: np.dtype, square: bool = False) -> Code:
         name = f"v{self._n}"
         self._n += 1
-        self.lines.append(f"{name} = {expr}")
+        self._into.append(f"{name} = {expr}")
+        self.invariant += self._into is self.prologue
         return Code(name, dt, square=square)
 
     def _hoist(self, expr: str, prefix: str) -> str:
@@ -159,14 +169,39 @@ class CodeAlgebra:
                 raise Unliftable(f"constant {type(value).__name__}") from e
         arr = np.asarray(value)
         v = arr[idx] if idx else arr
-        return Code(self._hoist(literal(v, arr.dtype), "k"), _dt(arr.dtype), const=True)
+        name = self._hoist(literal(v, arr.dtype), "k")
+        self._values[name] = v
+        return Code(name, _dt(arr.dtype), const=True)
 
     def apply(self, prim: Any, elems: Sequence[Any], params: dict[str, Any],
               dtypes: Sequence[Any]) -> Code:
-        out = self._apply(prim, elems, params, dtypes)
-        if any(isinstance(e, Code) and e.expr in self.cells for e in elems):
+        window = any(isinstance(e, Code) and e.expr in self.cells for e in elems)
+        self._into = self.lines if window else self.prologue
+        try:
+            out = self._apply(prim, elems, params, dtypes)
+        finally:
+            self._into = self.lines
+        if window:
             self.cells.add(out.expr)  # a value computed from the window
         return out
+
+    def _weighted(self, x: str, w: str, weight: Code, dt: np.dtype, first: bool) -> Code:
+        """A window value ``x`` times a weight ``w``: a weight of 0 does not
+        read its cell (NaN or inf there counts as 0), as on XLA
+        (elements.unread_zero_weight) and in the dense lowerings.  A literal
+        nonzero weight needs no mask; a runtime one is masked, and
+        :func:`generate_variants` also writes the nest without the masks."""
+        if weight.const:
+            with np.errstate(all="ignore"):
+                nonzero = bool(np.asarray(self._values[weight.expr]).astype(dt) != 0)
+            if nonzero:
+                return self._new(f"{x} * {w}" if first else f"{w} * {x}", dt)
+        else:
+            self.plain[len(self.lines)] = f"v{self._n} = {x}"
+            if w not in self.weights:
+                self.weights.append(w)
+        kept = self._new(f"({x} if ({w} != 0) | np.isfinite({x}) else {literal(0, dt)})", dt)
+        return self._new(f"{kept.expr} * {w}" if first else f"{w} * {kept.expr}", dt)
 
     def _apply(self, prim: Any, elems: Sequence[Any], params: dict[str, Any],
                dtypes: Sequence[Any]) -> Code:
@@ -180,13 +215,9 @@ class CodeAlgebra:
             a, b = (_cast(e, dt) for e in es)
             if name == "mul" and dt.kind == "f" and (es[0].expr in self.cells) != (
                     es[1].expr in self.cells):
-                # a window value times a weight: a weight of 0 does not read
-                # its cell (NaN or inf there counts as 0), as on XLA
-                # (elements.unread_zero_weight) and in the dense lowerings
-                x, w = (a, b) if es[0].expr in self.cells else (b, a)
-                kept = self._new(f"({x} if ({w} != 0) | np.isfinite({x}) "
-                                 f"else {literal(0, dt)})", dt)
-                return self._new(f"{kept.expr} * {w}" if x == a else f"{w} * {kept.expr}", dt)
+                first = es[0].expr in self.cells
+                x, w, weight = (a, b, es[1]) if first else (b, a, es[0])
+                return self._weighted(x, w, weight, dt, first)
             if name == "mul" and dt.kind == "f" and (es[0].pred or es[1].pred):
                 # XLA rewrites convert(pred) * x to select(pred, x, 0): 0, not
                 # NaN, where x is inf or NaN, and +0.0 for a negative x
@@ -341,6 +372,54 @@ def boundary_tables(sources: Sequence[Source], geom: Sequence[AxisGeom]) -> list
     return out
 
 
+@dataclass(frozen=True)
+class Variants:
+    """The sources of one loop nest (:func:`generate_variants`).
+
+    ``masked``: the nest with the zero-weight rule's masks (always right).
+    ``plain``: ``None`` where no window value is multiplied by a runtime
+    weight; else the nest without those masks, which returns ``False``
+    before touching anything when one of those weights is 0 and ``True``
+    after writing the outputs.  ``check``: a plain Python function of the
+    parameters that says the same on the host (a guess for which nest to
+    compile first; ``plain``'s own check is the one that counts).
+    """
+
+    masked: str
+    plain: str | None
+    check: str | None
+    outputs: int
+
+
+def generate_variants(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
+                      params: Sequence[Param], limit: int = 1000,
+                      out_dtypes: Sequence[Any] | None = None, masked: bool = False,
+                      out_steps: Sequence[int] | None = None) -> Variants:
+    """:func:`generate`'s nest, and where the kernel multiplies window
+    values by runtime weights, also the nest without the zero-weight masks
+    (a weight of 0 does not read its cell), which is shorter to compile and
+    to run, for calls where none of those weights is 0 (see
+    :class:`Variants`)."""
+    algebra = CodeAlgebra()
+    lines, reads, results = _scalar(algebra, closed, sources, geom, params, limit, out_dtypes)
+
+    def nest(body: list[str], guards: list[str], tail: str) -> str:
+        src = render(sources, geom, params, body, reads, results, masked, out_steps)
+        head, _, rest = src.partition("\n")
+        prologue = "".join(f"    {line}\n" for line in algebra.prologue + guards)
+        return f"{head}\n{prologue}{rest}{tail}"
+
+    full = nest(lines, [], "")
+    if not algebra.weights:
+        return Variants(full, None, None, len(results))
+    plain = [algebra.plain.get(i, line) for i, line in enumerate(lines)]
+    guards = [f"if {w} == 0:\n        return False" for w in algebra.weights]
+    names = ", ".join(f"p{p.index}" for p in params)
+    check = (f"def check({names}):\n" + "".join(f"    {line}\n" for line in algebra.prologue)
+             + f"    return not ({' or '.join(f'{w} == 0' for w in algebra.weights)})\n")
+    return Variants(full, nest(plain, guards, "    return True\n"), check, len(results))
+
+
 def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
              params: Sequence[Param], limit: int = 1000,
              out_dtypes: Sequence[Any] | None = None, masked: bool = False,
@@ -357,7 +436,16 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     region of a function mesh).  ``out_steps``: a *boxed* nest, whose box
     is a runtime argument (see :func:`~xstencil._engine.loopnest.render`).
     """
-    algebra = CodeAlgebra()
+    v = generate_variants(closed, sources, geom, params, limit, out_dtypes, masked, out_steps)
+    return v.masked, v.outputs
+
+
+def _scalar(algebra: CodeAlgebra, closed: Any, sources: Sequence[Source],
+            geom: Sequence[AxisGeom], params: Sequence[Param], limit: int,
+            out_dtypes: Sequence[Any] | None
+            ) -> tuple[list[str], list[tuple[int, tuple[int, ...], str]], list[str]]:
+    """Replay the kernel with ``algebra``: its loop-body statements, window
+    reads and result expressions (the prologue stays in ``algebra``)."""
     table = Table(algebra)  # type: ignore[arg-type]
     reads: list[tuple[int, tuple[int, ...], str]] = []
 
@@ -392,10 +480,8 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
         if out_dtypes is not None:
             r = _cast(Code(f"({r})", dt), _dt(out_dtypes[len(results)]))
         results.append(r)
-    if len(reads) + len(algebra.lines) > limit:
-        raise Unliftable(f"{len(reads) + len(algebra.lines)} statements per point, over the "
-                         f"loop backend's {limit}")
-    src = render(sources, geom, params, algebra.lines, reads, results, masked, out_steps)
-    head, _, body = src.partition("\n")
-    prologue = "".join(f"    {line}\n" for line in algebra.prologue)
-    return f"{head}\n{prologue}{body}", len(results)
+    # statements computed from parameters only (in the prologue) count too
+    count = len(reads) + len(algebra.lines) + algebra.invariant
+    if count > limit:
+        raise Unliftable(f"{count} statements per point, over the loop backend's {limit}")
+    return algebra.lines, reads, results
