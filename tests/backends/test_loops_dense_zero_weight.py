@@ -222,3 +222,25 @@ def test_scan_on_loops_keeps_the_rule_after_dense_steps(monkeypatch: pytest.Monk
     np.testing.assert_allclose(got.values.reshape(a.shape), want, rtol=1e-5, atol=1e-6)
     assert [last for _, last in ran] == ["plain", "masked"]
     assert ran[1][0].compiled[-1] == "masked"
+
+
+def test_a_zero_among_many_weights_is_found(nests: list[Nest]) -> None:
+    """7 x 7 weights: the unmasked nest tests them in groups of 32; a zero
+    in the second group sends the call to the masked nest."""
+    k = 7
+    a = _data(np.float32, seed=6)
+    w = np.random.default_rng(7).uniform(0.5, 1.5, (k, k)).astype(np.float32)
+    da = xr.DataArray(a, dims=("y", "x"))
+    opts: dict[str, Any] = dict(window={"y": k, "x": k}, boundary="periodic", backend="loops")
+
+    def kernel(u: Any) -> Any:
+        return (u * w).sum()
+
+    _check(da.stencil.map(kernel, **opts), a, w)
+    assert nests[-1].last == "plain"
+    w[5, 6] = 0.0  # weight 41 of 49
+    marked = _marked(a)
+    got = xr.DataArray(marked, dims=("y", "x")).stencil.map(kernel, **opts)
+    assert nests[-1].last == "masked"
+    _check(got, marked, w)
+    assert (~np.isfinite(got.values)).sum() == 3 * (k * k - 1)

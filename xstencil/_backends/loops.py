@@ -121,7 +121,9 @@ def on_host_cpu(xs: Sequence[Any]) -> bool:
 
 
 class _Built:
-    """A compiled loop kernel and the fixed arguments it takes."""
+    """A compiled loop kernel and the fixed arguments it takes (``fn``: a
+    :class:`~xstencil._backends.loop_variants.Nest`, called as the numba
+    function with the parameters last)."""
 
     def __init__(self, fn: Any, source: str, tables: list[np.ndarray], fills: list[Any],
                  params: list[Param], out_avals: list[Any], out_tree: Any,

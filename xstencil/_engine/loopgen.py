@@ -18,6 +18,12 @@ table built by :func:`~xstencil._engine.boundary.source_index` (-1: the fill
 value), the very function the XLA path's halos are built from, so both paths
 read the same cells.  Anything outside the supported primitives raises
 :class:`~xstencil._engine.lift.Unliftable` (the caller falls back to XLA).
+
+Values computed from constants and parameters only are computed once, before
+the loops.  A window value times a runtime weight carries the zero-weight
+rule (a weight of 0 does not read its cell) as a select per term;
+:func:`generate_variants` also writes the nest without those selects, for
+calls whose runtime weights are all nonzero (it checks them on entry).
 """
 
 from __future__ import annotations
@@ -413,7 +419,10 @@ def generate_variants(closed: Any, sources: Sequence[Source], geom: Sequence[Axi
     if not algebra.weights:
         return Variants(full, None, None, len(results))
     plain = [algebra.plain.get(i, line) for i, line in enumerate(lines)]
-    guards = [f"if {w} == 0:\n        return False" for w in algebra.weights]
+    # one test per 32 weights: fewer blocks for numba than one per weight
+    ws = algebra.weights
+    guards = [f"if {' | '.join(f'({w} == 0)' for w in ws[i:i + 32])}:\n        return False"
+              for i in range(0, len(ws), 32)]
     names = ", ".join(f"p{p.index}" for p in params)
     check = (f"def check({names}):\n" + "".join(f"    {line}\n" for line in algebra.prologue)
              + f"    return not ({' or '.join(f'{w} == 0' for w in algebra.weights)})\n")
