@@ -27,7 +27,7 @@ Dense weights (no zero) thus compile and run only the unmasked nest.
 
 from __future__ import annotations
 
-import warnings
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,6 +54,7 @@ class Nest:
         self._make = make
         self.nparams = nparams
         self.fns: dict[str, Any] = {}
+        self._lock = threading.Lock()  # one numba function per variant (dask threads)
         self.last: str | None = None
         self._plain = False  # the last call ran ``plain``: try it first, without the guess
         self._check: Callable[..., Any] | None = None
@@ -70,9 +71,12 @@ class Nest:
     def _fn(self, which: str) -> Any:
         fn = self.fns.get(which)
         if fn is None:
-            src = self.variants.plain if which == "plain" else self.variants.masked
-            assert src is not None
-            fn = self.fns[which] = self._make(src)
+            with self._lock:
+                fn = self.fns.get(which)
+                if fn is None:
+                    src = self.variants.plain if which == "plain" else self.variants.masked
+                    assert src is not None
+                    fn = self.fns[which] = self._make(src)
         return fn
 
     def __call__(self, *args: Any) -> None:
@@ -88,9 +92,8 @@ class Nest:
     def _guess(self, params: Sequence[np.ndarray]) -> bool:
         """Whether no runtime weight is 0, computed on the host."""
         assert self._check is not None
-        try:
-            with warnings.catch_warnings(), np.errstate(all="ignore"):
-                warnings.simplefilter("ignore")
+        try:  # (errstate, not catch_warnings: that is not thread-safe)
+            with np.errstate(all="ignore"):
                 return bool(self._check(*params))
         except Exception:  # noqa: BLE001 - a guess only: the compiled nest checks again
             return True
