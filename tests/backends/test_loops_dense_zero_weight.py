@@ -26,6 +26,7 @@ pytest.importorskip("numba")
 
 from xstencil._backends import loops as L  # noqa: E402 - after the numba check
 from xstencil._backends.loop_variants import Nest  # noqa: E402
+from xstencil._engine.loopgen import Variants  # noqa: E402
 from xstencil._labelled import loop_scan as LS  # noqa: E402
 
 K = 5
@@ -244,3 +245,24 @@ def test_a_zero_among_many_weights_is_found(nests: list[Nest]) -> None:
     assert nests[-1].last == "masked"
     _check(got, marked, w)
     assert (~np.isfinite(got.values)).sum() == 3 * (k * k - 1)
+
+
+@pytest.mark.parametrize("check", ["    return True", "    raise ValueError(p0)"])
+def test_a_wrong_host_guess_never_reaches_the_unmasked_nest(check: str) -> None:
+    """The host check is only a guess: where it says "no zero" (or fails)
+    and a weight is 0, the unmasked nest refuses and the masked one writes."""
+    plain = ("def kernel(o, p0):\n    if p0[0] == 0:\n        return False\n"
+             "    o[0] = 1\n    return True\n")
+    masked = "def kernel(o, p0):\n    o[0] = 2\n"
+
+    def make(source: str) -> Any:
+        namespace: dict[str, Any] = {}
+        exec(source, namespace)  # noqa: S102 - plain Python stand-ins for the numba nests
+        return namespace["kernel"]
+
+    nest = Nest(Variants(masked, plain, f"def check(p0):\n{check}\n", 1), make, 1)
+    out = np.zeros(1)
+    for weight, written, last in ((0.0, 2, "masked"), (1.0, 1, "plain"), (0.0, 2, "masked")):
+        nest(out, np.array([weight]))
+        assert out[0] == written and nest.last == last
+    assert nest.compiled == ("plain", "masked")
