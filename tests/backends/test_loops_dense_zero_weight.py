@@ -25,6 +25,7 @@ import xstencil  # noqa: F401 - registers the accessor
 pytest.importorskip("numba")
 
 from xstencil._backends import loops as L  # noqa: E402 - after the numba check
+from xstencil._backends import loops_mesh as LM  # noqa: E402
 from xstencil._backends.loop_variants import Nest  # noqa: E402
 from xstencil._engine.loopgen import Variants  # noqa: E402
 from xstencil._labelled import loop_scan as LS  # noqa: E402
@@ -266,3 +267,39 @@ def test_a_wrong_host_guess_never_reaches_the_unmasked_nest(check: str) -> None:
         nest(out, np.array([weight]))
         assert out[0] == written and nest.last == last
     assert nest.compiled == ("plain", "masked")
+
+
+def test_mesh_regions_with_runtime_weights_keep_the_rule(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Mesh nests keep the masked products: dense weights, then a zero
+    weight over NaN/inf, equal to the numpy reference and to XLA."""
+    monkeypatch.delenv(L.ENV, raising=False)
+    ran: list[int] = []
+    real = LM.run_mesh
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        ran.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(LM, "run_mesh", spy)
+    a = _marked(_data(np.float32, seed=8))
+    w = _weights(np.float32)[1:4, 1:4].copy()
+    da = xr.DataArray(a, dims=("y", "x"))
+
+    def kernel(u: Any) -> Any:
+        return (u * w).sum()
+
+    for zero in (False, True):
+        if zero:
+            w[0, 2] = 0.0
+        outs = []
+        for backend in ("loops", "xla"):
+            m = da.stencil.mesh(boundary="periodic", window={"y": 3, "x": 3}, backend=backend)
+            m[...] = kernel
+            m[{"x": 0}] = lambda u: u() * 2.0
+            outs.append(m.map().values)
+        ref = _reference(a, w)
+        ref[:, 0] = 2.0 * a[:, 0]
+        np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(outs[1], ref, rtol=1e-5, atol=1e-5)
+    assert ran == [1, 1]
