@@ -303,3 +303,28 @@ def test_mesh_regions_with_runtime_weights_keep_the_rule(monkeypatch: pytest.Mon
         np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(outs[1], ref, rtol=1e-5, atol=1e-5)
     assert ran == [1, 1]
+
+
+@pytest.mark.parametrize("shape", [(29,), (7, 6, 9)], ids=["1d", "3d"])
+def test_one_and_three_dims(nests: list[Nest], shape: tuple[int, ...]) -> None:
+    """The unmasked nest's entry test and its ``return True`` in the 1-D
+    and 3-D loop nests, dense weights then a zero one over a NaN."""
+    rng = np.random.default_rng(len(shape))
+    a = rng.standard_normal(shape).astype(np.float32)
+    a[(3,) * len(shape)] = np.nan
+    w = rng.uniform(0.5, 1.5, (3,) * len(shape)).astype(np.float32)
+    dims = ("z", "y", "x")[-len(shape):]
+    da = xr.DataArray(a, dims=dims)
+
+    def kernel(u: Any) -> Any:
+        return (u * w).sum()
+
+    for zero, last in ((False, "plain"), (True, "masked")):
+        if zero:
+            w[(0,) * len(shape)] = 0.0
+        got = da.stencil.map(kernel, window=dict.fromkeys(dims, 3), boundary="reflect",
+                             backend="loops")
+        assert nests[-1].last == last
+        ref = ndi.correlate(a.astype(np.float64), w.astype(np.float64), mode="mirror")
+        np.testing.assert_allclose(got.values, ref, rtol=1e-5, atol=1e-5)
+        assert np.isnan(got.values).sum() == 3 ** len(shape) - zero
