@@ -27,7 +27,7 @@ pytest.importorskip("numba")
 from xstencil._backends import loops as L  # noqa: E402 - after the numba check
 from xstencil._backends import loops_mesh as LM  # noqa: E402
 from xstencil._backends.loop_variants import Nest  # noqa: E402
-from xstencil._engine.loopgen import Variants  # noqa: E402
+from xstencil._engine.loopweights import Variants  # noqa: E402
 from xstencil._labelled import loop_scan as LS  # noqa: E402
 
 K = 5

@@ -10,7 +10,7 @@ which doubled a 5 x 5 weighted sum's call and tripled its numba compile
 
 The loop backend runs outside JAX transforms, so the runtime weights are
 concrete at every call.  :class:`Nest` holds the two sources of
-:func:`xstencil._engine.loopgen.generate_variants`:
+:func:`xstencil._engine.loopweights.generate_variants`:
 
 * ``plain``: no masks; it first checks, in the compiled code itself, that
   none of the runtime weights is 0, and returns ``False`` without writing
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from xstencil._engine.loopgen import Variants
+from xstencil._engine.loopweights import Variants
 
 __all__ = ["Nest"]
 

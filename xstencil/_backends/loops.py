@@ -31,7 +31,8 @@ import numpy as np
 from xstencil._backends import bufpool
 from xstencil._backends.loop_variants import Nest
 from xstencil._engine.lift import Unliftable
-from xstencil._engine.loopgen import Param, boundary_tables, generate_variants
+from xstencil._engine.loopgen import Param, boundary_tables
+from xstencil._engine.loopweights import generate_variants
 from xstencil._engine.lower import AxisGeom, Source, cell_avals
 from xstencil._errors import XStencilError
 

@@ -22,8 +22,8 @@ read the same cells.  Anything outside the supported primitives raises
 Values computed from constants and parameters only are computed once, before
 the loops.  A window value times a runtime weight carries the zero-weight
 rule (a weight of 0 does not read its cell) as a select per term;
-:func:`generate_variants` also writes the nest without those selects, for
-calls whose runtime weights are all nonzero (it checks them on entry).
+:mod:`xstencil._engine.loopweights` also writes the nest without those
+selects, for calls whose runtime weights are all nonzero.
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from xstencil._engine.lift import Lifted, Table, Unliftable, cell_grid, interpre
 from xstencil._engine.loopnest import render
 from xstencil._engine.lower import AxisGeom, Source
 
-__all__ = ["Code", "CodeAlgebra", "Param", "Variants", "generate", "generate_variants",
-           "boundary_tables"]
+__all__ = ["Code", "CodeAlgebra", "Param", "generate", "boundary_tables", "scalar_program"]
 
 _KINDS = "biuf"
 
@@ -144,7 +143,7 @@ class CodeAlgebra:
         self.invariant = 0  # how many statements went there
         self._values: dict[str, Any] = {}  # literal names -> values
         # the zero-weight rule's masks of runtime weights (line number -> the
-        # unmasked statement) and those weights (see :func:`generate_variants`)
+        # unmasked statement) and those weights (see loopweights.py)
         self.plain: dict[int, str] = {}
         self.weights: list[str] = []
 
@@ -196,7 +195,8 @@ class CodeAlgebra:
         read its cell (NaN or inf there counts as 0), as on XLA
         (elements.unread_zero_weight) and in the dense lowerings.  A literal
         nonzero weight needs no mask; a runtime one is masked, and
-        :func:`generate_variants` also writes the nest without the masks."""
+        :func:`~xstencil._engine.loopweights.generate_variants` also writes
+        the nest without the masks."""
         if weight.const:
             with np.errstate(all="ignore"):
                 nonzero = bool(np.asarray(self._values[weight.expr]).astype(dt) != 0)
@@ -378,57 +378,6 @@ def boundary_tables(sources: Sequence[Source], geom: Sequence[AxisGeom]) -> list
     return out
 
 
-@dataclass(frozen=True)
-class Variants:
-    """The sources of one loop nest (:func:`generate_variants`).
-
-    ``masked``: the nest with the zero-weight rule's masks (always right).
-    ``plain``: ``None`` where no window value is multiplied by a runtime
-    weight; else the nest without those masks, which returns ``False``
-    before touching anything when one of those weights is 0 and ``True``
-    after writing the outputs.  ``check``: a plain Python function of the
-    parameters that says the same on the host (a guess for which nest to
-    compile first; ``plain``'s own check is the one that counts).
-    """
-
-    masked: str
-    plain: str | None
-    check: str | None
-    outputs: int
-
-
-def generate_variants(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
-                      params: Sequence[Param], limit: int = 1000,
-                      out_dtypes: Sequence[Any] | None = None, masked: bool = False,
-                      out_steps: Sequence[int] | None = None) -> Variants:
-    """:func:`generate`'s nest, and where the kernel multiplies window
-    values by runtime weights, also the nest without the zero-weight masks
-    (a weight of 0 does not read its cell), which is shorter to compile and
-    to run, for calls where none of those weights is 0 (see
-    :class:`Variants`)."""
-    algebra = CodeAlgebra()
-    lines, reads, results = _scalar(algebra, closed, sources, geom, params, limit, out_dtypes)
-
-    def nest(body: list[str], guards: list[str], tail: str) -> str:
-        src = render(sources, geom, params, body, reads, results, masked, out_steps)
-        head, _, rest = src.partition("\n")
-        prologue = "".join(f"    {line}\n" for line in algebra.prologue + guards)
-        return f"{head}\n{prologue}{rest}{tail}"
-
-    full = nest(lines, [], "")
-    if not algebra.weights:
-        return Variants(full, None, None, len(results))
-    plain = [algebra.plain.get(i, line) for i, line in enumerate(lines)]
-    # one test per 32 weights: fewer blocks for numba than one per weight
-    ws = algebra.weights
-    guards = [f"if {' | '.join(f'({w} == 0)' for w in ws[i:i + 32])}:\n        return False"
-              for i in range(0, len(ws), 32)]
-    names = ", ".join(f"p{p.index}" for p in params)
-    check = (f"def check({names}):\n" + "".join(f"    {line}\n" for line in algebra.prologue)
-             + f"    return not ({' or '.join(f'{w} == 0' for w in algebra.weights)})\n")
-    return Variants(full, nest(plain, guards, "    return True\n"), check, len(results))
-
-
 def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
              params: Sequence[Param], limit: int = 1000,
              out_dtypes: Sequence[Any] | None = None, masked: bool = False,
@@ -445,14 +394,19 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     region of a function mesh).  ``out_steps``: a *boxed* nest, whose box
     is a runtime argument (see :func:`~xstencil._engine.loopnest.render`).
     """
-    v = generate_variants(closed, sources, geom, params, limit, out_dtypes, masked, out_steps)
-    return v.masked, v.outputs
+    algebra = CodeAlgebra()
+    lines, reads, results = scalar_program(algebra, closed, sources, geom, params, limit,
+                                           out_dtypes)
+    src = render(sources, geom, params, lines, reads, results, masked, out_steps)
+    head, _, body = src.partition("\n")
+    prologue = "".join(f"    {line}\n" for line in algebra.prologue)
+    return f"{head}\n{prologue}{body}", len(results)
 
 
-def _scalar(algebra: CodeAlgebra, closed: Any, sources: Sequence[Source],
-            geom: Sequence[AxisGeom], params: Sequence[Param], limit: int,
-            out_dtypes: Sequence[Any] | None
-            ) -> tuple[list[str], list[tuple[int, tuple[int, ...], str]], list[str]]:
+def scalar_program(algebra: CodeAlgebra, closed: Any, sources: Sequence[Source],
+                   geom: Sequence[AxisGeom], params: Sequence[Param], limit: int,
+                   out_dtypes: Sequence[Any] | None
+                   ) -> tuple[list[str], list[tuple[int, tuple[int, ...], str]], list[str]]:
     """Replay the kernel with ``algebra``: its loop-body statements, window
     reads and result expressions (the prologue stays in ``algebra``)."""
     table = Table(algebra)  # type: ignore[arg-type]
