@@ -328,3 +328,31 @@ def test_one_and_three_dims(nests: list[Nest], shape: tuple[int, ...]) -> None:
         ref = ndi.correlate(a.astype(np.float64), w.astype(np.float64), mode="mirror")
         np.testing.assert_allclose(got.values, ref, rtol=1e-5, atol=1e-5)
         assert np.isnan(got.values).sum() == 3 ** len(shape) - zero
+
+
+def test_mesh_edge_region_reads_its_runtime_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A boundary strip's nest takes its box as runtime values named q0, q1
+    ...; the weights read from parameters must not share those names (they
+    did: the strip multiplied by its own output starts)."""
+    monkeypatch.delenv(L.ENV, raising=False)
+    ran: list[int] = []
+    real = LM.run_mesh
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        ran.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(LM, "run_mesh", spy)
+    a = _data(np.float32, seed=9)
+    w = _weights(np.float32)[:3, :3].copy()
+    da = xr.DataArray(a, dims=("y", "x"))
+    m = da.stencil.mesh(boundary="periodic", window={"y": 3, "x": 3}, backend="loops")
+    m[...] = lambda u: u()
+    m[{"x": 0}] = lambda u: (u * w).sum()
+    m[{"y": -1}] = lambda u, c=w[0, 0]: u(x=1) * c
+    got = m.map().values
+    assert ran == [1]
+    ref = a.astype(np.float64)
+    ref[:, 0] = _reference(a, w)[:, 0]
+    ref[-1, :] = np.roll(a[-1], -1) * float(w[0, 0])
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

@@ -164,7 +164,8 @@ class CodeAlgebra:
     def constant(self, value: Any, idx: tuple[int, ...]) -> Code:
         if isinstance(value, Param):
             flat = int(np.ravel_multi_index(idx, value.shape)) if value.shape else 0
-            return Code(self._hoist(f"p{value.index}[{flat}]", "q"), value.dtype)
+            # "c", not "q": a boxed nest names its output starts q0, q1 ... (loopnest)
+            return Code(self._hoist(f"p{value.index}[{flat}]", "c"), value.dtype)
         if isinstance(value, Code):
             return value
         if not isinstance(value, np.ndarray | np.generic | int | float | bool):
