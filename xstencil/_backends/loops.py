@@ -30,8 +30,10 @@ import numpy as np
 
 from xstencil._backends import bufpool
 from xstencil._backends.hostwrap import Wrapper
+from xstencil._backends.loop_variants import Nest
 from xstencil._engine.lift import Unliftable
-from xstencil._engine.loopgen import Param, boundary_tables, generate
+from xstencil._engine.loopgen import Param, boundary_tables
+from xstencil._engine.loopweights import generate_variants
 from xstencil._engine.lower import AxisGeom, Source, cell_avals
 from xstencil._errors import XStencilError
 
@@ -135,7 +137,9 @@ class Staged(NamedTuple):
 
 
 class _Built:
-    """A compiled loop kernel and the fixed arguments it takes."""
+    """A compiled loop kernel and the fixed arguments it takes (``fn``: a
+    :class:`~xstencil._backends.loop_variants.Nest`, called as the numba
+    function with the parameters last)."""
 
     def __init__(self, fn: Any, source: str, tables: list[np.ndarray], fills: list[Any],
                  params: list[Param], out_avals: list[Any], out_tree: Any,
@@ -230,14 +234,15 @@ class LoopOrJit:
                 return f"tracing warned: {caught[0].message}", None
             params = [Param(i, tuple(v.aval.shape), np.dtype(v.aval.dtype))
                       for i, v in enumerate(closed.jaxpr.invars[len(sources):])]
-            source, _ = generate(closed, sources, self.geom, params, limit)
+            variants = generate_variants(closed, sources, self.geom, params, limit)
             # idle OpenMP threads that spin (the default) starve XLA's thread
             # pool and every other process on a shared machine; read by the
             # OpenMP runtime when numba first starts it
             os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-            namespace: dict[str, Any] = {"np": np, "prange": numba.prange}
-            exec(compile(source, "<xstencil loop kernel>", "exec"), namespace)  # noqa: S102
-            fn = numba.njit(parallel=True, error_model="numpy")(namespace["kernel"])
+            # runtime weights that multiply window values: an unmasked nest for
+            # calls where none is 0, compiled on first use (loop_variants.py)
+            fn = Nest(variants, _compile, len(params))
+            source = variants.masked
             fills = [np.asarray(jnp.full((), s.fill_value, s.array.dtype))[()]
                      for s in sources]
             built = _Built(fn, source, boundary_tables(sources, self.geom), fills, params,
@@ -250,6 +255,13 @@ class LoopOrJit:
             return f"not expressible as loops: {e}", None
         except Exception as e:  # noqa: BLE001 - correctness first: XLA decides and reports
             return f"{type(e).__name__}: {e}", None
+
+
+def _compile(source: str) -> Any:
+    """The numba function of a generated nest (compiled on its first call)."""
+    namespace: dict[str, Any] = {"np": np, "prange": numba.prange}
+    exec(compile(source, "<xstencil loop kernel>", "exec"), namespace)  # noqa: S102
+    return numba.njit(parallel=True, error_model="numpy")(namespace["kernel"])
 
 
 def fits(built: _Built, out: np.ndarray | None) -> bool:

@@ -18,6 +18,12 @@ table built by :func:`~xstencil._engine.boundary.source_index` (-1: the fill
 value), the very function the XLA path's halos are built from, so both paths
 read the same cells.  Anything outside the supported primitives raises
 :class:`~xstencil._engine.lift.Unliftable` (the caller falls back to XLA).
+
+Values computed from constants and parameters only are computed once, before
+the loops.  A window value times a runtime weight carries the zero-weight
+rule (a weight of 0 does not read its cell) as a select per term;
+:mod:`xstencil._engine.loopweights` also writes the nest without those
+selects, for calls whose runtime weights are all nonzero.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from xstencil._engine.lift import Lifted, Table, Unliftable, cell_grid, interpre
 from xstencil._engine.loopnest import render
 from xstencil._engine.lower import AxisGeom, Source
 
-__all__ = ["Code", "CodeAlgebra", "Param", "generate", "boundary_tables"]
+__all__ = ["Code", "CodeAlgebra", "Param", "generate", "boundary_tables", "scalar_program"]
 
 _KINDS = "biuf"
 
@@ -132,11 +138,20 @@ class CodeAlgebra:
         self._hoisted: dict[str, str] = {}
         self._n = 0
         self.cells: set[str] = set()  # names of window reads and values computed from them
+        # values computed from constants and parameters only go to the prologue
+        self._into = self.lines
+        self.invariant = 0  # how many statements went there
+        self._values: dict[str, Any] = {}  # literal names -> values
+        # the zero-weight rule's masks of runtime weights (line number -> the
+        # unmasked statement) and those weights (see loopweights.py)
+        self.plain: dict[int, str] = {}
+        self.weights: list[str] = []
 
     def _new(self, expr: str, dt: np.dtype, square: bool = False) -> Code:
         name = f"v{self._n}"
         self._n += 1
-        self.lines.append(f"{name} = {expr}")
+        self._into.append(f"{name} = {expr}")
+        self.invariant += self._into is self.prologue
         return Code(name, dt, square=square)
 
     def _hoist(self, expr: str, prefix: str) -> str:
@@ -149,7 +164,8 @@ class CodeAlgebra:
     def constant(self, value: Any, idx: tuple[int, ...]) -> Code:
         if isinstance(value, Param):
             flat = int(np.ravel_multi_index(idx, value.shape)) if value.shape else 0
-            return Code(self._hoist(f"p{value.index}[{flat}]", "q"), value.dtype)
+            # "c", not "q": a boxed nest names its output starts q0, q1 ... (loopnest)
+            return Code(self._hoist(f"p{value.index}[{flat}]", "c"), value.dtype)
         if isinstance(value, Code):
             return value
         if not isinstance(value, np.ndarray | np.generic | int | float | bool):
@@ -159,14 +175,40 @@ class CodeAlgebra:
                 raise Unliftable(f"constant {type(value).__name__}") from e
         arr = np.asarray(value)
         v = arr[idx] if idx else arr
-        return Code(self._hoist(literal(v, arr.dtype), "k"), _dt(arr.dtype), const=True)
+        name = self._hoist(literal(v, arr.dtype), "k")
+        self._values[name] = v
+        return Code(name, _dt(arr.dtype), const=True)
 
     def apply(self, prim: Any, elems: Sequence[Any], params: dict[str, Any],
               dtypes: Sequence[Any]) -> Code:
-        out = self._apply(prim, elems, params, dtypes)
-        if any(isinstance(e, Code) and e.expr in self.cells for e in elems):
+        window = any(isinstance(e, Code) and e.expr in self.cells for e in elems)
+        self._into = self.lines if window else self.prologue
+        try:
+            out = self._apply(prim, elems, params, dtypes)
+        finally:
+            self._into = self.lines
+        if window:
             self.cells.add(out.expr)  # a value computed from the window
         return out
+
+    def _weighted(self, x: str, w: str, weight: Code, dt: np.dtype, first: bool) -> Code:
+        """A window value ``x`` times a weight ``w``: a weight of 0 does not
+        read its cell (NaN or inf there counts as 0), as on XLA
+        (elements.unread_zero_weight) and in the dense lowerings.  A literal
+        nonzero weight needs no mask; a runtime one is masked, and
+        :func:`~xstencil._engine.loopweights.generate_variants` also writes
+        the nest without the masks."""
+        if weight.const:
+            with np.errstate(all="ignore"):
+                nonzero = bool(np.asarray(self._values[weight.expr]).astype(dt) != 0)
+            if nonzero:
+                return self._new(f"{x} * {w}" if first else f"{w} * {x}", dt)
+        else:
+            self.plain[len(self.lines)] = f"v{self._n} = {x}"
+            if w not in self.weights:
+                self.weights.append(w)
+        kept = self._new(f"({x} if ({w} != 0) | np.isfinite({x}) else {literal(0, dt)})", dt)
+        return self._new(f"{kept.expr} * {w}" if first else f"{w} * {kept.expr}", dt)
 
     def _apply(self, prim: Any, elems: Sequence[Any], params: dict[str, Any],
                dtypes: Sequence[Any]) -> Code:
@@ -180,13 +222,9 @@ class CodeAlgebra:
             a, b = (_cast(e, dt) for e in es)
             if name == "mul" and dt.kind == "f" and (es[0].expr in self.cells) != (
                     es[1].expr in self.cells):
-                # a window value times a weight: a weight of 0 does not read
-                # its cell (NaN or inf there counts as 0), as on XLA
-                # (elements.unread_zero_weight) and in the dense lowerings
-                x, w = (a, b) if es[0].expr in self.cells else (b, a)
-                kept = self._new(f"({x} if ({w} != 0) | np.isfinite({x}) "
-                                 f"else {literal(0, dt)})", dt)
-                return self._new(f"{kept.expr} * {w}" if x == a else f"{w} * {kept.expr}", dt)
+                first = es[0].expr in self.cells
+                x, w, weight = (a, b, es[1]) if first else (b, a, es[0])
+                return self._weighted(x, w, weight, dt, first)
             if name == "mul" and dt.kind == "f" and (es[0].pred or es[1].pred):
                 # XLA rewrites convert(pred) * x to select(pred, x, 0): 0, not
                 # NaN, where x is inf or NaN, and +0.0 for a negative x
@@ -358,6 +396,20 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     is a runtime argument (see :func:`~xstencil._engine.loopnest.render`).
     """
     algebra = CodeAlgebra()
+    lines, reads, results = scalar_program(algebra, closed, sources, geom, params, limit,
+                                           out_dtypes)
+    src = render(sources, geom, params, lines, reads, results, masked, out_steps)
+    head, _, body = src.partition("\n")
+    prologue = "".join(f"    {line}\n" for line in algebra.prologue)
+    return f"{head}\n{prologue}{body}", len(results)
+
+
+def scalar_program(algebra: CodeAlgebra, closed: Any, sources: Sequence[Source],
+                   geom: Sequence[AxisGeom], params: Sequence[Param], limit: int,
+                   out_dtypes: Sequence[Any] | None
+                   ) -> tuple[list[str], list[tuple[int, tuple[int, ...], str]], list[str]]:
+    """Replay the kernel with ``algebra``: its loop-body statements, window
+    reads and result expressions (the prologue stays in ``algebra``)."""
     table = Table(algebra)  # type: ignore[arg-type]
     reads: list[tuple[int, tuple[int, ...], str]] = []
 
@@ -392,10 +444,8 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
         if out_dtypes is not None:
             r = _cast(Code(f"({r})", dt), _dt(out_dtypes[len(results)]))
         results.append(r)
-    if len(reads) + len(algebra.lines) > limit:
-        raise Unliftable(f"{len(reads) + len(algebra.lines)} statements per point, over the "
-                         f"loop backend's {limit}")
-    src = render(sources, geom, params, algebra.lines, reads, results, masked, out_steps)
-    head, _, body = src.partition("\n")
-    prologue = "".join(f"    {line}\n" for line in algebra.prologue)
-    return f"{head}\n{prologue}{body}", len(results)
+    # statements computed from parameters only (in the prologue) count too
+    count = len(reads) + len(algebra.lines) + algebra.invariant
+    if count > limit:
+        raise Unliftable(f"{count} statements per point, over the loop backend's {limit}")
+    return algebra.lines, reads, results

@@ -57,9 +57,19 @@ def _body(sources: Sequence[Source], geom: Sequence[AxisGeom], lines: list[str],
     last = len(geom) - 1
     hoisted: dict[str, str] = {}
     out = []
+    # the shell's boundary-table lookups, each once per point (a k x k
+    # window reads 2k of them, not 2k**2: numba compiles the nest faster)
+    looked: dict[str, str] = {}
     for k, idx, name in reads:
         src = sources[k]
         index, conds = _index(src, k, idx, geom, boundary, starts[k], boxed)
+        if boundary and src.pads:
+            for j, e in enumerate(index):
+                if e not in looked:
+                    looked[e] = f"y{len(looked)}"
+                    out.insert(len(looked) - 1, f"{looked[e]} = {e}")
+                conds = [f"{looked[e]} >= 0" if c == f"{e} >= 0" else c for c in conds]
+                index[j] = looked[e]
         if not boundary and len(index) > 1 and src.axes[-1] == last:
             # a 1-D view of the row: the innermost loop indexes one axis only
             row = f"a{k}[{', '.join(index[:-1])}]"
