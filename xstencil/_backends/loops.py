@@ -17,6 +17,7 @@ compile wins).  ``"loops"`` uses loops at any size where they apply.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -148,6 +149,18 @@ class _Built:
         self.params, self.out_avals, self.out_tree = params, out_avals, out_tree
         self.field = field
         self.wraps = [Wrapper(field, a.dtype) for a in out_avals]  # jax.device_put, cheaper
+        # makes the nest that also reports finiteness (a first argument ``fz``)
+        self.make_checked: Callable[[], Nest] | None = None
+        self._checked: Nest | None = None
+
+    def checked(self) -> Nest | None:
+        """The nest with ``check_finite``'s flags (see
+        :func:`~xstencil._engine.loopnest.render`'s ``finite``), generated on
+        first use (``None`` where it cannot be); each variant compiles on its
+        first call, so maps and scans without the check never compile it."""
+        if self._checked is None and self.make_checked is not None:
+            self._checked, self.make_checked = self.make_checked(), None
+        return self._checked
 
 
 class LoopOrJit:
@@ -249,12 +262,25 @@ class LoopOrJit:
                            [v.aval for v in closed.jaxpr.outvars],
                            jax.tree_util.tree_structure(shapes),
                            tuple(g.count for g in self.geom))
+            built.make_checked = _checking(closed, sources, self.geom, params, limit)
             return built, run_loops(built, arrays, coords, jax.tree_util.tree_leaves(dyn),
                                     leaves, out)
         except Unliftable as e:
             return f"not expressible as loops: {e}", None
         except Exception as e:  # noqa: BLE001 - correctness first: XLA decides and reports
             return f"{type(e).__name__}: {e}", None
+
+
+def _checking(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
+              params: list[Param], limit: int) -> Callable[[], Nest]:
+    """Makes the nest of ``generate_variants(..., finite=True)``; keeps no
+    input data alive (the sources' arrays become zero-stride stand-ins of
+    their shapes and dtypes, all that the generator reads of them)."""
+    light = [dataclasses.replace(s, array=np.broadcast_to(np.zeros((), s.array.dtype),
+                                                          np.shape(s.array)))
+             for s in sources]
+    return lambda: Nest(generate_variants(closed, light, geom, params, limit, finite=True),
+                        _compile, len(params))
 
 
 def _compile(source: str) -> Any:

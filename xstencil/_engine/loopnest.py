@@ -43,12 +43,14 @@ def _index(s: Source, k: int, idx: tuple[int, ...], geom: Sequence[AxisGeom],
 def _body(sources: Sequence[Source], geom: Sequence[AxisGeom], lines: list[str],
           reads: list[tuple[int, tuple[int, ...], str]], results: list[str],
           boundary: bool, masked: bool = False,
-          out_steps: Sequence[int] | None = None) -> tuple[list[str], list[str]]:
+          out_steps: Sequence[int] | None = None,
+          finite: Sequence[int] = ()) -> tuple[list[str], list[str]]:
     """The statements of one output point, and (interior only) the row views
     hoisted out of the innermost loop.  ``masked``: all of them run only
     where the boolean array ``mk`` (of the field's shape) is true.
     ``out_steps``: the outputs (and ``mk``) are whole fields and point ``j``
-    of the box is at ``q{axis} + j{axis} * step`` (see :func:`render`)."""
+    of the box is at ``q{axis} + j{axis} * step`` (see :func:`render`).
+    ``finite``: the results whose finiteness is folded into ``fin_ok``."""
     boxed = out_steps is not None
     starts, t = [], 0
     for s in sources:
@@ -86,6 +88,10 @@ def _body(sources: Sequence[Source], geom: Sequence[AxisGeom], lines: list[str],
                    else f"q{a} + j{a} * {out_steps[a]}" for a in range(len(geom)))
     views = [f"{v} = {row}" for row, v in hoisted.items()]
     for m, r in enumerate(results):
+        if m in finite:  # x - x is 0 exactly for every finite x, NaN for NaN and Inf
+            out.append(f"fin_r{m} = {r}")
+            out.append(f"fin_ok = fin_ok & ((fin_r{m} - fin_r{m}) == 0)")
+            r = f"fin_r{m}"
         if boundary or last == 0:
             out.append(f"o{m}[{at}] = {r}")
         else:  # the output row as a 1-D view too
@@ -115,7 +121,7 @@ def box_args(sources: Sequence[Source], geom: Sequence[AxisGeom],
 def render(sources: Sequence[Source], geom: Sequence[AxisGeom], params: Sequence[Any],
             lines: list[str], reads: list[tuple[int, tuple[int, ...], str]],
             results: list[str], masked: bool = False,
-            out_steps: Sequence[int] | None = None) -> str:
+            out_steps: Sequence[int] | None = None, finite: Sequence[int] | None = None) -> str:
     """``kernel(*args)``: a loop over the field (``prange`` over the first
     axis).  Each row along the last axis runs its interior with direct
     indexing and then its boundary points (two runs, or the whole row where
@@ -129,15 +135,29 @@ def render(sources: Sequence[Source], geom: Sequence[AxisGeom], params: Sequence
     input starts, interior ranges and output starts: :func:`box_args`) is a
     last runtime argument ``gm``, not constants in the source; so regions of
     one kernel with the same steps share one source and one compile.
+
+    ``finite`` (indices of float results; not for boxed nests): a first
+    argument ``fz`` (booleans, one per index along the first axis) receives,
+    per index ``j0``, whether every value those results wrote there is
+    finite, computed in the same pass (a boolean AND per point, which LLVM
+    vectorizes): ``check_finite`` of the loop scans reads ``fz`` instead of
+    the whole new state.  ``None`` (the default) writes the nest without it.
     """
     rank = len(geom)
     boxed = out_steps is not None
+    if finite is not None and boxed:
+        raise ValueError("render: finite= is not supported for boxed nests")
+    checked = tuple(finite or ())
     inner, views = _body(sources, geom, lines, reads, results, boundary=False, masked=masked,
-                         out_steps=out_steps)
+                         out_steps=out_steps, finite=checked)
     shell, _ = _body(sources, geom, lines, reads, results, boundary=True, masked=masked,
-                     out_steps=out_steps)
+                     out_steps=out_steps, finite=checked)
+    if finite is not None and rank == 1:  # one point per index j0
+        inner = ["fin_ok = True", *inner, "fz[j0] = fin_ok"]
+        shell = ["fin_ok = True", *shell, "fz[j0] = fin_ok"]
     ntab = sum(len(s.axes) for s in sources if s.pads)
-    names = ", ".join([f"o{m}" for m in range(len(results))]
+    names = ", ".join((["fz"] if finite is not None else [])
+                      + [f"o{m}" for m in range(len(results))]
                       + [f"a{k}" for k in range(len(sources))]
                       + [f"t{i}" for i in range(ntab)] + [f"f{k}" for k in range(len(sources))]
                       + [f"p{p.index}" for p in params] + (["mk"] if masked else [])
@@ -170,6 +190,8 @@ def render(sources: Sequence[Source], geom: Sequence[AxisGeom], params: Sequence
         loop = "prange" if a == 0 else "range"
         src.append("    " * depth + f"for j{a} in {loop}({counts[a]}):")
         depth += 1
+        if a == 0 and finite is not None:
+            src.append("    " * depth + "fin_ok = True")
         a_lo, a_hi = ranges[a]
         cond = f"({a_lo} <= j{a} < {a_hi})"
         src.append("    " * depth + (f"i{a} = {cond}" if a == 0 else f"i{a} = i{a - 1} and {cond}"))
@@ -182,4 +204,6 @@ def render(sources: Sequence[Source], geom: Sequence[AxisGeom], params: Sequence
     src.append(pad + f"b0, e0, b1, e1 = 0, {n}, 0, 0")
     emit(depth, "for seg in range(2):", ["b, e = (b0, e0) if seg == 0 else (b1, e1)"])
     emit(depth + 1, f"for j{last} in range(b, e):", shell)
+    if finite is not None:
+        src.append("        fz[j0] = fin_ok")
     return "\n".join(src) + "\n"

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from xstencil._engine.loopgen import CodeAlgebra, Param, scalar_program
 from xstencil._engine.loopnest import render
 from xstencil._engine.lower import AxisGeom, Source
@@ -45,18 +47,28 @@ class Variants:
 def generate_variants(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
                       params: Sequence[Param], limit: int = 1000,
                       out_dtypes: Sequence[Any] | None = None, masked: bool = False,
-                      out_steps: Sequence[int] | None = None) -> Variants:
+                      out_steps: Sequence[int] | None = None, finite: bool = False
+                      ) -> Variants:
     """:func:`~xstencil._engine.loopgen.generate`'s nest and, where the
     kernel multiplies window values by runtime weights, also the nest
     without the zero-weight masks (a weight of 0 does not read its cell),
     shorter to compile and to run, for calls where none of those weights is
-    0 (see :class:`Variants`)."""
+    0 (see :class:`Variants`).  ``finite``: both nests also take a first
+    argument ``fz`` that says, per index along the first axis, whether every
+    floating-point value written there is finite (see
+    :func:`~xstencil._engine.loopnest.render`)."""
     algebra = CodeAlgebra()
     lines, reads, results = scalar_program(algebra, closed, sources, geom, params, limit,
                                            out_dtypes)
 
+    checked = None
+    if finite:
+        dts = out_dtypes if out_dtypes is not None else [v.aval.dtype
+                                                         for v in closed.jaxpr.outvars]
+        checked = [m for m, dt in enumerate(dts) if np.dtype(dt).kind == "f"]
+
     def nest(body: list[str], guards: list[str], tail: str) -> str:
-        src = render(sources, geom, params, body, reads, results, masked, out_steps)
+        src = render(sources, geom, params, body, reads, results, masked, out_steps, checked)
         head, _, rest = src.partition("\n")
         prologue = "".join(f"    {line}\n" for line in algebra.prologue + guards)
         return f"{head}\n{prologue}{rest}{tail}"

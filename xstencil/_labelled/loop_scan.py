@@ -32,13 +32,19 @@ silently.
 
 ``check_finite=True`` runs on the loops as on XLA: the initial state is
 checked before the first step (the same error), and every step's new slabs
-after the step (the XLA loop tests each step's new slabs too), with
-:func:`~xstencil._backends.finite.all_finite` on the floating-point ones: one
-serial read of the new state per step, cache-warm as the step has just
-written it (0.18 ms at 2048² float32 timed alone, against 1.3-2 ms for a
-heat step there).  The first position that holds a NaN or Inf stops the loop
-(XLA runs on and reports it after) and raises XLA's error, naming that
-position and its coordinate.
+after the step (the XLA loop tests each step's new slabs too).  A map's
+nest computes that itself as it writes (the variant of
+:meth:`loops._Built.checked <xstencil._backends.loops._Built.checked>`:
+``(x - x) == 0`` folded per row into a flag array ``fz``, which LLVM
+vectorizes; compiled on the first checked scan, so scans without the check
+run the nest they always ran); a mesh's nests, and scratch-buffer steps
+(variables on fewer dims), read the new floating-point slabs after the step
+with :func:`~xstencil._backends.finite.all_finite` (one serial read, which
+cost 0.6-1 ms per step at 2048² float32, where the flags cost 0.1-0.2).
+The initial state is read by ``all_finite`` too, and only a failing read
+goes to XLA's check for the error.  The first position that holds a NaN or
+Inf stops the loop (XLA runs on and reports it after) and raises XLA's
+error, naming that position and its coordinate.
 
 ``progress=True`` runs on the loops too: the Python time loop moves the same
 tqdm bar as the XLA loop (:class:`xstencil._progress.Progress`, same label),
@@ -375,8 +381,8 @@ def run_steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
     the XLA loop and for a repeated call); with ``check_finite``, the initial
     state is checked first, as the XLA scan does (a repeated call checks it
     in :mod:`~xstencil._labelled.scan_fast`)."""
-    if sp.check_finite:
-        initial_finite(sp.call, [[s] for s in slabs], sp.dim, sp.k)
+    if sp.check_finite and not all(all_finite(s) for s in slabs):  # numpy: a quick read
+        initial_finite(sp.call, [[s] for s in slabs], sp.dim, sp.k)  # XLA's error
     if not sp.loop.progress_every:
         return _steps(built, sp, slabs, consts, order, dleaves, leaves)
     with _progress.Progress(sp.loop.steps, _progress.label(sp.call)) as p:
@@ -415,6 +421,8 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
     tick = _progress.Ticker(token)
     due = 1 if token else steps + 1  # the first report after one step: it times a step
     short = short_buffers(sp, slabs)
+    fused = _fused(built) if check and not short else None
+    fz = np.empty(built.field[0], np.bool_) if fused is not None else None
     for t in range(1, steps + 1):
         if every and t % every == 0:
             nxt = [out[t // every] for out in outs]
@@ -427,9 +435,13 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
                      *step_sources(cur, consts, sp.evolving), *fixed)
             for j, (full, index) in short.items():
                 np.copyto(nxt[j], full[index])
+        elif fused is not None:  # the nest reports per row whether what it wrote is finite
+            fused(fz, *[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
+            if not fz.all():
+                finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
         else:
             built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
-        if check and not all(all_finite(x) for x in nxt):
+        if check and fused is None and not all(all_finite(x) for x in nxt):
             finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
         cur = nxt
         if t >= due:
@@ -438,6 +450,16 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
         for out, slab in zip(outs, slabs, strict=True):
             out[0] = slab
     return outs
+
+
+def _fused(built: Any) -> Any:
+    """The nest that computes ``check_finite``'s flags as it writes (a
+    map's loop, ``loops._Built.checked``), or ``None`` (a mesh's nests: the
+    new state is read after the step)."""
+    checked = getattr(built, "checked", None)
+    if checked is None or not built.field:
+        return None
+    return checked()
 
 
 def _host(x: Any) -> Any:
