@@ -18,6 +18,11 @@ aval), so the result is the same: a JAX array that shares ``x``'s memory and
 keeps ``x`` (and with it the buffer's lease) alive.  Where the direct call is
 missing, raises, or would need a dtype conversion (64-bit data while JAX's
 x64 flag is off), it falls back to ``jax.device_put``.
+
+:func:`wrap` keeps one :class:`Wrapper` per shape and dtype for the results
+whose shapes vary between calls: the loop backend's function meshes
+(:mod:`~xstencil._backends.loops_mesh`) and scans
+(:mod:`~xstencil._labelled.loop_scan`, its repeat calls included).
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ try:  # private: the call jax.device_put makes for a numpy array on one device
 except (ImportError, AttributeError):  # pragma: no cover - another jaxlib: the public way
     _direct = None
 
-__all__ = ["Wrapper"]
+__all__ = ["Wrapper", "wrap"]
 
 _MAX_ADDRESSES = 64  # the most (device, address) answers one Wrapper keeps
+_MAX_WRAPPERS = 64  # the most (shape, dtype) Wrappers :func:`wrap` keeps
+_WRAPPERS: dict[tuple[tuple[int, ...], str], Wrapper] = {}
 
 
 class Wrapper:
@@ -107,3 +114,18 @@ class Wrapper:
                 self.aliases.clear()
             self.aliases[(device, address)] = known
         return j if known else None
+
+
+def wrap(x: np.ndarray) -> jax.Array:
+    """``jax.device_put(x)`` for a numpy array on the host, through a
+    :class:`Wrapper` kept per shape and dtype (the loop backend's mesh and
+    scan results, whose shapes vary from call to call); 64-bit data while
+    JAX's x64 flag is off, and dtypes the direct call does not take, go to
+    ``jax.device_put`` itself, as :class:`Wrapper` decides."""
+    key = (x.shape, x.dtype.str)
+    w = _WRAPPERS.get(key)
+    if w is None:
+        if len(_WRAPPERS) >= _MAX_WRAPPERS:
+            _WRAPPERS.clear()
+        w = _WRAPPERS[key] = Wrapper(x.shape, x.dtype)
+    return w(x)

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xstencil._backends import bufpool
+from xstencil._backends.hostwrap import wrap
 from xstencil._backends.loops import (
     AUTO_MIN_POINTS,
     MAX_STATEMENTS,
@@ -244,13 +245,15 @@ def _compile(source: str, parallel: bool) -> Any:
 def run_mesh(built: _BuiltMesh, arrays: Sequence[np.ndarray], coords: Sequence[Any],
              dleaves: Sequence[Any], leaves: Sequence[Any]) -> Any:
     """Run a compiled mesh: its nests in order into one set of output buffers
-    (JAX arrays on the CPU that share them; recycled buffers, see bufpool.py)."""
+    (JAX arrays on the CPU that share them, wrapped by
+    :func:`~xstencil._backends.hostwrap.wrap`: ``jax.device_put``'s result,
+    in 30-50 µs instead of 150-250; recycled buffers, see bufpool.py)."""
     values = list(dleaves) + list(leaves)
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(values, built.params, strict=True)]
     outs = [bufpool.empty(built.field, dt) for dt in built.out_dtypes]
     write_nests(built, outs, list(arrays) + [np.asarray(c) for c in coords], params)
-    return jax.tree_util.tree_unflatten(built.out_tree, [jax.device_put(o) for o in outs])
+    return jax.tree_util.tree_unflatten(built.out_tree, [wrap(o) for o in outs])
 
 
 def write_nests(built: _BuiltMesh, outs: Sequence[np.ndarray], srcs: Sequence[np.ndarray],

@@ -84,6 +84,7 @@ import xarray as xr
 from xstencil import _progress
 from xstencil._backends import bufpool
 from xstencil._backends.finite import all_finite
+from xstencil._backends.hostwrap import wrap
 from xstencil._backends.loops import (
     AUTO_MIN_POINTS,
     MAX_STATEMENTS,
@@ -353,7 +354,7 @@ class Repeat:
         outs = _steps(self.built, self.sp, slabs, consts, self.order, list(dyn), list(leaves),
                       int(token))
         # JAX arrays as the XLA loop returns (64-bit: under x64, then on the host)
-        return [jax.device_put(out) for out in outs], _NO_BAD
+        return [wrap(out) for out in outs], _NO_BAD
 
 
 _NO_BAD = np.int32(-1)  # no bad position to report: with check_finite, _steps raises itself
@@ -470,7 +471,7 @@ def _host(x: Any) -> Any:
         # rewrap ran under x64 and may hand back a 64-bit JAX array, which the next
         # JAX operation outside x64 would truncate: numpy, as the XLA scan returns
         return x
-    return jax.device_put(x)
+    return wrap(x)  # jax.device_put(x), by its direct jaxlib call
 
 
 def as_returned(out: Any, names: Sequence[str] | None) -> Any:
