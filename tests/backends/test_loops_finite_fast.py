@@ -219,3 +219,38 @@ def test_nest_without_the_option_is_unchanged() -> None:
                 if "fin_ok" not in line and "fin_r0 = " not in line]
         assert len(kept) == len(a.splitlines())
     assert off.check == on.check
+
+
+def test_a_checked_nest_that_fails_falls_back_to_the_read(monkeypatch: pytest.MonkeyPatch,
+                                                          ran: list[int]) -> None:
+    """Where the checked nest cannot run (its compile failed), the step runs
+    the plain nest and reads the new state: same values, same error, and the
+    checked nest is not offered again."""
+    u0 = np.ones((10, 12), np.float32)
+    u0[4, 5] = 1e33
+    da = xr.DataArray(u0, dims=("y", "x"))
+    da.stencil.scan(times10, "time", steps=1, boundary="periodic", backend="loops")
+    built = [b for b in LS._BUILT.values() if not isinstance(b, str) and b.field == u0.shape]
+    assert built
+    tried: list[int] = []
+
+    class Broken:
+        def __call__(self, *args: Any) -> None:
+            tried.append(1)
+            raise RuntimeError("no compile")
+
+    for b in built:
+        monkeypatch.setattr(b, "_checked", Broken())
+    traj = [u0]
+    with np.errstate(over="ignore"):
+        for _ in range(8):
+            traj.append(traj[-1] * np.float32(10))
+    k = first_bad(traj)
+    loops, xla = both(da, times10, ran, steps=8, boundary="periodic", check_finite=True)
+    assert tried == [1]
+    assert isinstance(loops, XStencilError) and str(loops) == str(xla)
+    assert f"first appeared at position {k} along 'time'" in str(loops)
+    ok = da.stencil.scan(times10, "time", steps=k - 1, boundary="periodic", backend="loops",
+                         check_finite=True)
+    assert tried == [1]  # dropped: the next scan reads the state without trying it
+    np.testing.assert_array_equal(ok.values, np.stack(traj[:k]))

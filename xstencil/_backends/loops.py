@@ -162,6 +162,10 @@ class _Built:
             self._checked, self.make_checked = self.make_checked(), None
         return self._checked
 
+    def drop_checked(self) -> None:
+        """Never offer the checked nest again (it failed to compile)."""
+        self._checked = self.make_checked = None
+
 
 class LoopOrJit:
     """The engine function of a map: numba loops where they apply, else ``jitted``.

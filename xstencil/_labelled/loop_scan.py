@@ -437,9 +437,18 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
             for j, (full, index) in short.items():
                 np.copyto(nxt[j], full[index])
         elif fused is not None:  # the nest reports per row whether what it wrote is finite
-            fused(fz, *[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
-            if not fz.all():
-                finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
+            try:
+                fused(fz, *[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving),
+                      *fixed)
+            except Exception as e:  # noqa: BLE001 - its compile failed: the plain nest + a read
+                _LOG.debug("check_finite reads the state after each step: %s", e)
+                built.drop_checked()
+                built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving),
+                         *fixed)
+                fused = None
+            else:
+                if not fz.all():
+                    finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
         else:
             built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
         if check and fused is None and not all(all_finite(x) for x in nxt):
