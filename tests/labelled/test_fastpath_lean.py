@@ -8,12 +8,14 @@ import functools
 import operator
 import types
 
+import jax
 import numpy as np
 import pytest
 import xarray as xr
 
 import xstencil  # noqa: F401 - the accessor
 from xstencil._engine import kcache
+from xstencil._engine.x64flag import x64
 
 SCALE = 2.0
 HELPER_C = 1.0
@@ -277,3 +279,33 @@ def test_global_rebound_every_call_stops_recording_and_stays_right(da):
         np.testing.assert_array_equal(_run(da, k), _ref_shift(da.values, 1) + step)
     assert kcache._MEMO.table[(id(k),)][1] is not None and not _memo_hits(k)
     assert kcache._MEMO.table[(id(k),)][3] > 0
+
+
+def test_x64_flag_read_matches_jax_config():
+    before = jax.config.read("jax_enable_x64")
+    assert x64() is bool(before)
+    with jax.enable_x64(not before):
+        assert x64() is (not before) is bool(jax.config.read("jax_enable_x64"))
+    assert x64() is bool(before)
+
+
+def test_fast_path_sees_x64_toggle():
+    """Under each flag, repeated (fast) calls give the first (slow) call's dtype
+    and values, whichever flag the previous calls ran under."""
+    da = xr.DataArray(np.arange(6, dtype=np.int16), dims="x")
+
+    def k(u):
+        return (u(x=1) + 1).astype(int)  # int32, or int64 under x64
+
+    want = {}
+    for flag in (False, True):
+        kcache.clear()
+        with jax.enable_x64(flag):
+            want[flag] = da.stencil.map(k, boundary="fill", fill_value=0)
+    assert want[False].dtype != want[True].dtype  # the flag matters for this call
+    kcache.clear()
+    for flag in (False, True, False, True, True, False):
+        with jax.enable_x64(flag):
+            got = da.stencil.map(k, boundary="fill", fill_value=0)
+        assert got.dtype == want[flag].dtype
+        np.testing.assert_array_equal(np.asarray(got), _ref_shift(da.values, 1) + 1)
