@@ -96,6 +96,8 @@ def _give_back(block: tuple[np.ndarray, int]) -> None:
 
 def _drain() -> None:
     """Move returned blocks to the idle list and trim it (``_LOCK`` held)."""
+    if not _RETURNED:  # nothing came back: the idle list is within its cap already
+        return
     while _RETURNED:
         _IDLE.append(_RETURNED.popleft())
     total = sum(r.nbytes for r, _ in _IDLE)

@@ -36,6 +36,7 @@ from xstencil._engine.lift import Unliftable
 from xstencil._engine.loopgen import Param, boundary_tables
 from xstencil._engine.loopweights import generate_variants
 from xstencil._engine.lower import AxisGeom, Source, cell_avals
+from xstencil._engine.x64flag import x64
 from xstencil._errors import XStencilError
 
 try:  # optional: the ``cpu`` extra
@@ -92,6 +93,8 @@ def resolve_mode(backend: str | None) -> str:
 
 
 def leaf_sig(x: Any) -> Any:
+    if type(x) is np.ndarray:
+        return (x.shape, str(x.dtype))
     if isinstance(x, bool | int | float | complex):
         return type(x).__name__
     return (np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
@@ -102,6 +105,9 @@ def numpy_on_cpu(what: str, arrays: Sequence[Any], others: Sequence[Any]) -> boo
     of bool, integer or float dtypes, its other inputs concrete on the host
     (:func:`on_host_cpu`) and JAX's default backend the CPU.  JAX-array data
     (e.g. the previous call's result) are logged as the reason."""
+    if arrays and all(type(x) is np.ndarray and x.dtype.kind in "biuf" and x.size
+                      for x in arrays):  # the common case, without the ABC checks below
+        return on_host_cpu(others) and jax.default_backend() == "cpu"
     if any(isinstance(x, jax.Array) for x in arrays):
         _LOG.debug("%s runs with XLA: the data are JAX arrays (a map's result is "
                    "one), not numpy arrays; .as_numpy() them, or use scan or map(out=)", what)
@@ -115,6 +121,8 @@ def numpy_on_cpu(what: str, arrays: Sequence[Any], others: Sequence[Any]) -> boo
 def on_host_cpu(xs: Sequence[Any]) -> bool:
     """No tracer among ``xs`` and every JAX array among them on this process's CPU."""
     for x in xs:
+        if type(x) is np.ndarray:  # cheaper than the ABC checks below, and the usual case
+            continue
         if isinstance(x, jax.core.Tracer):
             return False
         if isinstance(x, jax.Array) and (not x.is_fully_addressable or any(
@@ -184,6 +192,7 @@ class LoopOrJit:
         self.geom = list(geom)
         self.backend = backend
         self.built: dict[Any, _Built | str] = {}  # per input layout: the loop, or why not
+        self.points = math.prod(g.count for g in self.geom)  # output points (0: empty)
 
     def __getattr__(self, name: str) -> Any:  # .lower, .trace ... of the jitted function
         if name == "jitted":
@@ -215,15 +224,15 @@ class LoopOrJit:
         mode = resolve_mode(self.backend)
         if mode == "xla" or numba is None or dynamic:
             return None
-        if mode == "auto" and math.prod(g.count for g in self.geom) < AUTO_MIN_POINTS:
+        if mode == "auto" and self.points < AUTO_MIN_POINTS:
             return None
-        dleaves = jax.tree_util.tree_leaves(dyn)
-        if not numpy_on_cpu("map", arrays, list(coords) + dleaves + list(leaves)) \
-                or not all(g.count for g in self.geom):  # empty: XLA's path is trivial
+        dleaves = jax.tree_util.tree_leaves(dyn) if dyn else []
+        if not self.points or not numpy_on_cpu(  # empty: XLA's path is trivial
+                "map", arrays, [*coords, *dleaves, *leaves]):
             return None
-        x64 = bool(jax.config.read("jax_enable_x64"))
-        key = (mode, tuple((x.shape, x.dtype.str) for x in arrays), tuple(map(leaf_sig, coords)),
-               tuple(map(leaf_sig, dleaves)), tuple(map(leaf_sig, leaves)), x64)
+        key = (mode, tuple([(x.shape, x.dtype.str) for x in arrays]),
+               tuple([leaf_sig(x) for x in coords]), tuple([leaf_sig(x) for x in dleaves]),
+               tuple([leaf_sig(x) for x in leaves]), x64())
         built = self.built.get(key)
         if built is None:  # the first call compiles by running
             built, res = self._build(arrays, coords, dyn, leaves, MAX_STATEMENTS[mode], out)

@@ -153,7 +153,12 @@ class Staged:
         return out, finite
 
     def __call__(self, *args: Any) -> Any:
-        if self.split is False or not outside_transforms(jax.tree_util.tree_leaves(args)):
+        if self.split is False:
+            return self.plain(*args)
+        # flattened once: for the transform check and for the spectra's key
+        data = jax.tree_util.tree_leaves(args[0])
+        rest, tree = jax.tree_util.tree_flatten(args[1:])
+        if not outside_transforms(data + rest):
             return self.plain(*args)
         if self.skip > 0:  # NaN land stays: skip the all-finite try for a while
             self.skip -= 1
@@ -168,11 +173,10 @@ class Staged:
             self.split = bool(col.items)
             if not self.split:
                 return self.plain(*args)
-            if not all(np.isfinite(np.asarray(x)).all()
-                       for x in jax.tree_util.tree_leaves(args[0])):
+            if not all(np.isfinite(np.asarray(x)).all() for x in data):
                 self.skip = RETRY  # NaN land from the start: no all-finite program yet
                 return self.plain(*args)
-        key = _input_key(args)
+        key = _input_key(data, rest, tree)
         with self.lock:
             spectra = None if key is None else self.spectra.get(key)
         if spectra is None:
@@ -214,16 +218,18 @@ class Staged:
         return made
 
 
-def _input_key(args: tuple[Any, ...]) -> Hashable | None:
+def _input_key(data_leaves: list[Any], leaves: list[Any], tree: Any) -> Hashable | None:
     """The values everything but the data holds (coordinates, arguments,
     closed-over arrays), when they are small (:data:`INPUT_KEY_BYTES`): the
     weights are computed from these alone, so equal values give equal
-    spectra without running the weights program.  ``None`` otherwise."""
-    # x.dtype: np.result_type of a JAX array warns (a deprecated conversion)
-    data = tuple((np.shape(x), str(x.dtype) if hasattr(x, "dtype") else str(np.result_type(x)))
-                 for x in jax.tree_util.tree_leaves(args[0]))
+    spectra without running the weights program.  ``None`` otherwise.
+    ``data_leaves``: the leaves of the data argument; ``leaves`` and
+    ``tree``: the other arguments, flattened."""
+    # x.dtype (the dtype object: no str() per call); np.result_type of a JAX
+    # array warns (a deprecated conversion)
+    data = tuple([(np.shape(x), x.dtype if hasattr(x, "dtype") else np.result_type(x))
+                  for x in data_leaves])
     rest, size = [], 0
-    leaves, tree = jax.tree_util.tree_flatten(args[1:])
     for x in leaves:
         if isinstance(x, jax.Array | np.ndarray):
             size += x.nbytes

@@ -60,6 +60,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from xstencil._engine.kmemo import Memo
+
 __all__ = ["Lifted", "freeze", "describe", "rebuild", "cached", "lru_get", "peek", "put",
            "compiled", "table_of", "canonical", "clear", "settle", "SIZE", "SHARED"]
 
@@ -359,7 +361,18 @@ def _static_attr(v: Any, name: str) -> tuple[bool | None, Any]:
 
 
 def describe(kernels: Sequence[Any]) -> Lifted:
-    """Split ``kernels`` into a key and dynamic leaves (see the module notes)."""
+    """Split ``kernels`` into a key and dynamic leaves (see the module notes).
+    A kernel object described again is checked against a record of what its
+    key was read from (:mod:`~xstencil._engine.kmemo`) instead of walked."""
+    got = _MEMO.get(kernels)
+    if got is not None:
+        return got
+    lifted = _describe(kernels)
+    _MEMO.put(kernels, lifted)
+    return lifted
+
+
+def _describe(kernels: Sequence[Any]) -> Lifted:
     w = _Walk()
     keys: list[Hashable] = []
     counts: list[int] = []
@@ -382,6 +395,9 @@ def describe(kernels: Sequence[Any]) -> Lifted:
         counts.append(len(w.leaves) - start)
     return Lifted(tuple(keys), tuple(w.leaves), tuple(kernels), tuple(w.containers),
                   tuple(counts))
+
+
+_MEMO = Memo(_names, _library, _is_array)
 
 
 def _instance(w: _Walk, k: Any) -> Hashable:
@@ -500,6 +516,7 @@ def clear() -> None:
     with _LOCK:
         _TABLE.clear()
         _SINKS.clear()
+    _MEMO.clear()
     _names.cache_clear()
 
 

@@ -30,6 +30,7 @@ import xarray as xr
 from xstencil._engine.call import is_wide, precision, settled, split_static
 from xstencil._engine.coords import coord_values
 from xstencil._engine.kcache import Lifted, freeze, peek, put
+from xstencil._engine.x64flag import x64
 from xstencil._labelled.core import (
     Fields,
     coord_arrays,
@@ -39,6 +40,8 @@ from xstencil._labelled.plan import Plan
 from xstencil._labelled.result import host64, replace_data, rewrap
 
 __all__ = ["Entry", "signature", "lookup", "checked", "coord_sources", "run", "remember"]
+
+_ATOMS = frozenset({type(None), str, int, bool})  # frozen as (type, value), as freeze() does
 
 
 class Entry(NamedTuple):
@@ -71,8 +74,9 @@ def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Has
     else:
         arg_key = None
     try:
-        key = (obj.dims, data.shape, data.dtype, freeze(options), arg_key,
-               bool(jax.config.read("jax_enable_x64")))
+        # freeze(options), without a call per atom (None, names, counts, flags)
+        opts = tuple([(type(v), v) if type(v) in _ATOMS else freeze(v) for v in options])
+        key = (obj.dims, data.shape, data.dtype, opts, arg_key, x64())
         hash(key)
     except TypeError:
         return None
@@ -126,7 +130,7 @@ def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any,
             staged.go()  # the nest writes into the arrays res holds; nothing saw them yet
             return res
         return replace_data(obj, settled(staged.go(), (data, dyn, leaves)))
-    if entry.wide and not jax.config.read("jax_enable_x64"):
+    if entry.wide and not x64():
         with jax.enable_x64(True):
             out = settled(entry.fn([data], entry.coords, dyn, [], leaves, **kw),
                           (data, dyn, leaves))
