@@ -227,6 +227,16 @@ class _Walk:
                 return ("method", fk, self.obj(v.__self__, names)), v
             finally:
                 self.fixed -= 1
+        if isinstance(v, functools.partial):  # by what it carries: keywords change in place
+            self.fixed += 1
+            try:
+                fn = v.func
+                own = _names(fn.__code__) if type(fn) is types.FunctionType else ()
+                return ("partial", self.value(fn, names, lift=False)[0],
+                        self.value(v.args, own, lift=False)[0],
+                        self.value(dict(v.keywords), own, lift=False)[0]), v
+            finally:
+                self.fixed -= 1
         return self.obj(v, names), v
 
     def mutable(self, v: list[Any] | dict[Any, Any], names: tuple[str, ...],
