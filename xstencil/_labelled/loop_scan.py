@@ -7,8 +7,10 @@ module runs the kernel as a map of the previous slab through the map's loop
 generator (:mod:`xstencil._backends.loops`), with ``u(time=-1, x=a)`` read as
 ``u(x=a)``, and drives the time loop from Python between two preallocated
 buffers (saved positions are written straight into the preallocated
-trajectory).  Each step performs the XLA step's operations in the same order
-on the same boundary cells, so the result is the XLA scan's, bitwise.
+trajectory).  Each step performs the kernel's operations in the order it
+writes them on the same boundary cells, so the result is a numpy time loop's,
+bitwise; XLA:CPU may fuse a multiply-add or regroup a constant-weight sum,
+so the XLA scan can differ by about one ulp per step (docs/performance.rst).
 
 A Dataset grown the same way (coupled fields: ``s["u"](time=-1, x=1)``,
 ``s["v"](time=-1, y=-1)``, returning ``{"u": ..., "v": ...}``) runs as the
