@@ -39,7 +39,7 @@ from xstencil._labelled.core import (
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.result import host64, replace_data, rewrap
 
-__all__ = ["Entry", "signature", "lookup", "checked", "coord_sources", "run", "remember"]
+__all__ = ["Entry", "arg_key", "signature", "lookup", "checked", "coord_sources", "run", "remember"]
 
 _ATOMS = frozenset({type(None), str, int, bool})  # frozen as (type, value), as freeze() does
 
@@ -52,6 +52,16 @@ class Entry(NamedTuple):
     values: tuple[np.ndarray, ...]  # the coordinates' values (equality check)
     wide: bool  # run under x64
     simple: bool  # output has the input's shape and dims: rewrap by replacing the data
+
+
+def arg_key(args: Any, kwargs: Any) -> Hashable:
+    """The part of a call's signature that its kernel arguments make: the
+    static ones by value, the array ones by shape and dtype (``None``
+    without arguments)."""
+    if not (args or kwargs):
+        return None
+    dyn, static = split_static("map", (args, kwargs))
+    return static, tuple((np.shape(x), str(getattr(x, "dtype", ""))) for x in dyn)
 
 
 def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Hashable | None:
@@ -68,15 +78,11 @@ def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Has
             return None
     else:
         return None
-    if args or kwargs:
-        dyn, static = split_static("map", (args, kwargs))
-        arg_key: Any = (static, tuple((np.shape(x), str(getattr(x, "dtype", ""))) for x in dyn))
-    else:
-        arg_key = None
+    args_key = arg_key(args, kwargs)
     try:
         # freeze(options), without a call per atom (None, names, counts, flags)
         opts = tuple([(type(v), v) if type(v) in _ATOMS else freeze(v) for v in options])
-        key = (obj.dims, data.shape, data.dtype, opts, arg_key, x64())
+        key = (obj.dims, data.shape, data.dtype, opts, args_key, x64())
         hash(key)
     except TypeError:
         return None

@@ -32,8 +32,9 @@ import xarray as xr
 from xstencil._engine.call import is_wide, settled, split_static
 from xstencil._engine.coords import coord_values
 from xstencil._engine.kcache import Lifted, freeze
+from xstencil._engine.x64flag import x64
 from xstencil._labelled.core import Fields, dtype_probe
-from xstencil._labelled.fastpath import coord_sources
+from xstencil._labelled.fastpath import arg_key, coord_sources
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.result import host64, rewrap
 from xstencil._labelled.returns import to_dims
@@ -79,14 +80,8 @@ def ds_signature(obj: Any, options: tuple[Any, ...], args: Any,
         if not _plain(data):
             return None
         layout.append((n, v.dims, data.shape, data.dtype))
-    if args or kwargs:
-        dyn, static = split_static("map", (args, kwargs))
-        arg_key: Any = (static, tuple((np.shape(x), str(getattr(x, "dtype", ""))) for x in dyn))
-    else:
-        arg_key = None
     try:
-        key = ("Dataset", tuple(layout), freeze(options), arg_key,
-               bool(jax.config.read("jax_enable_x64")))
+        key = ("Dataset", tuple(layout), freeze(options), arg_key(args, kwargs), x64())
         hash(key)
     except TypeError:
         return None
