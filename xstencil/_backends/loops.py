@@ -315,19 +315,23 @@ def stage_loops(built: _Built, arrays: Sequence[np.ndarray], coords: Sequence[An
                 out: np.ndarray | None = None) -> Staged:
     """:func:`run_loops` in two halves: the output buffers are taken and
     wrapped now, and ``go()`` runs the kernel (through :func:`run_loops`)."""
-    outs, early = _outputs(built, out)
+    outs, early = _outputs(built, out, arrays)
     return Staged(early, lambda: run_loops(built, arrays, coords, dleaves, leaves, out,
                                            (outs, early)))
 
 
-def _outputs(built: _Built, out: np.ndarray | None) -> tuple[list[np.ndarray], Any]:
+def _outputs(built: _Built, out: np.ndarray | None, arrays: Sequence[np.ndarray] = ()
+             ) -> tuple[list[np.ndarray], Any]:
     """The buffers the kernel writes and, where it is known before the kernel
     runs, the output pytree that holds them: ``out`` itself where it
-    :func:`fits`, else new buffers, wrapped as JAX arrays where the wrap is
-    verified to alias them (the kernel's writes are then what they hold)."""
+    :func:`fits`, else new buffers placed next to the first input (``near``
+    of :func:`~xstencil._backends.bufpool.empty`), wrapped as JAX arrays where
+    the wrap is verified to alias them (the kernel's writes are then what
+    they hold)."""
     if fits(built, out):
         return [out], jax.tree_util.tree_unflatten(built.out_tree, [out])
-    outs = [bufpool.empty(built.field, np.dtype(a.dtype)) for a in built.out_avals]
+    near = arrays[0].__array_interface__["data"][0] if arrays else None
+    outs = [bufpool.empty(built.field, np.dtype(a.dtype), near) for a in built.out_avals]
     wrapped = [w.alias(o) for w, o in zip(built.wraps, outs, strict=True)]
     if any(w is None for w in wrapped):
         return outs, None
@@ -353,7 +357,7 @@ def run_loops(built: _Built, arrays: Sequence[np.ndarray], coords: Sequence[Any]
     values = list(dleaves) + list(leaves)
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(values, built.params, strict=True)]
-    outs, early = _outputs(built, out) if prepared is None else prepared
+    outs, early = _outputs(built, out, arrays) if prepared is None else prepared
     srcs = list(arrays) + [np.asarray(c) for c in coords]
     built.fn(*outs, *srcs, *built.tables, *built.fills, *params)
     if early is not None:
