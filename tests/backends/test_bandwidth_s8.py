@@ -2,15 +2,18 @@
 :func:`xstencil._backends.bufpool.empty`).
 
 A map without ``out=`` takes its output buffer from the pool; from 2 MiB on
-the buffer starts by a huge-page boundary, placed 1-64 bytes after the input
-within a 4 KiB page (an output level with or 16 bytes before its input ran
-the 5-point Laplacian's nest 3-12% slower at 2048² float32).  Checked here:
-the placement rule against a brute-force search, that the placed array lies
-inside its block and is 64-byte aligned (the wrap as a JAX array stays
-zero-copy), that small arrays ignore ``near``, that a recycled block placed
-for another input never overlaps a live array, and that maps on inputs at
-every page offset give the numpy reference bitwise, leave the input
-untouched and return independent results at the promised place.
+the buffer starts by a huge-page boundary and, where every row of the input
+starts at the same place in a 4 KiB page (:func:`~xstencil._backends.bufpool.near_of`),
+1-64 bytes after the input within a page (an output level with or 16 bytes
+before its input ran the 5-point Laplacian's nest 3-12% slower at 2048²
+float32; with rows that are not whole pages the boundary was as fast or
+faster).  Checked here: the placement rule against a brute-force search,
+which inputs are placed by, that the placed array lies inside its block and
+is 64-byte aligned (the wrap as a JAX array stays zero-copy), that small
+arrays ignore ``near``, that a recycled block placed for another input never
+overlaps a live array, and that maps on inputs at every page offset give the
+numpy reference bitwise, leave the input untouched and return independent
+results at the promised place.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ pytest.importorskip("numba")
 
 PAGE = 4096
 HUGE = 2 << 20
-SHAPE = (1024, 520)  # float32: 2.03 MiB, placed (>= 2 MiB)
+SHAPE = (520, 1024)  # float32: 2.03 MiB (>= 2 MiB), rows of one page: placed
+UNEVEN = (1024, 520)  # rows of 2080 bytes: the huge-page boundary
 
 
 def _rel(addr: int, near: int) -> int:
@@ -50,6 +54,20 @@ def test_offset_puts_the_output_1_to_64_bytes_after_the_input(near: int) -> None
     assert off == _placement(near)
     assert 0 <= off < PAGE and off % bufpool.ALIGN == 0
     assert 1 <= _rel(off, near) <= 64
+
+
+def test_near_of_is_the_address_where_every_row_starts_at_the_same_page_place() -> None:
+    raw = np.zeros(8 * PAGE * 64, np.uint8)
+    two = raw[16:16 + 64 * 2 * PAGE].view(np.float32).reshape(64, 2 * PAGE // 4)
+    assert bufpool.near_of(two) == two.ctypes.data
+    three = raw[16:16 + 4 * 8 * PAGE].view(np.float32).reshape(4, 8, PAGE // 4)
+    assert bufpool.near_of(three) == three.ctypes.data
+    assert bufpool.near_of(two[::-2]) == two[::-2].ctypes.data  # strides of -2 pages
+    assert bufpool.near_of(two[:, 1:]) == two.ctypes.data + 4  # a view's own start
+    assert bufpool.near_of(np.zeros(UNEVEN, np.float32)) is None  # rows of 2080 bytes
+    assert bufpool.near_of(raw[:4 * 256 * 260].view(np.float32).reshape(256, 260)) is None
+    assert bufpool.near_of(np.zeros((4, 256, 260), np.float32)) is None  # pages, not rows
+    assert bufpool.near_of(np.zeros(3 * PAGE, np.float32)) is None  # one dim: no rows
 
 
 def _block_of(x: np.ndarray) -> np.ndarray:
@@ -138,7 +156,7 @@ def test_maps_on_inputs_at_any_page_offset_are_right_independent_and_placed(
         del dropped
         gc.collect()  # its block goes back: later calls place it for their own input
         ptr = res.data.unsafe_buffer_pointer()
-        assert 1 <= _rel(ptr, a.ctypes.data) <= 64
+        assert 1 <= _rel(ptr, a.ctypes.data) <= 64 and ptr % HUGE < PAGE
         np.testing.assert_array_equal(np.asarray(res), _lap_ref(a0, mode))
         np.testing.assert_array_equal(a, a0)  # the input untouched
         held.append((res, _lap_ref(a0, mode)))
@@ -147,3 +165,16 @@ def test_maps_on_inputs_at_any_page_offset_are_right_independent_and_placed(
         np.testing.assert_array_equal(np.asarray(r), want)  # later calls changed nothing
         for s, _ in held[i + 1:]:
             assert not np.shares_memory(np.asarray(r), np.asarray(s))
+
+
+def test_a_map_on_rows_that_are_not_whole_pages_starts_on_the_boundary(ran: list[int]) -> None:
+    rng = np.random.default_rng(9)
+    for offset in (16, 1024):
+        a = _at(offset, rng.random(UNEVEN, dtype=np.float32))
+        a0 = a.copy()
+        res = xr.DataArray(a, dims=("y", "x")).stencil.map(_lap, backend="loops",
+                                                           boundary="periodic")
+        assert res.data.unsafe_buffer_pointer() % HUGE == 0
+        np.testing.assert_array_equal(np.asarray(res), _lap_ref(a0, "periodic"))
+        np.testing.assert_array_equal(a, a0)
+    assert len(ran) == 2

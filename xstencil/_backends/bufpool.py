@@ -23,13 +23,17 @@ without that call a dropped result would come back only after the next one
 was allocated.
 
 Where the array is a loop's output and ``near`` gives the address of its
-input, an array from 2 MiB on starts as many bytes past its huge-page
-boundary as put it 1-64 bytes after the input within a 4 KiB page
-(:func:`offset`).  Measured with the 5-point Laplacian's loop nest at 2048²
-float32 on 2 cores: an output on the huge-page boundary itself (16 bytes
-before a numpy input, whose data start 16 bytes into a page, or level with
-an input on a page boundary) ran 3-12% slower than one 48 or 64 bytes after
-the input, and 112-192 bytes after was no better than level.
+input (:func:`near_of`: only for inputs whose rows all start at the same place
+in a 4 KiB page), an array from 2 MiB on starts as many bytes past its
+huge-page boundary as put it 1-64 bytes after the input within a page
+(:func:`offset`).  Measured with the 5-point Laplacian's loop nest on 2
+cores, float32: at 2048² (8 KiB rows) an output on the huge-page boundary
+itself (16 bytes before a numpy input, whose data start 16 bytes into a
+page, or level with an input on a page boundary) ran 3-12% slower in CPU
+time than one 48 or 64 bytes after the input (112-192 bytes after was no
+better than level), 9-23% slower in wall time for the whole map call;
+with rows that are not whole pages (2100², 1800², the 7-point 256³) the
+boundary was as fast or 3-4% faster, so those keep it.
 
 At most :data:`MAX_IDLE_BYTES` of returned memory is kept (the most recently
 returned buffers first); :func:`clear` (``xstencil.clear_caches()``) releases
@@ -51,7 +55,8 @@ try:  # drains the Python references jaxlib releases lazily (also run by gc)
 except ImportError:  # pragma: no cover - a jaxlib without it: buffers come back later
     _jaxlib = None
 
-__all__ = ["ALIGN", "MAX_IDLE_BYTES", "MIN_BYTES", "clear", "empty", "idle_bytes", "offset"]
+__all__ = ["ALIGN", "MAX_IDLE_BYTES", "MIN_BYTES", "clear", "empty", "idle_bytes", "near_of",
+           "offset"]
 
 #: Byte alignment of every array :func:`empty` returns: the alignment
 #: ``jax.device_put`` needs to wrap a numpy buffer on the CPU without a copy.
@@ -121,6 +126,17 @@ def _need(nbytes: int) -> int:
     to a huge page from 2 MiB on, plus the :func:`offset` (the block is then
     over 4 MiB), else to :data:`ALIGN` bytes (the block is then under 4 MiB)."""
     return nbytes + (_HUGE + _PAGE if nbytes >= _HUGE else ALIGN)
+
+
+def near_of(x: np.ndarray) -> int | None:
+    """The ``near`` of :func:`empty` for a loop's output written alongside
+    ``x``: ``x``'s address where it has at least two dims and every stride
+    but the last is a whole number of 4 KiB pages (each row then starts at
+    the same place in its page), else ``None`` (the huge-page boundary)."""
+    strides = x.strides
+    if len(strides) < 2 or any(s % _PAGE for s in strides[:-1]):
+        return None
+    return x.__array_interface__["data"][0]
 
 
 def offset(near: int) -> int:

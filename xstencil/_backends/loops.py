@@ -324,13 +324,13 @@ def _outputs(built: _Built, out: np.ndarray | None, arrays: Sequence[np.ndarray]
              ) -> tuple[list[np.ndarray], Any]:
     """The buffers the kernel writes and, where it is known before the kernel
     runs, the output pytree that holds them: ``out`` itself where it
-    :func:`fits`, else new buffers placed next to the first input (``near``
-    of :func:`~xstencil._backends.bufpool.empty`), wrapped as JAX arrays where
+    :func:`fits`, else new buffers placed by the first input (``near`` of
+    :func:`~xstencil._backends.bufpool.empty`), wrapped as JAX arrays where
     the wrap is verified to alias them (the kernel's writes are then what
     they hold)."""
     if fits(built, out):
         return [out], jax.tree_util.tree_unflatten(built.out_tree, [out])
-    near = arrays[0].__array_interface__["data"][0] if arrays else None
+    near = bufpool.near_of(arrays[0]) if arrays else None
     outs = [bufpool.empty(built.field, np.dtype(a.dtype), near) for a in built.out_avals]
     wrapped = [w.alias(o) for w, o in zip(built.wraps, outs, strict=True)]
     if any(w is None for w in wrapped):
