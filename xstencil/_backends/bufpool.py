@@ -31,9 +31,10 @@ cores, float32: at 2048² (8 KiB rows) an output on the huge-page boundary
 itself (16 bytes before a numpy input, whose data start 16 bytes into a
 page, or level with an input on a page boundary) ran 3-12% slower in CPU
 time than one 48 or 64 bytes after the input (112-192 bytes after was no
-better than level), 9-23% slower in wall time for the whole map call;
-with rows that are not whole pages (2100², 1800², the 7-point 256³) the
-boundary was as fast or 3-4% faster, so those keep it.
+better than level); a whole map call took 2-8% more CPU time (wall time
+3-23% more, at load 7-9).  With rows that are not whole pages (2100²,
+1800², the 7-point 256³) the boundary was as fast or 3-4% faster (within
+the noise there), so those keep it.
 
 At most :data:`MAX_IDLE_BYTES` of returned memory is kept (the most recently
 returned buffers first); :func:`clear` (``xstencil.clear_caches()``) releases
