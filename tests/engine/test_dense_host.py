@@ -266,3 +266,34 @@ def test_l1_product_is_the_product_and_its_norm() -> None:
                                rtol=1e-6)
     big[69, 8] = np.nan
     assert np.isnan(hostfft.l1_product(big, spec))
+
+
+def test_one_and_three_dims(spy: list[bool]) -> None:
+    rng = np.random.default_rng(19)
+    a1 = rng.standard_normal(300).astype(np.float32)
+    w1 = rng.standard_normal(121).astype(np.float32)
+    got1 = xr.DataArray(a1, dims="x").stencil.map(lambda u: (u * w1).sum(), window={"x": 121},
+                                                  boundary="periodic")
+    want1 = ndi.correlate(a1.astype(np.float64), w1.astype(np.float64), mode="wrap")
+    np.testing.assert_allclose(np.asarray(got1), want1, rtol=0, atol=1e-6 * _scale(a1, w1))
+    a3 = rng.standard_normal((12, 20, 18)).astype(np.float32)
+    w3 = rng.standard_normal((5, 5, 5)).astype(np.float32)
+    got3 = xr.DataArray(a3, dims=("z", "y", "x")).stencil.map(
+        lambda u: (u * w3).sum(), window={"z": 5, "y": 5, "x": 5}, boundary="periodic")
+    want3 = ndi.correlate(a3.astype(np.float64), w3.astype(np.float64), mode="wrap")
+    np.testing.assert_allclose(np.asarray(got3), want3, rtol=0, atol=1e-6 * _scale(a3, w3))
+    assert spy == [True, True]
+
+
+def test_thread_count_follows_the_measured_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hostfft, "workers", lambda: 2)
+    t = hostfft.Threads()
+    assert t.pick() == 2  # neither timed yet: each tried in turn
+    t.record(2, 1.0)
+    assert t.pick() == 1
+    t.record(1, 3.0)
+    picks = [t.pick() for _ in range(2 * hostfft.EXPLORE)]
+    assert picks.count(1) == 2 and picks.count(2) == 2 * hostfft.EXPLORE - 2  # 1 explored
+    for _ in range(20):  # the machine got busy: 2 threads now slower
+        t.record(2, 5.0)
+    assert t.pick() == 1
