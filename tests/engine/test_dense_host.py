@@ -297,3 +297,17 @@ def test_thread_count_follows_the_measured_times(monkeypatch: pytest.MonkeyPatch
     for _ in range(20):  # the machine got busy: 2 threads now slower
         t.record(2, 5.0)
     assert t.pick() == 1
+
+
+@pytest.mark.parametrize("layout", ["strided view", "fortran"])
+def test_non_contiguous_input(spy: list[bool], layout: str) -> None:
+    rng = np.random.default_rng(23)
+    base = rng.standard_normal((80, 70)).astype(np.float32)
+    a = base[::2, 1::1] if layout == "strided view" else np.asfortranarray(base)
+    w = rng.standard_normal((13, 13)).astype(np.float32)
+    before = a.copy()
+    got = _map(_da(a), w)
+    assert spy == [True]
+    np.testing.assert_allclose(np.asarray(got), _direct(np.ascontiguousarray(a), w), rtol=0,
+                               atol=1e-6 * _scale(a, w))
+    np.testing.assert_array_equal(a, before)
