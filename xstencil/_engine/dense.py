@@ -24,7 +24,10 @@ with a runtime scalar per cell, above an FFT of the runtime weights.  A cell
 whose runtime weight is 0 is not read, as with constant weights: when the
 block holds a NaN or an infinity, such cells are masked out.  Outside JAX
 transforms the spectrum of runtime weights is computed outside the per-call
-program (:mod:`xstencil._engine.dense_hoist`).  NaN and inf in the data or
+program (:mod:`xstencil._engine.dense_hoist`), and a map whose output is
+one circular FFT of data on the host runs with scipy's FFT instead
+(:func:`~xstencil._engine.dense_hoist.host_term`,
+``xstencil/_backends/hostfft.py``).  NaN and inf in the data or
 the weights give the direct sum's answer on every lowering; the FFT's
 handling is in :mod:`xstencil._engine.dense_finite`.
 """
