@@ -2,10 +2,11 @@
 
 The FFT lowering of a dense window sum over a whole periodic field
 (:func:`xstencil._engine.dense._circular`) is one ``rfftn``, one product
-with the weights' spectrum and one ``irfftn``.  XLA:CPU runs each FFT on one
-thread and first copies a numpy input that is not 64-byte aligned; scipy's
-pocketfft splits the transforms over the CPUs this process may use and
-reads numpy memory in place.  :class:`HostFFT` is the host runner that
+with the weights' spectrum and one ``irfftn``.  XLA:CPU first copies a numpy
+input that is not 64-byte aligned; scipy's pocketfft reads numpy memory in
+place and can split the transforms over the CPUs this process may use
+(:class:`Threads` picks 1 or all of them by measured time).
+:class:`HostFFT` is the host runner that
 :class:`xstencil._engine.dense_hoist.Staged` calls for such maps outside JAX
 transforms, on data on this process's CPU (numpy arrays, or CPU JAX arrays
 read without a copy), unless ``backend="xla"`` (or :data:`ENV`) asks for XLA.
