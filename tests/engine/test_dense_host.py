@@ -311,3 +311,19 @@ def test_non_contiguous_input(spy: list[bool], layout: str) -> None:
     np.testing.assert_allclose(np.asarray(got), _direct(np.ascontiguousarray(a), w), rtol=0,
                                atol=1e-6 * _scale(a, w))
     np.testing.assert_array_equal(a, before)
+
+
+def test_environment_choice_of_xla_keeps_xla(spy: list[bool],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(29)
+    a = rng.standard_normal((36, 30)).astype(np.float32)
+    w = rng.standard_normal((11, 11)).astype(np.float32)
+    monkeypatch.setenv(hostfft.ENV, "xla")
+    got = _map(_da(a), w)
+    assert spy == []
+    monkeypatch.delenv(hostfft.ENV)
+    again = _map(_da(a), w)
+    assert spy == [True]
+    atol = 1e-6 * _scale(a, w)
+    np.testing.assert_allclose(np.asarray(got), _direct(a, w), rtol=0, atol=atol)
+    np.testing.assert_allclose(np.asarray(again), np.asarray(got), rtol=0, atol=atol)
