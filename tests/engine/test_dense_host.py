@@ -29,12 +29,16 @@ from xstencil._backends import hostfft
 
 TOL = {np.float32: 1e-6, np.float64: 1e-14}
 
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
+                                reason="the host FFT serves CPU data only")
+
 
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
     """Each host run's outcome: True (computed on the host), False (declined)."""
     got: list[bool] = []
     run = hostfft.HostFFT.run
+    monkeypatch.delenv(hostfft.ENV, raising=False)  # the default choice, "auto"
 
     def spying(self: Any, *args: Any) -> Any:
         out = run(self, *args)
