@@ -331,3 +331,21 @@ def test_environment_choice_of_xla_keeps_xla(spy: list[bool],
     atol = 1e-6 * _scale(a, w)
     np.testing.assert_allclose(np.asarray(got), _direct(a, w), rtol=0, atol=atol)
     np.testing.assert_allclose(np.asarray(again), np.asarray(got), rtol=0, atol=atol)
+
+
+def test_private_binding_is_checked_against_numpy() -> None:
+    """A pocketfft binding whose calls do not give numpy's transforms is not
+    used (the public scipy functions are)."""
+    class Swapped:  # a binding whose 'forward' flag means the opposite
+        def r2c(self, a, axes, forward, inorm, out, nthreads):  # noqa: ANN001, ANN201
+            out[...] = np.fft.rfft2(a) if not forward else np.conj(np.fft.rfft2(a))
+
+        def c2c(self, a, axes, forward, inorm, out, nthreads):  # noqa: ANN001, ANN201
+            out[...] = np.fft.ifft(a, axis=axes[0])
+
+        def c2r(self, a, axes, n, forward, inorm, out, nthreads):  # noqa: ANN001, ANN201
+            out[...] = np.fft.irfft(a, n, axis=axes[-1])
+
+    assert hostfft._checked(Swapped()) is None
+    assert hostfft._checked(None) is None
+    assert hostfft._pocket is None or hostfft._checked(hostfft._pocket) is hostfft._pocket

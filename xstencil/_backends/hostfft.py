@@ -61,6 +61,30 @@ try:  # private: scipy.fft's pocketfft binding, which writes into a given buffer
 except ImportError:  # pragma: no cover - another scipy: the public functions and a copy
     _pocket = None
 
+
+def _checked(pocket: Any) -> Any:
+    """``pocket`` where its calls, as :meth:`HostFFT.run` makes them, give
+    numpy's transforms on a small array, else ``None`` (the public functions
+    are used): a private binding whose arguments changed meaning in another
+    scipy must not give wrong numbers silently."""
+    if pocket is None:
+        return None
+    x = np.random.default_rng(0).standard_normal((4, 6))
+    try:
+        big = np.empty((4, 4), np.complex128)
+        pocket.r2c(x, [0, 1], True, 0, big, 1)
+        ok = np.allclose(big, np.fft.rfft2(x), rtol=1e-12, atol=1e-12)
+        back = np.empty((4, 6))
+        pocket.c2c(big, [0], False, 2, big, 1)
+        pocket.c2r(big, [1], 6, False, 2, back, 1)
+        ok = ok and np.allclose(back, x, rtol=1e-12, atol=1e-12)
+    except Exception:  # noqa: BLE001 - any failure: the public functions instead
+        return None
+    return pocket if ok else None
+
+
+_pocket = _checked(_pocket)
+
 __all__ = ["ENV", "EXPLORE", "MARGIN", "ROWS", "HostFFT", "Threads", "l1_product", "workers"]
 
 #: The L1 norm of the product spectrum must stay below ``finfo.max / MARGIN``.
