@@ -86,6 +86,7 @@ def _rss_mib() -> float:
     return pages * resource.getpagesize() / 2**20
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"),
                     reason="needs /proc to read the resident set size")
 def test_fresh_lambdas_do_not_grow_memory() -> None:

@@ -101,10 +101,16 @@ def test_wheel_ships_py_typed_and_version(tmp_path: Path) -> None:
     assert not any(name.startswith("tests/") for name in names)
 
 
-def test_ci_runs_the_readme_test_command() -> None:
-    """`.ci/run` must run exactly the test command that README.md shows."""
+def test_ci_runs_the_readme_test_commands() -> None:
+    """`.ci/run` must run exactly the two test commands that README.md shows:
+    everything but the slow tests, then the slow tests."""
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    match = re.search(r"^TEST_COMMAND='([^']+)'$", ci, re.M)
-    assert match, "TEST_COMMAND='...' not found in .ci/run"
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert f"\n{match.group(1)}\n" in readme
+    for name in ("TEST_COMMAND", "SLOW_COMMAND"):
+        match = re.search(rf"^{name}='([^']+)'$", ci, re.M)
+        assert match, f"{name}='...' not found in .ci/run"
+        assert f"\n{match.group(1)}\n" in readme
+        assert f'run_stage "${name}"' in ci
+    fast = re.search(r"^TEST_COMMAND='([^']+)'$", ci, re.M).group(1)
+    slow = re.search(r"^SLOW_COMMAND='([^']+)'$", ci, re.M).group(1)
+    assert '-m "not slow"' in fast and "-m slow" in slow

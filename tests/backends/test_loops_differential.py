@@ -388,6 +388,7 @@ def _k_minmax(u: Any) -> Any:
     return jnp.minimum(u.max(), jnp.maximum(u(), u(x=1)))
 
 
+@pytest.mark.slow
 @settings(max_examples=12)
 @given(data=st.data())
 def test_property_loops_equal_xla(data: st.DataObject) -> None:

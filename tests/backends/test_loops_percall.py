@@ -74,6 +74,7 @@ def staged(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return count_calls(monkeypatch, loops, "stage_loops")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "int32"])
 @pytest.mark.parametrize("ndim", [2, 3])
 @pytest.mark.parametrize("mode", ["fill", "periodic"])

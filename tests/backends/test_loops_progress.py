@@ -90,6 +90,7 @@ def every_step(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 STEPS = 30
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("boundary", ["periodic", "fill"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("save_every", [1, 3, STEPS, "last"])

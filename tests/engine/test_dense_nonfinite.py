@@ -149,6 +149,7 @@ def test_correlate_on_a_padded_block(x64: None, how: str) -> None:
     _check(out, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [9, 13])
 def test_gradients_stay_finite_next_to_nans_and_infs(x64: None, k: int) -> None:
     """Outputs a non-finite value reaches are dropped from the loss; the
