@@ -84,7 +84,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil import _progress
-from xstencil._backends import bufpool
+from xstencil._backends import bufpool, loop_steps
 from xstencil._backends.finite import all_finite
 from xstencil._backends.hostwrap import wrap
 from xstencil._backends.loops import (
@@ -426,7 +426,12 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
     short = short_buffers(sp, slabs)
     fused = _fused(built) if check and not short else None
     fz = np.empty(built.field[0], np.bool_) if fused is not None else None
-    for t in range(1, steps + 1):
+    # after a first step here, the rest in compiled chunks (loop_steps.py)
+    drive: Any = None if steps >= loop_steps.MIN_STEPS and not short and (
+        fused is not None or not check) else False
+    t = 0
+    while t < steps:
+        t += 1
         if every and t % every == 0:
             nxt = [out[t // every] for out in outs]
         elif not every and t == steps:
@@ -458,10 +463,39 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
         cur = nxt
         if t >= due:
             due = tick(t)
+        if drive is None and t < steps:
+            drive = loop_steps.driver(fused if fused is not None else built.fn, len(slabs),
+                                      order, _roles(consts, sp.evolving), len(fixed),
+                                      fused is not None) or False
+        if drive and t < steps:
+            t, cur, status, due = _drive(drive, t, steps, every, cur, fz, outs, spares,
+                                         consts, fixed, due, tick)
+            if status == 1:
+                finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
+            drive = drive if status == 0 else False  # 2, 3: the rest runs here
     if not every and steps == 0:
         for out, slab in zip(outs, slabs, strict=True):
             out[0] = slab
     return outs
+
+
+def _roles(consts: Sequence[np.ndarray | None], evolving: Sequence[int]
+           ) -> list[tuple[str, int]]:
+    """Per nest source, what :func:`step_sources` passes: ``("c", j)``, the
+    state of advanced variable ``j``, or ``("k", i)``, constant ``i``."""
+    return [("c", evolving.index(i)) if c is None else ("k", i) for i, c in enumerate(consts)]
+
+
+def _drive(drive: Any, t: int, steps: int, every: int, cur: list[np.ndarray],
+           fz: np.ndarray | None, outs: list[np.ndarray],
+           spares: list[tuple[np.ndarray, np.ndarray]], consts: Sequence[np.ndarray | None],
+           fixed: list[Any], due: int, tick: Any) -> tuple[int, list[np.ndarray], int, int]:
+    """Steps ``t + 1 ..`` by the compiled driver (:func:`loop_steps.run
+    <xstencil._backends.loop_steps.run>`): the last step run, the state after
+    it, the status (0: done; 1: step ``t`` is not finite; 2, 3: the rest runs
+    in Python) and the next due report."""
+    return loop_steps.run(drive, t, steps, every, cur, fz, outs, spares,
+                          [c for c in consts if c is not None], fixed, due, tick)
 
 
 def _fused(built: Any) -> Any:

@@ -1,0 +1,181 @@
+"""Many steps of a loop scan in one compiled call (the time-loop driver).
+
+A grown loop scan (:mod:`xstencil._labelled.loop_scan`) runs one compiled
+loop nest per step.  Driven from Python, every step paid the Python loop's
+bookkeeping and numba's dispatch (about 20 us a step on the shared 2-core
+machine, as much as the arithmetic of a 512 x 512 heat step).  The driver
+here is a small serial numba function, generated per structure (how many
+advanced variables, which nest arguments are the state and which constants,
+how many fixed arguments), that calls the nest for steps ``t1 .. t2`` in a
+compiled loop: it picks each step's output buffer exactly as the Python loop
+does (the saved position ``t // every`` when ``t`` is saved, the last
+position's frame for ``save_every="last"``, else the spare that does not
+hold the current state), swaps the state, and with ``check_finite`` reads
+the nest's per-row flags after each step and stops at the first step whose
+new state holds a NaN or Inf.  The nest and its arguments are the ones the
+Python loop passes, so every step computes the same values (bitwise).
+
+The driver runs in chunks (:func:`run`): each call stops at the next
+progress report that is due, and takes about :data:`CHUNK_SECONDS`, so that
+a Ctrl-C (which Python sees between calls) still stops a long scan within a
+fraction of a second.  It calls the variant of the nest (see
+:class:`~xstencil._backends.loop_variants.Nest`) that wrote the step before
+it, which the Python loop ran; a ``plain`` variant that refuses (a weight of
+0: it writes nothing) hands the step back to Python.
+
+The driver compiles once per nest variant and structure (about 0.2 s; the
+nest itself is not compiled again), so scans of fewer than
+:data:`MIN_STEPS` steps keep the Python loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+try:  # optional: the ``cpu`` extra
+    import numba
+except ImportError:  # pragma: no cover - exercised where numba is absent
+    numba = None
+
+__all__ = ["CHUNK_SECONDS", "MIN_STEPS", "driver", "run"]
+
+#: Scans of fewer steps keep the per-step Python loop (no driver to compile).
+MIN_STEPS = 64
+#: About how long one driver call runs before Python gets control back.
+CHUNK_SECONDS = 0.05
+
+_LOG = logging.getLogger("xstencil.loops")
+_LOCK = threading.Lock()
+# per nest: per (variant, structure) the compiled driver; dies with the nest
+_DRIVERS: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+
+Source = tuple[str, int]  # ("c", j): advanced variable j's state; ("k", m): constant m
+
+
+def _source(nvar: int, order: Sequence[int], srcs: Sequence[Source], nfixed: int,
+            check: bool, plain: bool) -> str:
+    """The driver's Python source (see the module notes)."""
+    cs = [f"c{j}" for j in range(nvar)]
+    os_ = [f"o{j}" for j in range(nvar)]
+    as_ = [f"a{j}" for j in range(nvar)]
+    bs = [f"b{j}" for j in range(nvar)]
+    ks = sorted({m for kind, m in srcs if kind == "k"})
+    head = ["t1", "t2", "every", "steps", "flag", "fz", *cs, *os_, *as_, *bs,
+            *[f"k{m}" for m in ks], *[f"x{i}" for i in range(nfixed)]]
+    call = ([("fz" if check else None)] + [f"n{j}" for j in order]
+            + [f"c{m}" if kind == "c" else f"k{m}" for kind, m in srcs]
+            + [f"x{i}" for i in range(nfixed)])
+    args = ", ".join(a for a in call if a is not None)
+
+    def assign(what: Callable[[int], str], nf: int) -> list[str]:
+        return [f"            n{j} = {what(j)}" for j in range(nvar)] + [f"            nf = {nf}"]
+
+    lines = [f"def drive({', '.join(head)}):",
+             "    for t in range(t1, t2 + 1):",
+             "        if every != 0 and t % every == 0:",
+             "            i = t // every",
+             *assign(lambda j: f"o{j}[i]", 2),
+             "        elif every == 0 and t == steps:",
+             *assign(lambda j: f"o{j}[0]", 2),
+             "        elif flag == 0:",
+             *assign(lambda j: f"b{j}", 1),
+             "        else:",
+             *assign(lambda j: f"a{j}", 0)]
+    if plain:  # refuses (returns False, writes nothing) where a weight is 0
+        lines += [f"        if not fn({args}):", "            return t, flag, 2"]
+    else:
+        lines += [f"        fn({args})"]
+    lines += [f"        c{j} = n{j}" for j in range(nvar)] + ["        flag = nf"]
+    if check:
+        lines += ["        for r in range(fz.shape[0]):",
+                  "            if not fz[r]:",
+                  "                return t, flag, 1"]
+    lines += ["    return t2, flag, 0"]
+    return "\n".join(lines) + "\n"
+
+
+def driver(nest: Any, nvar: int, order: Sequence[int], srcs: Sequence[Source], nfixed: int,
+           check: bool) -> Any:
+    """The compiled driver of ``nest``'s variant that ran last (a
+    :class:`~xstencil._backends.loop_variants.Nest` that has run a step), or
+    ``None`` where there is none (numba absent, no variant ran)."""
+    which = getattr(nest, "last", None)
+    fns = getattr(nest, "fns", None)
+    if numba is None or which is None or not isinstance(fns, dict) or which not in fns:
+        return None
+    key = (which, nvar, tuple(order), tuple(srcs), nfixed, check)
+    with _LOCK:
+        per = _DRIVERS.setdefault(nest, {})
+        drive = per.get(key)
+        if drive is None:
+            namespace: dict[str, Any] = {"fn": fns[which]}
+            src = _source(nvar, order, srcs, nfixed, check, which == "plain")
+            exec(compile(src, "<xstencil time-loop driver>", "exec"), namespace)  # noqa: S102
+            drive = per[key] = numba.njit(error_model="numpy")(namespace["drive"])
+    return drive
+
+
+def run(drive: Any, t: int, steps: int, every: int, cur: list[np.ndarray],
+        fz: np.ndarray | None, outs: Sequence[np.ndarray],
+        spares: Sequence[tuple[np.ndarray, np.ndarray]], consts: Sequence[np.ndarray],
+        fixed: Sequence[Any], due: int, tick: Callable[[int], int]
+        ) -> tuple[int, list[np.ndarray], int, int]:
+    """Run steps ``t + 1 .. steps`` with ``drive`` from the state ``cur``
+    (each advanced variable's slab after step ``t``: a spare, a saved
+    position, never the input), in chunks that end at each due progress
+    report (``due``, then what ``tick(done)`` returns) and take about
+    :data:`CHUNK_SECONDS`.
+
+    Returns ``(t, cur, status, due)``: the last step run, the state after
+    it, and ``status``: 0, all steps run; 1, step ``t``'s new state is not
+    finite; 2, the nest refused the next step (a ``plain`` variant), or 3,
+    the driver failed to compile: the caller runs the rest."""
+    nvar = len(cur)
+    flag = 0 if cur[0] is spares[0][0] else 1 if cur[0] is spares[0][1] else 2
+    fz_ = fz if fz is not None else np.ones(1, np.bool_)
+    head = [*cur, *outs, *[a for a, _ in spares], *[b for _, b in spares], *consts, *fixed]
+    chunk, first = 1, True
+    while t < steps:
+        stop = min(steps, t + chunk, max(due, t + 1))
+        began = time.perf_counter()
+        if first:  # the first call compiles: a failure there has run no step
+            try:
+                t2, flag, status = drive(t + 1, stop, every, steps, flag, fz_, *head)
+            except Exception as e:  # noqa: BLE001 - the Python loop runs the rest
+                _LOG.debug("the time-loop driver did not compile: %s", e)
+                return t, cur, 3, due
+            first = False
+        else:
+            t2, flag, status = drive(t + 1, stop, every, steps, flag, fz_, *head)
+        took = time.perf_counter() - began
+        t2 = int(t2)
+        if status == 2:  # step t2 not run: the state is still the one after t2 - 1
+            return t2 - 1, list(head[:nvar]), 2, due
+        done, t = t2 - t, t2
+        head[:nvar] = cur = _state(int(flag), t, every, outs, spares)
+        if status:
+            return t, cur, int(status), due
+        if t >= due:
+            due = tick(t)
+        # the next chunk: about CHUNK_SECONDS at this speed, growing at most 8x a call
+        rate = done / took if took > 0 else float("inf")
+        chunk = max(1, min(chunk * 8, int(min(rate * CHUNK_SECONDS, steps))))
+    return t, cur, 0, due
+
+
+def _state(flag: int, t: int, every: int, outs: Sequence[np.ndarray],
+           spares: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+    """The buffers that hold the state after step ``t`` (``flag``: 0 or 1,
+    the first or second spare; 2, the saved position)."""
+    if flag == 0:
+        return [a for a, _ in spares]
+    if flag == 1:
+        return [b for _, b in spares]
+    return [out[t // every] if every else out[0] for out in outs]
