@@ -23,9 +23,11 @@ fraction of a second.  It calls the variant of the nest (see
 it, which the Python loop ran; a ``plain`` variant that refuses (a weight of
 0: it writes nothing) hands the step back to Python.
 
-The driver compiles once per nest variant and structure (about 0.2 s; the
-nest itself is not compiled again), so scans of fewer than
-:data:`MIN_STEPS` steps keep the Python loop.
+The driver compiles once per nest variant and structure (about 0.2-0.4 s
+of CPU time; the nest itself is not compiled again), so it is made only
+for a nest that scans have asked for :data:`HOT_STEPS` steps in all (a
+first call of that many steps, or repeated shorter ones), and scans of
+fewer than :data:`MIN_STEPS` steps keep the Python loop.
 """
 
 from __future__ import annotations
@@ -39,15 +41,21 @@ from typing import Any
 
 import numpy as np
 
+from xstencil._backends.loop_variants import Nest
+
 try:  # optional: the ``cpu`` extra
     import numba
 except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
-__all__ = ["CHUNK_SECONDS", "MIN_STEPS", "driver", "run"]
+__all__ = ["CHUNK_SECONDS", "HOT_STEPS", "MIN_STEPS", "driver", "hot", "run"]
 
-#: Scans of fewer steps keep the per-step Python loop (no driver to compile).
-MIN_STEPS = 64
+#: Scans of fewer steps keep the per-step Python loop.
+MIN_STEPS = 16
+#: A nest gets a driver once scans have asked it for this many steps in all
+#: (this call's included): the driver's compile (about 0.2-0.4 s) then costs
+#: less than the Python loop's bookkeeping it saves (about 10-20 us a step).
+HOT_STEPS = 1000
 #: About how long one driver call runs before Python gets control back.
 CHUNK_SECONDS = 0.05
 
@@ -56,6 +64,7 @@ _LOCK = threading.Lock()
 # per nest: per (variant, structure) the compiled driver; dies with the nest
 _DRIVERS: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
 
+_COUNTS: weakref.WeakKeyDictionary[Nest, int] = weakref.WeakKeyDictionary()  # steps asked
 Source = tuple[str, int]  # ("c", j): advanced variable j's state; ("k", m): constant m
 
 
@@ -99,6 +108,18 @@ def _source(nvar: int, order: Sequence[int], srcs: Sequence[Source], nfixed: int
                   "                return t, flag, 1"]
     lines += ["    return t2, flag, 0"]
     return "\n".join(lines) + "\n"
+
+
+def hot(nest: Any, steps: int) -> bool:
+    """Whether a scan of ``steps`` steps by ``nest`` (a map's
+    :class:`~xstencil._backends.loop_variants.Nest`; anything else never is)
+    runs on a driver: at least :data:`MIN_STEPS` steps, and
+    :data:`HOT_STEPS` asked of the nest so far, these included."""
+    if numba is None or not isinstance(nest, Nest) or steps < MIN_STEPS:
+        return False
+    with _LOCK:
+        n = _COUNTS[nest] = _COUNTS.get(nest, 0) + steps
+    return n >= HOT_STEPS
 
 
 def driver(nest: Any, nvar: int, order: Sequence[int], srcs: Sequence[Source], nfixed: int,

@@ -427,8 +427,8 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
     fused = _fused(built) if check and not short else None
     fz = np.empty(built.field[0], np.bool_) if fused is not None else None
     # after a first step here, the rest in compiled chunks (loop_steps.py)
-    drive: Any = None if steps >= loop_steps.MIN_STEPS and not short and (
-        fused is not None or not check) else False
+    drive: Any = None if not short and (fused is not None or not check) and loop_steps.hot(
+        built.fn, steps) else False
     t = 0
     while t < steps:
         t += 1
