@@ -64,6 +64,8 @@ _LOCK = threading.Lock()
 # per nest: per (variant, structure) the compiled driver; dies with the nest
 _DRIVERS: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
 
+# per driver: its thread choice (see Threads); dies with the driver
+_TUNES: weakref.WeakKeyDictionary[Any, Threads] = weakref.WeakKeyDictionary()
 _COUNTS: weakref.WeakKeyDictionary[Nest, int] = weakref.WeakKeyDictionary()  # steps asked
 Source = tuple[str, int]  # ("c", j): advanced variable j's state; ("k", m): constant m
 
@@ -163,23 +165,30 @@ def run(drive: Any, t: int, steps: int, every: int, cur: list[np.ndarray],
     fz_ = fz if fz is not None else np.ones(1, np.bool_)
     head = [*cur, *outs, *[a for a, _ in spares], *[b for _, b in spares], *consts, *fixed]
     chunk, first = 1, True
+    with _LOCK:
+        tune = _TUNES.setdefault(drive, Threads(numba.get_num_threads()))
     while t < steps:
         stop = min(steps, t + chunk, max(due, t + 1))
+        threads = tune.pick() if stop - t >= Threads.MIN_SAMPLE else tune.best()
         began = time.perf_counter()
         if first:  # the first call compiles: a failure there has run no step
             try:
-                t2, flag, status = drive(t + 1, stop, every, steps, flag, fz_, *head)
+                t2, flag, status = _call(drive, threads, t + 1, stop, every, steps, flag, fz_,
+                                         head)
             except Exception as e:  # noqa: BLE001 - the Python loop runs the rest
                 _LOG.debug("the time-loop driver did not compile: %s", e)
                 return t, cur, 3, due
-            first = False
+            first = False  # (a chunk of one step: not a timing sample)
         else:
-            t2, flag, status = drive(t + 1, stop, every, steps, flag, fz_, *head)
+            t2, flag, status = _call(drive, threads, t + 1, stop, every, steps, flag, fz_,
+                                     head)
         took = time.perf_counter() - began
         t2 = int(t2)
         if status == 2:  # step t2 not run: the state is still the one after t2 - 1
             return t2 - 1, list(head[:nvar]), 2, due
         done, t = t2 - t, t2
+        if done >= Threads.MIN_SAMPLE and not status:
+            tune.record(threads, took / done)
         head[:nvar] = cur = _state(int(flag), t, every, outs, spares)
         if status:
             return t, cur, int(status), due
@@ -189,6 +198,64 @@ def run(drive: Any, t: int, steps: int, every: int, cur: list[np.ndarray],
         rate = done / took if took > 0 else float("inf")
         chunk = max(1, min(chunk * 8, int(min(rate * CHUNK_SECONDS, steps))))
     return t, cur, 0, due
+
+
+def _call(drive: Any, threads: int, *args: Any) -> Any:
+    """``drive(*args)`` (the last argument: the array arguments) with the
+    nest's parallel loops on ``threads`` threads; the caller's setting is
+    restored after."""
+    *scalars, head = args
+    before = numba.get_num_threads()
+    if threads == before:
+        return drive(*scalars, *head)
+    numba.set_num_threads(threads)
+    try:
+        return drive(*scalars, *head)
+    finally:
+        numba.set_num_threads(before)
+
+
+class Threads:
+    """How many threads a driver's nest runs on: all of numba's, or one,
+    whichever took less time per step in the chunks measured so far (an
+    exponential average of each), trying the other again every
+    :data:`EXPLORE` chunks so that a change of load is seen.  Every cell's
+    value is computed the same way on any number of threads, so the choice
+    changes the speed only: on a shared machine whose cores are busy, or a
+    field so small that waking a second thread per step costs more than it
+    saves (about 20 us a step on the 2-core machine, as much as a 512 x 512
+    heat step), one thread wins."""
+
+    MIN_SAMPLE = 8  # chunks of fewer steps are not timed
+    EXPLORE = 8
+
+    __slots__ = ("options", "per_step", "chunks")
+
+    def __init__(self, full: int):
+        self.options = (full, 1) if full > 1 else (full,)
+        self.per_step: dict[int, float] = {}
+        self.chunks = 0
+
+    def best(self) -> int:
+        """The thread count with the lowest time per step (all: none measured)."""
+        if not self.per_step:
+            return self.options[0]
+        return min(self.per_step, key=self.per_step.__getitem__)
+
+    def pick(self) -> int:
+        """The thread count for the next timed chunk."""
+        self.chunks += 1
+        fresh = [n for n in self.options if n not in self.per_step]
+        if fresh:
+            return fresh[0]
+        if self.chunks % self.EXPLORE == 0:
+            return next(n for n in self.options if n != self.best())
+        return self.best()
+
+    def record(self, threads: int, seconds: float) -> None:
+        """A timed chunk: ``seconds`` per step on ``threads`` threads."""
+        old = self.per_step.get(threads)
+        self.per_step[threads] = seconds if old is None else 0.5 * (old + seconds)
 
 
 def _state(flag: int, t: int, every: int, outs: Sequence[np.ndarray],
