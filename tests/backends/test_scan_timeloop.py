@@ -28,7 +28,7 @@ import xstencil
 from tests.spies import count_calls
 from xstencil._errors import XStencilError
 
-pytest.importorskip("numba")
+numba = pytest.importorskip("numba")
 
 from xstencil._backends import loop_steps  # noqa: E402 - after the numba check
 from xstencil._labelled import loop_scan as LS  # noqa: E402
@@ -257,3 +257,37 @@ def test_the_module_keeps_its_heuristics_documented() -> None:
     assert loop_steps.HOT_STEPS == 1000 and loop_steps.MIN_STEPS == 16
     assert 0 < loop_steps.CHUNK_SECONDS <= 0.1
     assert LS.loop_steps is loop_steps
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_thread_or_all_the_same_values(drove: list[int], monkeypatch: pytest.MonkeyPatch,
+                                           threads: int) -> None:
+    """Whatever thread count the driver's tuner picks, the values are the
+    same; the caller's numba thread count is restored after."""
+    monkeypatch.setattr(loop_steps.Threads, "pick", lambda self: threads)
+    monkeypatch.setattr(loop_steps.Threads, "MIN_SAMPLE", 1)
+    monkeypatch.setattr(loop_steps, "CHUNK_SECONDS", 0.0)  # many chunks
+    before = numba.get_num_threads()
+    u0 = _field((64, 24), np.float32)
+    out = u0.stencil.scan(heat, "time", steps=20, save_every="last", boundary="fill",
+                          fill_value=0.0, backend="loops")
+    assert drove and numba.get_num_threads() == before
+    assert out.values.tobytes() == np_heat(u0.values, 20)[-1].tobytes()
+
+
+def test_the_thread_tuner_explores_then_keeps_the_faster() -> None:
+    tune = loop_steps.Threads(4)
+    assert tune.best() == 4  # nothing measured: all threads
+    picks = []
+    for _ in range(2):
+        n = tune.pick()
+        picks.append(n)
+        tune.record(n, 1e-4 if n == 1 else 3e-4)  # one thread is faster here
+    assert picks == [4, 1] and tune.best() == 1
+    later = [tune.pick() for _ in range(2 * tune.EXPLORE)]
+    assert later.count(4) == 2 and later.count(1) == 2 * tune.EXPLORE - 2  # re-tried
+    tune.record(4, 1e-6)  # the load changed: all threads now win (averaged in)
+    assert tune.best() == 1
+    tune.record(4, 1e-6)
+    assert tune.best() == 4
+    assert loop_steps.Threads(1).options == (1,)
