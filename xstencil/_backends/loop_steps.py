@@ -165,11 +165,12 @@ def run(drive: Any, t: int, steps: int, every: int, cur: list[np.ndarray],
     fz_ = fz if fz is not None else np.ones(1, np.bool_)
     head = [*cur, *outs, *[a for a, _ in spares], *[b for _, b in spares], *consts, *fixed]
     chunk, first = 1, True
+    full = numba.get_num_threads()  # the caller's setting: never more threads than that
     with _LOCK:
-        tune = _TUNES.setdefault(drive, Threads(numba.get_num_threads()))
+        tune = _TUNES.setdefault(drive, Threads(full))
     while t < steps:
         stop = min(steps, t + chunk, max(due, t + 1))
-        threads = tune.pick() if stop - t >= Threads.MIN_SAMPLE else tune.best()
+        threads = min(full, tune.pick() if stop - t >= Threads.MIN_SAMPLE else tune.best())
         began = time.perf_counter()
         if first:  # the first call compiles: a failure there has run no step
             try:
