@@ -291,3 +291,6 @@ def test_the_thread_tuner_explores_then_keeps_the_faster() -> None:
     tune.record(4, 1e-6)
     assert tune.best() == 4
     assert loop_steps.Threads(1).options == (1,)
+    big = loop_steps.Threads(2)  # a long step on all threads: one thread is never tried
+    big.record(big.pick(), 10 * big.SMALL)
+    assert [big.pick() for _ in range(3 * big.EXPLORE)] == [2] * 3 * big.EXPLORE

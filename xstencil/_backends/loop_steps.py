@@ -220,15 +220,19 @@ class Threads:
     """How many threads a driver's nest runs on: all of numba's, or one,
     whichever took less time per step in the chunks measured so far (an
     exponential average of each), trying the other again every
-    :data:`EXPLORE` chunks so that a change of load is seen.  Every cell's
-    value is computed the same way on any number of threads, so the choice
-    changes the speed only: on a shared machine whose cores are busy, or a
-    field so small that waking a second thread per step costs more than it
-    saves (about 20 us a step on the 2-core machine, as much as a 512 x 512
-    heat step), one thread wins."""
+    :data:`EXPLORE` timed chunks so that a change of load is seen.  Every
+    cell's value is computed the same way on any number of threads, so the
+    choice changes the speed only: on a shared machine whose cores are busy,
+    or a field so small that waking the other threads every step costs about
+    as much as it saves (tens of microseconds a step on the 2-core machine,
+    about a 512 x 512 heat step's arithmetic), one thread can win.  A step
+    that takes more than :data:`SMALL` seconds on all threads is never tried
+    on one (the wake-up is then a few percent of it, and one thread on an
+    idle machine would take up to twice as long)."""
 
     MIN_SAMPLE = 8  # chunks of fewer steps are not timed
-    EXPLORE = 8
+    EXPLORE = 16
+    SMALL = 2.5e-4
 
     __slots__ = ("options", "per_step", "chunks")
 
@@ -246,6 +250,9 @@ class Threads:
     def pick(self) -> int:
         """The thread count for the next timed chunk."""
         self.chunks += 1
+        full = self.options[0]
+        if self.per_step.get(full, 0.0) > self.SMALL:
+            return full
         fresh = [n for n in self.options if n not in self.per_step]
         if fresh:
             return fresh[0]
