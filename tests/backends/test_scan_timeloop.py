@@ -282,13 +282,13 @@ def test_the_thread_tuner_explores_then_keeps_the_faster() -> None:
     for _ in range(2):
         n = tune.pick()
         picks.append(n)
-        tune.record(n, 1e-4 if n == 1 else 3e-4)  # one thread is faster here
+        tune.record(n, 1e-5 if n == 1 else 3e-5)  # one thread is faster here
     assert picks == [4, 1] and tune.best() == 1
     later = [tune.pick() for _ in range(2 * tune.EXPLORE)]
     assert later.count(4) == 2 and later.count(1) == 2 * tune.EXPLORE - 2  # re-tried
-    tune.record(4, 1e-6)  # the load changed: all threads now win (averaged in)
+    tune.record(4, 1e-7)  # the load changed: all threads now win (averaged in)
     assert tune.best() == 1
-    tune.record(4, 1e-6)
+    tune.record(4, 1e-7)
     assert tune.best() == 4
     assert loop_steps.Threads(1).options == (1,)
     big = loop_steps.Threads(2)  # a long step on all threads: one thread is never tried
