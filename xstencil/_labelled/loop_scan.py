@@ -5,9 +5,13 @@ kernel that reads only the previous position, ``u(time=-1, x=...)``.  Such a
 kernel, applied to the previous state, is a spatial stencil of it: this
 module runs the kernel as a map of the previous slab through the map's loop
 generator (:mod:`xstencil._backends.loops`), with ``u(time=-1, x=a)`` read as
-``u(x=a)``, and drives the time loop from Python between two preallocated
-buffers (saved positions are written straight into the preallocated
-trajectory).  Each step performs the kernel's operations in the order it
+``u(x=a)``, and drives the time loop between two preallocated buffers
+(saved positions are written straight into the preallocated trajectory):
+from Python for the first step, then, once the nest is hot (scans have asked
+it for :data:`~xstencil._backends.loop_steps.HOT_STEPS` steps in all), in
+compiled chunks of many steps (:mod:`xstencil._backends.loop_steps`: a numba
+driver that calls the same nest with the same buffers, on one thread or all
+of numba's, whichever measures faster).  Each step performs the kernel's operations in the order it
 writes them on the same boundary cells, so the result is a numpy time loop's,
 bitwise; XLA:CPU may fuse a multiply-add or regroup a constant-weight sum,
 so the XLA scan can differ by about one ulp per step (docs/performance.rst).
