@@ -294,3 +294,5 @@ def test_the_thread_tuner_explores_then_keeps_the_faster() -> None:
     big = loop_steps.Threads(2)  # a long step on all threads: one thread is never tried
     big.record(big.pick(), 10 * big.SMALL)
     assert [big.pick() for _ in range(3 * big.EXPLORE)] == [2] * 3 * big.EXPLORE
+    big.record(1, big.SMALL / 10)  # (one thread measured anyway: all threads are kept)
+    assert big.best() == 2 and big.pick() == 2

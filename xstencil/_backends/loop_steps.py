@@ -243,8 +243,9 @@ class Threads:
 
     def best(self) -> int:
         """The thread count with the lowest time per step (all: none measured)."""
-        if not self.per_step:
-            return self.options[0]
+        full = self.options[0]
+        if not self.per_step or self.per_step.get(full, 0.0) > self.SMALL:
+            return full
         return min(self.per_step, key=self.per_step.__getitem__)
 
     def pick(self) -> int:
