@@ -121,6 +121,17 @@ def test_chunks_of_one_step_and_a_bar(drove: list[int], monkeypatch: pytest.Monk
     assert "30/30" in capsys.readouterr().err
 
 
+def test_a_read_only_input(drove: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first step reads the input itself (here read-only, a nest type of
+    its own); the driver then reads and writes its own buffers."""
+    v = np.random.default_rng(4).random((14, 9)).astype(np.float32)
+    v.flags.writeable = False
+    u0 = xr.DataArray(v, dims=("y", "x"))
+    kw = dict(steps=20, save_every=5, boundary="fill", fill_value=0.0, backend="loops")
+    out = u0.stencil.scan(heat, "time", **kw)
+    assert drove and out.values.tobytes() == np.stack(np_heat(v, 20)[::5]).tobytes()
+
+
 @pytest.mark.parametrize("shape", [(50,), (6, 7, 8)])
 def test_one_and_three_dimensional_fields(drove: list[int], monkeypatch: pytest.MonkeyPatch,
                                           shape: tuple[int, ...]) -> None:
