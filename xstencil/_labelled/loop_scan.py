@@ -5,9 +5,13 @@ kernel that reads only the previous position, ``u(time=-1, x=...)``.  Such a
 kernel, applied to the previous state, is a spatial stencil of it: this
 module runs the kernel as a map of the previous slab through the map's loop
 generator (:mod:`xstencil._backends.loops`), with ``u(time=-1, x=a)`` read as
-``u(x=a)``, and drives the time loop from Python between two preallocated
-buffers (saved positions are written straight into the preallocated
-trajectory).  Each step performs the kernel's operations in the order it
+``u(x=a)``, and drives the time loop between two preallocated buffers
+(saved positions are written straight into the preallocated trajectory):
+from Python for the first step, then, once the nest is hot (scans have asked
+it for :data:`~xstencil._backends.loop_steps.HOT_STEPS` steps in all), in
+compiled chunks of many steps (:mod:`xstencil._backends.loop_steps`: a numba
+driver that calls the same nest with the same buffers, on one thread or all
+of numba's, whichever measures faster).  Each step performs the kernel's operations in the order it
 writes them on the same boundary cells, so the result is a numpy time loop's,
 bitwise; XLA:CPU may fuse a multiply-add or regroup a constant-weight sum,
 so the XLA scan can differ by about one ulp per step (docs/performance.rst).
@@ -84,7 +88,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil import _progress
-from xstencil._backends import bufpool
+from xstencil._backends import bufpool, loop_steps
 from xstencil._backends.finite import all_finite
 from xstencil._backends.hostwrap import wrap
 from xstencil._backends.loops import (
@@ -426,7 +430,12 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
     short = short_buffers(sp, slabs)
     fused = _fused(built) if check and not short else None
     fz = np.empty(built.field[0], np.bool_) if fused is not None else None
-    for t in range(1, steps + 1):
+    # after a first step here, the rest in compiled chunks (loop_steps.py)
+    drive: Any = None if not short and (fused is not None or not check) and loop_steps.hot(
+        built.fn, steps) else False
+    t = 0
+    while t < steps:
+        t += 1
         if every and t % every == 0:
             nxt = [out[t // every] for out in outs]
         elif not every and t == steps:
@@ -458,10 +467,39 @@ def _steps(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
         cur = nxt
         if t >= due:
             due = tick(t)
+        if drive is None and t < steps:
+            drive = loop_steps.driver(fused if fused is not None else built.fn, len(slabs),
+                                      order, _roles(consts, sp.evolving), len(fixed),
+                                      fused is not None) or False
+        if drive and t < steps:
+            t, cur, status, due = _drive(drive, t, steps, every, cur, fz, outs, spares,
+                                         consts, fixed, due, tick)
+            if status == 1:
+                finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
+            drive = drive if status == 0 else False  # 2, 3: the rest runs here
     if not every and steps == 0:
         for out, slab in zip(outs, slabs, strict=True):
             out[0] = slab
     return outs
+
+
+def _roles(consts: Sequence[np.ndarray | None], evolving: Sequence[int]
+           ) -> list[tuple[str, int]]:
+    """Per nest source, what :func:`step_sources` passes: ``("c", j)``, the
+    state of advanced variable ``j``, or ``("k", i)``, constant ``i``."""
+    return [("c", evolving.index(i)) if c is None else ("k", i) for i, c in enumerate(consts)]
+
+
+def _drive(drive: Any, t: int, steps: int, every: int, cur: list[np.ndarray],
+           fz: np.ndarray | None, outs: list[np.ndarray],
+           spares: list[tuple[np.ndarray, np.ndarray]], consts: Sequence[np.ndarray | None],
+           fixed: list[Any], due: int, tick: Any) -> tuple[int, list[np.ndarray], int, int]:
+    """Steps ``t + 1 ..`` by the compiled driver (:func:`loop_steps.run
+    <xstencil._backends.loop_steps.run>`): the last step run, the state after
+    it, the status (0: done; 1: step ``t`` is not finite; 2, 3: the rest runs
+    in Python) and the next due report."""
+    return loop_steps.run(drive, t, steps, every, cur, fz, outs, spares,
+                          [c for c in consts if c is not None], fixed, due, tick)
 
 
 def _fused(built: Any) -> Any:
