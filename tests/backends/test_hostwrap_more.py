@@ -155,7 +155,7 @@ def heat_numpy(a: np.ndarray, steps: int) -> np.ndarray:
 def test_scan_results_are_xlas_and_independent(monkeypatch: pytest.MonkeyPatch,
                                                wraps: list[Any], dtype: Any,
                                                x64: bool) -> None:
-    ran = count_calls(monkeypatch, LS, "_steps")
+    ran = count_calls(monkeypatch, LS.loop_scan_steps, "run_loop")
     rng = np.random.default_rng(6)
     with jax.enable_x64(x64):
         a, b = (rng.random(N).astype(dtype) for _ in range(2))

@@ -1,5 +1,5 @@
 """``check_finite=True`` on scans that run as numba loops
-(``xstencil/_labelled/loop_scan.py``'s ``_steps``).
+(``xstencil/_labelled/loop_scan_steps.py``'s ``run_loop``).
 
 The loops check the initial state and every step's new slabs, as the XLA
 loop does, so the default route stays on the loops.  Each case runs with
@@ -33,7 +33,7 @@ NU = 0.1
 @pytest.fixture
 def ran(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Counts the scans whose time loop ran as loops."""
-    yield count_calls(monkeypatch, LS, "_steps")
+    yield count_calls(monkeypatch, LS.loop_scan_steps, "run_loop")
 
 
 def grow(u: Any) -> Any:

@@ -194,7 +194,7 @@ def test_scan_on_loops_keeps_the_rule_after_dense_steps(monkeypatch: pytest.Monk
         ran.append((built.fn, built.fn.last))
         return out
 
-    monkeypatch.setattr(LS, "_steps", spy)
+    monkeypatch.setattr(LS.loop_scan_steps, "run_loop", spy)
     rng = np.random.default_rng(5)
     a = rng.standard_normal((9, 13)).astype(np.float32)
     u0 = xr.DataArray(a, dims=("y", "x")).expand_dims(time=[0.0])

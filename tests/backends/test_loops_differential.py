@@ -30,7 +30,7 @@ import xstencil  # noqa: F401 - registers the accessor
 from tests.spies import count_calls
 from xstencil._backends import loops
 from xstencil._errors import XStencilError
-from xstencil._labelled import loop_scan
+from xstencil._labelled import loop_scan_steps
 
 pytest.importorskip("numba")
 
@@ -429,7 +429,7 @@ def test_property_loops_equal_xla(data: st.DataObject) -> None:
 ])
 def test_loop_scans_equal_xla(data: np.ndarray, kernel: Any, opts: dict[str, Any],
                               monkeypatch: pytest.MonkeyPatch) -> None:
-    steps = count_calls(monkeypatch, loop_scan, "_steps")
+    steps = count_calls(monkeypatch, loop_scan_steps, "run_loop")
     t0 = np.array(["2026-01-01"], "M8[ns]")
     u0 = xr.DataArray(data[None], dims=("time", "x"), coords={"time": t0}, name="u")
     run = dict(dim="time", steps=4, dt=np.timedelta64(90, "s"), boundary="periodic", **opts)

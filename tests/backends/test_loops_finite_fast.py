@@ -1,6 +1,6 @@
 """``check_finite=True`` computed inside the loop scans' nests
 (``render(..., finite=...)`` in ``xstencil/_engine/loopnest.py``, run by
-``xstencil/_labelled/loop_scan.py``'s ``_steps``).
+``xstencil/_labelled/loop_scan_steps.py``'s ``run_loop``).
 
 The nest folds ``(x - x) == 0`` of every value it writes into one flag per
 row; a step whose flags are not all set raises XLA's error.  Each case is
@@ -52,7 +52,7 @@ def fused(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
 
 @pytest.fixture
 def ran(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    yield count_calls(monkeypatch, LS, "_steps")
+    yield count_calls(monkeypatch, LS.loop_scan_steps, "run_loop")
 
 
 def both(obj: Any, kernel: Any, ran: list[int], **kw: Any) -> tuple[Any, Any]:

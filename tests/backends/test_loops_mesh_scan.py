@@ -33,7 +33,7 @@ NP_MODE = {"fill": "constant", "periodic": "wrap", "extend": "edge"}
 def ran(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Counts the time loops run as numba loops; the environment's choice is cleared."""
     monkeypatch.delenv("XSTENCIL_BACKEND", raising=False)
-    yield count_calls(monkeypatch, LS, "_steps")
+    yield count_calls(monkeypatch, LS.loop_scan_steps, "run_loop")
 
 
 def heat(u: Any) -> Any:

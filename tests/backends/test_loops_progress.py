@@ -6,7 +6,7 @@ the step counts ``_progress.advance`` answers.  Checked here: the result is
 bitwise the one without a bar (every save mode, float32 and float64, periodic
 and fill boundaries) and equals a plain numpy time loop; the bar reports
 every step in order when asked to (``INTERVAL = 0``) and ends at ``steps``;
-the route really is the loops (``loop_scan._steps`` ran, not the XLA scan);
+the route really is the loops (``loop_scan_steps.run_loop`` ran, not the XLA scan);
 a repeated call keeps its bar on the fast path; the gaps between updates
 stay under 0.5 s on a run longer than 2 s; and a Ctrl-C (a bar update that
 raises ``KeyboardInterrupt``, or a real SIGINT) ends the call with
@@ -35,7 +35,7 @@ from xstencil._labelled import scan_fast
 
 pytest.importorskip("numba")
 
-from xstencil._labelled import loop_scan  # noqa: E402 - after the numba check
+from xstencil._labelled import loop_scan, loop_scan_steps  # noqa: E402 - after the numba check
 
 NU = 0.2
 
@@ -70,7 +70,7 @@ def route(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
     calls; the environment's backend choice is cleared, caches too."""
     monkeypatch.delenv(loops.ENV, raising=False)
     xstencil.clear_caches()
-    return {"loops": count_calls(monkeypatch, loop_scan, "_steps"),
+    return {"loops": count_calls(monkeypatch, loop_scan_steps, "run_loop"),
             "xla": count_calls(monkeypatch, scan_mod, "_run"),
             "fast": count_calls(monkeypatch, scan_fast, "run")}
 

@@ -76,7 +76,7 @@ def check(out: xr.Dataset, ds: xr.Dataset, steps: int, rtol: float = 1e-12) -> N
 @pytest.fixture
 def ran(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the scans whose time loop ran as numba loops."""
-    return count_calls(monkeypatch, LS, "_steps")
+    return count_calls(monkeypatch, LS.loop_scan_steps, "run_loop")
 
 
 @pytest.mark.parametrize("backend", ["xla", "loops", None])

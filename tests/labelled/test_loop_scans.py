@@ -34,7 +34,7 @@ NU = 0.1
 @pytest.fixture
 def ran(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Counts the scans whose time loop ran as loops."""
-    yield count_calls(monkeypatch, LS, "_steps")
+    yield count_calls(monkeypatch, LS.loop_scan_steps, "run_loop")
 
 
 def heat2(u: Any) -> Any:

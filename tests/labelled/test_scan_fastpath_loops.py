@@ -66,7 +66,7 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     spy(scan_fast, "run", "fast")
     spy(LS, "_loop_scan", "loop_full")
     spy(scan_mod, "_run", "xla_full")
-    spy(LS, "_steps", "loops")
+    spy(LS.loop_scan_steps, "run_loop", "loops")
     xstencil.clear_caches()
     yield n
     xstencil.clear_caches()
