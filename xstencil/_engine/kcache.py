@@ -558,3 +558,22 @@ def compiled(owner: Any, key: Any, build: Callable[[], Callable[..., Any]]) -> C
     if fn is None:
         fn = table[key] = build()
     return fn
+
+
+def values_key(kernels: Sequence[Any]) -> Any:
+    """What ``kernels`` read, by value: their :func:`describe`
+    key (globals and closed-over values) and a digest of each array they close
+    over.  The loops of ``iterate`` and ``solve`` trace the body with those
+    arrays as constants, so an array changed in place or a global rebound to
+    a new array of the same shape must give a new key (it reused the loop
+    compiled with the old values); a traced array is keyed by identity."""
+    lifted = describe(list(kernels))
+    leaves = []
+    for v in lifted.leaves:
+        if isinstance(v, jax.core.Tracer):
+            leaves.append(Identity(v))
+            continue
+        a = np.asarray(v)
+        leaves.append((a.shape, str(a.dtype),
+                       hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest()))
+    return lifted.key, tuple(leaves)

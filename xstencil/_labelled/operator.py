@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.kcache import canonical
+from xstencil._engine.kcache import canonical, values_key
 from xstencil._errors import XStencilError
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
@@ -80,16 +80,22 @@ class State:
                 for n, dt in zip(self.names, self.dtypes, strict=True)]
 
     def key(self) -> Any:
-        """What decides a trace: names, dims, shapes, dtypes and coordinate values."""
+        """What decides a trace: names, dims, shapes, dtypes, coordinate values
+        and the attrs and name (the compiled loop wraps each step's state with
+        this State's, so a step function reading them must not see an older
+        call's)."""
         coords = []
         for n, v in self.coords.items():
             h = hashlib.blake2b(np.ascontiguousarray(np.asarray(v.values)).view(np.uint8)
                                 if np.asarray(v.values).dtype.kind in "biufcmM"
                                 else repr(v.values.tolist()).encode(), digest_size=16)
-            coords.append((str(n), v.dims, v.shape, str(v.dtype), h.hexdigest()))
+            coords.append((str(n), v.dims, v.shape, str(v.dtype), h.hexdigest(),
+                           repr(v.attrs)))
         vars_ = [(None, self.dims, self.shape)] if self.names is None else \
-            [(n, self.var[n][0], sh) for n, sh in zip(self.names, self.var_shapes, strict=True)]
-        return (tuple(vars_), tuple(map(str, self.dtypes)), tuple(coords))
+            [(n, self.var[n][0], sh, repr(self.var[n][1]))
+             for n, sh in zip(self.names, self.var_shapes, strict=True)]
+        return (tuple(vars_), tuple(map(str, self.dtypes)), tuple(coords),
+                repr(self.name), repr(self.attrs))
 
 
 def state_of(call: str, obj: Any) -> State:
@@ -132,8 +138,9 @@ def cached_body(body: Any) -> tuple[Any, Any, Callable[[], Any]]:
     (a kernel or a :class:`MeshSpec`) at trace time without keeping it alive."""
     if isinstance(body, Mesh) and body._regions:
         spec = MeshSpec(body)
-        return spec.owner, body_key(body), lambda: spec
-    return body, None, weak(canonical(body))
+        return spec.owner, (body_key(body), values_key([k for _, k in body._regions])), \
+            lambda: spec
+    return body, values_key([body]), weak(canonical(body))
 
 
 def body_key(body: Any) -> Any:
