@@ -1,0 +1,181 @@
+"""Silently wrong results found by changing something between two calls of
+the compiled loops of ``iterate``, ``solve`` and ``scan(step=...)`` (session
+8 hunt).  Every test compares the second call against an independent
+reference: a numpy loop or a dense numpy solve written here.
+
+Before the fix, these loops were cached under the kernel's identity and the
+shapes of the arrays it closes over, but traced with those arrays (and,
+for ``scan(step=...)``, the state's coordinates and attrs) baked in as
+constants: a second call after ``w[0] = 2.0``, after rebinding a global to a
+new array of the same shape, after changing a global read by a mesh kernel
+other than the first one, or on data with other coordinates or attrs
+reran the first call's loop and returned the first call's numbers.
+
+Tried and found correct (no test kept here; they pass):
+
+* boundary modes on length 1, 2, 3 and 5 axes with offsets up to 5 (every
+  mode against ``np.pad``; reflect on one point raises), for float64,
+  float32, int32, uint8, bool, float16, complex64 and int8, loops and XLA;
+* 2-D maps on C, Fortran, negative-stride, step-2, read-only and
+  broadcast (zero-stride) numpy inputs, and transposed DataArrays, for
+  eight dtypes and four modes, loops and XLA, against ``np.pad``;
+* about 55 elementwise operations and window reductions (floor division,
+  modulo, bitwise ops, shifts, casts, ``where``, ``clip``, NaN-propagating
+  ``maximum``, ``argmax``, counts) on int8, int32, uint8, float32, float64
+  and bool data: ``backend="loops"`` equals ``backend="xla"``;
+* the map fast path with a coordinate read: coords reassigned, data
+  changed in place; the scan fast path with a global scalar, a global
+  array changed in place, transposed dims, the scanned dim in the middle,
+  data changed in place, every ``save_every`` form;
+* dask maps with chunks smaller than the halo and uneven chunks in six
+  modes and three dtypes, and dask scans with ``halo_every`` from 1 to 12,
+  against the in-memory result (too-small chunks raise);
+* a Dataset map mixing float64, int16, float32 and bool variables with
+  different dim orders, loops and XLA, and after an in-place change;
+* staggered ``right`` and ``left`` grids in five modes, against hand
+  indexing;
+* ``solve`` by cg, bicgstab, gmres and multigrid on four grid shapes and
+  seven boundary combinations against a dense ``numpy.linalg`` solve;
+* mesh ``map`` and mesh ``scan`` after a global or a closed-over array
+  changed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+import xstencil
+
+_N = 9
+_A = np.array([1.0])  # read by the kernels below; tests change it in place or rebind it
+_R = 1.0
+
+
+def _shift_next(v: np.ndarray, scale: float) -> np.ndarray:
+    """``scale * v[i + 1]``, the last cell repeated (``extend``)."""
+    return scale * np.r_[v[1:], v[-1]]
+
+
+def _scaled_next(u):
+    return _A[0] * u(x=1)
+
+
+def test_iterate_kernel_reads_a_closed_over_array_changed_in_place() -> None:
+    """(a) ``iterate`` with a kernel reading ``_A``: ``_A[0] = 2.0`` between
+    calls returned the first call's field (``u(x=1) * 1``)."""
+    global _A
+    t0 = xr.DataArray(np.arange(1.0, _N + 1), dims="x")
+    _A = np.array([1.0])
+    first = t0.stencil.iterate(_scaled_next, boundary="extend", tol=None, max_steps=1)
+    np.testing.assert_allclose(first.field.values, _shift_next(t0.values, 1.0))
+    _A[0] = 2.0
+    again = t0.stencil.iterate(_scaled_next, boundary="extend", tol=None, max_steps=1)
+    np.testing.assert_allclose(again.field.values, _shift_next(t0.values, 2.0))
+    _A = np.array([5.0])  # rebound to a new array of the same shape
+    rebound = t0.stencil.iterate(_scaled_next, boundary="extend", tol=None, max_steps=1)
+    np.testing.assert_allclose(rebound.field.values, _shift_next(t0.values, 5.0))
+    _A = np.array([1.0])
+
+
+def _wall(u):
+    return _R + 0.0 * u()
+
+
+def test_iterate_mesh_second_kernel_reads_a_changed_global() -> None:
+    """(b) A mesh body: only its first kernel's globals keyed the loop, so
+    ``_R = 2.0`` (read by the wall region's kernel) reused the loop with
+    ``_R = 1.0``; ``m.map()`` gave the new value meanwhile."""
+    global _R
+    t0 = xr.DataArray(np.zeros(_N), dims="x")
+    m = t0.stencil.mesh(boundary="extend")
+    m[...] = lambda u: 0.5 * (u(x=-1) + u(x=1))
+    m[{"x": -1}] = _wall
+
+    def ref(r: float) -> np.ndarray:
+        v = t0.values.copy()
+        for _ in range(3):
+            p = np.r_[v[0], v, v[-1]]
+            v = 0.5 * (p[:-2] + p[2:])
+            v[-1] = r
+        return v
+
+    try:
+        for r in (1.0, 2.0):
+            _R = r
+            got = t0.stencil.iterate(m, tol=None, max_steps=3)
+            np.testing.assert_allclose(got.field.values, ref(r))
+    finally:
+        _R = 1.0
+
+
+def test_solve_operator_reads_a_closed_over_array_changed_in_place() -> None:
+    """(c) ``solve`` with an operator reading a diagonal from an array:
+    after ``d[0] = 4.0`` the solution was the one for ``d[0] = 2.0`` (an
+    error of 4.7 against the dense solve)."""
+    d = np.array([2.0])
+
+    def op(u):
+        return d[0] * u() - 0.5 * (u(x=1) + u(x=-1))
+
+    rhs = xr.DataArray(np.arange(1.0, _N + 1), dims="x")
+    for diag in (2.0, 4.0):
+        d[0] = diag
+        matrix = diag * np.eye(_N) - 0.5 * (np.eye(_N, k=1) + np.eye(_N, k=-1))
+        got = xstencil.solve(op, rhs, method="cg", boundary="fill", fill_value=0.0,
+                             tol=1e-12)
+        np.testing.assert_allclose(got.field.values, np.linalg.solve(matrix, rhs.values),
+                                   atol=1e-9)
+
+
+def _grow(s):
+    return s * _A[0]
+
+
+def test_scan_step_reads_a_closed_over_array_changed_or_rebound() -> None:
+    """(d) ``scan(step=fn)`` with ``fn`` reading ``_A``: in-place changes
+    and rebinding were both ignored (three calls gave the same result)."""
+    global _A
+    t0 = xr.DataArray(np.arange(1.0, _N + 1), dims="x")
+    try:
+        for scale, change in ((1.0, None), (2.0, "in place"), (3.0, "rebind")):
+            if change == "in place":
+                _A[0] = scale
+            elif change == "rebind":
+                _A = np.array([scale])
+            out = t0.stencil.scan(None, "time", step=_grow, steps=2, dt=1.0,
+                                  save_every="last")
+            np.testing.assert_allclose(out.values, t0.values * scale ** 2)
+    finally:
+        _A = np.array([1.0])
+
+
+def _advect(s):
+    def ddx(u):
+        x = u.coord("x")
+        return (u(x=1) - u(x=-1)) / (x(x=1) - x(x=-1))
+
+    return s + 0.1 * s.stencil.map(ddx, boundary="extend") + s.attrs.get("k", 0.0)
+
+
+def _advect_ref(v: np.ndarray, x: np.ndarray, k: float) -> np.ndarray:
+    vp, xp = np.r_[v[0], v, v[-1]], np.r_[2 * x[0] - x[1], x, 2 * x[-1] - x[-2]]
+    return v + 0.1 * (vp[2:] - vp[:-2]) / (xp[2:] - xp[:-2]) + k
+
+
+def test_scan_step_sees_each_calls_coords_and_attrs() -> None:
+    """(e) The compiled step loop wrapped every state with the first call's
+    coordinates and attrs: a second call on data with another ``x`` spacing
+    (or another ``attrs["k"]``) differentiated over the old spacing (1.05
+    instead of 1.025 in the first cell) and added the old ``k``.
+    ``iterate(step=...)`` is checked the same way."""
+    v = np.arange(1.0, _N + 1, dtype=np.float32)  # float64 trips strict promotion (below)
+    t1 = xr.DataArray(v, dims="x", coords={"x": np.arange(_N) * 1.0})
+    t2 = t1.assign_coords(x=np.arange(_N) * 2.0)
+    t3 = t2.assign_attrs(k=5.0)
+    for t in (t1, t2, t3):
+        want = _advect_ref(v, t.x.values, t.attrs.get("k", 0.0))
+        out = t.stencil.scan(None, "time", step=_advect, steps=1, dt=1.0, save_every="last")
+        np.testing.assert_allclose(out.values, want, rtol=1e-6)
+        it = xstencil.iterate(t, step=_advect, tol=None, max_steps=1)
+        np.testing.assert_allclose(it.field.values, want, rtol=1e-6)
