@@ -42,6 +42,11 @@ Tried and found correct (no test kept here; they pass):
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import xarray as xr
 
@@ -179,3 +184,42 @@ def test_scan_step_sees_each_calls_coords_and_attrs() -> None:
         np.testing.assert_allclose(out.values, want, rtol=1e-6)
         it = xstencil.iterate(t, step=_advect, tol=None, max_steps=1)
         np.testing.assert_allclose(it.field.values, want, rtol=1e-6)
+
+
+_SHARDED = """
+import json
+import numpy as np, xarray as xr, xstencil
+n = 16
+t = xr.DataArray(np.arange(n * 8, dtype=np.float32).reshape(n, 8), dims=("y", "x"))
+w = np.array([1.0], np.float32)
+def k(u):
+    return w[0] * u(y=1)
+def ks(u):
+    return w[0] * u(time=-1, y=1)
+errors = []
+for scale in (1.0, 2.0, 3.0):
+    w[0] = scale
+    want = scale * np.roll(t.values, -1, 0)
+    got = t.stencil.map(k, boundary="periodic", devices={"y": "i"}).values
+    errors.append(float(np.abs(got - want).max()))
+    got = t.stencil.scan(ks, "time", steps=1, dt=1.0, save_every="last",
+                         boundary="periodic", devices={"y": "i"}).values
+    errors.append(float(np.abs(got - want).max()))
+print(json.dumps(errors))
+"""
+
+
+def test_sharded_map_and_scan_read_a_closed_over_array_changed_in_place() -> None:
+    """(f) Sharded maps and scans (4 simulated devices, in a fresh
+    interpreter) keyed their compiled ``shard_map`` by the kernels' identity
+    and traced closed-over arrays as constants: after ``w[0] = 2.0`` the
+    result was still ``1 * u(y=1)`` (an error of 127 on this field)."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _SHARDED], capture_output=True, text=True,
+                          env=env, cwd=root, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    errors = json.loads(done.stdout.strip().splitlines()[-1])
+    assert errors == [0.0] * 6, errors
