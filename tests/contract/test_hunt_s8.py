@@ -223,3 +223,37 @@ def test_sharded_map_and_scan_read_a_closed_over_array_changed_in_place() -> Non
     assert done.returncode == 0, done.stderr[-2000:]
     errors = json.loads(done.stdout.strip().splitlines()[-1])
     assert errors == [0.0] * 6, errors
+
+
+def test_kmap_and_kscan_read_their_globals_afresh_as_kernex_does() -> None:
+    """(g) ``xstencil.kmap``/``kscan`` jitted their transform once per
+    object, so a global array changed in place, rebound, or a global scalar
+    changed after the first call was ignored (kernex 0.2, which does not
+    jit, reads the new values): the first call's numbers came back."""
+    global _A
+    a = np.arange(8.0, dtype=np.float32)
+    try:
+        _A = np.array([1.0, 2.0, 1.0], np.float32)
+
+        @xstencil.kmap(kernel_size=(3,), padding="same", relative=True)
+        def f(x):
+            return _A[0] * x[-1] + _A[1] * x[0] + _A[2] * x[1]
+
+        @xstencil.kscan(kernel_size=(3,), padding="same", relative=True)
+        def g(x):
+            return _A[0] * x[-1] + x[0]
+
+        for change in (None, "in place", "rebind"):
+            if change == "in place":
+                _A[:] = [3.0, 5.0, -1.0]
+            elif change == "rebind":
+                _A = np.array([0.5, 1.0, 2.0], np.float32)
+            p = np.r_[0.0, a, 0.0]
+            want = _A[0] * p[:-2] + _A[1] * p[1:-1] + _A[2] * p[2:]
+            np.testing.assert_allclose(np.asarray(f(a)), want, rtol=1e-6)
+            seq = np.zeros_like(a)
+            for i in range(a.size):  # kscan: the left neighbour is already updated
+                seq[i] = _A[0] * (seq[i - 1] if i else 0.0) + a[i]
+            np.testing.assert_allclose(np.asarray(g(a)), seq, rtol=1e-6)
+    finally:
+        _A = np.array([1.0])

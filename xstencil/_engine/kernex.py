@@ -32,6 +32,7 @@ from xstencil._engine.call import (
     promote,
     split_static,
 )
+from xstencil._engine.kcache import values_key
 from xstencil._engine.kscan import kscan_array
 from xstencil._engine.kxargs import (
     MAX_HALO,
@@ -117,11 +118,15 @@ class KernelMesh:
             x = as_array(self._call_name, "the input", array)
             dyn, static = split_static(self._call_name, (rest, kwargs))
             if self._jitted is None:
-                self._jitted = jax.jit(self._run, static_argnums=(2,))
-            return self._jitted(x, dyn, static)
+                self._jitted = jax.jit(self._run, static_argnums=(2, 3))
+            # the kernels' globals and closed-over arrays are traced as constants:
+            # key the jit on their values, or a changed one reuses the old trace
+            kernels = [self._func] if self._func is not None else \
+                [f for _, f in self._branches]
+            return self._jitted(x, dyn, static, values_key(kernels))
 
-    # The traced body: everything static is known here.
-    def _run(self, x: Any, dyn: Any, static: Any) -> Any:
+    # The traced body: everything static is known here (``token``: the kernels' values).
+    def _run(self, x: Any, dyn: Any, static: Any, token: Any = None) -> Any:
         o = self._options
         call = self._call_name
         if x.ndim == 0:
