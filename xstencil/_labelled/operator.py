@@ -24,7 +24,8 @@ from xstencil._errors import XStencilError
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
 
-__all__ = ["State", "state_of", "step_function", "body_key", "cached_body", "weak"]
+__all__ = ["State", "state_of", "step_function", "body_key", "cached_body", "weak",
+           "mesh_order", "own_order"]
 
 _MAP_OPTIONS = ("window", "boundary", "fill_value", "period")
 
@@ -130,6 +131,31 @@ def weak(x: Any) -> Callable[[], Any]:
         return weakref.ref(x)
     except TypeError:
         return lambda: x
+
+
+def mesh_order(obj: Any, mesh: Any) -> Any:
+    """``obj`` with each variable's dims in the order of the data ``mesh`` was
+    built on (a mask region is stored in that order: on a square field, a
+    transposed state read it transposed).  Not a mesh, or nothing to do:
+    ``obj`` itself."""
+    ref = getattr(mesh, "_obj", None) if isinstance(mesh, Mesh) else None
+    if isinstance(obj, xr.DataArray) and isinstance(ref, xr.DataArray):
+        return obj.transpose(*ref.dims) if obj.dims != ref.dims else obj
+    if isinstance(obj, xr.Dataset) and isinstance(ref, xr.Dataset):
+        new = {n: obj[n].transpose(*ref[n].dims) for n in obj.data_vars
+               if n in ref.data_vars and obj[n].dims != ref[n].dims
+               and set(obj[n].dims) == set(ref[n].dims)}
+        return obj.assign(new) if new else obj
+    return obj
+
+
+def own_order(field: Any, like: Any) -> Any:
+    """``field`` (a result in :func:`mesh_order`) back in ``like``'s dim orders."""
+    if isinstance(field, xr.DataArray):
+        return field.transpose(*like.dims) if field.dims != like.dims else field
+    new = {n: field[n].transpose(*like[n].dims) for n in field.data_vars
+           if n in like.data_vars and field[n].dims != like[n].dims}
+    return field.assign(new) if new else field
 
 
 def cached_body(body: Any) -> tuple[Any, Any, Callable[[], Any]]:
