@@ -32,7 +32,7 @@ from xstencil._engine.call import (
     promote,
     split_static,
 )
-from xstencil._engine.kcache import values_key
+from xstencil._engine.kcache import describe, settle, values_key
 from xstencil._engine.kscan import kscan_array
 from xstencil._engine.kxargs import (
     MAX_HALO,
@@ -76,6 +76,7 @@ class KernelMesh:
         self._options = options
         self._branches: list[tuple[Any, Callable[..., Any]]] = []
         self._jitted: Any = None
+        self._alias: dict[Any, Any] = {}  # values_key after a trace settled -> before
 
     @property
     def _call_name(self) -> str:
@@ -123,7 +124,16 @@ class KernelMesh:
             # key the jit on their values, or a changed one reuses the old trace
             kernels = [self._func] if self._func is not None else \
                 [f for _, f in self._branches]
-            return self._jitted(x, dyn, static, values_key(kernels))
+            token = values_key(kernels)
+            token = self._alias.get(token, token)
+            out = self._jitted(x, dyn, static, token)
+            lifted = describe(kernels)
+            if lifted.containers:  # a list the trace wrote to (a trace counter) is keyed by
+                settle(lifted)  # identity from now on: the same code as the token it had
+                after = values_key(kernels)
+                if after != token:
+                    self._alias[after] = token
+            return out
 
     # The traced body: everything static is known here (``token``: the kernels' values).
     def _run(self, x: Any, dyn: Any, static: Any, token: Any = None) -> Any:
