@@ -370,15 +370,17 @@ def _static_attr(v: Any, name: str) -> tuple[bool | None, Any]:
     return False, None
 
 
-def describe(kernels: Sequence[Any]) -> Lifted:
+def describe(kernels: Sequence[Any], memo: bool = True) -> Lifted:
     """Split ``kernels`` into a key and dynamic leaves (see the module notes).
     A kernel object described again is checked against a record of what its
-    key was read from (:mod:`~xstencil._engine.kmemo`) instead of walked."""
-    got = _MEMO.get(kernels)
+    key was read from (:mod:`~xstencil._engine.kmemo`) instead of walked;
+    ``memo=False`` walks and records nothing (the record holds the kernels)."""
+    got = _MEMO.get(kernels) if memo else None
     if got is not None:
         return got
     lifted = _describe(kernels)
-    _MEMO.put(kernels, lifted)
+    if memo:
+        _MEMO.put(kernels, lifted)
     return lifted
 
 
@@ -560,14 +562,16 @@ def compiled(owner: Any, key: Any, build: Callable[[], Callable[..., Any]]) -> C
     return fn
 
 
-def values_key(kernels: Sequence[Any]) -> Any:
+def values_key(kernels: Sequence[Any], lifted: Lifted | None = None) -> Any:
     """What ``kernels`` read, by value: their :func:`describe`
     key (globals and closed-over values) and a digest of each array they close
     over.  The loops of ``iterate`` and ``solve`` trace the body with those
     arrays as constants, so an array changed in place or a global rebound to
     a new array of the same shape must give a new key (it reused the loop
-    compiled with the old values); a traced array is keyed by identity."""
-    lifted = describe(list(kernels))
+    compiled with the old values); a traced array is keyed by identity.
+    ``lifted``: ``describe(kernels)`` if the caller has it."""
+    if lifted is None:
+        lifted = describe(list(kernels))
     leaves = []
     for v in lifted.leaves:
         if isinstance(v, jax.core.Tracer):

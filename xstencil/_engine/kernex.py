@@ -124,13 +124,14 @@ class KernelMesh:
             # key the jit on their values, or a changed one reuses the old trace
             kernels = [self._func] if self._func is not None else \
                 [f for _, f in self._branches]
-            token = values_key(kernels)
+            # walked afresh: the describe memo would hold a transform's kernels alive
+            lifted = describe(kernels, memo=False)
+            token = values_key(kernels, lifted)
             token = self._alias.get(token, token)
             out = self._jitted(x, dyn, static, token)
-            lifted = describe(kernels)
             if lifted.containers:  # a list the trace wrote to (a trace counter) is keyed by
                 settle(lifted)  # identity from now on: the same code as the token it had
-                after = values_key(kernels)
+                after = values_key(kernels, describe(kernels, memo=False))
                 if after != token:
                     self._alias[after] = token
             return out
