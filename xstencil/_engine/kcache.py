@@ -370,18 +370,26 @@ def _static_attr(v: Any, name: str) -> tuple[bool | None, Any]:
     return False, None
 
 
-def describe(kernels: Sequence[Any], memo: bool = True) -> Lifted:
+def describe(kernels: Sequence[Any], memo: Any = True) -> Lifted:
     """Split ``kernels`` into a key and dynamic leaves (see the module notes).
     A kernel object described again is checked against a record of what its
-    key was read from (:mod:`~xstencil._engine.kmemo`) instead of walked;
-    ``memo=False`` walks and records nothing (the record holds the kernels)."""
-    got = _MEMO.get(kernels) if memo else None
+    key was read from (:mod:`~xstencil._engine.kmemo`) instead of walked.
+    ``memo``: ``True`` the shared record, or a :func:`new_memo` of the caller's
+    own (the shared one holds the kernels alive), or ``False``: none."""
+    table = _MEMO if memo is True else memo or None
+    got = table.get(kernels) if table is not None else None
     if got is not None:
         return got
     lifted = _describe(kernels)
-    if memo:
-        _MEMO.put(kernels, lifted)
+    if table is not None:
+        table.put(kernels, lifted)
     return lifted
+
+
+def new_memo() -> Memo:
+    """A small :func:`describe` record of one owner's own (it lives as long as
+    the owner, and holds only the owner's kernels)."""
+    return Memo(_names, _library, _is_array, size=4)
 
 
 def _describe(kernels: Sequence[Any]) -> Lifted:

@@ -32,7 +32,7 @@ from xstencil._engine.call import (
     promote,
     split_static,
 )
-from xstencil._engine.kcache import describe, settle, values_key
+from xstencil._engine.kcache import describe, new_memo, settle, values_key
 from xstencil._engine.kscan import kscan_array
 from xstencil._engine.kxargs import (
     MAX_HALO,
@@ -77,6 +77,7 @@ class KernelMesh:
         self._branches: list[tuple[Any, Callable[..., Any]]] = []
         self._jitted: Any = None
         self._alias: dict[Any, Any] = {}  # values_key after a trace settled -> before
+        self._memo = new_memo()
 
     @property
     def _call_name(self) -> str:
@@ -124,14 +125,14 @@ class KernelMesh:
             # key the jit on their values, or a changed one reuses the old trace
             kernels = [self._func] if self._func is not None else \
                 [f for _, f in self._branches]
-            # walked afresh: the describe memo would hold a transform's kernels alive
-            lifted = describe(kernels, memo=False)
+            # a record of this transform's own: the shared one would hold its kernels alive
+            lifted = describe(kernels, memo=self._memo)
             token = values_key(kernels, lifted)
             token = self._alias.get(token, token)
             out = self._jitted(x, dyn, static, token)
             if lifted.containers:  # a list the trace wrote to (a trace counter) is keyed by
                 settle(lifted)  # identity from now on: the same code as the token it had
-                after = values_key(kernels, describe(kernels, memo=False))
+                after = values_key(kernels, describe(kernels, memo=self._memo))
                 if after != token:
                     self._alias[after] = token
             return out
