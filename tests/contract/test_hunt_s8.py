@@ -1,7 +1,9 @@
 """Silently wrong results found by changing something between two calls of
-the compiled loops of ``iterate``, ``solve`` and ``scan(step=...)`` (session
-8 hunt).  Every test compares the second call against an independent
-reference: a numpy loop or a dense numpy solve written here.
+the compiled loops of ``iterate``, ``solve``, ``scan(step=...)``, sharded
+maps and scans and the array API (``kmap``/``kscan``), and by handing
+``iterate``/``solve`` a field in another dim order than their mesh's data
+(session 8 hunt).  Every test compares against an independent reference: a
+numpy loop or a dense numpy solve written here.
 
 Before the fix, these loops were cached under the kernel's identity and the
 shapes of the arrays it closes over, but traced with those arrays (and,
