@@ -38,6 +38,7 @@ from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._engine.boundary import pad
 from xstencil._engine.call import as_array, precision, split_static
 from xstencil._engine.coords import padded, read_dtype
+from xstencil._engine.kcache import values_key
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._engine.mesh import Mask, Slab, mesh_evaluate
 from xstencil._errors import XStencilError
@@ -328,7 +329,9 @@ def prepared(job: MapJob) -> tuple[Callable[..., Any], tuple[Any, ...]]:
                          read_dtype(plan.var_dtypes)))
     # every position covered: the kept input's dtype takes no part in the result's
     covered = bool(np.logical_or.reduce(gmasks).all()) if gmasks else False
-    key = ("shard", plan, static, lay, is_mesh, tuple(regions or ()), covered)
+    # the kernels' closed-over arrays are traced as constants: keyed by content
+    key = ("shard", plan, static, lay, is_mesh, tuple(regions or ()), covered,
+           values_key(job.kernels))
 
     def build() -> Callable[..., Any]:
         body = _body(plan, lay, job.hooks, job.kernels, static, is_mesh, covered)

@@ -25,6 +25,7 @@ from xstencil._backends.edges import repad as edge_repad
 from xstencil._backends.halo import Block, BlockJob, Stepper, padded_coords, run_steps, time_padded
 from xstencil._backends.shard import Layout, check_divides, exchange, layout
 from xstencil._engine.call import as_array
+from xstencil._engine.kcache import values_key
 from xstencil._errors import XStencilError
 
 __all__ = ["Compiled", "scan_sharded"]
@@ -238,7 +239,8 @@ def scan_sharded(job: BlockJob, devices: Any = None, halo_every: int = 1) -> Com
     out_spec = ((lay.spec() if spec.every else P(*lay.names[1:]),) * len(job.evolving), P())
     key = ("shard-scan", spec, job.static, lay, K, job.mesh, job.kernels,
            tuple(m.shape for m in masks), job.evolving, len(consts), job.finite is not None,
-           job.forced, report_every, job.checkpoint)
+           job.forced, report_every, job.checkpoint,
+           values_key(job.kernels))  # closed-over arrays are traced as constants
 
     def build() -> Callable[..., Any]:
         return jax.jit(jax.shard_map(body, mesh=lay.mesh,

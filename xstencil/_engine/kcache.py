@@ -370,16 +370,26 @@ def _static_attr(v: Any, name: str) -> tuple[bool | None, Any]:
     return False, None
 
 
-def describe(kernels: Sequence[Any]) -> Lifted:
+def describe(kernels: Sequence[Any], memo: Any = True) -> Lifted:
     """Split ``kernels`` into a key and dynamic leaves (see the module notes).
     A kernel object described again is checked against a record of what its
-    key was read from (:mod:`~xstencil._engine.kmemo`) instead of walked."""
-    got = _MEMO.get(kernels)
+    key was read from (:mod:`~xstencil._engine.kmemo`) instead of walked.
+    ``memo``: ``True`` the shared record, or a :func:`new_memo` of the caller's
+    own (the shared one holds the kernels alive), or ``False``: none."""
+    table = _MEMO if memo is True else memo or None
+    got = table.get(kernels) if table is not None else None
     if got is not None:
         return got
     lifted = _describe(kernels)
-    _MEMO.put(kernels, lifted)
+    if table is not None:
+        table.put(kernels, lifted)
     return lifted
+
+
+def new_memo() -> Memo:
+    """A small :func:`describe` record of one owner's own (it lives as long as
+    the owner, and holds only the owner's kernels)."""
+    return Memo(_names, _library, _is_array, size=4)
 
 
 def _describe(kernels: Sequence[Any]) -> Lifted:
@@ -558,3 +568,24 @@ def compiled(owner: Any, key: Any, build: Callable[[], Callable[..., Any]]) -> C
     if fn is None:
         fn = table[key] = build()
     return fn
+
+
+def values_key(kernels: Sequence[Any], lifted: Lifted | None = None) -> Any:
+    """What ``kernels`` read, by value: their :func:`describe`
+    key (globals and closed-over values) and a digest of each array they close
+    over.  The loops of ``iterate`` and ``solve`` trace the body with those
+    arrays as constants, so an array changed in place or a global rebound to
+    a new array of the same shape must give a new key (it reused the loop
+    compiled with the old values); a traced array is keyed by identity.
+    ``lifted``: ``describe(kernels)`` if the caller has it."""
+    if lifted is None:
+        lifted = describe(list(kernels))
+    leaves = []
+    for v in lifted.leaves:
+        if isinstance(v, jax.core.Tracer):
+            leaves.append(Identity(v))
+            continue
+        a = np.asarray(v)
+        leaves.append((a.shape, str(a.dtype),
+                       hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest()))
+    return lifted.key, tuple(leaves)

@@ -32,6 +32,7 @@ from xstencil._engine.call import (
     promote,
     split_static,
 )
+from xstencil._engine.kcache import describe, new_memo, settle, values_key
 from xstencil._engine.kscan import kscan_array
 from xstencil._engine.kxargs import (
     MAX_HALO,
@@ -75,6 +76,8 @@ class KernelMesh:
         self._options = options
         self._branches: list[tuple[Any, Callable[..., Any]]] = []
         self._jitted: Any = None
+        self._alias: dict[Any, Any] = {}  # values_key after a trace settled -> before
+        self._memo = new_memo()
 
     @property
     def _call_name(self) -> str:
@@ -117,11 +120,25 @@ class KernelMesh:
             x = as_array(self._call_name, "the input", array)
             dyn, static = split_static(self._call_name, (rest, kwargs))
             if self._jitted is None:
-                self._jitted = jax.jit(self._run, static_argnums=(2,))
-            return self._jitted(x, dyn, static)
+                self._jitted = jax.jit(self._run, static_argnums=(2, 3))
+            # the kernels' globals and closed-over arrays are traced as constants:
+            # key the jit on their values, or a changed one reuses the old trace
+            kernels = [self._func] if self._func is not None else \
+                [f for _, f in self._branches]
+            # a record of this transform's own: the shared one would hold its kernels alive
+            lifted = describe(kernels, memo=self._memo)
+            token = values_key(kernels, lifted)
+            token = self._alias.get(token, token)
+            out = self._jitted(x, dyn, static, token)
+            if lifted.containers:  # a list the trace wrote to (a trace counter) is keyed by
+                settle(lifted)  # identity from now on: the same code as the token it had
+                after = values_key(kernels, describe(kernels, memo=self._memo))
+                if after != token:
+                    self._alias[after] = token
+            return out
 
-    # The traced body: everything static is known here.
-    def _run(self, x: Any, dyn: Any, static: Any) -> Any:
+    # The traced body: everything static is known here (``token``: the kernels' values).
+    def _run(self, x: Any, dyn: Any, static: Any, token: Any = None) -> Any:
         o = self._options
         call = self._call_name
         if x.ndim == 0:

@@ -16,7 +16,14 @@ from xstencil._engine.call import as_array, merge_static, precision, settled, sp
 from xstencil._engine.kcache import canonical, compiled
 from xstencil._errors import ConvergenceWarning, XStencilError
 from xstencil._labelled.mesh import Mesh
-from xstencil._labelled.operator import State, cached_body, step_function, weak
+from xstencil._labelled.operator import (
+    State,
+    cached_body,
+    mesh_order,
+    own_order,
+    step_function,
+    weak,
+)
 from xstencil._labelled.result import host64
 
 __all__ = ["iterate", "Converged", "report"]
@@ -169,6 +176,7 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
     fixed = tol is None
     tol = -1.0 if fixed else tol
     obj = _checked(call, obj, body, max_steps, min_steps, tol)
+    given, obj = obj, mesh_order(obj, body)  # runs in the mesh's dim order, returns in obj's
     state = State(call, obj)
     data, state.arrays = state.arrays, []  # the compiled loop keeps the layout, not the data
     fnorm = _norm(call, norm, relative)
@@ -191,7 +199,7 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
         xs, i, r, ok = settled(fn(arrays, dyn, jnp.asarray(tol, jnp.real(arrays[0]).dtype), lim),
                                (arrays, dyn))
     xs = host64(xs)
-    field = state.wrap(xs)
+    field = own_order(state.wrap(xs), given)
     return report(call, Converged(field, i, r, ok), None if fixed else tol)
 
 

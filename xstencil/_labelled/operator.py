@@ -19,12 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.kcache import canonical
+from xstencil._engine.kcache import canonical, values_key
 from xstencil._errors import XStencilError
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
 
-__all__ = ["State", "state_of", "step_function", "body_key", "cached_body", "weak"]
+__all__ = ["State", "state_of", "step_function", "body_key", "cached_body", "weak",
+           "mesh_order", "own_order"]
 
 _MAP_OPTIONS = ("window", "boundary", "fill_value", "period")
 
@@ -80,16 +81,22 @@ class State:
                 for n, dt in zip(self.names, self.dtypes, strict=True)]
 
     def key(self) -> Any:
-        """What decides a trace: names, dims, shapes, dtypes and coordinate values."""
+        """What decides a trace: names, dims, shapes, dtypes, coordinate values
+        and the attrs and name (the compiled loop wraps each step's state with
+        this State's, so a step function reading them must not see an older
+        call's)."""
         coords = []
         for n, v in self.coords.items():
             h = hashlib.blake2b(np.ascontiguousarray(np.asarray(v.values)).view(np.uint8)
                                 if np.asarray(v.values).dtype.kind in "biufcmM"
                                 else repr(v.values.tolist()).encode(), digest_size=16)
-            coords.append((str(n), v.dims, v.shape, str(v.dtype), h.hexdigest()))
+            coords.append((str(n), v.dims, v.shape, str(v.dtype), h.hexdigest(),
+                           repr(v.attrs)))
         vars_ = [(None, self.dims, self.shape)] if self.names is None else \
-            [(n, self.var[n][0], sh) for n, sh in zip(self.names, self.var_shapes, strict=True)]
-        return (tuple(vars_), tuple(map(str, self.dtypes)), tuple(coords))
+            [(n, self.var[n][0], sh, repr(self.var[n][1]))
+             for n, sh in zip(self.names, self.var_shapes, strict=True)]
+        return (tuple(vars_), tuple(map(str, self.dtypes)), tuple(coords),
+                repr(self.name), repr(self.attrs))
 
 
 def state_of(call: str, obj: Any) -> State:
@@ -126,14 +133,40 @@ def weak(x: Any) -> Callable[[], Any]:
         return lambda: x
 
 
+def mesh_order(obj: Any, mesh: Any) -> Any:
+    """``obj`` with each variable's dims in the order of the data ``mesh`` was
+    built on (a mask region is stored in that order: on a square field, a
+    transposed state read it transposed).  Not a mesh, or nothing to do:
+    ``obj`` itself."""
+    ref = getattr(mesh, "_obj", None) if isinstance(mesh, Mesh) else None
+    if isinstance(obj, xr.DataArray) and isinstance(ref, xr.DataArray):
+        return obj.transpose(*ref.dims) if obj.dims != ref.dims else obj
+    if isinstance(obj, xr.Dataset) and isinstance(ref, xr.Dataset):
+        new = {n: obj[n].transpose(*ref[n].dims) for n in obj.data_vars
+               if n in ref.data_vars and obj[n].dims != ref[n].dims
+               and set(obj[n].dims) == set(ref[n].dims)}
+        return obj.assign(new) if new else obj
+    return obj
+
+
+def own_order(field: Any, like: Any) -> Any:
+    """``field`` (a result in :func:`mesh_order`) back in ``like``'s dim orders."""
+    if isinstance(field, xr.DataArray):
+        return field.transpose(*like.dims) if field.dims != like.dims else field
+    new = {n: field[n].transpose(*like[n].dims) for n in field.data_vars
+           if n in like.data_vars and field[n].dims != like[n].dims}
+    return field.assign(new) if new else field
+
+
 def cached_body(body: Any) -> tuple[Any, Any, Callable[[], Any]]:
     """``(owner, key, resolve)`` for the compile cache: the owner of the cache
     entry, what else identifies the body, and a function returning the body
     (a kernel or a :class:`MeshSpec`) at trace time without keeping it alive."""
     if isinstance(body, Mesh) and body._regions:
         spec = MeshSpec(body)
-        return spec.owner, body_key(body), lambda: spec
-    return body, None, weak(canonical(body))
+        return spec.owner, (body_key(body), values_key([k for _, k in body._regions])), \
+            lambda: spec
+    return body, values_key([body]), weak(canonical(body))
 
 
 def body_key(body: Any) -> Any:

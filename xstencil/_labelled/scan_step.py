@@ -4,7 +4,8 @@ arrays, inside the compiled loop."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import hashlib
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -16,7 +17,7 @@ from xstencil import _progress
 from xstencil._backends.dask import any_dask
 from xstencil._backends.shard import is_sharded
 from xstencil._engine.call import as_array, merge_static, precision, promote, split_static
-from xstencil._engine.kcache import compiled
+from xstencil._engine.kcache import compiled, values_key
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
 from xstencil._labelled.result import host64
@@ -50,7 +51,8 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
                     _progress.check_every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
                     if o.progress else 0, o.check_finite)
         key = ("step", static, loop, names, tuple(evolving), tuple(
-            (tuple(x.shape), str(x.dtype)) for x in arrays))
+            (tuple(x.shape), str(x.dtype)) for x in arrays), _labels(template),
+            values_key([fn]))
         if o.check_finite:
             initial_finite(call, [[arrays[i]] for i in evolving], dim, 1)
         run = compiled(fn, key, lambda: _build(apply, loop, evolving))
@@ -59,6 +61,23 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
     outs = host64(outs)
     finite(call, bad, tvals, dim)
     return _trajectory(o, template, names, evolving, outs, tvals)
+
+
+def _labels(template: Any) -> Hashable:
+    """The state's coordinates (by value), attrs and name: the compiled loop
+    wraps every step's state with ``template``, so a call whose labels differ
+    from the call that compiled it must not reuse it (it read the old ones)."""
+    coords = []
+    for n, v in template.coords.items():
+        a = np.asarray(v.values)
+        raw = np.ascontiguousarray(a).view(np.uint8) if a.dtype.kind in "biufcmM" \
+            else repr(a.tolist()).encode()
+        coords.append((str(n), v.dims, str(a.dtype), repr(v.attrs),
+                       hashlib.blake2b(raw, digest_size=16).hexdigest()))
+    own = [] if isinstance(template, xr.DataArray) else \
+        [(str(n), repr(v.attrs)) for n, v in template.data_vars.items()]
+    return (tuple(coords), tuple(own), repr(template.attrs),
+            repr(getattr(template, "name", None)))
 
 
 def _state(call: str, obj: Any, fn: Any, o: ScanPlan

@@ -17,7 +17,7 @@ from xstencil._engine.krylov import KRYLOV
 from xstencil._errors import XStencilError
 from xstencil._labelled.iterate import Converged, report
 from xstencil._labelled.mesh import Mesh
-from xstencil._labelled.operator import State, cached_body, step_function
+from xstencil._labelled.operator import State, cached_body, mesh_order, own_order, step_function
 from xstencil._labelled.result import host64
 
 __all__ = ["solve"]
@@ -107,6 +107,7 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
         raise XStencilError(
             f"{call}: the mesh was built on data of sizes {dict(operator._obj.sizes)!r} but rhs "
             f"has sizes {dict(rhs.sizes)!r}; build the mesh on data like rhs")
+    given, rhs = rhs, mesh_order(rhs, operator)  # solved in the mesh's dim order
     if maxiter is None:
         maxiter = 100 if method == "multigrid" else 10 * int(rhs.size)
     for name, v in (("maxiter", maxiter), ("restart", restart)):
@@ -117,7 +118,9 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
     options = {"window": window, "boundary": boundary, "fill_value": fill_value,
                "period": period}
     step = step_function(call, operator, state, options)
-    guess = _guess(call, x0, rhs)
+    guess = _guess(call, x0, given)
+    if guess is not None and rhs.dims != given.dims:
+        guess = jnp.transpose(jnp.asarray(guess), [given.dims.index(d) for d in rhs.dims])
     with precision([b], args, kwargs):
         b = as_array(call, "rhs", b)
         guess = jnp.zeros_like(b) if guess is None else jnp.asarray(guess, b.dtype)
@@ -138,7 +141,7 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
                                                  method, op, int(maxiter), int(restart)))
         x, i, r, ok = settled(fn(b, guess, dyn, jnp.asarray(tol, jnp.real(b).dtype)),
                               (b, guess, dyn))
-    field = state.wrap([host64(x)])
+    field = own_order(state.wrap([host64(x)]), given)
     return report(call, Converged(field, i, r, ok), tol)
 
 
