@@ -187,7 +187,7 @@ def test_scan_on_loops_keeps_the_rule_after_dense_steps(monkeypatch: pytest.Monk
     zero weight over a NaN (a new call of the same scan)."""
     monkeypatch.delenv(L.ENV, raising=False)
     ran: list[tuple[Nest, str | None]] = []
-    real = LS._steps
+    real = LS.loop_scan_steps.run_loop
 
     def spy(built: Any, *args: Any, **kwargs: Any) -> Any:
         out = real(built, *args, **kwargs)

@@ -39,14 +39,14 @@ from xstencil._labelled import loop_scan as LS  # noqa: E402 - after the numba c
 def fused(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     """The checked nests the loop scans ran with (``None``: read after the step)."""
     seen: list[Any] = []
-    real = LS._fused
+    real = LS.loop_scan_steps._fused
 
     def spy(built: Any) -> Any:
         nest = real(built)
         seen.append(nest)
         return nest
 
-    monkeypatch.setattr(LS, "_fused", spy)
+    monkeypatch.setattr(LS.loop_scan_steps, "_fused", spy)
     yield seen
 
 
