@@ -267,7 +267,7 @@ def test_the_module_keeps_its_heuristics_documented() -> None:
     """The constants the docs quote."""
     assert loop_steps.HOT_STEPS == 1000 and loop_steps.MIN_STEPS == 16
     assert 0 < loop_steps.CHUNK_SECONDS <= 0.1
-    assert LS.loop_steps is loop_steps
+    assert LS.loop_scan_steps.loop_steps is loop_steps
 
 
 @pytest.mark.parametrize("threads", [1, 2])
