@@ -292,13 +292,21 @@ def test_one_and_three_dims(spy: list[bool]) -> None:
 def test_thread_count_follows_the_measured_times(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hostfft, "workers", lambda: 2)
     t = hostfft.Threads()
-    assert t.pick() == 2  # neither timed yet: each tried in turn
-    t.record(2, 1.0)
-    assert t.pick() == 1
-    t.record(1, 3.0)
-    picks = [t.pick() for _ in range(2 * hostfft.EXPLORE)]
+    first = []
+    for _ in range(2 * hostfft.SAMPLES):  # each count timed SAMPLES times, alternating
+        n = t.pick()
+        first.append(n)
+        t.record(n, 1.0 if n == 2 else 3.0)
+    assert first.count(2) == first.count(1) == hostfft.SAMPLES
+    picks = []
+    for _ in range(2 * hostfft.EXPLORE):
+        n = t.pick()
+        picks.append(n)
+        t.record(n, 1.0 if n == 2 else 3.0)
     assert picks.count(1) == 2 and picks.count(2) == 2 * hostfft.EXPLORE - 2  # 1 explored
-    for _ in range(20):  # the machine got busy: 2 threads now slower
+    t.record(2, 50.0)  # one slow call does not move the choice (a median, not a mean)
+    assert t.pick() == 2
+    for _ in range(hostfft.SAMPLES):  # the machine got busy: 2 threads now slower
         t.record(2, 5.0)
     assert t.pick() == 1
 

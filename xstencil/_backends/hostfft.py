@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,12 +86,15 @@ def _checked(pocket: Any) -> Any:
 
 _pocket = _checked(_pocket)
 
-__all__ = ["ENV", "EXPLORE", "MARGIN", "ROWS", "HostFFT", "Threads", "l1_product", "workers"]
+__all__ = ["ENV", "EXPLORE", "MARGIN", "ROWS", "SAMPLES", "HostFFT", "Threads", "l1_product",
+           "workers"]
 
 #: The L1 norm of the product spectrum must stay below ``finfo.max / MARGIN``.
 MARGIN = 64
 #: Every this many calls, the thread count not in use is timed again.
 EXPLORE = 32
+#: How many recent times of each thread count :class:`Threads` compares (by median).
+SAMPLES = 3
 #: Rows of the spectrum multiplied and summed per block (kept in cache).
 ROWS = 32
 
@@ -133,15 +137,23 @@ class Threads:
     picked by their measured times: on a machine whose other cores are
     busy, a second FFT thread waits for its share and the call takes longer
     than on one thread (measured 2-2.5x on 2 loaded cores), on an idle one
-    it takes about half.  Each count is tried first, then the faster of the
-    two (a running mean of its last calls) is used, and the other one again
-    every :data:`EXPLORE` calls, so a change in the machine's load is seen."""
+    it takes about half.  Each count is timed :data:`SAMPLES` times first
+    (alternating), then the one with the lower median of its last
+    :data:`SAMPLES` times is used, and the other one is timed again every
+    :data:`EXPLORE` calls, so a change in the machine's load is seen.  A
+    median, not a mean: one slow call (a page fault, another process) must
+    not send the next :data:`EXPLORE` calls to the slower count (a running
+    mean did, measured: 63 x 63 at 1024**2 ran 1.6x slower for a whole
+    benchmark pass on a quiet machine)."""
 
-    __slots__ = ("mean", "calls")
+    __slots__ = ("times", "calls")
 
     def __init__(self) -> None:
-        self.mean: dict[int, float] = {}
+        self.times: dict[int, deque[float]] = {}
         self.calls = 0
+
+    def _median(self, n: int) -> float:
+        return float(np.median(self.times[n]))
 
     def pick(self) -> int:
         """The thread count for the next call."""
@@ -149,18 +161,18 @@ class Threads:
         if most == 1:
             return 1
         self.calls += 1
-        for n in (most, 1):
-            if n not in self.mean:
-                return n
-        best = min((most, 1), key=lambda n: self.mean[n])
+        counts = (most, 1)
+        fewest = min(counts, key=lambda n: len(self.times.get(n, ())))
+        if len(self.times.get(fewest, ())) < SAMPLES:
+            return fewest
+        best = min(counts, key=self._median)
         if self.calls % EXPLORE == 0:
             return 1 if best == most else most
         return best
 
     def record(self, n: int, seconds: float) -> None:
         """Time one call that ran on ``n`` threads."""
-        old = self.mean.get(n)
-        self.mean[n] = seconds if old is None else 0.75 * old + 0.25 * seconds
+        self.times.setdefault(n, deque(maxlen=SAMPLES)).append(seconds)
 
 
 class HostFFT:
