@@ -24,10 +24,7 @@ with a runtime scalar per cell, above an FFT of the runtime weights.  A cell
 whose runtime weight is 0 is not read, as with constant weights: when the
 block holds a NaN or an infinity, such cells are masked out.  Outside JAX
 transforms the spectrum of runtime weights is computed outside the per-call
-program (:mod:`xstencil._engine.dense_hoist`), and a map whose output is
-one circular FFT of data on the host runs with scipy's FFT instead
-(:func:`~xstencil._engine.dense_hoist.host_term`,
-``xstencil/_backends/hostfft.py``).  NaN and inf in the data or
+program (:mod:`xstencil._engine.dense_hoist`).  NaN and inf in the data or
 the weights give the direct sum's answer on every lowering; the FFT's
 handling is in :mod:`xstencil._engine.dense_finite`.
 """
@@ -47,7 +44,7 @@ from jax.extend import core as jcore
 from xstencil._engine.affine import runtime_weights
 from xstencil._engine.call import stand_in
 from xstencil._engine.dense_finite import finite_guard
-from xstencil._engine.dense_hoist import host_term, provided
+from xstencil._engine.dense_hoist import provided
 from xstencil._engine.dense_runtime import (
     runtime_slices,
     runtime_spectrum,
@@ -342,13 +339,10 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
     for (terms, bias), v in zip(plans, closed.jaxpr.outvars, strict=True):
         dtype = v.aval.dtype
         out = None
-        circular = None  # the one source of a lone circular FFT term (see host_term)
         for src, w, how in terms:
             if how == "fft" and _whole_periodic(src, geom):
                 lows = [lo for lo, _ in src.pads]
                 part = _circular(src.array.astype(dtype), w, lows, steps, field)
-                if len(plans) == 1 and len(terms) == 1 and not isinstance(w, np.ndarray):
-                    circular = src.array
                 out = part if out is None else out + part
                 continue
             x, shift = src.block(geom)
@@ -371,6 +365,4 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
         elif np.any(bias):
             out = out + np.asarray(bias, dtype)
         leaves.append(out.astype(dtype))
-        if circular is not None:  # a host FFT may compute it (dense_hoist.Staged)
-            host_term(circular, leaves[-1], steps, field, bias)
     return leaves

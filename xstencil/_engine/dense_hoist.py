@@ -24,13 +24,6 @@ and so a new spectrum, never a stale one; equal weights reuse theirs.  A
 missing spectrum is computed by the same jitted function the program would
 have run, so the results are the same.
 
-A third way skips ``main`` (and XLA) altogether: where the whole output is
-one circular correlation of the data (a whole periodic field, see
-:func:`host_term`) and a ``host`` runner is given (the labelled layer lends
-:class:`xstencil._backends.hostfft.HostFFT`), a call on data on this
-process's CPU runs that correlation with scipy's FFT on the host, with the
-spectrum from the same table (see that module for its finiteness check).
-
 Inside a transform (``grad`` with respect to the weights, ``vmap``, a
 user's ``jit``) the plain program runs, computing the spectra in it.  A
 kernel without runtime FFT weights runs the plain program only: the first
@@ -43,8 +36,8 @@ import contextvars
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -53,8 +46,7 @@ import numpy as np
 from xstencil._engine.call import outside_transforms
 from xstencil._engine.kcache import freeze
 
-__all__ = ["HostPlan", "Staged", "host_term", "provided", "report", "SPECTRA", "SPECTRA_BYTES",
-           "INPUT_KEY_BYTES", "RETRY"]
+__all__ = ["Staged", "provided", "report", "SPECTRA", "SPECTRA_BYTES", "INPUT_KEY_BYTES", "RETRY"]
 
 #: How many sets of weight spectra each compiled map keeps (by the weights'
 #: values), and at most how many bytes of them (the newest set is always kept).
@@ -68,24 +60,11 @@ RETRY = 15
 INPUT_KEY_BYTES = 2**20
 
 
-class HostPlan(NamedTuple):
-    """An output that is one circular correlation of the data, which a host
-    runner may compute: ``out = irfftn(rfftn(x) * spectrum)[index] + bias``
-    in ``dtype``, ``index`` the slices ``0:step*(count-1)+1:step``
-    (:func:`xstencil._engine.dense._circular_raw`), wrapped as ``tree``."""
-
-    steps: tuple[int, ...]
-    counts: tuple[int, ...]
-    dtype: np.dtype
-    tree: Any
-
-
 class _Collect:
     """Records the runtime weights (and how to transform them) in a trace."""
 
     def __init__(self) -> None:
         self.items: list[tuple[Any, Hashable, Callable[[Any], Any]]] = []
-        self.host: list[tuple[Any, Any, tuple[int, ...], tuple[int, ...], Any]] = []
 
 
 class _Provide:
@@ -114,18 +93,6 @@ def provided(w: Any, static: Hashable, make: Callable[[Any], Any]) -> Any:
     return None
 
 
-def host_term(x: Any, leaf: Any, steps: Sequence[int], counts: Sequence[int],
-              bias: Any) -> None:
-    """Note (in the weights trace) that the output ``leaf`` is the circular
-    correlation of the source array ``x`` with the one runtime spectrum
-    recorded just before (:func:`provided`), plus the scalar ``bias``.  It
-    is used only where ``leaf`` turns out to be the program's only output
-    and ``x`` its only data array (checked in :meth:`Staged._weights`)."""
-    mode = _MODE.get()
-    if isinstance(mode, _Collect):
-        mode.host.append((x, leaf, tuple(steps), tuple(counts), bias))
-
-
 def report(finite: Any) -> None:
     """Where a spectrum was given (:func:`provided`), the FFT lowering runs
     its all-finite path only and reports here whether that was right; a
@@ -141,14 +108,8 @@ class Staged:
     where it can (see the module notes).  ``.lower``, ``.trace`` and other
     attributes are those of the plain jitted function."""
 
-    def __init__(self, run: Callable[..., Any], host: Any = None):
+    def __init__(self, run: Callable[..., Any]):
         self.run = run
-        # the host runner (HostFFT): ``usable(data, rest)`` and ``run(plan, x,
-        # spectrum, bias)``, which returns None where the data or the FFT are not
-        # finite; ``hosts``: the HostPlan per weights trace (None: not one FFT)
-        self.host = host
-        self.hosts: dict[int, HostPlan | None] = {}
-        self.host_memo: OrderedDict[Hashable, tuple[int, Any]] = OrderedDict()
         self.plain = jax.jit(run)
         self.split: bool | None = None  # None: not known before the first call
         self.statics: dict[int, list[tuple[Hashable, Callable[[Any], Any]]]] = {}
@@ -168,19 +129,17 @@ class Staged:
             raise AttributeError(name)
         return getattr(self.plain, name)
 
-    def _weights(self, *args: Any) -> tuple[Any, list[Any], Any]:
+    def _weights(self, *args: Any) -> tuple[Any, list[Any]]:
         col = _Collect()
         token = _MODE.set(col)
         try:
-            out = self.run(*args)
+            self.run(*args)
         finally:
             _MODE.reset(token)
-        plan, bias = _host_plan(col, args[0], out)
         with self.lock:
             tag = len(self.statics)
             self.statics[tag] = [(static, make) for _, static, make in col.items]
-            self.hosts[tag] = plan
-        return np.int32(tag), [w for w, _, _ in col.items], bias
+        return np.int32(tag), [w for w, _, _ in col.items]
 
     def _main(self, *args: Any) -> Any:
         *args, spectra = args
@@ -218,38 +177,18 @@ class Staged:
                 self.skip = RETRY  # NaN land from the start: no all-finite program yet
                 return self.plain(*args)
         key = _input_key(data, rest, tree)
-        host = self.host is not None and self.host.usable(data, rest)
         with self.lock:
             spectra = None if key is None else self.spectra.get(key)
-            memo = None if key is None or not host else self.host_memo.get(key)
-        if spectra is None or (host and memo is None):
-            tag, ws, bias = self.weights(*args)
-            memo = (int(tag), bias)
-            spectra = self._spectra(memo[0], ws)
+        if spectra is None:
+            tag, ws = self.weights(*args)
+            spectra = self._spectra(int(tag), ws)
             if key is not None:
                 self._keep(key, spectra)
-                if host:
-                    self._memo(key, memo)
-        plan = self.hosts.get(memo[0]) if host else None
-        if plan is not None:  # one FFT on host data: scipy's, no XLA program
-            got = self.host.run(plan, data[0], spectra[0], memo[1])
-            if got is not None:
-                return got
-            self.skip = RETRY  # NaN, inf or a sum too large: the exact path, as below
-            return self.plain(*args)
         out, finite = self.main(*args, spectra)
         if bool(finite):
             return out
         self.skip = RETRY  # NaN or inf: the exact path, for this call and the next ones
         return self.plain(*args)
-
-    def _memo(self, key: Hashable, memo: tuple[int, Any]) -> None:
-        """Remember the weights trace's tag and the bias for ``key`` (an
-        input key: the inputs' values, which fix both)."""
-        with self.lock:
-            self.host_memo[key] = memo
-            while len(self.host_memo) > SPECTRA:
-                self.host_memo.popitem(last=False)
 
     def _keep(self, key: Hashable, spectra: list[Any]) -> None:
         with self.lock:
@@ -277,24 +216,6 @@ class Staged:
             made.append(fn(w))
         self._keep(key, made)
         return made
-
-
-def _host_plan(col: _Collect, arrays: Any, out: Any) -> tuple[HostPlan | None, Any]:
-    """The :class:`HostPlan` of a weights trace and its bias (a scalar of
-    the output's dtype, 0 where there is no plan): only where the program's
-    one output is the one circular correlation noted (:func:`host_term`),
-    of the program's one data array as it is, with the one runtime spectrum."""
-    leaves, tree = jax.tree_util.tree_flatten(out)
-    data = jax.tree_util.tree_leaves(arrays)
-    if len(col.host) != 1 or len(col.items) != 1 or len(leaves) != 1 or len(data) != 1:
-        return None, jnp.zeros((), np.float32)
-    x, leaf, steps, counts, bias = col.host[0]
-    dtype = np.dtype(leaf.dtype)
-    if (leaves[0] is not leaf or x is not data[0] or np.dtype(x.dtype) != dtype
-            or dtype not in (np.float32, np.float64) or np.shape(bias) != ()
-            or tuple(leaf.shape) != counts):
-        return None, jnp.zeros((), np.float32)
-    return HostPlan(steps, counts, dtype, tree), jnp.asarray(bias).astype(dtype)
 
 
 def _input_key(data_leaves: list[Any], leaves: list[Any], tree: Any) -> Hashable | None:

@@ -273,8 +273,7 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
                 key_extra: Any, body: Callable[..., Any], args: Any, kwargs: Any,
                 period: Mapping[str, float] | None, dynamic: Sequence[Any] = (),
                 used: dict[str, Any] | None = None,
-                loops: Callable[..., Any] | None = None, out: Any = None,
-                host: Any = None) -> Any:
+                loops: Callable[..., Any] | None = None, out: Any = None) -> Any:
     """Run ``body(kernels, plan, static, arrays, coords, dyn, dynamic)`` under jit.
 
     The compiled function is shared by every call whose kernels have the same
@@ -286,9 +285,7 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
     given, wraps the jitted function, ``loops(jitted, kernels, static)``
     (the CPU loop backend of maps, :mod:`xstencil._backends.loops`); ``out``
     (with ``loops`` only) is the checked buffer of ``map(..., out=)``, which
-    the loop writes into where it can (see ``LoopOrJit``).  ``host``: the
-    host runner of dense FFT maps (:class:`xstencil._backends.hostfft.HostFFT`)
-    that the jitted function may use (:class:`~xstencil._engine.dense_hoist.Staged`).
+    the loop writes into where it can (see ``LoopOrJit``).
     """
     lifted = kernels if isinstance(kernels, Lifted) else describe(kernels)
     with precision(f.arrays, args, kwargs, dtype_probe(plan)):
@@ -306,7 +303,7 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
                 return body(rebuild(template, leaves), plan, static, arrays, coords, dyn,
                             dynamic)
 
-            jitted = Staged(run, host)  # jax.jit(run), FFT weight spectra hoisted (dense_hoist)
+            jitted = Staged(run)  # jax.jit(run), FFT weight spectra hoisted (dense_hoist)
             return jitted if loops is None else loops(jitted, template, static)
 
         fn = cached(key, build)

@@ -11,7 +11,6 @@ import numpy as np
 import xarray as xr
 
 from xstencil._backends.dask import with_progress
-from xstencil._backends.hostfft import HostFFT
 from xstencil._backends.loops import LoopOrJit, backend_arg
 from xstencil._engine.call import split_static
 from xstencil._engine.kcache import cached, describe, rebuild
@@ -233,8 +232,7 @@ def _map(call: str, obj: Any, kernel: Callable[..., Any], args: tuple[Any, ...],
         return rewrap(plan, f, out, leaf_dims)
     used: dict[str, Any] = {}
     out = call_engine(plan, f, lifted, ("loops", backend), _body, args, kwargs, period,
-                      used=used, loops=_loop_backend(plan, backend), out=into,
-                      host=HostFFT(backend))
+                      used=used, loops=_loop_backend(plan, backend), out=into)
     remember(lifted, sig, obj, plan, f, period, args, kwargs, used)
     return deliver(call, target, rewrap(plan, f, out, leaf_dims))
 
