@@ -46,7 +46,8 @@ def environment() -> str:
         v.append(f"{name} {mod.__version__}" if mod is not None else f"{name} not installed")
     return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores "
             f"(shared with other jobs); " + ", ".join(v)
-            + f"; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}.")
+            + f"; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}"
+            + f", GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}.")
 
 
 # --------------------------------------------------------------------------

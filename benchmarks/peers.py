@@ -11,8 +11,11 @@ loops (written here), numba ``@stencil``, pystencils (OpenMP), devito
 ``lax.conv_general_dilated`` and numpy.  All run side by side in one process:
 every case is timed in two passes, each pass made of interleaved rounds (one
 call of every column per round), and the median of each pass is quoted
-("pass 1 / pass 2").  OpenMP peers run with ``OMP_WAIT_POLICY=PASSIVE`` so
-that their idle threads do not spin against XLA's.
+("pass 1 / pass 2").  OpenMP peers run with ``OMP_WAIT_POLICY=PASSIVE`` and
+``GOMP_SPINCOUNT=10000`` (the settings xstencil's loop backend applies where
+the user has set none, ``xstencil/_backends/loops.py::omp_env``), so that
+their idle threads do not spin long against XLA's; one libgomp serves every
+OpenMP column of the process, so all run with the same settings.
 
 Boundary handling differs where a peer cannot express a mode: pystencils and
 devito update the interior of an array whose one-cell ghost layer holds the
@@ -69,6 +72,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 os.environ.setdefault("DEVITO_LANGUAGE", "openmp")
 os.environ.setdefault("DEVITO_LOGGING", "ERROR")
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -50,6 +49,7 @@ from xstencil._backends.loops import (
     leaf_sig,
     numba,
     numpy_on_cpu,
+    omp_env,
     resolve_mode,
 )
 from xstencil._engine.kcache import cached
@@ -196,7 +196,7 @@ class MeshLoops:
             out_dtypes = [np.dtype(a.dtype) for a in avals]
             coords = [np.asarray(c) for c in coords]
             sources = self.make_sources(list(arrays), coords)
-            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see loops.py
+            omp_env()
             nests, params = [], None
             for part in self.parts:
                 kernel = self.base if part.kernel < 0 else self.kernels[part.kernel]
