@@ -9,7 +9,9 @@ analysis of scans).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -18,7 +20,7 @@ import numpy as np
 from jax import lax
 
 __all__ = ["MAX_ELEMENT_OPS", "Unliftable", "Lifted", "Table", "ArrayAlgebra", "DepsAlgebra",
-           "Algebra", "Abstract", "elem", "ids_of"]
+           "Algebra", "Abstract", "elem", "ids_of", "linear_operator", "unread_zero_weight"]
 
 # Upper bound on unrolled element operations before we give up and fall back.
 MAX_ELEMENT_OPS = 60_000
@@ -114,6 +116,26 @@ class ArrayAlgebra:
         return out
 
 
+_LINEAR: contextvars.ContextVar[bool] = contextvars.ContextVar("xstencil_linear_operator",
+                                                               default=False)
+
+
+@contextlib.contextmanager
+def linear_operator() -> Iterator[None]:
+    """Lower kernels traced in this block as the operator of a linear solve
+    (``xstencil.solve``): a product with a weight of 0 is the plain product
+    (:func:`unread_zero_weight` is off).  Its ``where`` has a condition that
+    depends on the window values, that is on the unknown, which JAX cannot
+    transpose: bicgstab and gmres, whose ``custom_linear_solve`` transposes
+    the operator, failed with a bare ``AssertionError`` on a ``0.0 * u()``
+    term.  A linear solve's iterates are finite while it converges."""
+    token = _LINEAR.set(True)
+    try:
+        yield
+    finally:
+        _LINEAR.reset(token)
+
+
 def unread_zero_weight(arrays: list[Any]) -> list[Any]:
     """The operands of a product of a window value (a whole-field array) and
     a weight (a scalar that does not come from the window), where a weight of
@@ -121,6 +143,8 @@ def unread_zero_weight(arrays: list[Any]) -> list[Any]:
     counts as 0, as in the dense lowerings (which drop cells of weight 0) and
     the loop backend (:mod:`xstencil._engine.loopgen`).  Finite values and
     nonzero weights are untouched, and so are derivatives there."""
+    if _LINEAR.get():  # the operator of a linear solve: see linear_operator
+        return arrays
     a, b = arrays
     if np.ndim(a) == 0 and np.ndim(b) > 0:
         return unread_zero_weight([b, a])[::-1]

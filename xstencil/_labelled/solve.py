@@ -12,6 +12,7 @@ import xarray as xr
 
 from xstencil._engine import multigrid as mg
 from xstencil._engine.call import as_array, merge_static, precision, settled, split_static
+from xstencil._engine.elements import linear_operator
 from xstencil._engine.kcache import compiled
 from xstencil._engine.krylov import KRYLOV
 from xstencil._errors import XStencilError
@@ -128,7 +129,8 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
         a, kw = merge_static(dyn, static)
 
         def matvec(x: Any) -> Any:
-            return step([x], a, kw)[0]
+            with linear_operator():  # transposable: see elements.linear_operator
+                return step([x], a, kw)[0]
 
         if method != "multigrid":  # multigrid's own check (A v == fitted v) implies linearity
             _check_linear(call, matvec, b, boundary, fill_value)
@@ -153,7 +155,8 @@ def _build(call: str, resolve: Callable[[], Any], state: State, options: Mapping
         step = step_function(call, resolve(), state, options)
 
         def matvec(x: Any) -> Any:
-            return step([x], a, kw)[0]
+            with linear_operator():  # transposable: see elements.linear_operator
+                return step([x], a, kw)[0]
 
         def method_fn(mv: Any, rhs: Any, start: Any) -> tuple[Any, Any]:
             if op is not None:
