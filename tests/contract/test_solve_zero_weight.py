@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
@@ -70,3 +72,27 @@ def test_maps_still_do_not_read_cells_of_weight_zero() -> None:
                              fill_value=0.0, backend=backend)
         want = np.append(2.0 * a[1:], 0.0)
         np.testing.assert_array_equal(np.asarray(out), want)
+
+
+def test_a_solve_does_not_change_later_maps_of_its_operator() -> None:
+    """The solve's lowering (no unread-zero-weight rule) is cached apart: a
+    map of the same operator afterwards, jitted with the same shapes and
+    dtypes as the solve's trace, still counts a NaN under weight 0 as 0
+    (it returned NaN when the solve's trace was reused)."""
+    def op(u: Any) -> Any:
+        return u(x=1) + u(x=-1) + 0.0 * u()
+
+    rhs = _rhs()
+    xstencil.solve(op, rhs, method="bicgstab", boundary="fill", fill_value=0.0)
+    a = rhs.values.copy()
+    a[5] = np.nan
+    want = np.append(a[1:], 0.0) + np.insert(a[:-1], 0, 0.0)  # u(x=1) + u(x=-1), zero fill
+    with jax.enable_x64(True):
+        f = jax.jit(lambda v: xr.DataArray(v, dims=("x",), coords=rhs.coords).stencil.map(
+            op, boundary="fill", fill_value=0.0).data)
+        got = np.asarray(f(jnp.asarray(a)))
+    assert np.isfinite(got[5])
+    np.testing.assert_allclose(got, want, rtol=1e-15, equal_nan=True)
+    plain = xr.DataArray(a, dims=("x",), coords=rhs.coords).stencil.map(
+        op, boundary="fill", fill_value=0.0, backend="xla")
+    np.testing.assert_allclose(np.asarray(plain), want, rtol=1e-15, equal_nan=True)

@@ -20,7 +20,8 @@ import numpy as np
 from jax import lax
 
 __all__ = ["MAX_ELEMENT_OPS", "Unliftable", "Lifted", "Table", "ArrayAlgebra", "DepsAlgebra",
-           "Algebra", "Abstract", "elem", "ids_of", "linear_operator", "unread_zero_weight"]
+           "Algebra", "Abstract", "elem", "ids_of", "linear_mode", "linear_operator",
+           "unread_zero_weight"]
 
 # Upper bound on unrolled element operations before we give up and fall back.
 MAX_ELEMENT_OPS = 60_000
@@ -136,6 +137,14 @@ def linear_operator() -> Iterator[None]:
         _LINEAR.reset(token)
 
 
+def linear_mode() -> bool:
+    """Whether kernels are being lowered inside :func:`linear_operator`.  Part
+    of every compile-cache key a map's lowering is stored under, since the
+    lowering differs: a trace made inside a solve, reused by a map outside,
+    read a NaN under a weight of 0 as NaN."""
+    return _LINEAR.get()
+
+
 def unread_zero_weight(arrays: list[Any]) -> list[Any]:
     """The operands of a product of a window value (a whole-field array) and
     a weight (a scalar that does not come from the window), where a weight of
@@ -143,7 +152,7 @@ def unread_zero_weight(arrays: list[Any]) -> list[Any]:
     counts as 0, as in the dense lowerings (which drop cells of weight 0) and
     the loop backend (:mod:`xstencil._engine.loopgen`).  Finite values and
     nonzero weights are untouched, and so are derivatives there."""
-    if _LINEAR.get():  # the operator of a linear solve: see linear_operator
+    if linear_mode():  # the operator of a linear solve: see linear_operator
         return arrays
     a, b = arrays
     if np.ndim(a) == 0 and np.ndim(b) > 0:

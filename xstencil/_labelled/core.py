@@ -31,6 +31,7 @@ from xstencil._engine.coords import (
     warn_repeated_endpoint,
 )
 from xstencil._engine.dense_hoist import Staged
+from xstencil._engine.elements import linear_mode
 from xstencil._engine.kcache import (
     Lifted,
     cached,
@@ -294,7 +295,8 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
                   else as_array(plan.call, "the data", x) for x in f.arrays]
         coords = _device_coords(plan, f, period)
         dyn, static = split_static(plan.call, (args, kwargs))
-        key = ("engine", lifted.key, plan, static, key_extra)
+        # the lowering inside a solve's operator differs (elements.linear_mode)
+        key = ("engine", lifted.key, plan, static, key_extra, linear_mode())
 
         def build() -> Callable[..., Any]:
             template = lifted  # the first call's kernels: only their structure is used

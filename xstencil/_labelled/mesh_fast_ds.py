@@ -31,6 +31,7 @@ import xarray as xr
 
 from xstencil._engine.call import is_wide, settled, split_static
 from xstencil._engine.coords import coord_values
+from xstencil._engine.elements import linear_mode
 from xstencil._engine.kcache import Lifted, freeze
 from xstencil._engine.x64flag import x64
 from xstencil._labelled.core import Fields, dtype_probe
@@ -69,8 +70,8 @@ def _plain(data: Any) -> bool:
 def ds_signature(obj: Any, options: tuple[Any, ...], args: Any,
                  kwargs: Any) -> Hashable | None:
     """The signature of a Dataset mesh call, or ``None`` where the fast path
-    does not apply."""
-    if type(obj) is not xr.Dataset or not obj.data_vars:
+    does not apply (also inside a solve's operator: elements.linear_mode)."""
+    if type(obj) is not xr.Dataset or not obj.data_vars or linear_mode():
         return None
     variables = obj._variables
     layout = []
