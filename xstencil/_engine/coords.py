@@ -25,6 +25,7 @@ read off the centre raises (:class:`xstencil._engine.coordwindow.CoordWindow`).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,8 +36,8 @@ import pandas as pd
 from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
-__all__ = ["coord_values", "numeric_coord", "coord_period", "pad_coord", "read_dtype",
-           "pack_coord", "padded", "repeated_period", "warn_repeated_endpoint"]
+__all__ = ["coord_digest", "coord_values", "numeric_coord", "coord_period", "pad_coord",
+           "read_dtype", "pack_coord", "padded", "repeated_period", "warn_repeated_endpoint"]
 
 #: spans that are a full period on their own: a periodic coordinate spanning
 #: one of these from its first to its last label repeats its endpoint
@@ -82,6 +83,17 @@ def coord_values(v: Any) -> np.ndarray:
         out = idx.tz_convert(None).to_numpy()
         return out if getattr(v, "ndim", 1) == 1 else out[0]
     return np.asarray(v.values)
+
+
+def coord_digest(name: Any, v: Any) -> tuple[Any, ...]:
+    """A coordinate variable ``v`` by value, for a compile-cache key: its name,
+    dims, shape, dtype (a timezone included), attrs and a digest of its values (their bytes for
+    numbers, datetimes and timedeltas, else their repr)."""
+    a = np.asarray(v.values)
+    raw = np.ascontiguousarray(a).view(np.uint8) if a.dtype.kind in "biufcmM" \
+        else repr(a.tolist()).encode()
+    return (str(name), tuple(v.dims), a.shape, str(v.dtype), repr(v.attrs),
+            hashlib.blake2b(raw, digest_size=16).hexdigest())
 
 
 def numeric_coord(call: str, dim: str, values: np.ndarray) -> np.ndarray | None:

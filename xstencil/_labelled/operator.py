@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from xstencil._engine.coords import coord_digest
 from xstencil._engine.kcache import canonical, values_key
 from xstencil._errors import XStencilError
 from xstencil._labelled.map import map as _map
@@ -85,13 +86,7 @@ class State:
         and the attrs and name (the compiled loop wraps each step's state with
         this State's, so a step function reading them must not see an older
         call's)."""
-        coords = []
-        for n, v in self.coords.items():
-            h = hashlib.blake2b(np.ascontiguousarray(np.asarray(v.values)).view(np.uint8)
-                                if np.asarray(v.values).dtype.kind in "biufcmM"
-                                else repr(v.values.tolist()).encode(), digest_size=16)
-            coords.append((str(n), v.dims, v.shape, str(v.dtype), h.hexdigest(),
-                           repr(v.attrs)))
+        coords = [coord_digest(n, v) for n, v in self.coords.items()]
         vars_ = [(None, self.dims, self.shape)] if self.names is None else \
             [(n, self.var[n][0], sh, repr(self.var[n][1]))
              for n, sh in zip(self.names, self.var_shapes, strict=True)]

@@ -4,7 +4,6 @@ arrays, inside the compiled loop."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ from xstencil import _progress
 from xstencil._backends.dask import any_dask
 from xstencil._backends.shard import is_sharded
 from xstencil._engine.call import as_array, merge_static, precision, promote, split_static
+from xstencil._engine.coords import coord_digest
 from xstencil._engine.kcache import compiled, values_key
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
@@ -67,13 +67,7 @@ def _labels(template: Any) -> Hashable:
     """The state's coordinates (by value), attrs and name: the compiled loop
     wraps every step's state with ``template``, so a call whose labels differ
     from the call that compiled it must not reuse it (it read the old ones)."""
-    coords = []
-    for n, v in template.coords.items():
-        a = np.asarray(v.values)
-        raw = np.ascontiguousarray(a).view(np.uint8) if a.dtype.kind in "biufcmM" \
-            else repr(a.tolist()).encode()
-        coords.append((str(n), v.dims, str(a.dtype), repr(v.attrs),
-                       hashlib.blake2b(raw, digest_size=16).hexdigest()))
+    coords = [coord_digest(n, v) for n, v in template.coords.items()]
     own = [] if isinstance(template, xr.DataArray) else \
         [(str(n), repr(v.attrs)) for n, v in template.data_vars.items()]
     return (tuple(coords), tuple(own), repr(template.attrs),
