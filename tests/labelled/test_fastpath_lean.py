@@ -72,20 +72,24 @@ def test_memo_records_on_second_sighting_and_hits(da):
     np.testing.assert_array_equal(_run(da, k), _ref_shift(da.values, 1) * SCALE)
 
 
-def test_changed_global_is_seen(da):
-    global SCALE
+@pytest.mark.parametrize(("kernel", "name", "shift"), [
+    (_global_kernel, "SCALE", 1),  # read by the kernel itself
+    (_helper_kernel, "HELPER_C", -1),  # read by a function the kernel calls
+])
+def test_changed_global_is_seen(da, kernel, name, shift):
+    mod = globals()
     kcache.clear()
     for _ in range(3):
-        _run(da, _global_kernel)
-    assert _memo_hits(_global_kernel)
-    old = SCALE
+        _run(da, kernel)
+    assert _memo_hits(kernel)
+    old = mod[name]
     try:
-        SCALE = 5.0
-        assert not _memo_hits(_global_kernel)
-        np.testing.assert_array_equal(_run(da, _global_kernel), _ref_shift(da.values, 1) * 5.0)
+        mod[name] = 5.0
+        assert not _memo_hits(kernel)
+        np.testing.assert_array_equal(_run(da, kernel), _ref_shift(da.values, shift) * 5.0)
     finally:
-        SCALE = old
-    np.testing.assert_array_equal(_run(da, _global_kernel), _ref_shift(da.values, 1) * old)
+        mod[name] = old
+    np.testing.assert_array_equal(_run(da, kernel), _ref_shift(da.values, shift) * old)
 
 
 def test_global_defined_later_is_seen(da):
@@ -102,21 +106,6 @@ def test_global_defined_later_is_seen(da):
     assert not _memo_hits(k)
     g["LATER"] = 4.0
     np.testing.assert_array_equal(_run(da, k), _ref_shift(da.values, 1) + 4.0)
-
-
-def test_changed_helper_global_is_seen(da):
-    global HELPER_C
-    kcache.clear()
-    for _ in range(3):
-        _run(da, _helper_kernel)
-    assert _memo_hits(_helper_kernel)
-    old = HELPER_C
-    try:
-        HELPER_C = 3.0
-        assert not _memo_hits(_helper_kernel)
-        np.testing.assert_array_equal(_run(da, _helper_kernel), _ref_shift(da.values, -1) * 3.0)
-    finally:
-        HELPER_C = old
 
 
 def test_changed_closure_cell_is_seen(da):
