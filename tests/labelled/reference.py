@@ -55,6 +55,18 @@ def pad_coord(c: np.ndarray, lo: int, hi: int, mode: str, period: float | None =
     """The coordinate with its halo, one point at a time."""
     c = np.asarray(c, dtype=np.float64)
     n = len(c)
+
+    def mirrored(p: int) -> float:
+        # a position past an end is the mirror image, about that end's mirror
+        # point, of the position it reflects to (recursively, for deep halos)
+        if 0 <= p < n:
+            return c[p]
+        if mode == "reflect":
+            return 2 * c[0] - mirrored(-p) if p < 0 else 2 * c[-1] - mirrored(2 * (n - 1) - p)
+        if p < 0:
+            return 2 * (c[0] - (c[1] - c[0]) / 2) - mirrored(-p - 1)
+        return 2 * (c[-1] + (c[-1] - c[-2]) / 2) - mirrored(2 * n - 1 - p)
+
     out = []
     for p in range(-lo, n + hi):
         if 0 <= p < n:
@@ -64,13 +76,8 @@ def pad_coord(c: np.ndarray, lo: int, hi: int, mode: str, period: float | None =
         elif mode == "periodic":
             per = period if period is not None else n * (c[1] - c[0])
             out.append(c[p % n] + (p // n) * per)
-        elif mode == "reflect":
-            out.append(2 * c[0] - c[-p] if p < 0 else 2 * c[-1] - c[2 * (n - 1) - p])
-        elif mode == "symmetric":
-            if p < 0:
-                out.append(2 * (c[0] - (c[1] - c[0]) / 2) - c[-p - 1])
-            else:
-                out.append(2 * (c[-1] + (c[-1] - c[-2]) / 2) - c[2 * n - 1 - p])
+        else:
+            out.append(mirrored(p))
     return np.asarray(out)
 
 

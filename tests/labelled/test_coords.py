@@ -81,6 +81,27 @@ def test_mirrored_coordinates_keep_distances(boundary):
     np.testing.assert_allclose(fwd[:-1], np.diff(X))
 
 
+@pytest.mark.parametrize("boundary", ["reflect", "symmetric"])
+@pytest.mark.parametrize("x", [X[:3], X[:2], X], ids=["n3", "n2", "n6"])
+def test_mirrored_coordinates_unfold_past_one_reflection(boundary, x):
+    # a window deeper than the grid: the data's index bounces between the ends,
+    # while the coordinate keeps unfolding (it once read back the same values,
+    # so a derivative divided by a wrong or zero distance)
+    n = len(x)
+    da = xr.DataArray(np.zeros(n), dims="x", coords={"x": x})
+    w = 4 * n + 1
+    out = da.stencil.map(coord_patch, window={"x": w}, boundary=boundary, output_dims="w")
+    expect, _ = ref_map(da.values, ("x",), coord_patch, window={"x": w}, boundary=boundary,
+                        coords={"x": x})
+    np.testing.assert_allclose(out.values, expect)
+    assert (np.diff(out.values, axis=-1) > 0).all()  # strictly increasing across the halo
+    # the mirrored spacings: one fold below the grid is its mirror image
+    left = out.values[0, : w // 2 + 1]
+    steps = np.diff(left)[::-1]
+    mirror = np.diff(x) if boundary == "reflect" else np.r_[x[1] - x[0], np.diff(x)]
+    np.testing.assert_allclose(steps[: len(mirror)], mirror)
+
+
 def test_non_uniform_derivative_is_exact_for_linear_data():
     da = xr.DataArray(3.0 * X + 1.0, dims="x", coords={"x": X})
     out = da.stencil.map(ddx, boundary="valid")

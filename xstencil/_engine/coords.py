@@ -167,17 +167,36 @@ def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,
         d_hi = c[-1] - c[-2] if n > 1 else one
         return np.where(p < 0, c[0] + p * d_lo,
                         np.where(p >= n, c[-1] + (p - n + 1) * d_hi, c[np.clip(p, 0, n - 1)]))
-    idx = source_index(p, n, mode)
     if mode == "periodic":
+        idx = source_index(p, n, mode)
         return c[idx] + np.floor_divide(p, n) * coord_period(call, dim, c, period)
+    return _unfolded(c, p, mode)
+
+
+def _unfolded(c: np.ndarray, p: np.ndarray, mode: str) -> np.ndarray:
+    """The coordinate at positions ``p`` of a ``reflect`` or ``symmetric``
+    halo, as the mirrored grid unfolds: a position past an end is the mirror
+    image, about that end's mirror point (the edge point for ``reflect``,
+    the point half a spacing beyond it for ``symmetric``), of the position
+    it reflects to, and so on until it lands in the grid.  The positions keep
+    increasing however deep the halo, while the data's index bounces back
+    and forth; one reflection gives ``2 * mirror - c[i]`` as written."""
+    n = len(c)
+    shift = 0 if mode == "reflect" else 1  # symmetric repeats the edge cell
     if mode == "reflect":
-        # mirror about the edge point
-        left, right = 2 * c[0] - c[idx], 2 * c[-1] - c[idx]
-    else:  # symmetric: mirror about the midpoint half a spacing beyond the edge
-        m_lo = c[0] - (c[1] - c[0]) / 2
-        m_hi = c[-1] + (c[-1] - c[-2]) / 2
-        left, right = 2 * m_lo - c[idx], 2 * m_hi - c[idx]
-    return np.where(p < 0, left, np.where(p >= n, right, c[idx]))
+        m_lo, m_hi = c[0], c[-1]
+    else:
+        m_lo, m_hi = c[0] - (c[1] - c[0]) / 2, c[-1] + (c[-1] - c[-2]) / 2
+    q = np.asarray(p).copy()
+    sign = np.ones(q.shape)
+    off = np.zeros(q.shape)
+    while True:
+        lo, hi = q < 0, q > n - 1
+        if not (lo.any() or hi.any()):
+            return off + sign * c[q]
+        off = np.where(lo, off + sign * (2 * m_lo), np.where(hi, off + sign * (2 * m_hi), off))
+        sign = np.where(lo | hi, -sign, sign)
+        q = np.where(lo, -q - shift, np.where(hi, 2 * (n - 1) + shift - q, q))
 
 
 def read_dtype(var_dtypes: Sequence[Any]) -> np.dtype:
