@@ -93,11 +93,15 @@ def resolve_mode(backend: str | None) -> str:
 
 
 def leaf_sig(x: Any) -> Any:
+    """A leaf's shape and dtype for a compile key.  The dtype object itself, not
+    ``str(dtype)``: numpy's ``dtype.__str__`` is Python code, which a map on a
+    large array runs with cold caches on every call."""
     if type(x) is np.ndarray:
-        return (x.shape, str(x.dtype))
+        return (x.shape, x.dtype)
     if isinstance(x, bool | int | float | complex):
         return type(x).__name__
-    return (np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
+    dt = getattr(x, "dtype", None)
+    return (np.shape(x), dt if isinstance(dt, np.dtype) else str(dt or type(x).__name__))
 
 
 def numpy_on_cpu(what: str, arrays: Sequence[Any], others: Sequence[Any]) -> bool:
