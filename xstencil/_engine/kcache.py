@@ -47,13 +47,10 @@ Compiled functions live in one bounded LRU table (:data:`SIZE` entries);
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import sys
-import threading
 import types
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +58,19 @@ import jax
 import numpy as np
 
 from xstencil._engine.kmemo import Memo
+from xstencil._engine.kwalk import (
+    BUDGET,
+    LOCK,
+    SINKS,
+    Identity,
+    Opaque,
+    Walk,
+    code_names,
+    freeze,
+    instance_key,
+    is_array,
+    is_library,
+)
 
 __all__ = ["Lifted", "freeze", "describe", "rebuild", "cached", "lru_get", "peek", "put",
            "compiled", "table_of", "canonical", "clear", "settle", "SIZE", "SHARED"]
@@ -71,63 +81,8 @@ SIZE = 128
 #: Kept for the sharded backends' per-owner tables (see :func:`compiled`).
 SHARED = SIZE
 _TABLE: OrderedDict[Hashable, Any] = OrderedDict()
-_SINKS: OrderedDict[int, tuple[Any]] = OrderedDict()  # lists and dicts traces write to
-_LOCK = threading.Lock()
-_SCALARS = (bool, int, str, bytes, type(None), type(Ellipsis))
-_LIBRARIES = frozenset({"numpy", "jax", "jaxlib", "scipy", "xarray", "xstencil", "pandas",
-                        "dask", "equinox", "optax", "builtins"}) | frozenset(
-    getattr(sys, "stdlib_module_names", ()))
-_BUDGET = 400  # values visited per kernel before it is treated as opaque
-_ATOMS = frozenset({type(None), str, int, bool})  # keyed as they are by freeze()
-
-
-def freeze(x: Any) -> Hashable:
-    """A hashable, exact stand-in for an option value in a cache key:
-    mappings and sequences by content, arrays by bytes, numpy scalars with
-    their dtype (``timedelta64(5, 'ns')`` is not ``(5, 'ps')``), floats
-    exactly (``-0.0`` is not ``0.0``; NaN equals itself)."""
-    t = type(x)
-    if t in _ATOMS:  # the common options (None, names, counts, flags), first
-        return (t, x)
-    if t is float:
-        return (t, x.hex())
-    if t is tuple:
-        return ("tuple",) + tuple([freeze(v) for v in x])
-    if isinstance(x, Mapping):
-        return ("<map>",) + tuple((k, freeze(v)) for k, v in x.items())
-    if isinstance(x, list | tuple):
-        return (type(x).__name__,) + tuple(freeze(v) for v in x)
-    if isinstance(x, np.ndarray):
-        return ("<array>", x.dtype.str, x.shape, x.tobytes())
-    if isinstance(x, np.generic):
-        return (type(x), x.dtype.str, freeze(x.item()))
-    if isinstance(x, float):
-        return (type(x), x.hex())
-    if isinstance(x, complex):
-        return (type(x), x.real.hex(), x.imag.hex())
-    return (type(x), x)
-
-class Identity:
-    """Compares by identity and keeps its object alive (so no id is reused)."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any):
-        self.obj = obj
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Identity and other.obj is self.obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
-
-    def __repr__(self) -> str:
-        return f"<id {type(self.obj).__name__} {id(self.obj):#x}>"
-
-
-class _Opaque(Exception):
-    """Something the kernel reads cannot be keyed by value."""
-
+_SINKS = SINKS  # the walker's, written by settle
+_LOCK = LOCK
 
 @dataclass(frozen=True)
 class Lifted:
@@ -142,232 +97,6 @@ class Lifted:
     templates: tuple[Any, ...]
     containers: tuple[tuple[Any, tuple[Any, ...]], ...] = ()  # lists/dicts, their items
     counts: tuple[int, ...] = ()  # how many of ``leaves`` each kernel added, in order
-
-
-@functools.lru_cache(maxsize=1024)
-def _names(code: types.CodeType) -> tuple[str, ...]:
-    """Global (and attribute) names read by ``code`` and the code nested in it."""
-    out = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            out.update(_names(c))
-    return tuple(sorted(out))
-
-
-@functools.lru_cache(maxsize=4096)
-def _library(module: str | None) -> bool:
-    return module is not None and module.partition(".")[0] in _LIBRARIES
-
-
-def _is_array(v: Any) -> bool:
-    if isinstance(v, jax.Array):
-        return True
-    return isinstance(v, np.ndarray) and v.dtype.kind in "biufc"
-
-
-def _float(v: float) -> Hashable:
-    return v.hex()  # exact: keeps -0.0 apart from 0.0, and NaN equal to itself
-
-
-class _Walk:
-    """One walk over a kernel: the key, the leaves in visit order, and (with
-    ``subst``) a copy of each value with the leaves replaced."""
-
-    def __init__(self, subst: Iterator[Any] | None = None):
-        self.leaves: list[Any] = []
-        self.subst = subst
-        self.seen: dict[int, int] = {}
-        self.made: dict[int, Any] = {}  # id of a function -> its copy (with subst)
-        self.budget = _BUDGET
-        self.opaque = False
-        # > 0 while walking what the kernel reaches through an attribute or a bound
-        # method: its copy is not what the kernel calls, so arrays there are keyed
-        # by identity and content rather than lifted (a lifted one would be baked in)
-        self.fixed = 0
-        self.containers: list[tuple[Any, tuple[Any, ...]]] = []  # lists/dicts, their items
-
-    def value(self, v: Any, names: tuple[str, ...], lift: bool = True) -> tuple[Hashable, Any]:
-        self.budget -= 1
-        if self.budget < 0:
-            raise _Opaque
-        if isinstance(v, _SCALARS):
-            return (type(v), v), v
-        if isinstance(v, float):
-            return (type(v), _float(v)), v
-        if isinstance(v, complex):
-            return (complex, _float(v.real), _float(v.imag)), v
-        if isinstance(v, np.generic) and v.dtype.kind in "biufc":
-            return (type(v), self.value(v.item(), names)[0]), v
-        if _is_array(v):
-            if lift and not self.fixed:
-                self.leaves.append(v)
-                new = next(self.subst) if self.subst is not None else v
-                return ("leaf", tuple(np.shape(v)), str(v.dtype)), new
-            if isinstance(v, np.ndarray):  # read through an attribute: by content
-                # a digest, not hash(): the same in every process (a stored fingerprint)
-                return ("array", Identity(v), v.shape, str(v.dtype),
-                        hashlib.blake2b(v.tobytes(), digest_size=16).hexdigest()), v
-            return ("array", Identity(v)), v
-        if type(v) is tuple:
-            before = len(self.leaves)
-            parts = [self.value(x, names, lift) for x in v]
-            new = tuple(p[1] for p in parts) \
-                if self.subst is not None and len(self.leaves) > before else v
-            return ("tuple", tuple(p[0] for p in parts)), new
-        if type(v) in (list, dict):
-            return self.mutable(v, names, lift)
-        if type(v) is types.FunctionType:
-            if _library(v.__module__):
-                return ("id", Identity(v)), v
-            return self.function(v)
-        if isinstance(v, types.MethodType):
-            self.fixed += 1
-            try:
-                fk, _ = self.value(v.__func__, names, lift=False)
-                return ("method", fk, self.obj(v.__self__, names)), v
-            finally:
-                self.fixed -= 1
-        if isinstance(v, functools.partial):  # by what it carries: keywords change in place
-            self.fixed += 1
-            try:
-                fn = v.func
-                own = _names(fn.__code__) if type(fn) is types.FunctionType else ()
-                return ("partial", self.value(fn, names, lift=False)[0],
-                        self.value(v.args, own, lift=False)[0],
-                        self.value(dict(v.keywords), own, lift=False)[0]), v
-            finally:
-                self.fixed -= 1
-        return self.obj(v, names), v
-
-    def mutable(self, v: list[Any] | dict[Any, Any], names: tuple[str, ...],
-                lift: bool) -> tuple[Hashable, Any]:
-        """A list or dict: keyed by its contents, like a tuple, unless a trace
-        wrote to it (a trace counter, see :func:`settle`): such a *sink* is
-        keyed by identity.  Arrays in it are dynamic inputs either way."""
-        sink = _SINKS.get(id(v), (None,))[0] is v
-        items = list(v.items()) if type(v) is dict else list(enumerate(v))
-        if sink:
-            items = [(k, x) for k, x in items if _is_array(x) and lift]
-        before = len(self.leaves)
-        parts = [(k, self.value(k, ())[0], self.value(x, names, lift)) for k, x in items]
-        key = (type(v).__name__, Identity(v) if sink else None,
-               tuple((kk, p[0]) for _, kk, p in parts))
-        if not sink:
-            self.containers.append((v, tuple(items)))
-        if self.subst is None or len(self.leaves) == before:
-            return key, v
-        new = type(v)(v)
-        for k, _, p in parts:
-            new[k] = p[1]
-        return key, new
-
-    def obj(self, v: Any, names: tuple[str, ...]) -> Hashable:
-        """Identity, plus the attributes named in the code, for anything else."""
-        mod = v.__name__ if isinstance(v, types.ModuleType) else getattr(
-            v if isinstance(v, type) else type(v), "__module__", None)
-        if callable(v) and not isinstance(v, type) and _library(mod) or \
-                isinstance(v, types.BuiltinFunctionType):
-            return ("id", Identity(v))
-        if isinstance(v, types.ModuleType | type) and _library(mod):
-            return ("id", Identity(v))
-        if _library(mod) and not isinstance(getattr(v, "__dict__", None), dict):
-            # a library object without an instance dict: by value where it hashes by value
-            try:
-                hash(v)
-            except TypeError:
-                self.opaque = True
-                return ("opaque", Identity(v))
-            if type(v).__hash__ is object.__hash__:
-                self.opaque = True
-                return ("opaque", Identity(v))
-            return ("value", type(v), v)
-        if id(v) in self.seen:
-            return ("cycle", self.seen[id(v)])
-        self.seen[id(v)] = len(self.seen)
-        # the attributes its own methods read too: ``lambda u: model.step(u)``
-        # reads ``model.c`` inside ``step``, a name the lambda's code lacks
-        names = tuple(sorted(set(names) | _method_names(v if isinstance(v, type) else type(v))))
-        attrs = []
-        self.fixed += 1
-        try:
-            for n in names:
-                found, a = _static_attr(v, n)
-                if found is None:
-                    self.opaque = True
-                elif found:
-                    attrs.append((n, self.value(a, names, lift=False)[0]))
-        finally:
-            self.fixed -= 1
-        return ("obj", Identity(v), tuple(attrs))
-
-    def function(self, fn: types.FunctionType) -> tuple[Hashable, Any]:
-        if id(fn) in self.seen:
-            return ("cycle", self.seen[id(fn)]), self.made.get(id(fn), fn)
-        self.seen[id(fn)] = len(self.seen)
-        code = fn.__code__
-        names = _names(code)
-        g = fn.__globals__
-        try:
-            cells = [c.cell_contents for c in fn.__closure__ or ()]
-        except ValueError:  # an empty cell (a name assigned later)
-            raise _Opaque from None
-        before = len(self.leaves)
-        dk, dv = self.value(fn.__defaults__, names)
-        kk, kv = self.value(fn.__kwdefaults__, names)
-        ck = [self.value(c, names) for c in cells]
-        gk = [(n, self.value(g[n], names)) for n in names if n in g]
-        key = ("fn", code, Identity(g), dk, kk, tuple(k for k, _ in ck),
-               tuple((n, k) for n, (k, _) in gk))
-        if self.subst is None or len(self.leaves) == before:
-            return key, fn
-        changed = [(n, v) for n, (_, v) in gk if v is not g[n]]
-        glob = g
-        if changed:
-            glob = dict(g)
-            glob.update(changed)
-        closure = tuple(types.CellType(v) for _, v in ck) if ck else None
-        new = types.FunctionType(code, glob, fn.__name__, dv, closure)
-        new.__kwdefaults__ = kv
-        new.__qualname__ = fn.__qualname__
-        new.__dict__.update(fn.__dict__)
-        self.made[id(fn)] = new
-        return key, new
-
-
-def _method_names(klass: type) -> set[str]:
-    """The names read by the plain functions of a user class and its bases."""
-    return {n for c in klass.__mro__ if not _library(c.__module__)
-            for f in c.__dict__.values() if type(f) is types.FunctionType
-            for n in _names(f.__code__)}
-
-
-def _static_attr(v: Any, name: str) -> tuple[bool | None, Any]:
-    """``v.name`` where it is stored plainly (no descriptor runs): ``(True,
-    value)``, ``(False, None)`` when absent, ``(None, None)`` when it cannot be
-    seen (a property or a computed attribute: the kernel is then opaque)."""
-    d = getattr(v, "__dict__", None)
-    if not isinstance(v, type) and isinstance(d, dict) and name in d:
-        return True, d[name]
-    for klass in (v.__mro__ if isinstance(v, type) else type(v).__mro__):
-        if name in klass.__dict__:
-            a = klass.__dict__[name]
-            if isinstance(a, staticmethod | classmethod):
-                return True, a.__func__
-            if isinstance(a, types.MemberDescriptorType) and not isinstance(v, type):
-                try:
-                    return True, a.__get__(v, type(v))
-                except AttributeError:
-                    return False, None
-            if isinstance(a, property) or (hasattr(type(a), "__get__")
-                                            and not isinstance(a, types.FunctionType)
-                                            and not isinstance(a, type)):
-                return None, None
-            return True, a
-    if isinstance(v, types.ModuleType) and isinstance(d, dict):
-        return False, None
-    if hasattr(type(v), "__getattr__"):
-        return None, None
-    return False, None
 
 
 def describe(kernels: Sequence[Any], memo: Any = True) -> Lifted:
@@ -389,24 +118,24 @@ def describe(kernels: Sequence[Any], memo: Any = True) -> Lifted:
 def new_memo() -> Memo:
     """A small :func:`describe` record of one owner's own (it lives as long as
     the owner, and holds only the owner's kernels)."""
-    return Memo(_names, _library, _is_array, size=4)
+    return Memo(code_names, is_library, is_array, size=4)
 
 
 def _describe(kernels: Sequence[Any]) -> Lifted:
-    w = _Walk()
+    w = Walk()
     keys: list[Hashable] = []
     counts: list[int] = []
     for k in kernels:
         if type(k) is not types.FunctionType:
-            keys.append(_instance(w, k))
+            keys.append(instance_key(w, k))
             counts.append(0)
             continue
         start = len(w.leaves)
         w.opaque = False
-        w.budget = _BUDGET
+        w.budget = BUDGET
         try:
             key, _ = w.function(k)
-        except (_Opaque, TypeError, RecursionError):
+        except (Opaque, TypeError, RecursionError):
             del w.leaves[start:]
             key = ("callable", Identity(k))
         if w.opaque:
@@ -417,56 +146,7 @@ def _describe(kernels: Sequence[Any]) -> Lifted:
                   tuple(counts))
 
 
-_MEMO = Memo(_names, _library, _is_array)
-
-
-def _instance(w: _Walk, k: Any) -> Hashable:
-    """The key of a callable that is not a plain function: by identity, and,
-    for an instance of a user class, the attributes its methods name, by value
-    (so ``k.nu = 0.1`` after a call is seen).  Nothing is lifted: the kernel
-    called is ``k`` itself."""
-    if isinstance(k, types.MethodType | functools.partial):
-        return _wrapped(w, k)
-    klass = type(k)
-    call = next((c.__dict__["__call__"] for c in klass.__mro__ if "__call__" in c.__dict__),
-                None)
-    if type(call) is not types.FunctionType or _library(klass.__module__):
-        return ("callable", Identity(k))
-    names = sorted({n for c in klass.__mro__ if not _library(c.__module__)
-                    for f in c.__dict__.values() if type(f) is types.FunctionType
-                    for n in _names(f.__code__)})
-    w.opaque = False
-    w.budget = _BUDGET
-    try:
-        key = w.value(types.MethodType(call, k), tuple(names), lift=False)[0]
-    except (_Opaque, TypeError, RecursionError):
-        return ("callable", Identity(k))
-    return ("callable", Identity(k), key)
-
-
-def _wrapped(w: _Walk, k: types.MethodType | functools.partial) -> Hashable:
-    """The key of a bound method (``model.step``) or a ``functools.partial``:
-    by identity, and by the values they carry (the instance's attributes
-    that the method's code names, the partial's function and arguments),
-    arrays by content.  The same object called again after ``model.c[0] = 3``
-    or ``params["nu"] = 0.3`` must not reuse code traced with the old value."""
-    fn = k.__func__ if isinstance(k, types.MethodType) else k.func
-    names = _names(fn.__code__) if type(fn) is types.FunctionType else ()
-    w.opaque = False
-    w.budget = _BUDGET
-    w.fixed += 1
-    try:
-        if isinstance(k, types.MethodType):
-            key = w.value(k, names, lift=False)[0]
-        else:
-            key = ("partial", w.value(fn, names, lift=False)[0],
-                   w.value(k.args, names, lift=False)[0],
-                   w.value(dict(k.keywords), names, lift=False)[0])
-    except (_Opaque, TypeError, RecursionError):
-        return ("callable", Identity(k))
-    finally:
-        w.fixed -= 1
-    return ("callable", Identity(k), key)
+_MEMO = Memo(code_names, is_library, is_array)
 
 
 def settle(lifted: Lifted) -> None:
@@ -486,7 +166,7 @@ def settle(lifted: Lifted) -> None:
 def rebuild(lifted: Lifted, leaves: Sequence[Any]) -> list[Any]:
     """Copies of ``lifted.templates`` reading ``leaves`` instead of their own."""
     it = iter(leaves)
-    w = _Walk(subst=it)
+    w = Walk(subst=it)
     out = []
     for k, key in zip(lifted.templates, lifted.key, strict=True):  # type: ignore[arg-type]
         if key[0] == "callable":
@@ -537,7 +217,7 @@ def clear() -> None:
         _TABLE.clear()
         _SINKS.clear()
     _MEMO.clear()
-    _names.cache_clear()
+    code_names.cache_clear()
 
 
 # -- the per-owner API of the sharded backends ------------------------------------------
