@@ -29,339 +29,17 @@ selects, for calls whose runtime weights are all nonzero.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from xstencil._engine.boundary import source_index
 from xstencil._engine.lift import Lifted, Table, Unliftable, cell_grid, interpret
+from xstencil._engine.loopcode import Code, CodeAlgebra, Param, cast, dtype_of, literal
 from xstencil._engine.loopnest import render
 from xstencil._engine.lower import AxisGeom, Source
 
 __all__ = ["Code", "CodeAlgebra", "Param", "generate", "boundary_tables", "scalar_program"]
-
-_KINDS = "biuf"
-
-_ARITH = {"add": "+", "sub": "-", "mul": "*"}
-_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-_FLOAT_FUNCS = {"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt", "tanh": "np.tanh",
-                "sin": "np.sin", "cos": "np.cos", "log1p": "np.log1p", "expm1": "np.expm1",
-                "floor": "np.floor", "ceil": "np.ceil", "exp2": "np.exp2"}
-_IDENTITY = ("stop_gradient", "copy", "copy_p", "reduce_precision_identity")
-
-
-@dataclass(frozen=True)
-class Code:
-    """A scalar element: a Python expression (a name or literal) and its dtype."""
-
-    expr: str
-    dtype: np.dtype
-    const: bool = False  # a literal (weakly typed in the jaxpr: it takes the other operand's dtype)
-    pred: str | None = None  # a float converted from this bool expression
-    # an integer that XLA's simplifier may take to be non-negative: a product
-    # of two non-literal values (they may be one value after CSE), or a max,
-    # min, select or clamp of one (see ``abs`` in :meth:`CodeAlgebra.apply`)
-    square: bool = False
-
-
-@dataclass(frozen=True)
-class Param:
-    """A runtime array argument of the generated function (flattened)."""
-
-    index: int
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-
-def _dt(dtype: Any) -> np.dtype:
-    dt = np.dtype(dtype)
-    if dt.kind not in _KINDS or (dt.kind == "f" and dt.itemsize not in (4, 8)):
-        raise Unliftable(f"dtype {dt} is not supported by the loop backend")
-    return dt
-
-
-def literal(value: Any, dtype: Any) -> str:
-    """A typed scalar literal of ``dtype`` holding ``value`` exactly."""
-    dt = _dt(dtype)
-    v = np.asarray(value).astype(dt).item()
-    if dt.kind == "b":
-        return "True" if v else "False"
-    if dt.kind == "f":
-        if np.isnan(v):
-            return f"np.{dt.name}(np.nan)"
-        if np.isinf(v):
-            return f"np.{dt.name}({'-' if v < 0 else ''}np.inf)"
-        return f"np.{dt.name}({float(v)!r})"
-    return f"np.{dt.name}({int(v)})"
-
-
-def _cast(e: Code, dt: np.dtype) -> str:
-    if e.dtype == dt:
-        return e.expr
-    if dt.kind == "b":
-        return f"({e.expr} != 0)"
-    if e.dtype.kind == "f" and dt.kind in "iu":
-        return _float_to_int(e.expr, dt)
-    return f"np.{dt.name}({e.expr})"
-
-
-def _float_to_int(x: str, dt: np.dtype) -> str:
-    """XLA's float to integer conversion: truncation, saturating at the
-    type's bounds, NaN to 0 (a plain C cast of NaN or of an out-of-range
-    value is undefined: numba gives INT_MIN or wraps)."""
-    info = np.iinfo(dt)
-    hi, lo = float(info.max), float(info.min)  # hi rounds up to a power of two
-    return (f"(np.{dt.name}(0) if {x} != {x} else np.{dt.name}({info.max}) if {x} >= {hi!r} "
-            f"else np.{dt.name}({info.min}) if {x} <= {lo!r} else np.{dt.name}({x}))")
-
-
-def _minmax(name: str, a: str, b: str, dt: np.dtype) -> str:
-    """``lax.max``/``lax.min``: on floats NaN propagates and -0.0 < +0.0, as
-    in XLA.  Two equal zeros take the sum (max) or the negated difference
-    (min), which carry XLA's zero sign; everything else a NaN-propagating
-    select (non-short-circuit ``|``: numba vectorizes it)."""
-    op = ">" if name == "max" else "<"
-    if dt.kind != "f":
-        return f"({a} if {a} {op} {b} else {b})"
-    tie = f"{a} + {b}" if name == "max" else f"-(-{a} - {b})"
-    return (f"(({a} if ({a} {op} {b}) | ({a} != {a}) else {b}) "
-            f"if ({a} != {b}) | ({a} != 0) else {tie})")
-
-
-class CodeAlgebra:
-    """Elements are :class:`Code`; operations append statements to ``lines``."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.prologue: list[str] = []  # constants and parameter reads, hoisted out of the loops
-        self._hoisted: dict[str, str] = {}
-        self._n = 0
-        self.cells: set[str] = set()  # names of window reads and values computed from them
-        # values computed from constants and parameters only go to the prologue
-        self._into = self.lines
-        self.invariant = 0  # how many statements went there
-        self._values: dict[str, Any] = {}  # literal names -> values
-        # the zero-weight rule's masks of runtime weights (line number -> the
-        # unmasked statement) and those weights (see loopweights.py)
-        self.plain: dict[int, str] = {}
-        self.weights: list[str] = []
-
-    def _new(self, expr: str, dt: np.dtype, square: bool = False) -> Code:
-        name = f"v{self._n}"
-        self._n += 1
-        self._into.append(f"{name} = {expr}")
-        self.invariant += self._into is self.prologue
-        return Code(name, dt, square=square)
-
-    def _hoist(self, expr: str, prefix: str) -> str:
-        name = self._hoisted.get(expr)
-        if name is None:
-            name = self._hoisted[expr] = f"{prefix}{len(self._hoisted)}"
-            self.prologue.append(f"{name} = {expr}")
-        return name
-
-    def constant(self, value: Any, idx: tuple[int, ...]) -> Code:
-        if isinstance(value, Param):
-            flat = int(np.ravel_multi_index(idx, value.shape)) if value.shape else 0
-            # "c", not "q": a boxed nest names its output starts q0, q1 ... (loopnest)
-            return Code(self._hoist(f"p{value.index}[{flat}]", "c"), value.dtype)
-        if isinstance(value, Code):
-            return value
-        if not isinstance(value, np.ndarray | np.generic | int | float | bool):
-            try:
-                value = np.asarray(value)
-            except Exception as e:  # a tracer or something foreign
-                raise Unliftable(f"constant {type(value).__name__}") from e
-        arr = np.asarray(value)
-        v = arr[idx] if idx else arr
-        name = self._hoist(literal(v, arr.dtype), "k")
-        self._values[name] = v
-        return Code(name, _dt(arr.dtype), const=True)
-
-    def apply(self, prim: Any, elems: Sequence[Any], params: dict[str, Any],
-              dtypes: Sequence[Any]) -> Code:
-        window = any(isinstance(e, Code) and e.expr in self.cells for e in elems)
-        self._into = self.lines if window else self.prologue
-        try:
-            out = self._apply(prim, elems, params, dtypes)
-        finally:
-            self._into = self.lines
-        if window:
-            self.cells.add(out.expr)  # a value computed from the window
-        return out
-
-    def _weighted(self, x: str, w: str, weight: Code, dt: np.dtype, first: bool) -> Code:
-        """A window value ``x`` times a weight ``w``: a weight of 0 does not
-        read its cell (NaN or inf there counts as 0), as on XLA
-        (elements.unread_zero_weight) and in the dense lowerings.  A literal
-        nonzero weight needs no mask; a runtime one is masked, and
-        :func:`~xstencil._engine.loopweights.generate_variants` also writes
-        the nest without the masks."""
-        if weight.const:
-            with np.errstate(all="ignore"):
-                nonzero = bool(np.asarray(self._values[weight.expr]).astype(dt) != 0)
-            if nonzero:
-                return self._new(f"{x} * {w}" if first else f"{w} * {x}", dt)
-        else:
-            self.plain[len(self.lines)] = f"v{self._n} = {x}"
-            if w not in self.weights:
-                self.weights.append(w)
-        kept = self._new(f"({x} if ({w} != 0) | np.isfinite({x}) else {literal(0, dt)})", dt)
-        return self._new(f"{kept.expr} * {w}" if first else f"{w} * {kept.expr}", dt)
-
-    def _apply(self, prim: Any, elems: Sequence[Any], params: dict[str, Any],
-               dtypes: Sequence[Any]) -> Code:
-        name = prim.name
-        es = [e if isinstance(e, Code) else self.constant(e, ()) for e in elems]
-        # binary ops: the operands share one dtype (a literal may be declared wider)
-        typed = [_dt(d) if d is not None else e.dtype for e, d in zip(es, dtypes, strict=True)]
-        if name in _ARITH or name in _COMPARE or name in ("div", "max", "min", "pow", "and",
-                                                           "or", "xor", "rem"):
-            dt = next((t for t, e in zip(typed, es, strict=True) if not e.const), typed[0])
-            a, b = (_cast(e, dt) for e in es)
-            if name == "mul" and dt.kind == "f" and (es[0].expr in self.cells) != (
-                    es[1].expr in self.cells):
-                first = es[0].expr in self.cells
-                x, w, weight = (a, b, es[1]) if first else (b, a, es[0])
-                return self._weighted(x, w, weight, dt, first)
-            if name == "mul" and dt.kind == "f" and (es[0].pred or es[1].pred):
-                # XLA rewrites convert(pred) * x to select(pred, x, 0): 0, not
-                # NaN, where x is inf or NaN, and +0.0 for a negative x
-                p, x = (es[0].pred, b) if es[0].pred else (es[1].pred, a)
-                return self._new(f"({x} if {p} else {literal(0, dt)})", dt)
-            if name in _ARITH:
-                if dt.kind == "f":  # numba keeps float32 arithmetic in float32
-                    return self._new(f"{a} {_ARITH[name]} {b}", dt)
-                square = name == "mul" and not (es[0].const ^ es[1].const)
-                return self._new(f"np.{dt.name}({a} {_ARITH[name]} {b})" if dt.kind != "b"
-                                 else _bool_arith(name, a, b), dt, square)
-            if name in _COMPARE:
-                return self._new(f"({a} {_COMPARE[name]} {b})", np.dtype(bool))
-            if name == "div":
-                if dt.kind != "f":
-                    raise Unliftable("integer division")
-                return self._new(f"{a} / {b}", dt)
-            if name == "pow":
-                if dt.kind != "f":
-                    raise Unliftable("integer pow")
-                return self._new(f"np.{dt.name}({a} ** {b})", dt)
-            if name in ("max", "min"):
-                return self._new(_minmax(name, a, b, dt), dt, es[0].square or es[1].square)
-            if name in ("and", "or", "xor"):
-                sym = {"and": "&", "or": "|", "xor": "^"}[name]
-                if dt.kind == "f":
-                    raise Unliftable(f"{name} on floats")
-                expr = f"({a} {sym} {b})"
-                return self._new(expr if dt.kind == "b" else f"np.{dt.name}{expr}", dt)
-            raise Unliftable(f"primitive {name!r}")
-        if name == "neg":
-            (e,), dt = es, typed[0]
-            if dt.kind == "b":
-                raise Unliftable("neg on bool")
-            if dt.kind == "f":
-                return self._new(f"-{_cast(e, dt)}", dt)
-            return self._new(f"np.{dt.name}(-{_cast(e, dt)})", dt)
-        if name == "abs":
-            dt = typed[0]
-            if dt.kind == "b":
-                raise Unliftable("abs on bool")
-            if dt.kind != "f" and es[0].square:
-                # XLA drops abs(x * x) (x * x >= 0), also where the product
-                # wraps negative: the loops would give |x * x|, so the
-                # result would depend on the array's size under "auto"
-                raise Unliftable("abs of an integer product (XLA drops it even where "
-                                 "the product wraps negative)")
-            return self._new(f"np.{dt.name}(abs({_cast(es[0], dt)}))", dt)
-        if name == "not":
-            dt = typed[0]
-            if dt.kind == "b":
-                return self._new(f"(not {_cast(es[0], dt)})", dt)
-            if dt.kind == "f":
-                raise Unliftable("not on floats")
-            return self._new(f"np.{dt.name}(~{_cast(es[0], dt)})", dt)
-        if name == "integer_pow":
-            return self._integer_pow(es[0], typed[0], int(params["y"]))
-        if name == "square":
-            a = _cast(es[0], typed[0])
-            return self._new(_mul(a, a, typed[0]), typed[0], typed[0].kind in "iu")
-        if name == "rsqrt":
-            dt = typed[0]
-            if dt.kind != "f":
-                raise Unliftable("rsqrt on ints")
-            one = self.constant(np.ones((), dt), ())
-            return self._new(f"{one.expr} / np.sqrt({_cast(es[0], dt)})", dt)
-        if name in _FLOAT_FUNCS:
-            dt = typed[0]
-            if dt.kind != "f":
-                raise Unliftable(f"{name} on ints")
-            return self._new(f"np.{dt.name}({_FLOAT_FUNCS[name]}({_cast(es[0], dt)}))", dt)
-        if name == "is_finite":
-            return self._new(f"np.isfinite({_cast(es[0], typed[0])})", np.dtype(bool))
-        if name == "convert_element_type":
-            dt = _dt(params["new_dtype"])
-            out = self._new(_cast(Code(_cast(es[0], typed[0]), typed[0]), dt), dt)
-            if typed[0].kind == "b" and dt.kind == "f":
-                return Code(out.expr, dt, pred=_cast(es[0], typed[0]))
-            return out
-        if name == "select_n":
-            pred, cases = es[0], es[1:]
-            dt = typed[1]
-            vals = [_cast(c, dt) for c in cases]
-            p = _cast(pred, typed[0])
-            if typed[0].kind == "b":
-                if len(vals) != 2:
-                    raise Unliftable("select_n with a bool predicate and many cases")
-                return self._new(f"({vals[1]} if {p} else {vals[0]})", dt,
-                                 any(c.square for c in cases))
-            expr = vals[-1]
-            for k in range(len(vals) - 2, -1, -1):
-                expr = f"({vals[k]} if {p} == {k} else {expr})"
-            return self._new(expr, dt, any(c.square for c in cases))
-        if name == "clamp":
-            lo, x, hi = (_cast(e, typed[1]) for e in es)
-            dt = typed[1]  # min(max(lo, x), hi) as XLA: a NaN anywhere gives NaN
-            inner = self._new(_minmax("max", lo, x, dt), dt)
-            return self._new(_minmax("min", hi, inner.expr, dt), dt, any(e.square for e in es))
-        if name in _IDENTITY:
-            return es[0]
-        raise Unliftable(f"primitive {name!r} in the loop backend")
-
-    def _integer_pow(self, x: Code, dt: np.dtype, y: int) -> Code:
-        """``x ** y`` by repeated squaring, in the order of jax's lowering."""
-        if dt.kind == "b":
-            raise Unliftable("integer_pow on bool")
-        if y == 0:
-            return self.constant(np.ones((), dt), ())
-        recip, y = y < 0, abs(y)
-        acc: Code | None = None
-        base = Code(_cast(x, dt), dt)
-        while y > 0:
-            if y & 1:
-                acc = base if acc is None else self._new(_mul(acc.expr, base.expr, dt), dt)
-            y >>= 1
-            if y > 0:
-                base = self._new(_mul(base.expr, base.expr, dt), dt)
-        assert acc is not None
-        if recip:
-            if dt.kind != "f":
-                raise Unliftable("negative integer_pow on ints")
-            return self._new(f"{self.constant(np.ones((), dt), ()).expr} / {acc.expr}", dt)
-        if dt.kind in "iu" and (x.square or acc.expr != x.expr):
-            return Code(acc.expr, dt, square=True)  # x ** 2 is x * x (see abs)
-        return acc
-
-
-def _mul(a: str, b: str, dt: np.dtype) -> str:
-    return f"{a} * {b}" if dt.kind == "f" else f"np.{dt.name}({a} * {b})"
-
-
-def _bool_arith(name: str, a: str, b: str) -> str:
-    if name == "add":
-        return f"({a} or {b})"
-    if name == "mul":
-        return f"({a} and {b})"
-    raise Unliftable(f"{name} on bool")
 
 
 def boundary_tables(sources: Sequence[Source], geom: Sequence[AxisGeom]) -> list[np.ndarray]:
@@ -417,7 +95,7 @@ def scalar_program(algebra: CodeAlgebra, closed: Any, sources: Sequence[Source],
         name = f"r{k}_{'_'.join(map(str, idx))}"
         reads.append((k, idx, name))
         algebra.cells.add(name)
-        return Code(name, _dt(dt))
+        return Code(name, dtype_of(dt))
 
     cells = []
     for k, s in enumerate(sources):
@@ -428,21 +106,21 @@ def scalar_program(algebra: CodeAlgebra, closed: Any, sources: Sequence[Source],
         cells.append(cell_grid(table, shape, lambda idx, k=k, dt=dt: read(k, idx, dt), dt))
     args: list[Any] = list(cells)
     for p in params:
-        _dt(p.dtype)
+        dtype_of(p.dtype)
         args.append(Lifted(table.constant_ids(p), p.dtype))
     outs = interpret(closed.jaxpr, closed.consts, args, table)
     results = []
     for o, v in zip(outs, closed.jaxpr.outvars, strict=True):
-        dt = _dt(v.aval.dtype)
+        dt = dtype_of(v.aval.dtype)
         if v.aval.shape:
             raise Unliftable("the kernel returns an array per point")
         if isinstance(o, Lifted):
             e = table.get(int(o.ids[()]))
         else:
             e = algebra.constant(o, ())
-        r = _cast(e, dt) if isinstance(e, Code) else literal(e, dt)
+        r = cast(e, dt) if isinstance(e, Code) else literal(e, dt)
         if out_dtypes is not None:
-            r = _cast(Code(f"({r})", dt), _dt(out_dtypes[len(results)]))
+            r = cast(Code(f"({r})", dt), dtype_of(out_dtypes[len(results)]))
         results.append(r)
     # statements computed from parameters only (in the prologue) count too
     count = len(reads) + len(algebra.lines) + algebra.invariant
