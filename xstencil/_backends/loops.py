@@ -32,6 +32,7 @@ import numpy as np
 from xstencil._backends import bufpool
 from xstencil._backends.hostwrap import Wrapper
 from xstencil._backends.loop_variants import Nest
+from xstencil._backends.loopcache import njit_source
 from xstencil._engine.lift import Unliftable
 from xstencil._engine.loopgen import Param, boundary_tables
 from xstencil._engine.loopweights import generate_variants
@@ -321,10 +322,9 @@ def omp_env() -> None:
 
 
 def _compile(source: str) -> Any:
-    """The numba function of a generated nest (compiled on its first call)."""
-    namespace: dict[str, Any] = {"np": np, "prange": numba.prange}
-    exec(compile(source, "<xstencil loop kernel>", "exec"), namespace)  # noqa: S102
-    return numba.njit(parallel=True, error_model="numpy")(namespace["kernel"])
+    """The numba function of a generated nest (compiled on its first call, or
+    loaded from numba's disk cache: :mod:`xstencil._backends.loopcache`)."""
+    return njit_source(source, "<xstencil loop kernel>", parallel=True, error_model="numpy")
 
 
 def fits(built: _Built, out: np.ndarray | None) -> bool:

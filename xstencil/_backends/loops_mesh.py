@@ -43,6 +43,7 @@ import numpy as np
 
 from xstencil._backends import bufpool
 from xstencil._backends.hostwrap import wrap
+from xstencil._backends.loopcache import njit_source
 from xstencil._backends.loops import (
     AUTO_MIN_POINTS,
     MAX_STATEMENTS,
@@ -237,9 +238,7 @@ class MeshLoops:
 
 def _compile(source: str, parallel: bool) -> Any:
     """The numba function of a generated nest (compiled on its first call)."""
-    namespace: dict[str, Any] = {"np": np, "prange": numba.prange}
-    exec(compile(source, "<xstencil mesh loop>", "exec"), namespace)  # noqa: S102
-    return numba.njit(parallel=parallel, error_model="numpy")(namespace["kernel"])
+    return njit_source(source, "<xstencil mesh loop>", parallel=parallel, error_model="numpy")
 
 
 def run_mesh(built: _BuiltMesh, arrays: Sequence[np.ndarray], coords: Sequence[Any],
