@@ -159,7 +159,8 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
     plan = make_plan(call, dims=f.dims, shape=f.shape, window=reach, window_arg=window,
                      boundary=boundary, fill_value=fill_value, stride=stride,
                      var_names=f.names, var_dims=f.var_dims, var_dtypes=f.dtypes,
-                     coord_dims=cdims, output_dims=odims)
+                     coord_dims=cdims, output_dims=odims,
+                     window_order=() if window is None else tuple(reach))
     for d, s in zip(plan.dims, plan.specs, strict=True):  # a grid repeating its endpoint
         if s.mode == "periodic" and (s.pad_lo > 0 or s.pad_hi > 0) and d in cdims \
                 and not isinstance(f.obj.indexes.get(d), pd.RangeIndex) \

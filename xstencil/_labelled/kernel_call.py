@@ -63,10 +63,17 @@ def windows(plan: Plan, cells: Sequence[Any]) -> Any:
                                 single=(d,) if plan.shape[plan.axis(d)] == 1 else ())
     wins = []
     for k, vdims in enumerate(plan.var_dims):
-        wd = tuple(d for d in vdims if d in plan.window_dims)
+        # the cells come in the variable's dim order; the window's axes are in
+        # the window= order (Plan.window_axes), so that u * w means the same on
+        # data stored (y, x) or (x, y)
+        held = [d for d in vdims if d in plan.window_dims]
+        wd = plan.window_axes(vdims)
+        data = cells[k]
+        if list(wd) != held:
+            data = jnp.transpose(data, [held.index(d) for d in wd])
         centre = tuple(plan.specs[plan.axis(d)].lo for d in wd)
         label = "u" if plan.var_names is None else f"s[{plan.var_names[k]!r}]"
-        wins.append(Window(cells[k], wd, centre, field=field, coords=coords, label=label))
+        wins.append(Window(data, wd, centre, field=field, coords=coords, label=label))
     if plan.var_names is None:
         return wins[0]
     return WindowSet(dict(zip(plan.var_names, wins, strict=True)))
@@ -87,7 +94,7 @@ def kernel_caller(plan: Plan, kernel: Callable[..., Any], static: Any) -> Callab
             typo = unknown_keyword(plan.call, kernel, e, kw) or traced_error(plan.call, kernel, e)
             if typo is not None:
                 raise typo from e
-            shape = {d: plan.specs[plan.axis(d)].size for d in plan.window_dims}
+            shape = {d: plan.specs[plan.axis(d)].size for d in plan.window_axes(plan.dims)}
             raise KernelError(
                 f"{plan.call}: kernel {name!r} failed on a window {shape} "
                 f"({type(e).__name__}: {e})") from e

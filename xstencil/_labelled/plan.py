@@ -58,6 +58,19 @@ class Plan:
     #: ``fill_value`` exactly (``float.hex``): plans are cache keys, and
     #: ``0.0 == -0.0`` although a fill of ``-0.0`` gives ``1 / fill == -inf``
     fill_bits: Any = None
+    #: the dims of ``window=`` in the order the user wrote them (empty where
+    #: the window was inferred): the axis order of the window as an array
+    #: (``u * w``, ``u[1, -1]``), as ``rolling(...).construct`` orders its
+    #: window dims by its arguments, not by the data's dim order
+    window_order: tuple[str, ...] = ()
+
+    def window_axes(self, vdims: Sequence[str]) -> tuple[str, ...]:
+        """The window dims of a variable with dims ``vdims``, in the order of
+        its window's axes: the ``window=`` order, then the other window dims
+        (a scan's time dim) in the variable's order."""
+        own = [d for d in vdims if d in self.window_dims]
+        first = [d for d in self.window_order if d in own]
+        return tuple(first + [d for d in own if d not in first])
 
     def dtype_probe(self) -> Any:
         """A zero-size array of an explicit ``dtype=`` (``None`` without one),
@@ -277,6 +290,7 @@ def make_plan(
     var_dtypes: tuple[Any, ...],
     coord_dims: tuple[str, ...],
     output_dims: tuple[str, ...] = (),
+    window_order: tuple[str, ...] = (),
 ) -> Plan:
     """Validate the options and build the plan (``window`` already parsed or
     inferred; ``window_arg`` is what the user passed, for messages)."""
@@ -318,7 +332,7 @@ def make_plan(
         if isinstance(fill, complex) else None
     return Plan(call, dims, shape, tuple(specs), window_dims, fill, var_names, var_dims,
                 var_dtypes, tuple(d for d in coord_dims if d in window_dims), output_dims,
-                fill_bits=bits)
+                fill_bits=bits, window_order=tuple(d for d in window_order if d in reach))
 
 
 def with_call(call: str, kernel: Any, e: Exception) -> Exception:
