@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
@@ -27,6 +28,11 @@ MODES = ["fill", "extend", "periodic", "reflect", "symmetric", "valid"]
 
 def lap(u):
     return u(x=1) + u(x=-1) + 2 * u(y=1) - u(y=-2) - 4 * u()
+
+
+def _worker_ok() -> bool:
+    """Runs on a dask worker: this module's functions reach it."""
+    return lap is not None
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -139,16 +145,33 @@ def test_chunks_smaller_than_halo():
         da.stencil.map(lap, boundary="extend")
 
 
-def test_distributed_local_cluster():
+def test_distributed_local_cluster() -> None:
     distributed = pytest.importorskip("distributed")
     import xstencil._backends.dask as xd
     from xstencil._labelled.scale import scan_dask
 
+    # The kernels live in this tests tree, which dask pickles by reference, and the worker
+    # processes must import it by the same names.  ``tests`` here is a namespace package
+    # (no __init__.py, pytest's importlib mode); with the bench extra installed, kernex's
+    # wheel puts a regular ``tests`` package in site-packages, which wins in a fresh
+    # process ("No module named 'tests.backends'"), and a worker that cannot unpickle a
+    # task hangs the client's gather forever.  So point each worker's ``tests`` here
+    # first, and check, with a timeout, that it runs this module's functions.
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    here = ("import sys, types\n"
+            "sys.modules.pop('tests', None)\n"
+            "m = types.ModuleType('tests')\n"
+            f"m.__path__ = [{tests_dir!r}]\n"
+            "sys.modules['tests'] = m\n")
     da = field(shape=(64, 64))
     refs = {m: da.stencil.map(lap, boundary=m) for m in ("periodic", "reflect")}
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=":0", worker_dashboard_address=":0") \
             as cluster, distributed.Client(cluster) as client:
+        client.run(exec, here, {})
+        # a worker that cannot run this module's functions fails here, not in a hang
+        for w in client.scheduler_info()["workers"]:
+            assert client.submit(_worker_ok, workers=[w], pure=False).result(timeout=120)
         for m, ref in refs.items():
             out = da.chunk({"y": 16, "x": 16}).stencil.map(lap, boundary=m)
             same(out.compute(), ref)
