@@ -186,14 +186,16 @@ def test_updates_come_at_most_half_a_second_apart(route: dict[str, list[int]],
     steps = int(2.5 / ((time.perf_counter() - t) / 2000))
     # a wall-clock check on a shared machine: a second try absorbs one descheduling
     # of this process; a broken update rule misses the bound on every try
-    for _attempt in range(3):
+    # (the speed of a shared machine moves 2x within a minute: a run sized while it was
+    # busy can come out too short more than once, so lengthen it with a margin)
+    for _attempt in range(6):
         stamps.clear()
         u0.stencil.scan(heat, "time", steps=steps, progress=True, **kw)
         end = time.perf_counter()
         run = end - stamps[0][0]
         gaps = np.diff([s for s, _ in stamps] + [end])
         if run <= 2.0:  # sized while the machine was busier: lengthen it and try again
-            steps = int(steps * 2.5 / run)
+            steps = int(steps * 3.0 / run)
             continue
         if gaps.max() <= 0.5:
             break
