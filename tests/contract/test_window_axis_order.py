@@ -99,3 +99,17 @@ def test_mesh_regions_use_the_window_order() -> None:
     ref = _correlate(da.transpose("y", "x").values, SOBEL_X, "nearest")
     ref[:, 0] = 0.0
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel, extra", [
+    (lambda u: (u * np.array([1.0, 2.0, 3.0])).sum(), {}),  # broadcast along the last axis
+    (lambda u: u.sum(axis=0).max(), {}),  # a reduction over the first axis
+    (lambda u: u.array, {"output_dims": ("wy", "wx")}),  # the window itself, per point
+])
+def test_axis_positions_do_not_depend_on_the_storage_order(kernel, extra) -> None:  # noqa: ANN001
+    da = _data()
+    ref = da.stencil.map(kernel, window={"y": 3, "x": 3}, boundary="periodic", **extra)
+    got = da.transpose("x", "y").stencil.map(kernel, window={"y": 3, "x": 3},
+                                             boundary="periodic", **extra)
+    np.testing.assert_allclose(got.transpose(*ref.dims).values, ref.values, rtol=1e-12,
+                               atol=1e-12)
