@@ -168,6 +168,15 @@ def test_a_repeated_call_keeps_its_bar_on_the_fast_path(
     assert quiet.values.tobytes() == first.values.tobytes()
 
 
+def _steady(gaps: np.ndarray) -> bool:
+    """Nine gaps in ten within 0.5 s, none over 2 s.  On the shared CI machine (two test
+    workers and their numba threads on 2 cores) the loop's speed dropped 3x for a moment
+    and stretched one or two gaps to 1-1.5 s, on every try; the rule's answer to a
+    slowdown is checked exactly on a fake clock below.  A broken rule (a report per
+    fixed share of the steps, or only at the end) misses this on every try."""
+    return bool(np.quantile(gaps, 0.9) <= 0.5 and gaps.max() <= 2.0)
+
+
 def test_updates_come_at_most_half_a_second_apart(route: dict[str, list[int]],
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
@@ -197,11 +206,11 @@ def test_updates_come_at_most_half_a_second_apart(route: dict[str, list[int]],
         if run <= 2.0:  # sized while the machine was busier: lengthen it and try again
             steps = int(steps * 3.0 / run)
             continue
-        if gaps.max() <= 0.5:
+        if _steady(gaps):
             break
     assert not route["xla"], route
     assert run > 2.0, f"the scan took {run:.2f} s after its first report; it should be > 2 s"
-    assert gaps.max() <= 0.5, f"{len(stamps)} updates, gaps {np.round(gaps, 3).tolist()}"
+    assert _steady(gaps), f"{len(stamps)} updates, gaps {np.round(gaps, 3).tolist()}"
     assert stamps[0][1] == 1  # the first chunk is one step: it times the step
     assert [d for _, d in stamps] == sorted(d for _, d in stamps)
     assert len(stamps) <= 4 * run / _progress.INTERVAL  # about one per INTERVAL, not per step
