@@ -182,7 +182,7 @@ def test_updates_come_at_most_half_a_second_apart(route: dict[str, list[int]],
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """The adaptive rule of the XLA loop (``_progress.advance``: the next
     report about ``INTERVAL`` s ahead at the measured speed) on the loops:
-    a run of more than 2 s moves the bar at least every 0.5 s."""
+    a run of more than 2 s moves the bar about every 0.5 s (:func:`_steady`)."""
     stamps: list[tuple[float, int]] = []
     real = _progress.report
     monkeypatch.setattr(_progress, "report", lambda token, done: (
