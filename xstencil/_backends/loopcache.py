@@ -99,6 +99,7 @@ def _from_file(where: Path, source: str, options: dict[str, Any]) -> Any:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
+            os.chmod(tmp, 0o644)  # as a plain file (mkstemp makes it private)
             if not path.exists():  # another process may have written it meanwhile
                 os.replace(tmp, path)
         finally:
