@@ -21,7 +21,10 @@ def clear_caches() -> None:
     output memory the CPU loop backend keeps for reuse.  A cache only
     makes calls faster, so clearing it never changes a result; the next call
     of each kernel compiles again.  JAX's own caches are left alone
-    (:func:`jax.clear_caches` clears those).
+    (:func:`jax.clear_caches` clears those), and so is numba's disk cache of
+    the loop nests, which later processes share (delete the directory
+    ``$XSTENCIL_CACHE_DIR/loops``, by default ``~/.cache/xstencil/loops``, or
+    set ``XSTENCIL_CACHE_DIR=off``; see :doc:`/performance`).
 
     Examples
     --------
