@@ -14,6 +14,8 @@ orders its window dims by its arguments, and so does xstencil now.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import scipy.ndimage as ndi
@@ -113,3 +115,20 @@ def test_axis_positions_do_not_depend_on_the_storage_order(kernel, extra) -> Non
                                              boundary="periodic", **extra)
     np.testing.assert_allclose(got.transpose(*ref.dims).values, ref.values, rtol=1e-12,
                                atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_storage_order_of_3d_data(backend: str) -> None:
+    """All six storage orders of (z, y, x) data, a window written (x, z, y) with three
+    different sizes: one answer, scipy's correlation with the weights in data order."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((6, 7, 8))
+    da = xr.DataArray(a, dims=("z", "y", "x"))
+    window = {"x": 2, "z": 3, "y": 1}
+    w = rng.standard_normal((2, 3, 1))  # laid out [x, z, y], as window= is written
+    ref = _correlate(a, np.transpose(w, (1, 2, 0)), "wrap")
+    for order in itertools.permutations(("z", "y", "x")):
+        got = da.transpose(*order).stencil.map(lambda u: (u * w).sum(), window=window,
+                                               boundary="periodic", backend=backend)
+        np.testing.assert_allclose(got.transpose("z", "y", "x").values, ref, rtol=1e-10,
+                                   atol=1e-10, err_msg=str(order))
