@@ -77,6 +77,8 @@ os.environ.setdefault("DEVITO_LANGUAGE", "openmp")
 os.environ.setdefault("DEVITO_LOGGING", "ERROR")
 
 import argparse  # noqa: E402
+import atexit  # noqa: E402
+import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -289,7 +291,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     # first calls are cold: numba's disk cache of the loop nests (loopcache) starts
     # empty, so a nest compiled by an earlier run is not loaded instead
-    os.environ["XSTENCIL_CACHE_DIR"] = tempfile.mkdtemp(prefix="xstencil-peers-")
+    cold = tempfile.mkdtemp(prefix="xstencil-peers-")
+    atexit.register(shutil.rmtree, cold, True)
+    os.environ["XSTENCIL_CACHE_DIR"] = cold
     rounds = 5 if args.quick else 9
     parts, notes = [], []
     for name, fn in (("maps", map_cases), ("scans", scan_cases), ("dense", dense_cases)):

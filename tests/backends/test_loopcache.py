@@ -117,6 +117,29 @@ def test_a_file_that_does_not_hold_its_nest_is_not_used(tmp_path: Path,
     assert loopcache.njit_source(src, "<t>")(5) == 4
     (path,) = (tmp_path / "loops").glob("xstencil_nest_*.py")
     path.write_text(path.read_text().replace("a - 1", "a + 100"))  # damaged or planted
-    for name in [m for m in sys.modules if m == path.stem]:
-        del sys.modules[name]
+    # drop the good module this process imported, so that only the file's check stands
+    # between the next call and the planted text
+    sys.modules.pop(path.stem, None)
     assert loopcache.njit_source(src, "<t>")(5) == 4
+
+
+def test_numba_refusing_cache_true_compiles_in_memory(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """numba raises RuntimeError ("no locator available") as it decorates when it
+    finds no writable place for its index (a read-only directory of nests and no
+    writable user cache): the nest compiles in memory instead of failing the map."""
+    real = loopcache.numba.njit
+
+    def njit(*args: object, **kwargs: object) -> object:
+        if kwargs.get("cache"):
+            raise RuntimeError("cannot cache function 'kernel': no locator available")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loopcache.numba, "njit", njit)
+    monkeypatch.setenv(loopcache.ENV, str(tmp_path / "elsewhere"))
+    with caplog.at_level(logging.INFO, logger="xstencil.loops"):
+        fn = loopcache.njit_source("def kernel(a):\n    return a * 5\n", "<t>")
+    assert fn(2) == 10
+    assert type(fn._cache).__name__ == "NullCache"
+    assert any("no locator available" in r.getMessage() for r in caplog.records)

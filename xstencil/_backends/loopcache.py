@@ -20,7 +20,8 @@ file's stamp and its own version before it uses a cache entry.
 Where: ``$XSTENCIL_CACHE_DIR/loops`` when set, else
 ``$XDG_CACHE_HOME/xstencil/loops`` (``~/.cache/xstencil/loops``).
 ``XSTENCIL_CACHE_DIR=off`` (or ``0``, ``none``) turns it off.  A directory
-that cannot be written is reported once at ``INFO`` level on the
+that cannot be used (not writable, or numba finds nowhere to keep its index)
+is reported once at ``INFO`` level on the
 ``xstencil.loops`` logger and the nests compile in memory, as without it.
 """
 
@@ -71,16 +72,17 @@ def njit_source(source: str, label: str, **options: Any) -> Any:
     where = directory()
     if where is not None:
         try:
-            fn = _from_file(where, source, options)
-        except OSError as e:  # read-only home, full disk, ...: compile in memory
+            return numba.njit(cache=True, **options)(_from_file(where, source, options))
+        # OSError: a read-only home, a full disk, a damaged file; RuntimeError: numba
+        # finds no writable place for its index (a read-only directory of nests and no
+        # writable user cache) and refuses cache=True as it decorates
+        except (OSError, RuntimeError) as e:
             with _LOCK:
                 if str(where) not in _WARNED:
                     _WARNED.add(str(where))
                     _LOG.info("loop nests compile in memory: cannot use the cache "
                               "directory %s (%s); set %s to another or to 'off'",
                               where, e, ENV)
-        else:
-            return numba.njit(cache=True, **options)(fn)
     namespace: dict[str, Any] = {"np": np, "prange": numba.prange}
     exec(compile(source, label, "exec"), namespace)  # noqa: S102
     return numba.njit(**options)(namespace["kernel"])

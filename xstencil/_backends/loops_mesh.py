@@ -237,7 +237,8 @@ class MeshLoops:
 
 
 def _compile(source: str, parallel: bool) -> Any:
-    """The numba function of a generated nest (compiled on its first call)."""
+    """The numba function of a generated nest (compiled on its first call, or
+    loaded from numba's disk cache: :mod:`xstencil._backends.loopcache`)."""
     return njit_source(source, "<xstencil mesh loop>", parallel=parallel, error_model="numpy")
 
 

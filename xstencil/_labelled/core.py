@@ -145,6 +145,7 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
     odims = _output_dims(call, output_dims, f.dims)
     _output_dims_free(call, output_dims, odims, f.obj)
     cdims = coord_dims(f)
+    order: tuple[str, ...] = ()  # the dims of window= as written (Plan.window_order)
     if window is None:
         reach: dict[str, tuple[int, int]] = {}
         for k in kernels:
@@ -153,6 +154,7 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
                 reach[d] = (max(a, lo), max(b, hi))
     else:
         reach = parse_window(call, window, f.dims, dict(zip(f.dims, f.shape, strict=True)))
+        order = tuple(reach)
     for d, (lo, hi) in (extra_reach or {}).items():
         a, b = reach.get(d, (0, 0))
         reach[d] = (max(a, lo), max(b, hi))
@@ -160,7 +162,7 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
                      boundary=boundary, fill_value=fill_value, stride=stride,
                      var_names=f.names, var_dims=f.var_dims, var_dtypes=f.dtypes,
                      coord_dims=cdims, output_dims=odims,
-                     window_order=() if window is None else tuple(reach))
+                     window_order=order)
     for d, s in zip(plan.dims, plan.specs, strict=True):  # a grid repeating its endpoint
         if s.mode == "periodic" and (s.pad_lo > 0 or s.pad_hi > 0) and d in cdims \
                 and not isinstance(f.obj.indexes.get(d), pd.RangeIndex) \

@@ -332,7 +332,7 @@ def make_plan(
         if isinstance(fill, complex) else None
     return Plan(call, dims, shape, tuple(specs), window_dims, fill, var_names, var_dims,
                 var_dtypes, tuple(d for d in coord_dims if d in window_dims), output_dims,
-                fill_bits=bits, window_order=tuple(d for d in window_order if d in reach))
+                fill_bits=bits, window_order=window_order)
 
 
 def with_call(call: str, kernel: Any, e: Exception) -> Exception:
