@@ -239,6 +239,9 @@ def interior_ranges(sources: Sequence[Source], axis: int, g: AxisGeom) -> tuple[
         first = max(0, -(-(lo - g.start) // g.step))
         last = (n - size + lo - g.start) // g.step + 1
         j_lo, j_hi = max(j_lo, first), min(j_hi, last)
+    # a window wider than the field leaves no interior, and j_lo may pass
+    # the count: the loops' shell runs [0, j_lo) and must stop at the count
+    j_lo = min(j_lo, g.count)
     return j_lo, max(j_lo, j_hi)
 
 
