@@ -76,11 +76,15 @@ def workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _split(n: int, tile: int) -> tuple[tuple[int, int], ...]:
-    """``[0, n)`` in near-equal tiles of at most about ``tile`` cells; an
-    even split is preferred (one tile shape, so one compile along this axis)."""
-    m = max(1, -(-n // max(1, tile)))
-    for cand in range(m, min(n, m + 3) + 1):  # a nearby count that divides n evenly
+def _split(n: int, tile: int, least: int = 1) -> tuple[tuple[int, int], ...]:
+    """``[0, n)`` in near-equal tiles of at most about ``tile`` cells, none
+    smaller than ``least`` (a tile's halo comes from its next neighbour
+    only, so each must hold at least the window's reach; fewer, larger
+    tiles where ``tile`` is smaller, one where ``n < 2 * least``); an even
+    split is preferred (one tile shape, so one compile along this axis)."""
+    most = max(1, n // max(1, least))  # the most tiles of at least ``least`` cells
+    m = min(max(1, -(-n // max(1, tile))), most)
+    for cand in range(m, min(n, m + 3, most) + 1):  # a nearby count that divides n evenly
         if n % cand == 0:
             m = cand
             break
@@ -103,7 +107,9 @@ def choose(shape: Sequence[int], reach: Sequence[int], row_bytes: int, steps_per
     the reach, per side) is at most an eighth of the smallest tile.
     ``tile`` (cells per spatial axis) and ``steps`` override either choice;
     ``K`` is then still capped by the steps between saves and so that the
-    halo fits in a neighbouring tile.
+    halo fits in a neighbouring tile.  No tile is narrower than the reach
+    along its axis (a halo is read from the next tile only): a smaller
+    ``tile`` gets fewer, larger tiles.
 
     Examples
     --------
@@ -130,16 +136,18 @@ def choose(shape: Sequence[int], reach: Sequence[int], row_bytes: int, steps_per
                 break
             want[a] = -(-want[a] // 2)
         tile = want
-    bounds = tuple(_split(n, t) for n, t in zip(shape, tile, strict=True))
-    smallest = min((b - a for axis, bs in enumerate(bounds) if reach[axis]
-                    and len(bs) > 1 for a, b in bs), default=None)
-    r = max((reach[a] for a in range(nd) if len(bounds[a]) > 1), default=0)
+    bounds = tuple(_split(n, t, r) for n, t, r in zip(shape, tile, reach, strict=True))
+    # per split axis with a reach: how many steps of halo its smallest tile holds
+    fit = [min(b - a for a, b in bounds[ax]) // reach[ax] for ax in range(nd)
+           if reach[ax] and len(bounds[ax]) > 1]
     if steps is None:
-        k = MAX_STEPS if not r or smallest is None else min(MAX_STEPS, smallest // (8 * r))
+        k = min([MAX_STEPS] + [max(1, f // 8) for f in fit])
     else:
         k = steps
-    if r and smallest is not None:
-        k = min(k, smallest // r)  # the halo must fit in the neighbouring tile
+    # the halo (K times the reach) must fit in the neighbouring tile, which
+    # _split keeps at least one reach wide
+    k = min([k] + fit)
+    assert k >= 1, (bounds, reach)
     return Tiling(bounds, max(1, min(k, steps_per_save)))
 
 
