@@ -84,7 +84,7 @@ def _split(n: int, tile: int, least: int = 1) -> tuple[tuple[int, int], ...]:
     split is preferred (one tile shape, so one compile along this axis)."""
     most = max(1, n // max(1, least))  # the most tiles of at least ``least`` cells
     m = min(max(1, -(-n // max(1, tile))), most)
-    for cand in range(m, min(n, m + 3, most) + 1):  # a nearby count that divides n evenly
+    for cand in range(m, min(m + 3, most) + 1):  # a nearby count that divides n evenly
         if n % cand == 0:
             m = cand
             break
