@@ -11,10 +11,13 @@ value there.
 
 So every row but those few runs its interior at full speed, the rows along
 the other axes' edges included, and the boundary body looks up one axis per
-point, not every axis: a 7-point Laplacian at 256**3 (two boundary points
-per row of 256, and 1020 boundary rows) ran 5-15 % faster than with a shell
-body that looked up every axis, a 5-point one at 2048**2 4-7 %, with the
-same results bitwise; and its numba compile is shorter.
+point, not every axis.  Against a shell body that looked up every axis at
+every boundary point (same arguments, interleaved, two runs): a 7-point
+Laplacian at 256**3 (two boundary points per row of 256) took 0.84-0.90 of
+the time, a 5-point one at 2048**2 0.92-0.98, a dense 7 x 7 sum 0.90-0.95,
+but a dense 5 x 5 periodic sum 1.07 (its interior reads five row views
+whose addresses now come from a table); results are bitwise the same, and
+numba compiles the nest 0.2-0.8 s sooner.
 """
 
 from __future__ import annotations
