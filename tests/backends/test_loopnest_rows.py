@@ -20,6 +20,8 @@ import pytest
 import xarray as xr
 
 import xstencil  # noqa: F401 - registers the accessor
+from tests.spies import count_calls
+from xstencil._backends import loops_mesh
 from xstencil._engine.loopgen import generate
 from xstencil._engine.lower import AxisGeom, Source
 
@@ -151,3 +153,29 @@ def test_one_axis_keeps_its_shell() -> None:
     source = _nest((9,), "fill")
     assert "for j0 in prange(1, 8):" in source
     assert re.search(r"sr0_0 = a0\[sy\d+\] if \(\(sy\d+ >= 0\)\) else f0", source)
+
+
+@pytest.mark.parametrize(("shape", "modes"), [((12, 9, 10), ("periodic", "fill", "reflect")),
+                                              ((3, 2, 40), ("fill", "symmetric", "fill"))])
+def test_a_mesh_in_three_dims_matches_xla(shape: tuple[int, ...], modes: tuple[str, ...],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A function mesh's regions run as boxed nests, rows and all: a slab by
+    position along the first and the last axis, a mask, the rest."""
+    ran = count_calls(monkeypatch, loops_mesh, "write_nests")
+    rng = np.random.default_rng(3)
+    dims = ("z", "y", "x")
+    a = rng.integers(-5, 6, shape).astype(np.float64)
+    mask = xr.DataArray(rng.random(shape) < 0.3, dims=dims)
+    da = xr.DataArray(a, dims=dims)
+    got = {}
+    for backend in ("loops", "xla"):
+        m = da.stencil.mesh(boundary=dict(zip(dims, modes, strict=True)), fill_value=3.0,
+                            backend=backend)
+        m[...] = lambda u: (u(x=1) + u(x=-1) + u(y=1) + u(y=-1) + u(z=1) + u(z=-1)
+                            - 6 * u())
+        m[{"z": slice(0, 2)}] = lambda u: 2 * u(x=-2) + u(z=1)
+        m[{"x": slice(-3, None)}] = lambda u: u(z=-1, x=1) * 3 - u()
+        m[mask] = lambda u: u(z=2) + 0.5 * u(x=-1)
+        got[backend] = m.map().values
+    assert ran, "the mesh ran with XLA"
+    np.testing.assert_array_equal(got["loops"], got["xla"])
