@@ -15,9 +15,9 @@ point, not every axis.  Against a shell body that looked up every axis at
 every boundary point (same arguments, interleaved, two runs): a 7-point
 Laplacian at 256**3 (two boundary points per row of 256) took 0.84-0.90 of
 the time, a 5-point one at 2048**2 0.92-0.98, a dense 7 x 7 sum 0.90-0.95,
-but a dense 5 x 5 periodic sum 1.07 (its interior reads five row views
-whose addresses now come from a table); results are bitwise the same, and
-numba compiles the nest 0.2-0.8 s sooner.
+but a dense 5 x 5 periodic sum 1.03-1.07 (not understood: computing its
+interior rows' indices directly instead of through the table did not
+help); results are bitwise the same, and first calls are 0.2-0.8 s shorter.
 """
 
 from __future__ import annotations
@@ -76,8 +76,13 @@ class _Rows:
         if name is None:
             name = self._names[expr] = f"{prefix}{len(self._names)}"
             self.lines.append(f"{name} = {expr}")
-            if prefix == "g":
-                self.flags.append(name)
+        return name
+
+    def flag(self, test: str) -> str:
+        """The row's name for the fill test ``test``, one of :attr:`flags`."""
+        name = self.name(test, "g")
+        if name not in self.flags:
+            self.flags.append(name)
         return name
 
 
@@ -122,7 +127,7 @@ def _body(sources: Sequence[Source], geom: Sequence[AxisGeom], lines: list[str],
             if rows is not None and src.axes[j] != last:  # once per row
                 index[j] = rows.name(e, "u")
                 if c is not None:
-                    outer.append(rows.name(f"({index[j]} >= 0)", "g"))
+                    outer.append(rows.flag(f"({index[j]} >= 0)"))
                 continue
             if e not in looked:
                 looked[e] = f"y{len(looked)}"
@@ -278,12 +283,12 @@ def render(sources: Sequence[Source], geom: Sequence[AxisGeom], params: Sequence
         src += [f"    n{a}, s{a}, l{a}, h{a}, q{a} = "
                 f"gm[{5 * a}], gm[{5 * a + 1}], gm[{5 * a + 2}], gm[{5 * a + 3}], gm[{5 * a + 4}]"
                 for a in range(rank)]
-        ranges: list[tuple[Any, Any]] = [(f"l{a}", f"h{a}") for a in range(rank)]
         counts: list[Any] = [f"n{a}" for a in range(rank)]
+        bounds: tuple[Any, Any] = (f"l{last}", f"h{last}")  # the last axis's interior
     else:
-        ranges = [interior_ranges(sources, a, g) for a, g in enumerate(geom)]
         counts = [g.count for g in geom]
-    lo, hi = ranges[last]
+        bounds = interior_ranges(sources, last, geom[last])
+    lo, hi = bounds
     n = counts[last]
 
     def emit(depth: int, head: str, body: list[str]) -> None:
