@@ -20,6 +20,7 @@ import pytest
 import xarray as xr
 
 import xstencil  # noqa: F401 - registers the accessor
+from tests.reference import extend
 from tests.spies import count_calls
 from xstencil._backends import loops_mesh
 from xstencil._engine.loopgen import generate
@@ -27,20 +28,11 @@ from xstencil._engine.lower import AxisGeom, Source
 
 pytest.importorskip("numba")
 
-_NP_MODE = {"fill": "constant", "periodic": "wrap", "extend": "edge",
-            "reflect": "reflect", "symmetric": "symmetric"}
-
-
 def _reference(a: np.ndarray, offsets: list[tuple[int, ...]], weights: list[int],
-               modes: dict[int, str], fill: float) -> np.ndarray:
+               modes: tuple[str, ...], fill: float) -> np.ndarray:
     """``sum_t w_t * a[i + offset_t]`` with each axis padded by ``np.pad``."""
     reach = [max(abs(o[d]) for o in offsets) for d in range(a.ndim)]
-    p = a
-    for d in range(a.ndim):
-        width = [(0, 0)] * a.ndim
-        width[d] = (reach[d], reach[d])
-        kw = {"constant_values": fill} if modes[d] == "fill" else {}
-        p = np.pad(p, width, mode=_NP_MODE[modes[d]], **kw)
+    p = extend(a, [(r, r) for r in reach], modes, fill)
     out = np.zeros(a.shape, np.float64)
     for o, w in zip(offsets, weights, strict=True):
         sl = tuple(slice(r + oo, r + oo + n) for r, oo, n in zip(reach, o, a.shape, strict=True))
@@ -82,7 +74,7 @@ def test_rows_through_views_match_numpy(shape: tuple[int, ...], modes: tuple[str
     boundary = dict(zip(dims, modes, strict=True))
     got = da.stencil.map(kernel, boundary=boundary, fill_value=7.0, backend="loops")
     assert ran, "the map fell back to XLA"
-    ref = _reference(a, offsets, weights, dict(enumerate(modes)), 7.0)
+    ref = _reference(a, offsets, weights, modes, 7.0)
     np.testing.assert_array_equal(got.values, ref)
     xla = da.stencil.map(kernel, boundary=boundary, fill_value=7.0, backend="xla")
     np.testing.assert_array_equal(got.values, np.asarray(xla.values))
