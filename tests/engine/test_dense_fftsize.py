@@ -26,7 +26,7 @@ def _smooth(m: int) -> bool:
 def test_fast_size_is_the_smallest_5_smooth_size_at_least_n() -> None:
     for n in range(1, 2200):
         want = next(m for m in range(n, 2 * n + 2) if _smooth(m))
-        assert dense._fast_size(n) == want, n
+        assert dense.fast_size(n) == want, n
 
 
 # padded lengths n + k - 1 on a fast size (64 = 2^6, 75 = 3 * 5^2) and one past it

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xstencil._backends import bufpool
+from xstencil._backends.hostfft import HostFFT, host_fft
 from xstencil._backends.hostwrap import Wrapper
 from xstencil._backends.loop_variants import Nest
 from xstencil._backends.loopcache import njit_source
@@ -238,9 +239,13 @@ class LoopOrJit:
         key = (mode, tuple([(x.shape, x.dtype.str) for x in arrays]),
                tuple([leaf_sig(x) for x in coords]), tuple([leaf_sig(x) for x in dleaves]),
                tuple([leaf_sig(x) for x in leaves]), x64())
+        def fallback() -> Any:
+            return self.jitted(arrays, coords, dyn, dynamic, leaves)
+
         built = self.built.get(key)
         if built is None:  # the first call compiles by running
-            built, res = self._build(arrays, coords, dyn, leaves, MAX_STATEMENTS[mode], out)
+            built, res = self._build(arrays, coords, dyn, leaves, MAX_STATEMENTS[mode], out,
+                                     fallback)
             self.built[key] = built
             if isinstance(built, str):
                 _LOG.debug("map runs with XLA: %s", built)
@@ -248,12 +253,14 @@ class LoopOrJit:
             return Staged(None, lambda: res)
         if isinstance(built, str):
             return None
-        return stage_loops(built, arrays, coords, dleaves, leaves, out)
+        return stage_loops(built, arrays, coords, dleaves, leaves, out, fallback)
 
     def _build(self, arrays: Any, coords: Any, dyn: Any, leaves: Any,
-               limit: int, out: np.ndarray | None = None) -> tuple[_Built | str, Any]:
+               limit: int, out: np.ndarray | None = None,
+               fallback: Callable[[], Any] | None = None) -> tuple[_Built | str, Any]:
         """Trace, generate, compile and run: the loop and the output, or a
-        string that says why the loops do not apply (and ``None``)."""
+        string that says why the loops do not apply (and ``None``).
+        ``fallback()``: the call's XLA result (see :func:`run_loops`)."""
         try:
             coords = [np.asarray(c) for c in coords]
             sources = self.make_sources(list(arrays), coords)
@@ -265,6 +272,14 @@ class LoopOrJit:
                 return f"tracing warned: {caught[0].message}", None
             params = [Param(i, tuple(v.aval.shape), np.dtype(v.aval.dtype))
                       for i, v in enumerate(closed.jaxpr.invars[len(sources):])]
+            out_avals = [v.aval for v in closed.jaxpr.outvars]
+            field = tuple(g.count for g in self.geom)
+            host = self._host_fft(closed, sources, params)
+            if host is not None:
+                built = _Built(host, "host FFT (scipy.fft)", [], [], params, out_avals,
+                               jax.tree_util.tree_structure(shapes), field)
+                return built, run_loops(built, arrays, coords, jax.tree_util.tree_leaves(dyn),
+                                        leaves, out, fallback=fallback)
             variants = generate_variants(closed, sources, self.geom, params, limit)
             omp_env()
             # runtime weights that multiply window values: an unmasked nest for
@@ -274,9 +289,7 @@ class LoopOrJit:
             fills = [np.asarray(jnp.full((), s.fill_value, s.array.dtype))[()]
                      for s in sources]
             built = _Built(fn, source, boundary_tables(sources, self.geom), fills, params,
-                           [v.aval for v in closed.jaxpr.outvars],
-                           jax.tree_util.tree_structure(shapes),
-                           tuple(g.count for g in self.geom))
+                           out_avals, jax.tree_util.tree_structure(shapes), field)
             built.make_checked = _checking(closed, sources, self.geom, params, limit)
             return built, run_loops(built, arrays, coords, jax.tree_util.tree_leaves(dyn),
                                     leaves, out)
@@ -284,6 +297,19 @@ class LoopOrJit:
             return f"not expressible as loops: {e}", None
         except Exception as e:  # noqa: BLE001 - correctness first: XLA decides and reports
             return f"{type(e).__name__}: {e}", None
+
+    def _host_fft(self, closed: Any, sources: Sequence[Source], params: list[Param]
+                  ) -> HostFFT | None:
+        """The map as :mod:`~xstencil._backends.hostfft`'s FFTs, where the
+        kernel is a weighted sum the engine lowers to FFTs only (maps only:
+        a scan's steps have no XLA program to fall back on)."""
+        if self.jitted is None:
+            return None
+        try:
+            return host_fft(closed, sources, self.geom, params, numba.get_num_threads)
+        except Exception as e:  # noqa: BLE001 - not for this kernel: the loop nest decides
+            _LOG.debug("no host FFT: %s: %s", type(e).__name__, e)
+            return None
 
 
 def _checking(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
@@ -336,12 +362,13 @@ def fits(built: _Built, out: np.ndarray | None) -> bool:
 
 def stage_loops(built: _Built, arrays: Sequence[np.ndarray], coords: Sequence[Any],
                 dleaves: Sequence[Any], leaves: Sequence[Any],
-                out: np.ndarray | None = None) -> Staged:
+                out: np.ndarray | None = None, fallback: Callable[[], Any] | None = None
+                ) -> Staged:
     """:func:`run_loops` in two halves: the output buffers are taken and
     wrapped now, and ``go()`` runs the kernel (through :func:`run_loops`)."""
     outs, early = _outputs(built, out, arrays)
     return Staged(early, lambda: run_loops(built, arrays, coords, dleaves, leaves, out,
-                                           (outs, early)))
+                                           (outs, early), fallback))
 
 
 def _outputs(built: _Built, out: np.ndarray | None, arrays: Sequence[np.ndarray] = ()
@@ -364,8 +391,8 @@ def _outputs(built: _Built, out: np.ndarray | None, arrays: Sequence[np.ndarray]
 
 def run_loops(built: _Built, arrays: Sequence[np.ndarray], coords: Sequence[Any],
               dleaves: Sequence[Any], leaves: Sequence[Any],
-              out: np.ndarray | None = None, prepared: tuple[list[np.ndarray], Any] | None = None
-              ) -> Any:
+              out: np.ndarray | None = None, prepared: tuple[list[np.ndarray], Any] | None = None,
+              fallback: Callable[[], Any] | None = None) -> Any:
     """Run a compiled loop kernel: the map's output pytree (JAX arrays on the
     CPU that share the loop's output buffers), or ``out`` itself, written in
     place, where it :func:`fits`.  ``prepared``: the buffers and early output
@@ -377,13 +404,21 @@ def run_loops(built: _Built, arrays: Sequence[np.ndarray], coords: Sequence[Any]
     pages (numpy asks the kernel for them from 4 MiB on; numba's allocator
     does not, so the loop never allocates), and recycled from results that
     nothing holds any more, so that a loop of maps does not fault in fresh
-    memory on every call (see bufpool.py)."""
+    memory on every call (see bufpool.py).
+
+    A kernel that returns ``False`` (the host FFT of
+    :mod:`~xstencil._backends.hostfft`, on data or weights that are not all
+    finite) has not written its outputs: ``fallback()``, the XLA program's
+    result for the same call, is copied into them."""
     values = list(dleaves) + list(leaves)
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(values, built.params, strict=True)]
     outs, early = _outputs(built, out, arrays) if prepared is None else prepared
     srcs = list(arrays) + [np.asarray(c) for c in coords]
-    built.fn(*outs, *srcs, *built.tables, *built.fills, *params)
+    if built.fn(*outs, *srcs, *built.tables, *built.fills, *params) is False:
+        assert fallback is not None, "a kernel that can decline runs with a fallback"
+        for o, r in zip(outs, jax.tree_util.tree_leaves(fallback()), strict=True):
+            np.copyto(o, np.asarray(r))
     if early is not None:
         return early
     return jax.tree_util.tree_unflatten(

@@ -52,7 +52,8 @@ from xstencil._engine.dense_runtime import (
 )
 from xstencil._engine.linear import weights
 
-__all__ = ["lower", "correlate", "choose", "separable", "SLICE_TAPS", "FFT_TAPS"]
+__all__ = ["lower", "plan", "correlate", "choose", "separable", "fast_size", "fft_dtype",
+           "spectrum", "whole_periodic", "wrapped", "SLICE_TAPS", "FFT_TAPS"]
 
 #: Up to this many nonzero weights the shifted-slice lowering of
 #: :mod:`~xstencil._engine.lower` is kept.  Measured on 2 busy CPU cores,
@@ -149,7 +150,7 @@ def _slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
     return terms[0]
 
 
-def _fast_size(n: int) -> int:
+def fast_size(n: int) -> int:
     """The smallest 2^a 3^b 5^c >= n (FFT-friendly)."""
     best = 1 << max(n - 1, 0).bit_length()
     p5 = 1
@@ -165,7 +166,7 @@ def _fast_size(n: int) -> int:
     return best
 
 
-def _spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
+def spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
               lows: Sequence[int] | None = None) -> Any:
     """``conj(rfftn(w))`` zero-padded to ``sizes``, computed once in float64
     (a constant of the program, not an FFT at run time).  Runtime weights
@@ -179,7 +180,7 @@ def _spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
     return spec.astype(np.complex128 if np.dtype(dtype) == np.float64 else np.complex64)
 
 
-def _fft_dtype(dtype: Any) -> Any:
+def fft_dtype(dtype: Any) -> Any:
     """The dtype the FFT runs in (no half-precision FFTs)."""
     return np.dtype(dtype) if np.dtype(dtype) in (np.float32, np.float64) else np.dtype(np.float32)
 
@@ -189,7 +190,7 @@ def _fft(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> 
     (the wrapped-around outputs are the ones dropped), NaN-safe."""
     fast = None
     if not isinstance(w, np.ndarray):  # runtime weights: a spectrum given from outside?
-        sizes, dt = tuple(_fast_size(n) for n in p.shape), _fft_dtype(p.dtype)
+        sizes, dt = tuple(fast_size(n) for n in p.shape), fft_dtype(p.dtype)
         spec = provided(w, ("padded", sizes, dt.str),
                         lambda w: runtime_spectrum(w, sizes, dt, None))
         if spec is not None:
@@ -202,10 +203,10 @@ def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int],
              big: Any = None, spec: Any = None) -> Any:
     """The correlation over an FFT; ``big`` is ``p``'s transform where
     already made, ``spec`` the weights' where given from outside."""
-    sizes = tuple(_fast_size(n) for n in p.shape)
+    sizes = tuple(fast_size(n) for n in p.shape)
     axes = tuple(range(p.ndim))
     if spec is None:
-        spec = _spectrum(w, sizes, p.dtype)
+        spec = spectrum(w, sizes, p.dtype)
     if big is None:
         big = jnp.fft.rfftn(p, sizes, axes)
     full = jnp.fft.irfftn(big * spec, sizes, axes)
@@ -213,7 +214,7 @@ def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int],
     return full[index].astype(p.dtype)
 
 
-def _whole_periodic(src: Any, geom: Sequence[Any]) -> bool:
+def whole_periodic(src: Any, geom: Sequence[Any]) -> bool:
     """Whether the slab is the whole periodic field (no padding is needed:
     the FFT's own wrap-around is the boundary)."""
     if not src.pads or any(m != "periodic" for m in src.modes):
@@ -228,7 +229,7 @@ def _circular(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
     on the unpadded array (the weights wrapped onto it), NaN-safe."""
     fast = None
     if not isinstance(w, np.ndarray):  # runtime weights: a spectrum given from outside?
-        shape, dt = tuple(x.shape), _fft_dtype(x.dtype)
+        shape, dt = tuple(x.shape), fft_dtype(x.dtype)
         spec = provided(w, ("circular", shape, dt.str, tuple(lows)),
                         lambda w: wrapped_runtime_spectrum(w, shape, dt, lows))
         if spec is not None:
@@ -251,14 +252,22 @@ def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],
         full = jnp.fft.irfftn(big * spec, x.shape, axes)
         index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
         return full[index].astype(x.dtype)
-    wrapped = np.zeros(x.shape)
-    grids = np.meshgrid(*[(np.arange(k) - lo) % n for k, lo, n in zip(w.shape, lows, x.shape,
-                                                                      strict=True)],
-                        indexing="ij")
-    np.add.at(wrapped, tuple(grids), w)
-    full = jnp.fft.irfftn(big * _spectrum(wrapped, x.shape, x.dtype), x.shape, axes)
+    full = jnp.fft.irfftn(big * spectrum(wrapped(w, lows, x.shape), x.shape, x.dtype),
+                          x.shape, axes)
     index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
     return full[index].astype(x.dtype)
+
+
+def wrapped(w: np.ndarray, lows: Sequence[int], shape: Sequence[int]) -> np.ndarray:
+    """The weights ``w`` wrapped onto a periodic field of ``shape`` (float64):
+    cell ``c`` lands at ``(c - lows) mod shape``, cells that land together
+    add up, so that a circular correlation with them is the window sum."""
+    out = np.zeros(tuple(shape))
+    grids = np.meshgrid(*[(np.arange(k) - lo) % n for k, lo, n in zip(w.shape, lows, shape,
+                                                                      strict=True)],
+                        indexing="ij")
+    np.add.at(out, tuple(grids), w)
+    return out
 
 
 def _read(closed: Any, n: int) -> list[int]:
@@ -290,17 +299,13 @@ def _without_unread(closed: Any, keep: list[int], n: int) -> Any:
     return jax.make_jaxpr(kept)(*[stand[i] for i in keep], *stand[n:])
 
 
-def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
-          dyn: Any = None) -> list[Any] | None:
-    """The kernel's output leaves over the slab ``geom``, lowered as
-    correlations, or ``None`` when the kernel is not a linear sum of its
-    windows or every weight array is small enough for shifted slices.
-
-    ``sources`` and ``geom`` are :class:`~xstencil._engine.lower.Source` and
-    :class:`~xstencil._engine.lower.AxisGeom` objects; ``dyn`` holds the
-    kernel's other inputs (the jaxpr's inputs after the cells), from which
-    runtime weights are computed when the weights are not constants.
-    """
+def plan(closed: Any, sources: Sequence[Any], geom: Sequence[Any], dyn: Any = None
+         ) -> list[tuple[list[tuple[int, Any, Any, str]], Any]] | None:
+    """Per output of the kernel, its correlation terms ``(i, source, w, how)``
+    (``i``: the index into ``sources``, ``w``: the weights, reshaped to the
+    field's rank, ``how``: :func:`choose`'s lowering) and its bias, or
+    ``None`` when the kernel is not a linear sum of its windows or every
+    weight array is small enough for shifted slices (see :func:`lower`)."""
     rank = len(geom)
     keep = _read(closed, len(sources))
     n, sources = len(sources), [sources[i] for i in keep]
@@ -323,15 +328,33 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
     plans = []
     for per in found:
         terms = []
-        for src, w in zip(sources, per[:-1], strict=True):
+        for i, src, w in zip(keep, sources, per[:-1], strict=True):
             if isinstance(w, np.ndarray) and not np.any(w):
                 continue
             if tuple(src.axes) != tuple(range(rank)):
                 return None
             full = w.reshape([geom[a].size if a in src.cell_axes else 1 for a in range(rank)])
-            terms.append((src, full, choose(full)))
+            terms.append((i, src, full, choose(full)))
         plans.append((terms, per[-1]))
-    if all(how == "shell" for terms, _ in plans for _, _, how in terms):
+    if all(how == "shell" for terms, _ in plans for *_, how in terms):
+        return None
+    return plans
+
+
+def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
+          dyn: Any = None) -> list[Any] | None:
+    """The kernel's output leaves over the slab ``geom``, lowered as
+    correlations, or ``None`` when the kernel is not a linear sum of its
+    windows or every weight array is small enough for shifted slices.
+
+    ``sources`` and ``geom`` are :class:`~xstencil._engine.lower.Source` and
+    :class:`~xstencil._engine.lower.AxisGeom` objects; ``dyn`` holds the
+    kernel's other inputs (the jaxpr's inputs after the cells), from which
+    runtime weights are computed when the weights are not constants.
+    """
+    rank = len(geom)
+    plans = plan(closed, sources, geom, dyn)
+    if plans is None:
         return None
     field = tuple(g.count for g in geom)
     steps = [g.step for g in geom]
@@ -339,8 +362,8 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
     for (terms, bias), v in zip(plans, closed.jaxpr.outvars, strict=True):
         dtype = v.aval.dtype
         out = None
-        for src, w, how in terms:
-            if how == "fft" and _whole_periodic(src, geom):
+        for _, src, w, how in terms:
+            if how == "fft" and whole_periodic(src, geom):
                 lows = [lo for lo, _ in src.pads]
                 part = _circular(src.array.astype(dtype), w, lows, steps, field)
                 out = part if out is None else out + part

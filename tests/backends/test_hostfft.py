@@ -1,0 +1,244 @@
+"""Large dense windows on numpy data run as ``scipy.fft`` FFTs on the host
+(``xstencil/_backends/hostfft.py``).
+
+Checked against a float64 direct sum (``np.pad`` by the boundary mode, one
+shifted slice per window cell) within FFT rounding, against the XLA
+program, and on what must not go quietly wrong: NaN and inf (the host
+declines and XLA's exact path answers), huge finite values, weights changed
+in place or rebound between calls, dtypes kept, several sources and a bias.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+import xarray as xr
+
+import xstencil  # noqa: F401 - registers the accessor
+from tests.reference import extend
+from xstencil._backends import hostfft
+from xstencil._engine.dense_hoist import RETRY
+
+pytest.importorskip("numba")
+
+MODES = ["periodic", "reflect", "symmetric", "extend", "fill"]
+
+
+@pytest.fixture
+def host(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """What each host FFT call returned (``False``: it declined to XLA)."""
+    seen: list[bool] = []
+    real = hostfft.HostFFT.__call__
+
+    def spy(self: Any, *args: Any) -> Any:
+        seen.append(real(self, *args))
+        return seen[-1]
+
+    monkeypatch.setattr(hostfft.HostFFT, "__call__", spy)
+    return seen
+
+
+def _direct(a: np.ndarray, w: np.ndarray, mode: str, fill: float = 0.0,
+            stride: tuple[int, ...] | None = None) -> np.ndarray:
+    """``out[i] = sum_c w[c] * a[i + c - k // 2]`` in float64, padded by ``mode``."""
+    a64 = a.astype(np.float64)
+    pads = [(k // 2, k - 1 - k // 2) for k in w.shape]
+    p = extend(a64, pads, [mode] * a.ndim, fill)
+    out = np.zeros(a.shape)
+    for cell in np.ndindex(*w.shape):
+        out += float(w[cell]) * p[tuple(slice(c, c + n) for c, n in zip(cell, a.shape,
+                                                                        strict=True))]
+    if stride is not None:
+        out = out[tuple(slice(None, None, s) for s in stride)]
+    return out
+
+
+def _bound(a: np.ndarray, w: np.ndarray, eps: float) -> float:
+    """FFT rounding: a few eps of the transform's scale."""
+    return 20 * eps * float(np.abs(a).max()) * float(np.abs(w).sum()) + 1e-300
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_boundary_mode_matches_the_direct_sum_and_xla(host: list[bool], mode: str) -> None:
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((61, 70)).astype(np.float32)
+    w = rng.standard_normal((13, 11)).astype(np.float32)
+    da = xr.DataArray(a, dims=("y", "x"), coords={"x": np.arange(70.0)}, name="t",
+                      attrs={"units": "K"})
+    opts = {"window": {"y": 13, "x": 11}, "boundary": mode, "fill_value": 7.0}
+    got = da.stencil.map(lambda u: (u * w).sum(), backend="loops", **opts)
+    assert host == [True]
+    xla = da.stencil.map(lambda u: (u * w).sum(), backend="xla", **opts)
+    want = _direct(a, w, mode, 7.0)
+    bound = _bound(extend(a, [(7, 7)] * 2, [mode] * 2, 7.0), w, np.finfo(np.float32).eps)
+    assert got.dtype == np.float32 and got.name == "t" and got.attrs == {"units": "K"}
+    np.testing.assert_array_equal(got.x, da.x)
+    assert np.abs(got.values - want).max() < bound
+    assert np.abs(got.values - xla.values).max() < bound
+    assert np.abs(got.values - want).max() > 0  # an FFT, not the direct sum
+    buf = np.full(a.shape, np.nan, np.float32)
+    res = da.stencil.map(lambda u: (u * w).sum(), backend="loops", out=buf, **opts)
+    assert host == [True, True] and np.shares_memory(res.values, buf)
+    np.testing.assert_array_equal(buf, got.values)
+
+
+def test_strides_and_constant_weights(host: list[bool]) -> None:
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((64, 90)).astype(np.float32)
+    w = np.round(rng.standard_normal((11, 11)), 2)
+    wl = w.tolist()  # Python floats: literals of the program, not a closed-over array
+
+    def kernel(u: Any) -> Any:
+        return sum(wl[i][j] * u(y=i - 5, x=j - 5) for i in range(11) for j in range(11))
+
+    da = xr.DataArray(a, dims=("y", "x"))
+    got = da.stencil.map(kernel, window={"y": 11, "x": 11}, boundary="periodic",
+                         stride={"y": 2, "x": 3}, backend="loops")
+    assert host == [True]
+    want = _direct(a, w, "periodic", stride=(2, 3))
+    assert got.shape == want.shape
+    assert np.abs(got.values - want).max() < _bound(a, w, np.finfo(np.float32).eps)
+
+
+def test_float64_stays_float64_and_float16_stays_float16(host: list[bool]) -> None:
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((11, 11))
+    a = rng.standard_normal((50, 40))
+    with jax.enable_x64(True):
+        got = xr.DataArray(a, dims=("y", "x")).stencil.map(
+            lambda u: (u * w).sum(), window={"y": 11, "x": 11}, boundary="reflect",
+            backend="loops")
+    assert got.dtype == np.float64
+    assert np.abs(got.values - _direct(a, w, "reflect")).max() < _bound(
+        a, w, np.finfo(np.float64).eps)
+    w16 = w.astype(np.float16)
+    h = xr.DataArray(a.astype(np.float16), dims=("y", "x")).stencil.map(
+        lambda u: (u * w16).sum(), window={"y": 11, "x": 11}, boundary="reflect",
+        backend="loops")
+    assert h.dtype == np.float16
+    ref = _direct(a.astype(np.float16), w16, "reflect")
+    assert np.abs(h.values.astype(np.float64) - ref).max() < 0.02 * np.abs(ref).max()
+    assert host == [True, True]
+
+
+def test_nan_in_the_data_gives_the_direct_sums_footprint(host: list[bool]) -> None:
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((60, 60)).astype(np.float32)
+    a[30, 12] = np.nan
+    a[5, 50] = np.inf
+    w = rng.standard_normal((11, 11)).astype(np.float32)
+    w[0, 0] = 0.0  # a cell of weight 0 is not read
+    da = xr.DataArray(a, dims=("y", "x"))
+    opts = {"window": {"y": 11, "x": 11}, "boundary": "periodic"}
+
+    def kernel(u: Any) -> Any:
+        return (u * w).sum()
+
+    got = da.stencil.map(kernel, backend="loops", **opts)
+    assert host == [False]  # declined: XLA's exact path answered
+    xla = da.stencil.map(kernel, backend="xla", **opts)
+    np.testing.assert_array_equal(np.isnan(got.values), np.isnan(xla.values))
+    np.testing.assert_array_equal(np.isinf(got.values), np.isinf(xla.values))
+    want = _direct(np.where(np.isfinite(a), a, 0), w, "periodic")
+    ok = np.isfinite(xla.values)
+    assert 0 < ok.sum() < ok.size
+    assert np.abs(got.values[ok] - want[ok]).max() < 1e-3
+    # the next RETRY calls decline at once (NaN land stays); then the host tries again
+    clean = xr.DataArray(np.nan_to_num(a, posinf=0.0), dims=("y", "x"))
+    for _ in range(RETRY + 1):
+        last = clean.stencil.map(kernel, backend="loops", **opts)
+    assert host[1:] == [False] * RETRY + [True]
+    assert np.abs(last.values - _direct(clean.values, w, "periodic")).max() < 1e-3
+
+
+def test_a_non_finite_weight_and_huge_finite_data_decline(host: list[bool]) -> None:
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((40, 40)).astype(np.float32)
+    w = rng.standard_normal((11, 11)).astype(np.float32)
+    w[3, 4] = np.inf
+    da = xr.DataArray(a, dims=("y", "x"))
+    opts = {"window": {"y": 11, "x": 11}, "boundary": "extend", "backend": "loops"}
+    got = da.stencil.map(lambda u: (u * w).sum(), **opts)
+    assert host == [False]
+    assert np.isinf(got.values).all() or np.isnan(got.values).any()
+    xla = da.stencil.map(lambda u: (u * w).sum(), **{**opts, "backend": "xla"})
+    np.testing.assert_array_equal(got.values, xla.values)
+    # huge but finite: the host FFT's sums overflow, the direct sum's do not
+    big = xr.DataArray(a * np.float32(3e36), dims=("y", "x"))
+    v = rng.standard_normal((11, 11)).astype(np.float32)
+    got = big.stencil.map(lambda u: (u * v).sum(), **opts)
+    assert host[-1] is False
+    assert np.isfinite(got.values).all()
+    want = _direct(big.values, v, "extend")
+    assert np.abs(got.values - want).max() < 1e-4 * np.abs(want).max()
+
+
+def test_weights_changed_in_place_or_rebound_are_not_stale(host: list[bool]) -> None:
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((48, 52)).astype(np.float32)
+    w = rng.standard_normal((11, 11)).astype(np.float32)
+    da = xr.DataArray(a, dims=("y", "x"))
+
+    def run() -> np.ndarray:
+        return da.stencil.map(lambda u: (u * w).sum(), window={"y": 11, "x": 11},
+                              boundary="periodic", backend="loops").values
+
+    first = run()
+    w *= -2  # in place
+    second = run()
+    bound = _bound(a, w, np.finfo(np.float32).eps)
+    assert np.abs(second - _direct(a, w, "periodic")).max() < bound
+    assert np.abs(second + 2 * first).max() < bound
+    w = np.ones((11, 11), np.float32)  # the global rebound
+    third = run()
+    assert np.abs(third - _direct(a, w, "periodic")).max() < bound
+    assert host == [True, True, True]
+
+
+def test_two_sources_and_a_bias(host: list[bool]) -> None:
+    rng = np.random.default_rng(7)
+    ds = xr.Dataset({"u": (("y", "x"), rng.standard_normal((40, 44)).astype(np.float32)),
+                     "v": (("y", "x"), rng.standard_normal((40, 44)).astype(np.float32))})
+    w1 = rng.standard_normal((11, 11)).astype(np.float32)
+    w2 = rng.standard_normal((11, 11)).astype(np.float32)
+
+    def kernel(f: Any) -> Any:
+        return (f["u"] * w1).sum() - (f["v"] * w2).sum() + 2.5
+
+    opts = {"window": {"y": 11, "x": 11}, "boundary": "symmetric"}
+    got = ds.stencil.map(kernel, backend="loops", **opts)
+    assert host == [True]
+    want = (_direct(ds.u.values, w1, "symmetric") - _direct(ds.v.values, w2, "symmetric")
+            + 2.5)
+    bound = 2 * _bound(ds.u.values, w1 + np.abs(w2), np.finfo(np.float32).eps)
+    assert np.abs(got.values - want).max() < bound
+
+
+def test_three_dims(host: list[bool]) -> None:
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((20, 22, 24)).astype(np.float32)
+    w = rng.standard_normal((5, 5, 5)).astype(np.float32)
+    da = xr.DataArray(a, dims=("z", "y", "x"))
+    got = da.stencil.map(lambda u: (u * w).sum(), window={"z": 5, "y": 5, "x": 5},
+                         boundary="reflect", backend="loops")
+    assert host == [True]
+    assert np.abs(got.values - _direct(a, w, "reflect")).max() < _bound(
+        a, w, np.finfo(np.float32).eps)
+
+
+def test_inputs_are_not_mutated_and_the_default_backend_uses_it(host: list[bool]) -> None:
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((512, 512)).astype(np.float32)
+    keep = a.copy()
+    w = rng.standard_normal((15, 15)).astype(np.float32)
+    wk = w.copy()
+    got = xr.DataArray(a, dims=("y", "x")).stencil.map(
+        lambda u: (u * w).sum(), window={"y": 15, "x": 15}, boundary="periodic")
+    assert host == [True]  # 512 x 512: the default backend's size
+    np.testing.assert_array_equal(a, keep)
+    np.testing.assert_array_equal(w, wk)
+    assert np.abs(got.values - _direct(a, w, "periodic")).max() < _bound(
+        a, w, np.finfo(np.float32).eps)

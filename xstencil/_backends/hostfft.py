@@ -1,0 +1,241 @@
+"""Large dense windows on numpy data: the FFT lowering run by ``scipy.fft``.
+
+A map whose kernel is a weighted sum over a window too large for a loop nest
+(:data:`~xstencil._backends.loops.MAX_STATEMENTS`) is lowered to an FFT
+(:mod:`xstencil._engine.dense`).  On numpy data on the CPU, outside JAX
+transforms, the loop backend runs that FFT on the host instead of in XLA:
+``scipy.fft`` (pocketfft) transforms the numpy array in place, on numba's
+thread count (``workers=``), where XLA copies a numpy array that is not
+64-byte aligned into its own memory first.  Measured at 1024² float32, k=15,
+periodic, on 2 cores: 0.75-0.85x the time of the jitted ``jnp.fft`` program
+on a JAX array (see docs/performance.rst).
+
+The arithmetic is the XLA program's: the correlation is ``irfft(rfft(x) *
+conj(rfft(w)))`` over the whole periodic field (the weights wrapped onto it),
+or over the padded block at an FFT-friendly size otherwise (the padded block
+is made by the XLA function of :meth:`~xstencil._engine.lower.Source.block`,
+so every boundary mode is the engine's own); the weight spectra are computed
+in float64 and rounded once, as :func:`xstencil._engine.dense.spectrum`
+does for constant weights.  Results differ from ``backend="xla"`` by FFT
+rounding (two FFT libraries), a few float32 ulps of the output's scale.
+
+Only the all-finite path runs here: the weights are checked when their
+spectra are made, and the outputs by their sum after the FFT (NaN and inf
+absorb under the FFT's sums, and a finite overflow of them shows as inf).  A
+call that fails the check returns ``False`` and the caller runs the XLA
+program, whose exact non-finite path gives the direct sum's NaN footprint
+(:mod:`xstencil._engine.dense_finite`); the next
+:data:`~xstencil._engine.dense_hoist.RETRY` calls then decline at once (data
+with NaN land keep it), as the XLA program's own all-finite path does.
+
+Weight spectra are kept by the values of the kernel's other inputs (the
+arrays it closes over, its arguments) when those are small, else by the
+weights' values, so a changed global or an array changed in place gives a
+new spectrum, never a stale one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from xstencil._engine import dense
+from xstencil._engine.dense_hoist import RETRY
+from xstencil._engine.lower import AxisGeom, Source
+
+__all__ = ["HostFFT", "host_fft"]
+
+#: Weight spectra kept per compiled map (by value), and at most this many bytes.
+SPECTRA = 8
+SPECTRA_BYTES = 2**28
+#: Up to this many bytes of the kernel's other inputs, spectra are keyed by them.
+KEY_BYTES = 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class _Term:
+    """One correlation: source ``index`` of the call, over its whole
+    periodic field (``lows``: the window's low halo per axis) or over its
+    padded block (``block``: the jitted function that makes it)."""
+
+    index: int
+    shape: tuple[int, ...]  # the FFT's size
+    dtype: np.dtype  # the FFT's (float32 or float64)
+    lows: tuple[int, ...] | None
+    block: Callable[[Any], Any] | None
+
+
+class HostFFT:
+    """Called as a loop nest is, ``fn(*outs, *srcs, *params)`` (``params``
+    flattened); writes every output and returns ``True``, or returns
+    ``False`` where the data, the weights or the FFT were not all finite
+    (the outputs are then unspecified: the caller runs the XLA program)."""
+
+    def __init__(self, terms: list[list[_Term]], weights: Callable[..., Any],
+                 params: Sequence[Any], steps: Sequence[int], counts: Sequence[int],
+                 workers: Callable[[], int]):
+        self.terms, self.weights, self.params = terms, weights, list(params)
+        self.index = tuple(slice(0, st * (n - 1) + 1, st)
+                           for st, n in zip(steps, counts, strict=True))
+        self.workers = workers
+        self.spectra: OrderedDict[Any, list[Any] | None] = OrderedDict()
+        self.lock = threading.Lock()
+        self.skip = 0  # calls left to decline at once (the data were not finite)
+
+    def __call__(self, *args: Any) -> bool:
+        if self.skip > 0:  # NaN land stays: no FFT to throw away for a while
+            self.skip -= 1
+            return False
+        if not self._run(args):
+            self.skip = RETRY
+            return False
+        return True
+
+    def _run(self, args: Sequence[Any]) -> bool:
+        import scipy.fft as sfft
+
+        nout = len(self.terms)
+        outs, params = args[:nout], args[len(args) - len(self.params):]
+        srcs = args[nout:len(args) - len(self.params)]
+        values = [np.asarray(v).reshape(p.shape) for v, p in zip(params, self.params,
+                                                                  strict=True)]
+        spectra = self._spectra(values)
+        if spectra is None:  # a weight is NaN or inf
+            return False
+        workers = self.workers()
+        for out, terms, (specs, bias) in zip(outs, self.terms, spectra, strict=True):
+            acc = None
+            for term, spec in zip(terms, specs, strict=True):
+                x = srcs[term.index]
+                if term.block is not None:
+                    x = np.asarray(term.block(x))
+                if x.dtype != term.dtype:  # in the output's dtype, as XLA's (no half FFTs)
+                    x = x.astype(out.dtype).astype(term.dtype)
+                axes = tuple(range(x.ndim))
+                big = sfft.rfftn(x, term.shape, axes=axes, workers=workers)
+                big *= spec
+                full = sfft.irfftn(big, term.shape, axes=axes, workers=workers,
+                                   overwrite_x=True)
+                part = full[self.index].astype(out.dtype, copy=False)
+                acc = part if acc is None else acc + part
+            if acc is None:
+                acc = np.zeros(out.shape, out.dtype)
+            if bias is not None:
+                acc = acc + bias.astype(out.dtype)
+            with np.errstate(all="ignore"):  # half floats: summed wider, not to overflow
+                total = acc.sum(dtype=np.float64 if acc.dtype.itemsize < 4 else None)
+            if not np.isfinite(total):
+                return False
+            np.copyto(out, acc)
+        return True
+
+    def _spectra(self, values: list[np.ndarray]) -> list[tuple[list[Any], Any]] | None:
+        """Per output, its terms' weight spectra and its bias (``None``: 0),
+        from the table or made now; ``None`` if a weight is not finite."""
+        key = None
+        if sum(v.nbytes for v in values) <= KEY_BYTES:
+            key = ("inputs", tuple((v.dtype.str, v.shape, v.tobytes()) for v in values))
+            with self.lock:
+                if key in self.spectra:
+                    self.spectra.move_to_end(key)
+                    return self.spectra[key]
+        found = [[np.asarray(w) for w in per] for per in self.weights(*values)]
+        wkey = ("weights", tuple((w.dtype.str, w.shape, w.tobytes()) for per in found
+                                 for w in per))
+        with self.lock:
+            got = self.spectra.get(wkey, False)
+        if got is False:
+            got = _make(self.terms, found)
+            self._keep(wkey, got)
+        if key is not None:
+            self._keep(key, got)
+        return got
+
+    def _keep(self, key: Any, got: Any) -> None:
+        with self.lock:
+            self.spectra[key] = got
+            self.spectra.move_to_end(key)
+            while len(self.spectra) > 1 and (len(self.spectra) > SPECTRA or sum(
+                    s.nbytes for v in self.spectra.values() if v is not None
+                    for specs, _ in v for s in specs) > SPECTRA_BYTES):
+                self.spectra.popitem(last=False)
+
+
+def _make(terms: list[list[_Term]], found: list[list[np.ndarray]]
+          ) -> list[tuple[list[Any], Any]] | None:
+    made = []
+    for per_terms, per in zip(terms, found, strict=True):
+        if not all(np.all(np.isfinite(w)) for w in per):
+            return None
+        specs = []
+        for term, w in zip(per_terms, per[:-1], strict=True):
+            if term.lows is not None:  # the weights wrapped onto the periodic field
+                w = dense.wrapped(w, term.lows, term.shape)
+            specs.append(dense.spectrum(w.astype(np.float64), term.shape, term.dtype))
+        bias = per[-1]
+        made.append((specs, bias if np.any(bias) else None))
+    return made
+
+
+def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
+             params: Sequence[Any], workers: Callable[[], int]) -> HostFFT | None:
+    """The host FFT of a map whose kernel (``closed``: its jaxpr, the cells
+    first, then ``params``) is a linear sum of its windows lowered to FFTs
+    only, or ``None``."""
+    light = [dataclasses.replace(s, array=np.broadcast_to(np.zeros((), s.array.dtype),
+                                                          np.shape(s.array)))
+             for s in sources]
+    seen: list[Any] = []
+
+    def weights(*values: Any) -> Any:
+        plans = dense.plan(closed, light, geom, list(values))
+        seen.append(plans)
+        if plans is None:
+            return []
+        return [[w for _, _, w, _ in terms] + [bias] for terms, bias in plans]
+
+    avals = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in params]
+    jax.eval_shape(weights, *avals)
+    plans = seen[0]
+    if plans is None or not all(how == "fft" for terms, _ in plans for *_, how in terms):
+        return None
+    counts = tuple(g.count for g in geom)
+    terms = []
+    for (per, _), v in zip(plans, closed.jaxpr.outvars, strict=True):
+        row = []
+        dt = dense.fft_dtype(v.aval.dtype)
+        for i, src, w, _ in per:
+            if dense.whole_periodic(src, geom):
+                row.append(_Term(i, tuple(src.array.shape), dt,
+                                 tuple(lo for lo, _ in src.pads), None))
+            else:
+                block = _block_fn(src, geom, w.shape)
+                sizes = tuple(dense.fast_size(n) for n in jax.eval_shape(
+                    block, jax.ShapeDtypeStruct(src.array.shape, src.array.dtype)).shape)
+                row.append(_Term(i, sizes, dt, None, block))
+        terms.append(row)
+    return HostFFT(terms, jax.jit(weights), params, [g.step for g in geom], counts, workers)
+
+
+def _block_fn(src: Source, geom: Sequence[AxisGeom], wshape: tuple[int, ...]
+              ) -> Callable[[Any], Any]:
+    """The jitted function that makes the padded block a correlation of
+    ``src`` over ``geom`` reads (as :func:`xstencil._engine.dense.lower`)."""
+    rank = len(geom)
+
+    def block(a: Any) -> Any:
+        x, shift = dataclasses.replace(src, array=a).block(geom)
+        starts = [geom[d].start + shift[d] for d in range(rank)]
+        limits = [s0 + geom[d].step * (geom[d].count - 1) + wshape[d]
+                  for d, s0 in enumerate(starts)]
+        if starts != [0] * rank or limits != list(x.shape):
+            x = jax.lax.slice(x, starts, limits)
+        return x
+
+    return jax.jit(block)
