@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.fft as sfft
 import scipy.ndimage as ndi
 import xarray as xr
 from jax import lax
@@ -380,6 +381,15 @@ def dense_columns(n: int, k: int) -> tuple[Columns, str]:
     def fft(x: Any) -> Any:  # circular correlation: periodic, no padding at all
         return jnp.fft.irfft2(jnp.fft.rfft2(x) * wf, s=x.shape)
 
+    spec = np.asarray(wf)
+    workers = numba.get_num_threads() if numba is not None else (os.cpu_count() or 1)
+
+    def scipy_fft() -> Any:  # the same correlation by scipy.fft on every core, numpy in
+        big = sfft.rfft2(a, workers=workers)
+        big *= spec
+        return sfft.irfft2(big, s=a.shape, workers=workers, overwrite_x=True)
+
+    cols["scipy.fft"] = scipy_fft
     cols["lax.conv"] = lambda: jax.block_until_ready(conv(x))
     cols["jnp.fft"] = lambda: jax.block_until_ready(fft(x))
     # the same program on the numpy array, copied into XLA's memory on each call as

