@@ -47,6 +47,7 @@ import jax
 import numpy as np
 
 from xstencil._engine import dense
+from xstencil._engine.call import stand_in
 from xstencil._engine.dense_hoist import RETRY
 from xstencil._engine.lower import AxisGeom, Source
 
@@ -239,18 +240,21 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     light = [dataclasses.replace(s, array=np.broadcast_to(np.zeros((), s.array.dtype),
                                                           np.shape(s.array)))
              for s in sources]
-    seen: list[Any] = []
+    seen: list[Any] = []  # the plans of the first trace (the structure), then dropped
+    recording = [True]
 
     def weights(*values: Any) -> Any:
         plans = dense.plan(closed, light, geom, list(values))
-        seen.append(plans)
+        if recording:
+            seen.append(plans)
         if plans is None:
             return []
         return [[w for _, _, w, _ in terms] + [bias] for terms, bias in plans]
 
-    avals = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in params]
+    avals = [stand_in(p.shape, p.dtype) for p in params]
     jax.eval_shape(weights, *avals)
-    plans = seen[0]
+    recording.clear()
+    plans = seen.pop()
     if plans is None or not all(how == "fft" for terms, _ in plans for *_, how in terms):
         return None
     counts = tuple(g.count for g in geom)
@@ -265,7 +269,7 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
             else:
                 block = _block_fn(src, geom, w.shape)
                 sizes = tuple(dense.fast_size(n) for n in jax.eval_shape(
-                    block, jax.ShapeDtypeStruct(src.array.shape, src.array.dtype)).shape)
+                    block, stand_in(src.array.shape, src.array.dtype)).shape)
                 row.append(_Term(i, sizes, dt, None, block))
         terms.append(row)
     return HostFFT(terms, jax.jit(weights), params, [g.step for g in geom], counts, workers)
