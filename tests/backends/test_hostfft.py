@@ -242,3 +242,29 @@ def test_inputs_are_not_mutated_and_the_default_backend_uses_it(host: list[bool]
     np.testing.assert_array_equal(w, wk)
     assert np.abs(got.values - _direct(a, w, "periodic")).max() < _bound(
         a, w, np.finfo(np.float32).eps)
+
+
+def test_the_inverse_written_in_place_equals_the_public_inverse(
+        host: list[bool], monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(10)
+    a = rng.standard_normal((96, 80)).astype(np.float32)
+    w = rng.standard_normal((11, 11)).astype(np.float32)
+    da = xr.DataArray(a, dims=("y", "x"))
+    into: list[bool] = []
+    real = hostfft._inverse_into
+
+    def spy(*args: Any) -> bool:
+        into.append(real(*args))
+        return into[-1]
+
+    monkeypatch.setattr(hostfft, "_inverse_into", spy)
+
+    def run() -> np.ndarray:
+        return da.stencil.map(lambda u: (u * w).sum(), window={"y": 11, "x": 11},
+                              boundary="periodic", backend="loops").values
+
+    direct = run()
+    monkeypatch.setattr(hostfft, "_inverse_into", lambda *args: False)
+    public = run()
+    assert into == [True] and host == [True, True]
+    np.testing.assert_array_equal(direct, public)  # the same pocketfft call
