@@ -268,3 +268,20 @@ def test_the_inverse_written_in_place_equals_the_public_inverse(
     public = run()
     assert into == [True] and host == [True, True]
     np.testing.assert_array_equal(direct, public)  # the same pocketfft call
+
+
+def test_a_forked_child_gets_its_own_thread_pool() -> None:
+    """The row-split helper's pool is remade in a child process (a forked
+    child inherits the pool object but not its threads: it would wait
+    forever), checked without forking by faking the pool's process id."""
+    out = np.empty((256, 512), np.float32)
+    acc = np.arange(out.size, dtype=np.float32).reshape(out.shape)
+    total = pytest.approx(float(acc.sum(dtype=np.float64)), rel=1e-5)
+    assert hostfft._copy_sum(out, acc, 2) == total
+    first = hostfft._POOL[0]
+    hostfft._POOL[1] = -1  # as in a child: another process
+    np.testing.assert_array_equal(out, acc)
+    out[...] = 0
+    assert hostfft._copy_sum(out, acc, 2) == total
+    np.testing.assert_array_equal(out, acc)
+    assert hostfft._POOL[0] is not first and hostfft._POOL[1] > 0

@@ -37,6 +37,7 @@ new spectrum, never a stale one.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -171,7 +172,7 @@ class HostFFT:
                 self.spectra.popitem(last=False)
 
 
-_POOL: list[ThreadPoolExecutor] = []  # [the pool], made on first use
+_POOL: list[Any] = []  # [the pool, the process it was made in], made on first use
 _POOL_LOCK = threading.Lock()
 
 
@@ -180,9 +181,10 @@ def _rows(n: int, workers: int, part: Callable[[int, int], float]) -> float:
     thread (numpy releases the GIL for large operations), summed."""
     if workers < 2 or n < 2 * workers:
         return part(0, n)
-    with _POOL_LOCK:
-        if not _POOL or _POOL[0]._max_workers < workers - 1:
-            _POOL[:] = [ThreadPoolExecutor(workers - 1, thread_name_prefix="xstencil-fft")]
+    pid = os.getpid()
+    with _POOL_LOCK:  # a forked child has the pool but not its threads: a new one
+        if not _POOL or _POOL[1] != pid or _POOL[0]._max_workers < workers - 1:
+            _POOL[:] = [ThreadPoolExecutor(workers - 1, thread_name_prefix="xstencil-fft"), pid]
         pool = _POOL[0]
     cuts = [n * i // workers for i in range(workers + 1)]
     futures = [pool.submit(part, cuts[i], cuts[i + 1]) for i in range(1, workers)]

@@ -10,7 +10,9 @@ the current values.  Constant weights:
   shifted slices, interior and boundary shell apart;
 * weights of rank 1 (box, Gaussian): one pass of shifted slices per axis;
 * dense: one sum of shifted slices of the padded block up to
-  :data:`FFT_TAPS` weights, an FFT (``jnp.fft.rfftn``) above.
+  :data:`FFT_TAPS` weights, an FFT (``jnp.fft.rfftn``) above.  On numpy
+  data outside JAX transforms the loop backend runs that FFT on the host
+  instead, from :func:`plan` (:mod:`xstencil._backends.hostfft`).
 
 Each pads the block it reads once, with the boundary code of
 :mod:`xstencil._engine.boundary`, and then takes a 'valid' correlation, so
@@ -167,7 +169,7 @@ def fast_size(n: int) -> int:
 
 
 def spectrum(w: Any, sizes: tuple[int, ...], dtype: Any,
-              lows: Sequence[int] | None = None) -> Any:
+             lows: Sequence[int] | None = None) -> Any:
     """``conj(rfftn(w))`` zero-padded to ``sizes``, computed once in float64
     (a constant of the program, not an FFT at run time).  Runtime weights
     get an FFT in the program (see :mod:`xstencil._engine.dense_runtime`),
