@@ -178,3 +178,20 @@ def test_a_map_on_rows_that_are_not_whole_pages_starts_on_the_boundary(ran: list
         np.testing.assert_array_equal(np.asarray(res), _lap_ref(a0, "periodic"))
         np.testing.assert_array_equal(a, a0)
     assert len(ran) == 2
+
+
+def test_a_shifted_array_starts_half_a_page_past_its_huge_page() -> None:
+    """A time loop's two spare states are placed half a page apart within
+    their huge pages (``bufpool.HALF_PAGE``): at the same place, a 2048²
+    heat step's nest ran twice as long on session 14's host."""
+    shape = (HUGE // 4 + 1000,)
+    a = bufpool.empty(shape, np.float32)
+    b = bufpool.empty(shape, np.float32, shift=bufpool.HALF_PAGE)
+    assert a.ctypes.data % HUGE == 0
+    assert b.ctypes.data % HUGE == bufpool.HALF_PAGE
+    assert b.ctypes.data % bufpool.ALIGN == 0
+    raw = _block_of(b)
+    assert raw.ctypes.data <= b.ctypes.data
+    assert b.ctypes.data + b.nbytes <= raw.ctypes.data + raw.nbytes
+    b[...] = 3
+    assert (b == 3).all() and not np.shares_memory(a, b)

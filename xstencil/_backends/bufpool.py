@@ -56,8 +56,8 @@ try:  # drains the Python references jaxlib releases lazily (also run by gc)
 except ImportError:  # pragma: no cover - a jaxlib without it: buffers come back later
     _jaxlib = None
 
-__all__ = ["ALIGN", "MAX_IDLE_BYTES", "MIN_BYTES", "clear", "empty", "idle_bytes", "near_of",
-           "offset"]
+__all__ = ["ALIGN", "HALF_PAGE", "MAX_IDLE_BYTES", "MIN_BYTES", "clear", "empty", "idle_bytes",
+           "near_of", "offset"]
 
 #: Byte alignment of every array :func:`empty` returns: the alignment
 #: ``jax.device_put`` needs to wrap a numpy buffer on the CPU without a copy.
@@ -66,6 +66,13 @@ ALIGN = 64
 MIN_BYTES = 1 << 20
 #: The most memory kept for reuse while no result holds it (256 MiB).
 MAX_IDLE_BYTES = 256 << 20
+#: The ``shift`` of the second of two arrays a loop reads one of and writes
+#: the other (a time loop's spare states): half a page.  Two 2048 x 2048
+#: float32 arrays at the same place in their huge pages made the heat step's
+#: nest run 2.4-2.5 ms where 512 to 4096 bytes apart (or a whole page) took
+#: 1.25-1.30 ms (session 14's host, reported as "Intel Xeon Processor",
+#: AVX-512); 64 bytes apart was as slow as level.
+HALF_PAGE = 2048
 _HUGE = 2 << 20  # arrays from 2 MiB on start on a huge-page boundary (plus offset())
 _PAGE = 4096  # offset() places an array within this many bytes of a huge-page boundary
 _LOCK = threading.Lock()
@@ -148,7 +155,8 @@ def offset(near: int) -> int:
     return (near % _PAGE // ALIGN + 1) * ALIGN % _PAGE
 
 
-def empty(shape: tuple[int, ...], dtype: Any, near: int | None = None) -> np.ndarray:
+def empty(shape: tuple[int, ...], dtype: Any, near: int | None = None,
+          shift: int = 0) -> np.ndarray:
     """An uninitialised, writeable, C-contiguous array aligned to :data:`ALIGN`
     bytes, in recycled memory where some is idle.
 
@@ -156,7 +164,8 @@ def empty(shape: tuple[int, ...], dtype: Any, near: int | None = None) -> np.nda
     reuse only after every object that could read it is gone.  ``near``: the
     address of the input a loop reads while it writes this array; from 2 MiB
     on the array then starts :func:`offset` bytes past a huge-page boundary
-    (else on the boundary).
+    (else on the boundary, plus ``shift`` bytes: a multiple of :data:`ALIGN`
+    below 4096, see :data:`HALF_PAGE`).
     """
     dtype = np.dtype(dtype)
     shape = tuple(int(n) for n in shape)
@@ -178,7 +187,8 @@ def empty(shape: tuple[int, ...], dtype: Any, near: int | None = None) -> np.nda
     if block is None:
         raw = np.empty(need, np.uint8)  # numpy asks for huge pages from 4 MiB on
         block = (raw, _start(raw))
-    start = block[1] if near is None or nbytes < _HUGE else block[1] + offset(near)
+    start = block[1] if nbytes < _HUGE else block[1] + (
+        shift % _PAGE if near is None else offset(near))
     return np.asarray(_Lease(block, start, shape, dtype))
 
 

@@ -79,7 +79,9 @@ def run_loop(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
         for out, slab in zip(outs, slabs, strict=True):
             out[0] = slab
     cur = list(slabs)  # never written: they may share the caller's data
-    spares = [(bufpool.empty(s.shape, s.dtype), bufpool.empty(s.shape, s.dtype)) for s in slabs]
+    # half a page apart: each step reads one and writes the other (see HALF_PAGE)
+    spares = [(bufpool.empty(s.shape, s.dtype),
+               bufpool.empty(s.shape, s.dtype, shift=bufpool.HALF_PAGE)) for s in slabs]
     check = loop.check_finite
     tick = _progress.Ticker(token)
     due = 1 if token else steps + 1  # the first report after one step: it times a step
