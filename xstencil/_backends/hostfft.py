@@ -1,14 +1,16 @@
 """Large dense windows on numpy data: the FFT lowering run by ``scipy.fft``.
 
-A map whose kernel is a weighted sum over a window too large for a loop nest
-(:data:`~xstencil._backends.loops.MAX_STATEMENTS`) is lowered to an FFT
+A map whose kernel is a weighted sum over a large dense window (over
+:data:`~xstencil._engine.dense.FFT_TAPS` weights) is lowered to an FFT
 (:mod:`xstencil._engine.dense`).  On numpy data on the CPU, outside JAX
 transforms, the loop backend runs that FFT on the host instead of in XLA:
 ``scipy.fft`` (pocketfft) transforms the numpy array in place, on numba's
 thread count (``workers=``), where XLA copies a numpy array that is not
-64-byte aligned into its own memory first.  Measured at 1024² float32, k=15,
-periodic, on 2 cores: 0.75-0.85x the time of the jitted ``jnp.fft`` program
-on a JAX array (see docs/performance.rst).
+64-byte aligned into its own memory first.  Measured at 1024² float32,
+periodic, on 2 shared cores (medians of 150 interleaved rounds, two runs,
+15 x 15 and 63 x 63): 0.71-0.85x the time of the XLA program it replaces,
+and 1.01-1.08x a hand-written ``scipy.fft`` call on the same threads (see
+docs/performance.rst).
 
 The arithmetic is the XLA program's: the correlation is ``irfft(rfft(x) *
 conj(rfft(w)))`` over the whole periodic field (the weights wrapped onto it),
@@ -46,11 +48,17 @@ from typing import Any
 
 import jax
 import numpy as np
+import scipy.fft as sfft
 
 from xstencil._engine import dense
 from xstencil._engine.call import stand_in
 from xstencil._engine.dense_hoist import RETRY
 from xstencil._engine.lower import AxisGeom, Source
+
+try:  # private: the binding scipy.fft.irfftn calls, which takes an output array
+    from scipy.fft._pocketfft.pypocketfft import c2r as _c2r
+except ImportError:  # pragma: no cover - another scipy: the public function, and a copy
+    _c2r = None
 
 __all__ = ["HostFFT", "host_fft"]
 
@@ -102,8 +110,6 @@ class HostFFT:
         return True
 
     def _run(self, args: Sequence[Any]) -> bool:
-        import scipy.fft as sfft
-
         nout = len(self.terms)
         outs, params = args[:nout], args[len(args) - len(self.params):]
         srcs = args[nout:len(args) - len(self.params)]
@@ -207,19 +213,16 @@ def _inverse_into(out: np.ndarray, big: np.ndarray, term: _Term,
                   whole: tuple[int, ...] | None, workers: int) -> bool:
     """The inverse transform of ``big`` written straight into ``out``,
     where it is the whole output (the FFT's size is the output's shape, in
-    the output's dtype): saves a copy of the result (0.25-0.45 ms at 1024²
-    float32).  ``scipy.fft`` has no ``out=``; its pocketfft binding does, so
+    the output's dtype): saves a copy of the result (``np.copyto`` of 1024²
+    float32 alone: 0.46 ms).  ``scipy.fft`` has no ``out=``; its pocketfft binding does, so
     this calls that binding as ``scipy.fft.irfftn`` does, and returns
     ``False`` (the caller then takes the public function) where it is
     missing or refuses the arguments."""
-    if whole != term.shape or out.dtype != term.dtype or not out.flags.c_contiguous:
+    if (_c2r is None or whole != term.shape or out.dtype != term.dtype
+            or not out.flags.c_contiguous):
         return False
     try:
-        from scipy.fft._pocketfft import pypocketfft
-    except ImportError:  # pragma: no cover - a scipy without it
-        return False
-    try:
-        pypocketfft.c2r(big, tuple(range(out.ndim)), out.shape[-1], False, 2, out, workers)
+        _c2r(big, tuple(range(out.ndim)), out.shape[-1], False, 2, out, workers)
     except (TypeError, ValueError, AttributeError):  # pragma: no cover - another binding
         return False
     return True
@@ -282,8 +285,8 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
             return []
         return [[w for _, _, w, _ in terms] + [bias] for terms, bias in plans]
 
-    avals = [stand_in(p.shape, p.dtype) for p in params]
-    jax.eval_shape(weights, *avals)
+    program = jax.jit(weights)
+    program.trace(*[stand_in(p.shape, p.dtype) for p in params])  # the first call reuses it
     recording.clear()
     plans = seen.pop()
     if plans is None or not all(how == "fft" for terms, _ in plans for *_, how in terms):
@@ -298,12 +301,11 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
                 row.append(_Term(i, tuple(src.array.shape), dt,
                                  tuple(lo for lo, _ in src.pads), None))
             else:
-                block = _block_fn(src, geom, w.shape)
-                sizes = tuple(dense.fast_size(n) for n in jax.eval_shape(
-                    block, stand_in(src.array.shape, src.array.dtype)).shape)
-                row.append(_Term(i, sizes, dt, None, block))
+                sizes = tuple(dense.fast_size(g.step * (g.count - 1) + k)
+                              for g, k in zip(geom, w.shape, strict=True))
+                row.append(_Term(i, sizes, dt, None, _block_fn(src, geom, w.shape)))
         terms.append(row)
-    return HostFFT(terms, jax.jit(weights), params, [g.step for g in geom], counts, workers)
+    return HostFFT(terms, program, params, [g.step for g in geom], counts, workers)
 
 
 def _block_fn(src: Source, geom: Sequence[AxisGeom], wshape: tuple[int, ...]

@@ -239,7 +239,8 @@ class LoopOrJit:
         key = (mode, tuple([(x.shape, x.dtype.str) for x in arrays]),
                tuple([leaf_sig(x) for x in coords]), tuple([leaf_sig(x) for x in dleaves]),
                tuple([leaf_sig(x) for x in leaves]), x64())
-        def fallback() -> Any:
+
+        def fallback() -> Any:  # the host FFT's exact path (see run_loops)
             return self.jitted(arrays, coords, dyn, dynamic, leaves)
 
         built = self.built.get(key)
