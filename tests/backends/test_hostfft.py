@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
@@ -285,3 +286,21 @@ def test_a_forked_child_gets_its_own_thread_pool() -> None:
     assert hostfft._copy_sum(out, acc, 2) == total
     np.testing.assert_array_equal(out, acc)
     assert hostfft._POOL[0] is not first and hostfft._POOL[1] > 0
+
+
+def test_a_kernel_returning_a_vector_per_cell_matches_xla(host: list[bool]) -> None:
+    """Per-cell vectors are not written by the host FFT (its outputs have the
+    field's shape); whichever path runs, the answer is XLA's."""
+    rng = np.random.default_rng(11)
+    w1 = rng.standard_normal((11, 11)).astype(np.float32)
+    w2 = rng.standard_normal((11, 11)).astype(np.float32)
+    da = xr.DataArray(rng.standard_normal((64, 70)).astype(np.float32), dims=("y", "x"))
+
+    def kernel(u: Any) -> Any:
+        return jnp.stack([(u * w1).sum(), (u * w2).sum()])
+
+    opts = {"window": {"y": 11, "x": 11}, "boundary": "reflect", "output_dims": ["c"]}
+    got = da.stencil.map(kernel, backend="loops", **opts)
+    want = da.stencil.map(kernel, backend="xla", **opts)
+    assert got.shape == (64, 70, 2) and host == []
+    np.testing.assert_allclose(got.values, want.values, rtol=0, atol=1e-5)

@@ -271,6 +271,8 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     """The host FFT of a map whose kernel (``closed``: its jaxpr, the cells
     first, then ``params``) is a linear sum of its windows lowered to FFTs
     only, or ``None``."""
+    if any(v.aval.shape for v in closed.jaxpr.outvars):  # per-cell vectors: outputs of
+        return None  # the field's shape are what the host writes (no broadcasting into them)
     light = [dataclasses.replace(s, array=np.broadcast_to(np.zeros((), s.array.dtype),
                                                           np.shape(s.array)))
              for s in sources]
