@@ -68,6 +68,16 @@ swings of 1.0-1.5 for the same program; the notes also give the ratio of
 the medians, the paired ratio of CPU time (``time.process_time``, all
 threads) and the paired ratio of "xstencil (JAX in)".
 
+Steady state: every column whose warm call takes under 50 ms makes one
+untimed call before each timed batch, so each is timed as a loop of its own
+calls runs, with its own buffers (input, output, spectra) in the caches.
+Without it the first call of a batch paid for whatever the columns before it
+had evicted, and unevenly: the peers share one output array that the
+ndimage and numpy columns kept warm, while xstencil's new result lives in its
+own buffer (2048² periodic, session 15: the first call of a batch took 1.8 ms
+against 0.87 ms for the others, its loop nest 1.35 against 0.66 ms, which
+moved the ratio to numba ``prange`` from about 1.1 to 1.3-1.5).
+
 Importing this module does no work; ``main(argv)`` runs it.
 """
 
@@ -105,7 +115,8 @@ def measure(cols: dict[str, Callable[[], Any]], rounds: int, slow_s: float = 0.5
     warm call took longer than ``slow_s`` runs 2 rounds a pass (judged by the
     warm call, so that a column that compiles on its first call is sampled as
     often as one that shares its compiled function: "xstencil" and "xstencil
-    out=").
+    out=").  A column whose warm call took under :data:`FAST_S` makes one
+    untimed call before each of its timed ones (see the module notes).
 
     ``repeat > 1`` (the dense cases) samples the columns whose warm call took
     under :data:`FAST_S` ``repeat`` times a round, one after another in
@@ -141,6 +152,8 @@ def measure(cols: dict[str, Callable[[], Any]], rounds: int, slow_s: float = 0.5
                         continue
                     number = max(1, int(0.01 / max(warm[name], 1e-6))) if warm[name] < 0.01 \
                         else 1
+                    if warm[name] < FAST_S:  # untimed: the column's own buffers back in cache
+                        f()
                     c0 = time.process_time()
                     t0 = time.perf_counter()
                     for _ in range(number):

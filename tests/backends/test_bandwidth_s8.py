@@ -1,19 +1,19 @@
-"""Where a loop map's new result lies (``near`` of
+"""Where a loop's new result lies (``near`` of
 :func:`xstencil._backends.bufpool.empty`).
 
-A map without ``out=`` takes its output buffer from the pool; from 2 MiB on
-the buffer starts by a huge-page boundary and, where every row of the input
-starts at the same place in a 4 KiB page (:func:`~xstencil._backends.bufpool.near_of`),
-1-64 bytes after the input within a page (an output level with or 16 bytes
-before its input ran the 5-point Laplacian's nest 3-12% slower at 2048²
-float32; with rows that are not whole pages the boundary was as fast or
-faster).  Checked here: the placement rule against a brute-force search,
-which inputs are placed by, that the placed array lies inside its block and
-is 64-byte aligned (the wrap as a JAX array stays zero-copy), that small
-arrays ignore ``near``, that a recycled block placed for another input never
-overlaps a live array, and that maps on inputs at every page offset give the
-numpy reference bitwise, leave the input untouched and return independent
-results at the promised place.
+A map or function mesh without ``out=`` takes its output buffer from the
+pool; from 2 MiB on the buffer starts by a huge-page boundary, placed so that
+within a 4 KiB page it lies half a page (1985-2048 bytes) after its input
+(:func:`~xstencil._backends.bufpool.offset`): level with the input or 64
+bytes after it, loads and stores collide (4K aliasing) and the 5-point
+Laplacian's nest ran up to twice as long at 2048² and 4096² float32 (see
+bufpool's notes).  Checked here: the placement rule against a brute-force
+search, that the placed array lies inside its block and is 64-byte aligned
+(the wrap as a JAX array stays zero-copy), that small arrays ignore ``near``,
+that a recycled block placed for another input never overlaps a live array,
+that a bad ``shift`` is refused, and that maps and meshes on inputs at every
+page offset give the numpy reference bitwise, leave the input untouched and
+return independent results at the promised place.
 """
 
 from __future__ import annotations
@@ -42,32 +42,41 @@ def _rel(addr: int, near: int) -> int:
 
 def _placement(near: int) -> int:
     """The offset past a huge-page boundary, by search: the multiple of 64
-    in a page whose distance after ``near`` (modulo a page) is smallest
-    and not 0."""
-    return min(range(0, PAGE, bufpool.ALIGN), key=lambda o: _rel(o, near) or PAGE)
+    in a page whose distance after ``near`` (modulo a page) is the largest
+    one up to half a page."""
+    return max((o for o in range(0, PAGE, bufpool.ALIGN) if _rel(o, near) <= PAGE // 2),
+               key=lambda o: _rel(o, near))
+
+
+def _half_a_page_after(addr: int, near: int) -> bool:
+    return PAGE // 2 - bufpool.ALIGN < _rel(addr, near) <= PAGE // 2
 
 
 @pytest.mark.parametrize("near", [0, 1, 16, 63, 64, 65, 1000, 2048, 4031, 4032, 4080, 4095,
                                   4096 + 16, (7 << 21) + 2064])
-def test_offset_puts_the_output_1_to_64_bytes_after_the_input(near: int) -> None:
+def test_offset_puts_the_output_half_a_page_after_the_input(near: int) -> None:
     off = bufpool.offset(near)
     assert off == _placement(near)
     assert 0 <= off < PAGE and off % bufpool.ALIGN == 0
-    assert 1 <= _rel(off, near) <= 64
+    assert _half_a_page_after(off, near)
 
 
-def test_near_of_is_the_address_where_every_row_starts_at_the_same_page_place() -> None:
+def test_near_of_is_the_address_of_the_first_element() -> None:
     raw = np.zeros(8 * PAGE * 64, np.uint8)
     two = raw[16:16 + 64 * 2 * PAGE].view(np.float32).reshape(64, 2 * PAGE // 4)
     assert bufpool.near_of(two) == two.ctypes.data
-    three = raw[16:16 + 4 * 8 * PAGE].view(np.float32).reshape(4, 8, PAGE // 4)
-    assert bufpool.near_of(three) == three.ctypes.data
-    assert bufpool.near_of(two[::-2]) == two[::-2].ctypes.data  # strides of -2 pages
+    assert bufpool.near_of(two[::-2]) == two[::-2].ctypes.data  # negative strides
     assert bufpool.near_of(two[:, 1:]) == two.ctypes.data + 4  # a view's own start
-    assert bufpool.near_of(np.zeros(UNEVEN, np.float32)) is None  # rows of 2080 bytes
-    assert bufpool.near_of(raw[:4 * 256 * 260].view(np.float32).reshape(256, 260)) is None
-    assert bufpool.near_of(np.zeros((4, 256, 260), np.float32)) is None  # pages, not rows
-    assert bufpool.near_of(np.zeros(3 * PAGE, np.float32)) is None  # one dim: no rows
+    uneven = raw[:4 * 256 * 260].view(np.float32).reshape(256, 260)  # rows of 1040 bytes
+    assert bufpool.near_of(uneven) == uneven.ctypes.data
+    one = np.zeros(3 * PAGE, np.float32)
+    assert bufpool.near_of(one) == one.ctypes.data
+
+
+@pytest.mark.parametrize("shift", [1, 32, -64, 4096, 5000])
+def test_a_shift_off_the_alignment_or_past_a_page_is_refused(shift: int) -> None:
+    with pytest.raises(ValueError, match=rf"shift={shift}.*multiple of 64"):
+        bufpool.empty((HUGE // 4 + 10,), np.float32, shift=shift)
 
 
 def _block_of(x: np.ndarray) -> np.ndarray:
@@ -87,7 +96,7 @@ def test_a_placed_array_is_aligned_inside_its_block_and_writeable(near: int, dty
     assert x.shape == shape and x.dtype == dtype and x.flags.c_contiguous and x.flags.writeable
     assert addr % bufpool.ALIGN == 0
     assert addr % HUGE == bufpool.offset(near)
-    assert 1 <= _rel(addr, near) <= 64
+    assert _half_a_page_after(addr, near)
     raw = _block_of(x)
     assert raw.ctypes.data <= addr and addr + x.nbytes <= raw.ctypes.data + raw.nbytes
     x[...] = 7
@@ -109,7 +118,7 @@ def test_a_recycled_block_placed_for_another_input_never_overlaps_a_live_array()
     gc.collect()
     again = bufpool.empty(SHAPE, np.float32, near=4080)  # the same block, placed anew
     assert _block_of(again) is raw
-    assert _rel(again.ctypes.data, 4080) == 16
+    assert _rel(again.ctypes.data, 4080) == 2048 - 4080 % 64
     other = bufpool.empty(SHAPE, np.float32, near=16)  # the block is in use: another one
     assert _block_of(other) is not raw
     assert not np.shares_memory(again, other)
@@ -156,7 +165,7 @@ def test_maps_on_inputs_at_any_page_offset_are_right_independent_and_placed(
         del dropped
         gc.collect()  # its block goes back: later calls place it for their own input
         ptr = res.data.unsafe_buffer_pointer()
-        assert 1 <= _rel(ptr, a.ctypes.data) <= 64 and ptr % HUGE < PAGE
+        assert _half_a_page_after(ptr, a.ctypes.data) and ptr % HUGE < PAGE
         np.testing.assert_array_equal(np.asarray(res), _lap_ref(a0, mode))
         np.testing.assert_array_equal(a, a0)  # the input untouched
         held.append((res, _lap_ref(a0, mode)))
@@ -167,17 +176,34 @@ def test_maps_on_inputs_at_any_page_offset_are_right_independent_and_placed(
             assert not np.shares_memory(np.asarray(r), np.asarray(s))
 
 
-def test_a_map_on_rows_that_are_not_whole_pages_starts_on_the_boundary(ran: list[int]) -> None:
+def test_a_map_on_rows_that_are_not_whole_pages_is_placed_too(ran: list[int]) -> None:
     rng = np.random.default_rng(9)
     for offset in (16, 1024):
         a = _at(offset, rng.random(UNEVEN, dtype=np.float32))
         a0 = a.copy()
         res = xr.DataArray(a, dims=("y", "x")).stencil.map(_lap, backend="loops",
                                                            boundary="periodic")
-        assert res.data.unsafe_buffer_pointer() % HUGE == 0
+        ptr = res.data.unsafe_buffer_pointer()
+        assert _half_a_page_after(ptr, a.ctypes.data) and ptr % HUGE < PAGE
         np.testing.assert_array_equal(np.asarray(res), _lap_ref(a0, "periodic"))
         np.testing.assert_array_equal(a, a0)
     assert len(ran) == 2
+
+
+@pytest.mark.parametrize("offset", [0, 16, 3000])
+def test_a_mesh_result_is_placed_half_a_page_after_its_input(offset: int) -> None:
+    a = _at(offset, np.random.default_rng(10).random(SHAPE, dtype=np.float32))
+    a0 = a.copy()
+    m = xr.DataArray(a, dims=("y", "x")).stencil.mesh(boundary="periodic", backend="loops")
+    m[...] = _lap
+    m[{"x": 0}] = lambda u: 2 * u()
+    res = m.map()
+    ptr = res.data.unsafe_buffer_pointer()
+    assert _half_a_page_after(ptr, a.ctypes.data) and ptr % HUGE < PAGE
+    want = _lap_ref(a0, "periodic")
+    want[:, 0] = 2 * a0[:, 0]
+    np.testing.assert_array_equal(np.asarray(res), want)
+    np.testing.assert_array_equal(a, a0)
 
 
 def test_a_shifted_array_starts_half_a_page_past_its_huge_page() -> None:

@@ -23,18 +23,28 @@ without that call a dropped result would come back only after the next one
 was allocated.
 
 Where the array is a loop's output and ``near`` gives the address of its
-input (:func:`near_of`: only for inputs whose rows all start at the same place
-in a 4 KiB page), an array from 2 MiB on starts as many bytes past its
-huge-page boundary as put it 1-64 bytes after the input within a page
-(:func:`offset`).  Measured with the 5-point Laplacian's loop nest on 2
-cores, float32: at 2048² (8 KiB rows) an output on the huge-page boundary
-itself (16 bytes before a numpy input, whose data start 16 bytes into a
-page, or level with an input on a page boundary) ran 3-12% slower in CPU
-time than one 48 or 64 bytes after the input (112-192 bytes after was no
-better than level); a whole map call took 2-8% more CPU time (wall time
-3-23% more, at load 7-9).  With rows that are not whole pages (2100²,
-1800², the 7-point 256³) the boundary was as fast or 3-4% faster (within
-the noise there), so those keep it.
+input (:func:`near_of`), an array from 2 MiB on starts as many bytes past its
+huge-page boundary as put it half a page (1985-2048 bytes) after the input
+within a 4 KiB page (:func:`offset`).  A C-contiguous output of the input's
+shape then lies at that same distance from it, modulo a page, at every cell.
+Stores and loads whose addresses agree in their low 12 bits are falsely
+ordered by the CPU (4K aliasing): an output level with its input, or a few
+cache lines after it, collides with the loads of the next cells on every
+row.  Measured with the 5-point Laplacian's loop nest (float32, 2 cores,
+session 15's host, reported as "Intel Xeon Processor", AVX-512), per call,
+input at the start of a huge page / 16 bytes into a page:
+
+* 2048² periodic: level 1479 / 872 µs, 64 bytes after 1560 / 1603 µs,
+  half a page after 805 / 805 µs;
+* 4096² periodic: level 5378 / 4145 µs, 64 after 6188 / 6601 µs, half a page
+  3690 / 3911 µs;
+* 2100² zero fill (rows of 8400 bytes): level 1333 / 1385 µs, 64 after
+  1739 / 1755, half a page 1133 / 1084;
+* the 7-point 256³ (rows of 1 KiB): level 7830 / 8010 µs, 64 after 8946 /
+  8905, half a page 6054 / 5496.
+
+Session 13's rule (1-64 bytes after the input, from a host where that beat
+level by 3-12 %) was the slowest placement on this one.
 
 At most :data:`MAX_IDLE_BYTES` of returned memory is kept (the most recently
 returned buffers first); :func:`clear` (``xstencil.clear_caches()``) releases
@@ -67,7 +77,8 @@ MIN_BYTES = 1 << 20
 #: The most memory kept for reuse while no result holds it (256 MiB).
 MAX_IDLE_BYTES = 256 << 20
 #: The ``shift`` of the second of two arrays a loop reads one of and writes
-#: the other (a time loop's spare states): half a page.  Two 2048 x 2048
+#: the other (a time loop's spare states), and the distance :func:`offset`
+#: puts between a loop's output and its input: half a page.  Two 2048 x 2048
 #: float32 arrays at the same place in their huge pages made the heat step's
 #: nest run 2.4-2.5 ms where 512 to 4096 bytes apart (or a whole page) took
 #: 1.25-1.30 ms (session 14's host, reported as "Intel Xeon Processor",
@@ -136,23 +147,20 @@ def _need(nbytes: int) -> int:
     return nbytes + (_HUGE + _PAGE if nbytes >= _HUGE else ALIGN)
 
 
-def near_of(x: np.ndarray) -> int | None:
+def near_of(x: np.ndarray) -> int:
     """The ``near`` of :func:`empty` for a loop's output written alongside
-    ``x``: ``x``'s address where it has at least two dims and every stride
-    but the last is a whole number of 4 KiB pages (each row then starts at
-    the same place in its page), else ``None`` (the huge-page boundary)."""
-    strides = x.strides
-    if len(strides) < 2 or any(s % _PAGE for s in strides[:-1]):
-        return None
+    ``x``: ``x``'s address (the address of its first element; for a view
+    with gaps between its rows the distance varies from row to row, and this
+    places the first)."""
     return x.__array_interface__["data"][0]
 
 
 def offset(near: int) -> int:
     """Bytes past a huge-page boundary where an output next to the input
-    at address ``near`` starts: the first multiple of :data:`ALIGN` after
-    ``near``'s place in its 4 KiB page (0 past the page's last one), so that
-    within a page the output lies 1-64 bytes after the input."""
-    return (near % _PAGE // ALIGN + 1) * ALIGN % _PAGE
+    at address ``near`` starts: half a page past the start of ``near``'s
+    64-byte line, within a 4 KiB page (so the output lies 1985-2048 bytes
+    after the input, modulo a page: see the module notes)."""
+    return (near % _PAGE // ALIGN * ALIGN + HALF_PAGE) % _PAGE
 
 
 def empty(shape: tuple[int, ...], dtype: Any, near: int | None = None,
@@ -167,6 +175,9 @@ def empty(shape: tuple[int, ...], dtype: Any, near: int | None = None,
     (else on the boundary, plus ``shift`` bytes: a multiple of :data:`ALIGN`
     below 4096, see :data:`HALF_PAGE`).
     """
+    if shift % ALIGN or not 0 <= shift < _PAGE:
+        raise ValueError(f"bufpool.empty: shift={shift!r} must be a multiple of {ALIGN} "
+                         f"from 0 to {_PAGE - ALIGN}; pass HALF_PAGE or 0")
     dtype = np.dtype(dtype)
     shape = tuple(int(n) for n in shape)
     nbytes = math.prod(shape) * dtype.itemsize

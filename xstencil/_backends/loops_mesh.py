@@ -251,7 +251,8 @@ def run_mesh(built: _BuiltMesh, arrays: Sequence[np.ndarray], coords: Sequence[A
     values = list(dleaves) + list(leaves)
     params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
               for x, p in zip(values, built.params, strict=True)]
-    outs = [bufpool.empty(built.field, dt) for dt in built.out_dtypes]
+    near = bufpool.near_of(arrays[0]) if arrays else None  # half a page off (bufpool.offset)
+    outs = [bufpool.empty(built.field, dt, near) for dt in built.out_dtypes]
     write_nests(built, outs, list(arrays) + [np.asarray(c) for c in coords], params)
     return jax.tree_util.tree_unflatten(built.out_tree, [wrap(o) for o in outs])
 
