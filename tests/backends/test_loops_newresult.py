@@ -141,7 +141,7 @@ def test_the_result_wraps_the_loop_buffer_without_a_copy(ran: list[int],
     assert isinstance(res.data, jax.Array)  # the documented result type
     ptr = res.data.unsafe_buffer_pointer()
     assert ptr == made[0]  # no copy between the loop and the JAX array
-    # 4 MiB: starts by a huge page, 1-64 bytes after the input within a 4 KiB page
+    # 4 MiB: starts by a huge page, half a page after the input within a 4 KiB page
     assert ptr % (2 << 20) == bufpool.offset(a.ctypes.data)
     np.testing.assert_array_equal(np.asarray(res), _lap_ref(a, "fill", 0.0))
 
