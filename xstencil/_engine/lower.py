@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 from xstencil._engine import dense as dense_windows
-from xstencil._engine.boundary import block
+from xstencil._engine.boundary import LOWERING_ENV, block, pads_fuse
 from xstencil._engine.call import stand_in
 from xstencil._engine.lift import (
     Abstract,
@@ -36,7 +36,8 @@ from xstencil._engine.lift import (
 )
 from xstencil._errors import XStencilError
 
-__all__ = ["AxisGeom", "Source", "evaluate", "dependencies", "cell_avals"]
+__all__ = ["AxisGeom", "LOWERING_ENV", "Source", "evaluate", "dependencies", "cell_avals",
+           "pads_fuse"]
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ def evaluate(
             parts.append((a, leaves))
         return _place(parts, axis, g.count)
 
-    leaves = split(0, list(geom))
+    leaves = run(list(geom), raw=False) if pads_fuse() else split(0, list(geom))
     return jax.tree_util.tree_unflatten(out_tree, leaves)
 
 

@@ -42,9 +42,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from xstencil._engine.boundary import pad
+from xstencil._engine.boundary import pad, pads_fuse
 from xstencil._engine.call import stand_in
-from xstencil._engine.lower import AxisGeom, KernelCall, Source, dependencies, evaluate, trace
+from xstencil._engine.lower import (
+    AxisGeom,
+    KernelCall,
+    Source,
+    dependencies,
+    evaluate,
+    trace,
+)
 from xstencil._engine.mesh import Mask, Slab, region_values, write_region
 from xstencil._engine.tloop import Loop, run_loop
 
@@ -230,7 +237,9 @@ def _padded(slab: Any, v: Var) -> Source:
     """
     if not v.pads or not any(lo or hi for lo, hi in v.pads):
         return Source(slab, v.axes, v.cell_axes)
-    padded = lax.optimization_barrier(pad(slab, v.pads, v.modes, v.fill_value))
+    padded = pad(slab, v.pads, v.modes, v.fill_value)
+    if not pads_fuse():  # XLA:CPU: built once, not recomputed inside each consumer
+        padded = lax.optimization_barrier(padded)
     return Source(padded, v.axes, v.cell_axes)
 
 
