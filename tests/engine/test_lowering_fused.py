@@ -151,6 +151,21 @@ def test_windows_strides_valid_and_several_sources(lowering: Callable[[str], Non
         _equal(cpu, fused, exact=False)
 
 
+def test_dask_blocks_give_the_cpu_lowerings_results(lowering: Callable[[str], None]) -> None:
+    pytest.importorskip("dask")
+    a = np.random.default_rng(6).standard_normal((24, 30)).astype(np.float32)
+    da = xr.DataArray(a, dims=("y", "x")).chunk({"y": 10, "x": 12})  # uneven chunks
+
+    def run() -> Any:
+        return da.stencil.map(_lap, boundary="periodic").compute(scheduler="synchronous")
+
+    cpu, fused = _both(lowering, run)
+    _equal(cpu, fused)
+    want = (np.roll(a, -1, 1) + np.roll(a, 1, 1) + np.roll(a, -1, 0) + np.roll(a, 1, 0)
+            - np.float32(4) * a)
+    np.testing.assert_allclose(fused, want, rtol=1e-6, atol=1e-5)
+
+
 def test_a_function_mesh_gives_the_cpu_lowerings_bits(lowering: Callable[[str], None]) -> None:
     a = np.random.default_rng(3).standard_normal((16, 20)).astype(np.float32)
     da = xr.DataArray(a, dims=("y", "x"))
