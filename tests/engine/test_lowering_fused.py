@@ -47,12 +47,12 @@ def lowering(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]
         monkeypatch.setattr(module, "pads_fuse", spy)
 
     def use(how: str) -> None:
-        monkeypatch.setenv(lower.LOWERING_ENV, how)
+        monkeypatch.setenv(boundary.LOWERING_ENV, how)
         xstencil.clear_caches()
         ASKED.clear()
 
     yield use
-    monkeypatch.delenv(lower.LOWERING_ENV, raising=False)
+    monkeypatch.delenv(boundary.LOWERING_ENV, raising=False)
     xstencil.clear_caches()
 
 
@@ -80,15 +80,15 @@ def _equal(a: Any, b: Any, exact: bool = True) -> None:
 
 def test_the_default_follows_the_backend_and_the_variable_overrides(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(lower.LOWERING_ENV, raising=False)
-    assert lower.pads_fuse() is (jax.default_backend() != "cpu")
-    monkeypatch.setenv(lower.LOWERING_ENV, " Fused ")
-    assert lower.pads_fuse() is True
-    monkeypatch.setenv(lower.LOWERING_ENV, "cpu")
-    assert lower.pads_fuse() is False
-    monkeypatch.setenv(lower.LOWERING_ENV, "fuse")
+    monkeypatch.delenv(boundary.LOWERING_ENV, raising=False)
+    assert boundary.pads_fuse() is (jax.default_backend() != "cpu")
+    monkeypatch.setenv(boundary.LOWERING_ENV, " Fused ")
+    assert boundary.pads_fuse() is True
+    monkeypatch.setenv(boundary.LOWERING_ENV, "cpu")
+    assert boundary.pads_fuse() is False
+    monkeypatch.setenv(boundary.LOWERING_ENV, "fuse")
     with pytest.raises(XStencilError, match=r"XSTENCIL_LOWERING='fuse'.*'cpu' or 'fused'"):
-        lower.pads_fuse()
+        boundary.pads_fuse()
 
 
 def _lap(u: Any) -> Any:

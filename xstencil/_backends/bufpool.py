@@ -76,9 +76,9 @@ ALIGN = 64
 MIN_BYTES = 1 << 20
 #: The most memory kept for reuse while no result holds it (256 MiB).
 MAX_IDLE_BYTES = 256 << 20
-#: The ``shift`` of the second of two arrays a loop reads one of and writes
-#: the other (a time loop's spare states), and the distance :func:`offset`
-#: puts between a loop's output and its input: half a page.  Two 2048 x 2048
+#: The distance :func:`offset` puts between a loop's output and its input
+#: within a page (a time loop's two spare states included: each is placed by
+#: the one it reads): half a page.  Two 2048 x 2048
 #: float32 arrays at the same place in their huge pages made the heat step's
 #: nest run 2.4-2.5 ms where 512 to 4096 bytes apart (or a whole page) took
 #: 1.25-1.30 ms (session 14's host, reported as "Intel Xeon Processor",
@@ -163,8 +163,7 @@ def offset(near: int) -> int:
     return (near % _PAGE // ALIGN * ALIGN + HALF_PAGE) % _PAGE
 
 
-def empty(shape: tuple[int, ...], dtype: Any, near: int | None = None,
-          shift: int = 0) -> np.ndarray:
+def empty(shape: tuple[int, ...], dtype: Any, near: int | None = None) -> np.ndarray:
     """An uninitialised, writeable, C-contiguous array aligned to :data:`ALIGN`
     bytes, in recycled memory where some is idle.
 
@@ -172,12 +171,8 @@ def empty(shape: tuple[int, ...], dtype: Any, near: int | None = None,
     reuse only after every object that could read it is gone.  ``near``: the
     address of the input a loop reads while it writes this array; from 2 MiB
     on the array then starts :func:`offset` bytes past a huge-page boundary
-    (else on the boundary, plus ``shift`` bytes: a multiple of :data:`ALIGN`
-    below 4096, see :data:`HALF_PAGE`).
+    (else on the boundary).
     """
-    if shift % ALIGN or not 0 <= shift < _PAGE:
-        raise ValueError(f"bufpool.empty: shift={shift!r} must be a multiple of {ALIGN} "
-                         f"from 0 to {_PAGE - ALIGN}; pass HALF_PAGE or 0")
     dtype = np.dtype(dtype)
     shape = tuple(int(n) for n in shape)
     nbytes = math.prod(shape) * dtype.itemsize
@@ -198,8 +193,7 @@ def empty(shape: tuple[int, ...], dtype: Any, near: int | None = None,
     if block is None:
         raw = np.empty(need, np.uint8)  # numpy asks for huge pages from 4 MiB on
         block = (raw, _start(raw))
-    start = block[1] if nbytes < _HUGE else block[1] + (
-        shift % _PAGE if near is None else offset(near))
+    start = block[1] if nbytes < _HUGE or near is None else block[1] + offset(near)
     return np.asarray(_Lease(block, start, shape, dtype))
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 from xstencil._engine import dense as dense_windows
-from xstencil._engine.boundary import LOWERING_ENV, block, pads_fuse
+from xstencil._engine.boundary import block, pads_fuse
 from xstencil._engine.call import stand_in
 from xstencil._engine.lift import (
     Abstract,
@@ -36,8 +36,7 @@ from xstencil._engine.lift import (
 )
 from xstencil._errors import XStencilError
 
-__all__ = ["AxisGeom", "LOWERING_ENV", "Source", "evaluate", "dependencies", "cell_avals",
-           "pads_fuse"]
+__all__ = ["AxisGeom", "Source", "evaluate", "dependencies", "cell_avals"]
 
 
 @dataclass(frozen=True)

@@ -79,9 +79,12 @@ def run_loop(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
         for out, slab in zip(outs, slabs, strict=True):
             out[0] = slab
     cur = list(slabs)  # never written: they may share the caller's data
-    # half a page apart: each step reads one and writes the other (see HALF_PAGE)
-    spares = [(bufpool.empty(s.shape, s.dtype),
-               bufpool.empty(s.shape, s.dtype, shift=bufpool.HALF_PAGE)) for s in slabs]
+    # each step reads one and writes the other: each placed by what it reads
+    # (bufpool.offset: half a page after it within a page)
+    spares = []
+    for s in slabs:
+        first = bufpool.empty(s.shape, s.dtype, bufpool.near_of(s))
+        spares.append((first, bufpool.empty(s.shape, s.dtype, bufpool.near_of(first))))
     check = loop.check_finite
     tick = _progress.Ticker(token)
     due = 1 if token else steps + 1  # the first report after one step: it times a step
