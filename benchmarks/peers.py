@@ -75,8 +75,7 @@ Without it the first call of a batch paid for whatever the columns before it
 had evicted, and unevenly: the peers share one output array that the
 ndimage and numpy columns kept warm, while xstencil's new result lives in its
 own buffer (2048² periodic, session 15: the first call of a batch took 1.8 ms
-against 0.87 ms for the others, its loop nest 1.35 against 0.66 ms, which
-moved the ratio to numba ``prange`` from about 1.1 to 1.3-1.5).
+against 0.87 ms for the others, its loop nest 1.35 against 0.66 ms).
 
 Importing this module does no work; ``main(argv)`` runs it.
 """
