@@ -57,6 +57,7 @@ from xstencil._backends.dask_base import (
     with_progress,
 )
 from xstencil._backends.dask_halo import Overlap, assemble, halo_array
+from xstencil._backends.dask_loops import BlockLoops, block_loops, join_host
 from xstencil._backends.dask_pack import byte_width, pack, unpack
 from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._engine.call import precision, promote, split_static, stand_in
@@ -141,6 +142,8 @@ class BlockMap:
     stacked: bool  # several output leaves, stacked along a trailing axis
     packed: bool = False  # leaves of different dtypes: stacked as their raw bytes
     dtypes: tuple[str, ...] | None = None  # a mesh's leaves: the dtypes every block casts to
+    backend: str | None = None  # backend= of the map: its blocks may run as CPU loops
+    out_dtype: str | None = None  # a plain map's one scalar result per point: its dtype
 
     def __call__(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any]
                  ) -> np.ndarray:
@@ -165,10 +168,47 @@ class BlockMap:
         leaves = jax.tree_util.tree_leaves(pieces)
         key = (self.token, tuple(geom), tuple(regions),
                tuple((x.shape, str(x.dtype)) for x in leaves))
+        if self.regions is None and all(type(x) is np.ndarray for x in leaves):
+            res = self._on_loops(key, geom, arrays, edges, coords)
+            if res is not None:
+                return res
         fn = cached(key, lambda: self._build(geom, regions))
         with precision(jax.tree_util.tree_leaves(arrays), self.dyn, self.plan.dtype_probe()):
             out = fn(list(arrays), edges, coords, list(self.dyn), list(masks))
         return np.asarray(out)
+
+    def _on_loops(self, key: Any, geom: list[AxisGeom], arrays: list[Any], edges: np.ndarray,
+                  coords: list[np.ndarray]) -> np.ndarray | None:
+        """The block on the CPU loop backend (:mod:`~xstencil._backends.
+        dask_loops`), or ``None`` where it does not apply."""
+        plan = self.plan
+        cell_axes = tuple(sorted(plan.axis(d) for d in plan.window_dims))
+        coord_axes = [plan.axis(d) for d in plan.coord_dims]
+
+        def make() -> BlockLoops:
+            return BlockLoops(self.hooks.caller(plan, self.kernels[0], self.static), geom,
+                              cell_axes, coord_axes, self.backend)
+
+        loops = block_loops(key, self.backend, geom, make)
+        if loops is None:
+            return None
+        fill = 0 if plan.fill_value is None else plan.fill_value
+        depth = tuple(ax.depth for ax in self.axes)
+        modes = tuple(ax.edge_mode for ax in self.axes)
+        buf = None
+        if self.out_dtype is not None:
+            buf = np.empty(tuple(g.count for g in geom), self.out_dtype)
+        with precision(jax.tree_util.tree_leaves(arrays), self.dyn, plan.dtype_probe()):
+            xs = [join_host(p, depth, modes, fill, edges) for p in arrays]  # fill cast as JAX
+            res = loops.run(xs, coords, list(self.dyn), buf)
+            if res is None:
+                return None
+            if res is buf:
+                return buf
+            if not self.stacked:  # a copy: the loop's own buffer goes back to its pool
+                return np.array(jax.tree_util.tree_leaves(res)[0])
+            n = len(geom)
+            return np.asarray(pack(res, n) if self.packed else _stack(res, n))
 
     def _build(self, geom: list[AxisGeom], regions: list[Slab | int]) -> Callable[..., Any]:
         plan, static, stacked, hooks = self.plan, self.static, self.stacked, self.hooks
@@ -318,7 +358,10 @@ def map_dask(job: MapJob) -> Any:
     fn = BlockMap(tok, plan, job.hooks, tuple(kernels),
                   None if regions is None else tuple(regions), static, dyn, coords,
                   tuple(axes), len(arrays), stacked, packed,
-                  None if regions is None else tuple(str(v.dtype) for v in leaves))
+                  None if regions is None else tuple(str(v.dtype) for v in leaves),
+                  job.backend,
+                  str(leaves[0].dtype) if regions is None and not stacked
+                  and leaves[0].shape == () else None)
     depth = tuple(ax.depth for ax in axes)
     inputs = [Overlap(x, depth) for x in arrays] + [
         Overlap(dsa.from_array(np.asarray(m), chunks=out_chunks), (0,) * nfield)

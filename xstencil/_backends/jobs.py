@@ -68,6 +68,9 @@ class MapJob:
         output, or ``None`` and ``()`` for a plain map.
     devices
         ``devices=`` of the call (sharded maps), or ``None``.
+    backend
+        ``backend=`` of the call (dask blocks may run as CPU loops), or
+        ``None`` for the environment's choice.
     """
 
     plan: Any
@@ -84,6 +87,7 @@ class MapJob:
     regions: tuple[Any, ...] | None = None
     masks: tuple[Any, ...] = ()
     devices: Any = None
+    backend: str | None = None
 
     def check_full(self, what: str) -> None:
         """Raise unless every variable spans every dim of the field."""

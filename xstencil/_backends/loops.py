@@ -225,6 +225,12 @@ class LoopOrJit:
             return staged
         return Staged(None, lambda: self.jitted(arrays, coords, dyn, dynamic, leaves))
 
+    def try_loops(self, arrays: Any, coords: Any, dyn: Any, leaves: Any,
+                  out: np.ndarray | None = None) -> Staged | None:
+        """The call staged on the loop backend, or ``None`` where the loops do
+        not apply (for a caller with its own XLA path: a dask block)."""
+        return self._loops(arrays, coords, dyn, (), leaves, out)
+
     def _loops(self, arrays: Any, coords: Any, dyn: Any, dynamic: Any, leaves: Any,
                out: np.ndarray | None = None) -> Staged | None:
         mode = resolve_mode(self.backend)

@@ -53,7 +53,8 @@ def devices_arg(call: str, devices: Any, mesh: Any) -> Any:
 
 def map_job(plan: Any, f: Fields, kernels: Sequence[Callable[..., Any]], owner: Any,
             args: Any, kwargs: Any, period: Mapping[str, float] | None, devices: Any,
-            regions: Sequence[Any] | None = None, masks: Sequence[Any] = ()) -> MapJob:
+            regions: Sequence[Any] | None = None, masks: Sequence[Any] = (),
+            backend: str | None = None) -> MapJob:
     """The map of ``f`` reduced to raw arrays and numeric coordinates."""
     check_period(plan.call, period, plan.dims)
     variables = f.obj.coords.variables
@@ -61,18 +62,22 @@ def map_job(plan: Any, f: Fields, kernels: Sequence[Callable[..., Any]], owner: 
               for d in plan.coord_dims}
     return MapJob(plan, HOOKS, tuple(kernels), owner, list(f.arrays), f.var_dims, f.names,
                   coords, period, tuple(args), dict(kwargs),
-                  None if regions is None else tuple(regions), tuple(masks), devices)
+                  None if regions is None else tuple(regions), tuple(masks), devices, backend)
 
 
 def map_scaled(plan: Any, f: Fields, kernels: Sequence[Callable[..., Any]], owner: Any,
                args: Any, kwargs: Any, period: Mapping[str, float] | None, devices: Any,
-               regions: Sequence[Any] | None = None, masks: Sequence[Any] = ()) -> Any:
+               regions: Sequence[Any] | None = None, masks: Sequence[Any] = (),
+               backend: str | None = None) -> Any:
     """The engine output of a map on dask or sharded data, or ``None`` when
-    the data is in memory on one device (the caller runs the engine then)."""
+    the data is in memory on one device (the caller runs the engine then).
+    ``backend``: ``backend=`` of the map (dask blocks on the CPU loop
+    backend, :mod:`xstencil._backends.dask_loops`)."""
     which = backend_for(f.arrays, plan.call, devices)
     if which == "memory":
         return None
-    job = map_job(plan, f, kernels, owner, args, kwargs, period, devices, regions, masks)
+    job = map_job(plan, f, kernels, owner, args, kwargs, period, devices, regions, masks,
+                  backend)
     return map_dask(job) if which == "dask" else map_sharded(job)
 
 

@@ -227,7 +227,8 @@ def _map(call: str, obj: Any, kernel: Callable[..., Any], args: tuple[Any, ...],
     elif new_vars is not None:
         raise XStencilError(f"{call}: new_vars={new_vars!r:.60} is for Dataset kernels that "
                             f"return a dict; a DataArray kernel returns one value")
-    out = map_scaled(plan, f, [kernel], kernel, args, kwargs, period, devices)
+    out = map_scaled(plan, f, [kernel], kernel, args, kwargs, period, devices,
+                     backend=backend)
     if out is not None:  # dask-backed or sharded: the backend chosen by the arrays
         return rewrap(plan, f, out, leaf_dims)
     used: dict[str, Any] = {}

@@ -1,0 +1,231 @@
+"""dask map blocks on the CPU loop backend (``xstencil/_backends/dask_loops.py``).
+
+Each block is joined with its neighbours' strips in numpy, its halo on a
+global edge rebuilt in numpy, and the kernel runs as the in-memory map's loop
+nest.  The reference is the in-memory map (itself checked against numpy
+loops elsewhere) and the dask blocks on XLA: results must be bitwise the
+same, inputs untouched, and what the loops cannot do must fall back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import xarray as xr
+
+import xstencil  # noqa: F401 - registers the accessor
+from xstencil._backends import dask_loops
+from xstencil._backends.dask_base import compile_count
+from xstencil._backends.edges import repad
+
+pytest.importorskip("numba")
+dask = pytest.importorskip("dask")
+
+MODES = ["fill", "extend", "periodic", "reflect", "symmetric", "valid"]
+
+
+def _lap(u: Any) -> Any:
+    return u(x=1) + u(x=-1) + u(y=1) + u(y=-1) - 4 * u()
+
+
+def _field(shape: tuple[int, ...], dtype: Any = np.float32, seed: int = 0) -> xr.DataArray:
+    rng = np.random.default_rng(seed)
+    dims = ("z", "y", "x")[-len(shape):]
+    return xr.DataArray((rng.standard_normal(shape) * 10).astype(dtype), dims=dims,
+                        coords={d: np.arange(n) for d, n in zip(dims, shape, strict=True)},
+                        attrs={"units": "K"}, name="t")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("chunks", [(10, 16), (7, 9), (23, 40)])
+def test_blocks_match_memory_bitwise(mode: str, chunks: tuple[int, int],
+                                     ran: list[int]) -> None:
+    da = _field((23, 40))
+    lazy = da.chunk({"y": chunks[0], "x": chunks[1]})
+    before = lazy.values.copy()
+    got = lazy.stencil.map(_lap, boundary=mode, fill_value=1.5, backend="loops")
+    assert got.chunks is not None  # still lazy
+    got = got.compute()
+    assert ran, "the blocks did not run as loops"
+    want = da.stencil.map(_lap, boundary=mode, fill_value=1.5, backend="xla")
+    xla = lazy.stencil.map(_lap, boundary=mode, fill_value=1.5, backend="xla").compute()
+    np.testing.assert_array_equal(got.values, want.values)
+    np.testing.assert_array_equal(xla.values, want.values)
+    assert got.dtype == np.float32 and got.attrs == da.attrs and got.name == da.name
+    xr.testing.assert_identical(got.coords.to_dataset(), want.coords.to_dataset())
+    np.testing.assert_array_equal(lazy.values, before)  # the input is untouched
+
+
+def test_numpy_loop_reference_with_per_dim_modes(ran: list[int]) -> None:
+    da = _field((3 * 7, 2 * 9 + 4), np.float64, seed=3)
+    lazy = da.chunk({"y": 7, "x": 9})
+
+    def k(u: Any) -> Any:
+        return 0.5 * u(x=2) - u(x=-1) + 0.25 * u(y=1) * u(y=-1)
+
+    got = lazy.stencil.map(k, boundary={"x": "periodic", "y": "reflect"},
+                           backend="loops").values
+    assert ran
+    a = da.values
+    ny, nx = a.shape
+    want = np.empty_like(a)
+    for i in range(ny):
+        for j in range(nx):
+            up = i + 1 if i + 1 < ny else ny - 2  # reflect: the edge cell not repeated
+            dn = i - 1 if i >= 1 else 1
+            want[i, j] = (0.5 * a[i, (j + 2) % nx] - a[i, (j - 1) % nx]
+                          + 0.25 * a[up, j] * a[dn, j])
+    np.testing.assert_allclose(got, want, rtol=1e-14, atol=0)
+
+
+def test_3d_strided_and_kwargs(ran: list[int]) -> None:
+    da = _field((12, 10, 14), seed=4)
+    lazy = da.chunk({"z": 5, "y": 4, "x": 7})
+
+    def k(u: Any, c: float) -> Any:
+        return c * (u(x=1) - u(x=-1)) + u(z=1) * u(y=-1)
+
+    for stride in ({"x": 2}, {"z": 3, "x": 2}):
+        got = lazy.stencil.map(k, 0.7, boundary="extend", stride=stride, backend="loops")
+        # the same nest as in memory: bitwise; XLA may contract a multiply-add
+        # that LLVM does not (or the reverse): within an ulp or two
+        same = da.stencil.map(k, 0.7, boundary="extend", stride=stride, backend="loops")
+        xla = da.stencil.map(k, 0.7, boundary="extend", stride=stride, backend="xla")
+        np.testing.assert_array_equal(got.values, same.values)
+        np.testing.assert_allclose(got.values, xla.values, rtol=3e-7, atol=1e-4)
+        assert got.shape == xla.shape
+    assert ran
+
+
+def test_integer_dtypes_as_in_memory(ran: list[int]) -> None:
+    da = xr.DataArray(np.full((16, 16), 200, np.uint8), dims=("y", "x"))
+    lazy = da.chunk({"y": 5, "x": 6})
+    for k in (lambda u: u(x=1) + u(x=-1) + u(),  # uint8 + uint8 wraps, as in numpy
+              lambda u: u(x=1).astype(jnp.int32) * 3 - u(y=-1).astype(jnp.int32)):
+        got = lazy.stencil.map(k, boundary="periodic", backend="loops")
+        want = da.stencil.map(k, boundary="periodic", backend="xla")
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.values, want.values)
+    assert got.dtype == np.int32 and int(got.values.max()) == 400
+    assert ran
+
+
+def test_float64_stays_float64(ran: list[int]) -> None:
+    da = _field((20, 20), np.float64, seed=6) / 3.0
+    got = da.chunk({"y": 8, "x": 8}).stencil.map(_lap, boundary="fill", fill_value=0.0,
+                                                 backend="loops")
+    assert got.dtype == np.float64
+    want = da.stencil.map(_lap, boundary="fill", fill_value=0.0, backend="xla")
+    np.testing.assert_array_equal(got.values, want.values)
+    assert ran
+
+
+def test_dataset_with_two_results(ran: list[int]) -> None:
+    ds = xr.Dataset({"a": _field((18, 21), seed=7), "b": _field((18, 21), seed=8)})
+    lazy = ds.chunk({"y": 6, "x": 7})
+
+    def k(s: Any) -> Any:
+        return {"a": s["a"](x=1) - s["a"](x=-1), "b": s["a"]() * s["b"](y=1)}
+
+    got = lazy.stencil.map(k, boundary="symmetric", backend="loops").compute()
+    want = ds.stencil.map(k, boundary="symmetric", backend="xla")
+    for name in ("a", "b"):
+        np.testing.assert_array_equal(got[name].values, want[name].values)
+    assert ran
+
+
+def test_backend_xla_and_small_auto_blocks_stay_on_xla(ran: list[int]) -> None:
+    da = _field((40, 40), seed=9)
+
+    def k(u: Any) -> Any:  # a kernel of its own: its block function is traced anew
+        return u(x=1) - 3 * u(y=-1)
+
+    n0 = compile_count()
+    da.chunk({"y": 20, "x": 20}).stencil.map(k, backend="xla").compute()
+    da.chunk({"y": 20, "x": 20}).stencil.map(k).compute()  # auto: 400 points per block
+    assert ran == [] and compile_count() > n0
+
+
+def test_env_variable_chooses_the_blocks_backend(ran: list[int],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    da = _field((30, 30), seed=10)
+
+    def k(u: Any) -> Any:
+        return u(x=1) * 2 - u(y=1)
+
+    monkeypatch.setenv("XSTENCIL_BACKEND", "loops")
+    n0 = compile_count()
+    got = da.chunk({"y": 10, "x": 15}).stencil.map(k, boundary="extend").values
+    assert ran and compile_count() == n0  # no XLA block function was traced
+    np.testing.assert_array_equal(got, da.stencil.map(k, boundary="extend",
+                                                      backend="xla").values)
+
+
+def test_large_blocks_use_loops_by_default(ran: list[int]) -> None:
+    da = _field((1024, 520), seed=11)  # 2 blocks of 512 x 520 outputs (auto's floor)
+    lazy = da.chunk({"y": 512, "x": 520})
+    got = lazy.stencil.map(_lap, boundary="periodic").values
+    assert len(ran) == 2
+    np.testing.assert_array_equal(got, da.stencil.map(_lap, boundary="periodic").values)
+
+
+def test_kernels_the_loops_cannot_express_fall_back(ran: list[int]) -> None:
+    ia = xr.DataArray(np.arange(24 * 20, dtype=np.int32).reshape(24, 20) - 200,
+                      dims=("y", "x"))
+    lazy = ia.chunk({"y": 8, "x": 10})
+    got = lazy.stencil.map(lambda u: u(x=1) // 3, boundary="periodic", backend="loops")
+    np.testing.assert_array_equal(got.values, np.roll(ia.values, -1, axis=1) // 3)
+    table = np.arange(10.0, dtype=np.float32) * 2
+    got = lazy.stencil.map(lambda u: jnp.asarray(table)[jnp.clip(u(y=1), 0, 9)],
+                           boundary="extend", backend="loops")
+    up = np.concatenate([ia.values[1:], ia.values[-1:]])
+    np.testing.assert_array_equal(got.values, table[np.clip(up, 0, 9)])
+    got = lazy.stencil.map(lambda u: jnp.stack([u(x=1), u()]), boundary="periodic",
+                           output_dims="k", backend="loops")
+    np.testing.assert_array_equal(got.values[..., 0], np.roll(ia.values, -1, axis=1))
+    np.testing.assert_array_equal(got.values[..., 1], ia.values)
+    assert ran == []
+
+
+def test_many_blocks_on_the_threaded_scheduler(ran: list[int]) -> None:
+    da = _field((64, 64), np.float64, seed=13)
+    lazy = da.chunk({"y": 8, "x": 8})  # 64 blocks, run by dask's thread pool
+    with dask.config.set(scheduler="threads", num_workers=4):
+        got = lazy.stencil.map(_lap, boundary="reflect", backend="loops").values
+    assert len(ran) == 64
+    np.testing.assert_array_equal(got, da.stencil.map(_lap, boundary="reflect",
+                                                      backend="xla").values)
+
+
+@pytest.mark.parametrize("mode", ["fill", "extend", "reflect", "symmetric"])
+@pytest.mark.parametrize("n, w", [(9, 2), (5, 2), (4, 1), (12, 3)])
+def test_repad_host_matches_the_traced_repad(mode: str, n: int, w: int) -> None:
+    rng = np.random.default_rng(n * 10 + w)
+    x = rng.standard_normal((n, 6)).astype(np.float32)
+    for axis, lo, hi, at_lo, at_hi in [(0, w, w, True, True), (0, w, w, True, False),
+                                       (0, w, 0, True, True), (1, 1, 2, False, True)]:
+        want = np.asarray(jax.jit(repad, static_argnums=(1, 2, 3, 4))(
+            x, axis, lo, hi, mode, -7.0, at_lo, at_hi))
+        got = x.copy()
+        dask_loops.repad_host(got, axis, lo, hi, mode, -7.0, at_lo, at_hi)
+        np.testing.assert_array_equal(got, want, err_msg=f"{mode} {axis} {lo} {hi}")
+
+
+def test_repad_host_casts_the_fill_as_jax_does() -> None:
+    x = np.arange(12, dtype=np.int32).reshape(4, 3)
+    dask_loops.repad_host(x, 0, 1, 1, "fill", 2.7, True, True)
+    want = np.asarray(repad(jnp.arange(12, dtype=jnp.int32).reshape(4, 3), 0, 1, 1, "fill",
+                            2.7, True, True))
+    np.testing.assert_array_equal(x, want)
+
+
+def test_join_host_never_returns_a_view_of_a_piece() -> None:
+    own = np.arange(12.0).reshape(3, 4)
+    joined = dask_loops.join_host([[own]], (0, 0), (None, None), 0.0,
+                                  np.zeros((2, 2), bool))
+    assert not np.may_share_memory(joined, own)
+    np.testing.assert_array_equal(joined, own)
