@@ -160,7 +160,7 @@ def test_env_variable_chooses_the_blocks_backend(ran: list[int],
     monkeypatch.setenv("XSTENCIL_BACKEND", "loops")
     n0 = compile_count()
     got = da.chunk({"y": 10, "x": 15}).stencil.map(k, boundary="extend").values
-    assert ran and compile_count() == n0  # no XLA block function was traced
+    assert ran and compile_count() == n0 + 1  # one loop nest for the one block shape
     np.testing.assert_array_equal(got, da.stencil.map(k, boundary="extend",
                                                       backend="xla").values)
 

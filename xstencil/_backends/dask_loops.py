@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xstencil._backends.dask_base import cached
+from xstencil._backends.dask_base import cached, note_trace
 from xstencil._backends.loops import (
     AUTO_MIN_POINTS,
     LoopOrJit,
@@ -125,11 +125,24 @@ class BlockLoops:
 
         self.loops = LoopOrJit(None, kernel, sources, geom, backend)
         self.declined = False
+        self._first = threading.Lock()  # the first run traces and compiles, once
+        self._ready = False
 
     def run(self, arrays: list[np.ndarray], coords: Sequence[np.ndarray], dyn: list[Any],
             out: np.ndarray | None) -> Any:
         """The block's output pytree (``out`` itself where the nest wrote
         into it), or ``None`` where the loops do not apply."""
+        if not self._ready:
+            with self._first:
+                if not self._ready:
+                    note_trace()  # the kernel is traced for the nest: compile_count()
+                    res = self._launch(arrays, coords, dyn, out)
+                    self._ready = True
+                    return res
+        return self._launch(arrays, coords, dyn, out)
+
+    def _launch(self, arrays: list[np.ndarray], coords: Sequence[np.ndarray], dyn: list[Any],
+                out: np.ndarray | None) -> Any:
         if not _SERIAL[0]:
             return self._run(arrays, coords, dyn, out)
         with _NEST_LOCK:

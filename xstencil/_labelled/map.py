@@ -120,6 +120,14 @@ def map(  # noqa: A001 - the contract's name
         it the result is lazy; compute it inside ``with ProgressBar():``
         for the same bar.  In memory a map is one compiled call and shows
         no progress.
+    backend
+        ``"auto"`` (the default, else the ``XSTENCIL_BACKEND`` environment
+        variable), ``"loops"`` or ``"xla"``.  ``"auto"`` runs numpy data of
+        at least 512 x 512 outputs on the CPU as numba loop nests, and so
+        each such block of dask-backed numpy data; everything else (JAX
+        arrays, transforms, GPUs, kernels the loops cannot express) runs
+        with XLA, with the same result.  ``"loops"`` drops the size floor;
+        ``"xla"`` never loops.  See :doc:`/performance`.
     out
         A preallocated result: a writeable, C-contiguous numpy array (or a
         DataArray whose ``.data`` is one, with the result's dims) of exactly
