@@ -26,6 +26,7 @@ import numpy as np
 from xstencil._backends.blockmesh import BlockMesh
 from xstencil._backends.dask_base import cached, is_dask, merged, note_trace, token
 from xstencil._backends.dask_halo import Overlap, assemble, halo_array
+from xstencil._backends.dask_loops import join_host
 from xstencil._backends.edges import repad as halo_repad
 from xstencil._backends.halo import (
     Block,
@@ -70,12 +71,19 @@ class BlockScan:
     forced: tuple[str, ...]
     finite: Callable[[int, str], Exception] | None  # check_finite's error, or None
     tcoord: np.ndarray | None  # dim's coordinate padded by (k, ahead), if the kernel reads it
+    # the labelled layer's loop scan of a block (dask_loop_scan.py): (block, n) -> last
+    # state, or None where the loops do not apply
+    loops: Callable[[np.ndarray, int], np.ndarray | None] | None = None
 
     def __call__(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any]
                  ) -> np.ndarray:
         """One block: ``pieces`` per input (state, input, forcing, masks,
         constants) from :func:`~xstencil._backends.dask_halo.halo_array`."""
         own = [_own(p) for p in pieces]
+        if self._loops_apply(pieces):
+            res = self._on_loops(edges, pieces[0], own[0].shape)
+            if res is not None:
+                return res
         shape = (own[0].shape[0],) + tuple(
             n + 2 * d for n, d in zip(own[0].shape[1:], self.depth[1:], strict=True))
         spec = self.spec
@@ -101,6 +109,35 @@ class BlockScan:
                               enumerate(spec.plan.dims) if a and len(self.starts[a]) > 1)
             raise self.finite(int(bad), f" in the chunk at {first}" if first else "")
         return np.asarray(out)
+
+    def _loops_apply(self, pieces: list[Any]) -> bool:
+        """Whether the task may run the loop scan: one advanced variable, one
+        initial position, no input, forcing, masks, constants, mesh or
+        finiteness check, numpy pieces (the loop scan itself declines a
+        kernel that reads other positions or coordinates)."""
+        return (self.loops is not None and self.spec.k == 1 and len(self.evolving) == 1
+                and len(pieces) == 1 and self.mesh is None and self.finite is None
+                and not self.has_input and not self.nforce
+                and all(type(x) is np.ndarray for x in jax.tree_util.tree_leaves(pieces)))
+
+    def _on_loops(self, edges: np.ndarray, piece: Any, own: tuple[int, ...]
+                  ) -> np.ndarray | None:
+        """The task on the loop backend (:mod:`xstencil._labelled.dask_loop_scan`):
+        the block joined with its halo, less the halo on the global edges of
+        non-periodic dims (there the loop scan's boundary mode is the true
+        one), scanned ``n`` steps; its own cells, or ``None``."""
+        x = join_host(piece, self.depth, (None,) * len(self.depth), 0, edges)
+        cut, core = [slice(None)], [slice(None)]
+        for a in range(1, x.ndim):
+            d = self.depth[a]
+            lo, hi = d * bool(edges[a, 0]), d * bool(edges[a, 1])  # flags: non-periodic only
+            cut.append(slice(lo, x.shape[a] - hi))
+            core.append(slice(d - lo, d - lo + own[a]))
+        assert self.loops is not None
+        last = self.loops(np.ascontiguousarray(x[tuple(cut)]), self.n)
+        if last is None:
+            return None
+        return last[None][tuple(core)]
 
     def _build(self, cores: tuple[tuple[int, int], ...]) -> Callable[..., Any]:
         spec, static, depth = self.spec, self.static, self.depth
@@ -197,7 +234,9 @@ def _as_dask(x: Any, chunks: Any = None) -> Any:
     return x if chunks is None else x.rechunk(chunks)
 
 
-def scan_dask(job: BlockJob, halo_every: int | None = None) -> list[Any]:
+def scan_dask(job: BlockJob, halo_every: int | None = None,
+              loops: Callable[[np.ndarray, int], np.ndarray | None] | None = None
+              ) -> list[Any]:
     """Scan the fields of ``job`` lazily: the saved trajectory (or last state)
     of each advanced variable, as dask arrays with dim first.
 
@@ -206,6 +245,8 @@ def scan_dask(job: BlockJob, halo_every: int | None = None) -> list[Any]:
     window's reach deep from its neighbours, so the graph has one layer of
     tasks per K steps.  ``halo_every`` defaults to the largest K (at most
     32) whose halo is at most an eighth of the smallest split chunk.
+    ``loops(block, n)``, if given, runs a task on the CPU loop backend where
+    it applies (see :class:`BlockScan`).
     """
     import dask.array as dsa
 
@@ -246,7 +287,7 @@ def scan_dask(job: BlockJob, halo_every: int | None = None) -> list[Any]:
         fn = BlockScan(tok, spec, job.hooks, job.kernels, bmesh, job.static, dyn,
                        tuple(coords), periods, width, depth, periodic, starts, t, n,
                        inp is not None, F, len(dmasks), job.evolving, job.forced, job.finite,
-                       job.tcoord)
+                       job.tcoord, loops)
         # every segment reads K steps of input (zeros past the end): one block shape
         ins = [Overlap(state, depth)]
         if inp is not None:

@@ -30,6 +30,7 @@ from xstencil._engine.coords import coord_values, numeric_coord
 from xstencil._errors import XStencilError
 from xstencil._labelled.blockprep import block_arrays, block_spec, rewrap, setup, time_input
 from xstencil._labelled.core import Fields
+from xstencil._labelled.dask_loop_scan import block_loop_scan
 from xstencil._labelled.dispatch import HOOKS, devices_arg
 from xstencil._labelled.options import split_options
 from xstencil._labelled.scan_plan import ScanPlan
@@ -44,7 +45,7 @@ def _call(obj: Any) -> str:
 
 def scale_out(obj: Any, kernel: Any, dim: str, args: Any, kwargs: Mapping[str, Any], *,
               devices: Any = None, halo_every: int | None = None,
-              function_mesh: Any = None) -> Any:
+              function_mesh: Any = None, backend: str | None = None) -> Any:
     """The dask-backed or sharded scan of ``obj``, or ``None`` when it is in
     memory on one device and ``devices`` is not given (the caller scans then).
 
@@ -57,7 +58,7 @@ def scale_out(obj: Any, kernel: Any, dim: str, args: Any, kwargs: Mapping[str, A
     which = backend_for(arrays, _call(obj), devices)
     if which == "dask":
         return scan_dask(obj, kernel, dim, *args, halo_every=halo_every,
-                         function_mesh=function_mesh, **kwargs)
+                         function_mesh=function_mesh, backend=backend, **kwargs)
     if which == "shard":
         return scan_sharded(obj, kernel, dim, *args, devices=devices,
                             halo_every=halo_every or 1, function_mesh=function_mesh, **kwargs)
@@ -90,7 +91,8 @@ def block_job(call: str, sp: ScanPlan, f: Fields, obj: Any, kernels: tuple[Calla
 
 
 def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *args: Any,
-              halo_every: int | None = None, function_mesh: Any = None, **kwargs: Any) -> Any:
+              halo_every: int | None = None, function_mesh: Any = None,
+              backend: str | None = None, **kwargs: Any) -> Any:
     """Scan a kernel along ``dim`` over a dask-backed DataArray or Dataset, lazily.
 
     ``dim`` must be a single chunk; the other dims may be chunked.  Each task
@@ -113,6 +115,11 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
         A :class:`~xstencil.Mesh` over ``obj`` (``kernel`` is then
         ``None``): its kernels on its regions, as ``mesh.scan(dim)`` does
         in memory.
+    backend
+        As for :func:`xstencil.scan`: where the in-memory loop scan applies
+        (numba, numpy chunks, a DataArray grown by ``steps=`` whose kernel
+        reads only the previous position), each task runs it on its
+        extended block (:mod:`xstencil._labelled.dask_loop_scan`).
     **kwargs
         ``window``, ``boundary``, ``fill_value``, ``steps``, ``dt``,
         ``coord``, ``save_every``, ``period``, ``check_finite`` and
@@ -162,7 +169,9 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
     sp, f = setup(call, obj, kernels, dim, args, kw, **opts)
     owner = function_mesh if function_mesh is not None else kernel
     job = block_job(call, sp, f, obj, kernels, owner, function_mesh, args, kw)
-    out = rewrap(sp, f, obj, dask_backend.scan_dask(job, halo_every))
+    loops = block_loop_scan(call, obj, kernel, sp.plan.dims, opts, tuple(args), kw, backend,
+                            function_mesh)
+    out = rewrap(sp, f, obj, dask_backend.scan_dask(job, halo_every, loops))
     # progress=True: computed now (kept chunked) under dask's progress display
     return with_progress(out) if sp.progress else out
 

@@ -292,7 +292,7 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
     cast = state_dtype(o.call, obj, [kernel], kernel, o, args, kwargs, dtype)
     opts = dict(zip(_OPTIONS, options[1:], strict=True))
     out = scale_out(cast, kernel, o.dim, args, {**opts, **kwargs}, devices=devices,
-                    halo_every=halo_every)
+                    halo_every=halo_every, backend=backend)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
     lifted, sig = fast

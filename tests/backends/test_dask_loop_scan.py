@@ -1,0 +1,193 @@
+"""dask scan tasks on the CPU loop backend (``xstencil/_labelled/dask_loop_scan.py``).
+
+Each task runs the in-memory loop scan on its chunk extended by a halo K
+reaches deep, the halo on a global edge of a non-periodic dim left out.  The
+reference is the in-memory loop scan (checked against numpy loops in
+tests/backends/test_loops_*): the chunks' cells must be bitwise the same for
+every boundary mode, chunking and save pattern; what the loops cannot do must
+fall back to the XLA block program with XLA's result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import xstencil  # noqa: F401 - registers the accessor
+from tests.spies import count_calls
+from xstencil._labelled import dask_loop_scan
+
+pytest.importorskip("numba")
+dask = pytest.importorskip("dask")
+
+MODES = ["fill", "extend", "periodic", "reflect", "symmetric"]
+
+
+def _heat(u: Any) -> Any:
+    return u(time=-1) + 0.2 * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
+                               + u(time=-1, y=-1) - 4 * u(time=-1))
+
+
+def _field(shape: tuple[int, int] = (24, 30), dtype: Any = np.float32,
+           seed: int = 0) -> xr.DataArray:
+    rng = np.random.default_rng(seed)
+    return xr.DataArray(rng.random(shape).astype(dtype), dims=("y", "x"),
+                        coords={"y": np.arange(shape[0]), "x": np.arange(shape[1]) * 0.5},
+                        attrs={"units": "K"}, name="T")
+
+
+@pytest.fixture
+def tasks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the tasks that ran the loop scan (and did not decline)."""
+    monkeypatch.delenv("XSTENCIL_BACKEND", raising=False)
+    ran: list[int] = []
+    orig = dask_loop_scan.BlockLoopScan.__call__
+
+    def spy(self: Any, block: np.ndarray, n: int) -> Any:
+        out = orig(self, block, n)
+        if out is not None:
+            ran.append(n)
+        return out
+
+    monkeypatch.setattr(dask_loop_scan.BlockLoopScan, "__call__", spy)
+    return ran
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("chunks, K", [({"y": 8, "x": 10}, 3), ({"y": (7, 9, 8)}, 2),
+                                       ({"x": (11, 19)}, None), ({"y": 24, "x": 30}, 4)])
+def test_tasks_match_the_memory_loop_scan_bitwise(mode: str, chunks: Any, K: Any,
+                                                  tasks: list[int]) -> None:
+    u0 = _field()
+    lazy = u0.chunk(chunks)
+    before = lazy.values.copy()
+    kw = dict(steps=12, boundary=mode, fill_value=0.25, save_every=4, backend="loops")
+    got = lazy.stencil.scan(_heat, "time", halo_every=K, **kw)
+    assert got.chunks is not None
+    got = got.compute()
+    assert tasks, "no task ran the loop scan"
+    want = u0.stencil.scan(_heat, "time", **kw)
+    np.testing.assert_array_equal(got.values, want.values)
+    assert got.dims == want.dims and got.dtype == np.float32
+    np.testing.assert_array_equal(got.time.values, want.time.values)
+    assert got.attrs == u0.attrs and got.name == u0.name
+    np.testing.assert_array_equal(lazy.values, before)  # the input is untouched
+    xla = u0.stencil.scan(_heat, "time", **{**kw, "backend": "xla"})
+    np.testing.assert_allclose(got.values, xla.values, rtol=1e-5, atol=1e-6)
+
+
+def test_numpy_time_loop_reference_with_per_dim_modes(tasks: list[int]) -> None:
+    u0 = _field((20, 26), np.float64, seed=1)
+    got = u0.chunk({"y": 5, "x": 13}).stencil.scan(
+        _heat, "time", steps=7, boundary={"y": "reflect", "x": "periodic"},
+        save_every="last", halo_every=3, backend="loops").values
+    assert tasks
+    a = u0.values.copy()
+    ny, nx = a.shape
+    for _ in range(7):
+        new = np.empty_like(a)
+        for i in range(ny):
+            up = i + 1 if i + 1 < ny else ny - 2
+            dn = i - 1 if i >= 1 else 1
+            for j in range(nx):
+                new[i, j] = a[i, j] + 0.2 * (a[i, (j + 1) % nx] + a[i, (j - 1) % nx]
+                                             + a[up, j] + a[dn, j] - 4 * a[i, j])
+        a = new
+    np.testing.assert_allclose(got, a, rtol=1e-13, atol=0)
+
+
+def test_kernel_arguments_and_a_grown_trajectory(tasks: list[int]) -> None:
+    u0 = _field((18, 22), seed=2).expand_dims(time=[0.0])  # one initial position along dim
+
+    def k(u: Any, c: float, *, d: float) -> Any:
+        return u(time=-1) + c * (u(time=-1, x=1) - u(time=-1, x=-1)) - d * u(time=-1, y=1)
+
+    kw = dict(steps=6, boundary="extend", backend="loops", dt=0.5)
+    got = u0.chunk({"y": 6, "x": 11}).stencil.scan(k, "time", 0.1, d=0.05, halo_every=2, **kw)
+    want = u0.stencil.scan(k, "time", 0.1, d=0.05, **kw)
+    np.testing.assert_array_equal(got.values, want.values)
+    np.testing.assert_array_equal(got.time.values, want.time.values)
+    assert tasks
+
+
+def test_backend_xla_and_small_auto_blocks_stay_on_xla(tasks: list[int]) -> None:
+    u0 = _field()
+    lazy = u0.chunk({"y": 12, "x": 15})
+    a = lazy.stencil.scan(_heat, "time", steps=5, boundary="periodic", backend="xla").values
+    b = lazy.stencil.scan(_heat, "time", steps=5, boundary="periodic").values  # auto: small
+    assert tasks == []
+    want = u0.stencil.scan(_heat, "time", steps=5, boundary="periodic", backend="xla")
+    np.testing.assert_array_equal(a, want.values)
+    np.testing.assert_array_equal(b, want.values)
+
+
+def test_what_the_loops_cannot_do_falls_back(tasks: list[int]) -> None:
+    u0 = _field((20, 24), np.float64, seed=3)
+    lazy = u0.chunk({"y": 10, "x": 12})
+
+    def reads_coord(u: Any) -> Any:
+        x = u.coord("x")
+        return u(time=-1) + 0.1 * (u(time=-1, x=1) - u(time=-1)) * x()
+
+    def two_back(u: Any) -> Any:
+        return 0.5 * u(time=-1) + 0.5 * u(time=-2, x=1)
+
+    got = lazy.stencil.scan(reads_coord, "time", steps=4, boundary="extend", halo_every=2,
+                            backend="loops")
+    want = u0.stencil.scan(reads_coord, "time", steps=4, boundary="extend", backend="xla")
+    np.testing.assert_allclose(got.values, want.values, rtol=1e-12)
+    init = xr.concat([u0, u0 * 0.5], "time")
+    got = init.chunk({"y": 10, "x": 12, "time": -1}).stencil.scan(
+        two_back, "time", steps=4, boundary="periodic", halo_every=2, backend="loops")
+    want = init.stencil.scan(two_back, "time", steps=4, boundary="periodic", backend="xla")
+    np.testing.assert_allclose(got.values, want.values, rtol=1e-12)
+    ds = xr.Dataset({"u": u0, "v": u0 * 2})
+    got = ds.chunk({"y": 10}).stencil.scan(
+        lambda s: {"u": s["u"](time=-1) + 0.1 * s["v"](time=-1, y=1),
+                   "v": s["v"](time=-1) - 0.1 * s["u"](time=-1, y=-1)},
+        "time", steps=3, boundary="periodic", halo_every=2, backend="loops")
+    want = ds.stencil.scan(
+        lambda s: {"u": s["u"](time=-1) + 0.1 * s["v"](time=-1, y=1),
+                   "v": s["v"](time=-1) - 0.1 * s["u"](time=-1, y=-1)},
+        "time", steps=3, boundary="periodic", backend="xla")
+    for n in ("u", "v"):
+        np.testing.assert_allclose(got[n].values, want[n].values, rtol=1e-12)
+    assert tasks == []
+
+
+def test_large_chunks_use_loops_by_default(tasks: list[int]) -> None:
+    u0 = _field((1100, 520), seed=4)  # two chunks of 550 x 520 (auto's floor: 512 x 512)
+    got = u0.chunk({"y": 550}).stencil.scan(_heat, "time", steps=8, boundary="fill",
+                                            fill_value=0.0, save_every="last").values
+    assert len(tasks) == 2 * 1  # one segment (K = 8 steps) of two tasks
+    want = u0.stencil.scan(_heat, "time", steps=8, boundary="fill", fill_value=0.0,
+                           save_every="last")
+    np.testing.assert_array_equal(got, want.values)
+
+
+def test_many_tasks_on_the_threaded_scheduler(tasks: list[int]) -> None:
+    u0 = _field((48, 48), np.float64, seed=5)
+    with dask.config.set(scheduler="threads", num_workers=4):
+        got = u0.chunk({"y": 8, "x": 12}).stencil.scan(
+            _heat, "time", steps=9, boundary="symmetric", halo_every=3, save_every=3,
+            backend="loops").values
+    assert len(tasks) == 3 * 6 * 4
+    want = u0.stencil.scan(_heat, "time", steps=9, boundary="symmetric", save_every=3,
+                           backend="loops")
+    np.testing.assert_array_equal(got, want.values)
+
+
+def test_the_spy_counts_real_loop_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop scan a task runs is the in-memory one (run_loops of the nest)."""
+    from xstencil._backends import loops
+
+    monkeypatch.delenv("XSTENCIL_BACKEND", raising=False)
+    ran = count_calls(monkeypatch, loops, "run_loops")
+    got = _field().chunk({"y": 12}).stencil.scan(_heat, "time", steps=3, boundary="periodic",
+                                                 halo_every=3, backend="loops").values
+    assert ran  # the first task built and ran the nest; the second reuses it
+    want = _field().stencil.scan(_heat, "time", steps=3, boundary="periodic", backend="xla")
+    np.testing.assert_allclose(got, want.values, rtol=1e-6)
