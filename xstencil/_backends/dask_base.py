@@ -49,8 +49,8 @@ def any_dask(arrays: Sequence[Any]) -> bool:
 
 def compile_count() -> int:
     """How many block functions this process has traced (and so compiled):
-    jitted XLA block functions and, for blocks on the CPU loop backend, their
-    loop nests.
+    jitted XLA block functions and, for map blocks on the CPU loop backend,
+    their loop nests.
 
     Run it on workers with ``client.run(xstencil.compile_count)`` to
     check that a graph compiles once per block geometry, not once per task.
