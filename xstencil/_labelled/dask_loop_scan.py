@@ -32,8 +32,6 @@ import numpy as np
 import xarray as xr
 
 from xstencil._backends.loops import available, resolve_mode
-from xstencil._labelled.loop_scan import loop_scan
-from xstencil._labelled.scan_plan import ScanPlan
 
 __all__ = ["BlockLoopScan", "block_loop_scan"]
 
@@ -59,11 +57,14 @@ class BlockLoopScan:
     def __call__(self, block: np.ndarray, n: int) -> np.ndarray | None:
         if self.declined:
             return None
+        from xstencil._labelled.scan import scan_loops_only  # scan.py imports this module
+
         obj = xr.DataArray(block, dims=self.dims)
-        o = ScanPlan(self.call, self.dim, self.window, self.boundary, self.fill_value, int(n),
-                     save_every="last")
+        options = (self.dim, self.window, self.boundary, self.fill_value, int(n), None, None,
+                   "last", False, False, False, None)
         with _LOCK:
-            out = loop_scan(obj, self.kernel, o, self.args, self.kwargs, self.backend)
+            out = scan_loops_only(obj, self.kernel, options, self.args, self.kwargs,
+                                  self.backend)
         if out is None:
             self.declined = True
             return None

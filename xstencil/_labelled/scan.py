@@ -42,7 +42,7 @@ from xstencil._labelled.core import Fields, coord_arrays
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.dtypes import out_dtype, state_dtype
 from xstencil._labelled.loop_mesh_scan import loop_mesh_scan
-from xstencil._labelled.loop_scan import backend_mode, eligible, loop_scan
+from xstencil._labelled.loop_scan import Repeat, backend_mode, eligible, loop_scan
 from xstencil._labelled.scale import scale_out
 from xstencil._labelled.scan_loop import build_loop, inputs, time_input
 from xstencil._labelled.scan_plan import MAX_STEPS, ScanPlan
@@ -315,6 +315,27 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
         return out
 
     return _run(o.call, cast, [kernel], None, o, args, kwargs, None if sig is None else keep)
+
+
+def scan_loops_only(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
+                    backend: str | None) -> Any:
+    """The scan of ``obj`` on the loop backend only, or ``None`` where the
+    loops do not apply (the caller has an XLA path of its own: a dask scan
+    task, :mod:`~xstencil._labelled.dask_loop_scan`).  ``options`` as
+    :class:`ScanPlan` takes them after ``call``; ``obj`` has the state's
+    dtype.  A repeat of the same layout and kernel takes the fast path
+    (``scan_fast.py``), as a user's repeated scan does."""
+    call = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.scan(...)"
+    lifted, sig, entry = _repeat(obj, kernel, options, args, kwargs, None, None, backend)
+    if entry is not None and isinstance(entry.fn, Repeat):  # a loop scan's entry
+        return scan_fast.run(entry, obj, args, kwargs, lifted)
+
+    def keep(sp: ScanPlan, repeat: Any, outs: Any, res: Any) -> None:
+        scan_fast.remember(lifted, sig, obj, obj, sp, repeat, [], None, (args, kwargs), outs,
+                           res)
+
+    return loop_scan(obj, kernel, ScanPlan(call, *options), args, kwargs, backend,
+                     None if sig is None else keep)
 
 
 #: The scan options after ``dim``, in the order :class:`ScanPlan` takes them.
