@@ -530,7 +530,9 @@ def section(d: dict[str, Any], s: dict[str, Any], q: dict[str, Any], quick: bool
         "",
         f"The plain scan runs on the numba loops by default, in memory and in each dask "
         f"task (the chunk extended by its halo, scanned by the in-memory loop scan); "
-        f"`XLA` rows use `backend=\"xla\"`.  Meshes and Datasets run with XLA.  "
+        f"`XLA` rows use `backend=\"xla\"`.  In memory the mesh and Dataset scans run on "
+        f"the loops too; their dask tasks run the XLA block program, so they differ from "
+        f"memory by float32 rounding.  "
         f"The mesh (a cold strip by position, a hot band by label, a mask; periodic) "
         f"costs {mesh_cost:.2f}× the plain dask scan: every task evaluates each region's "
         f"kernel over its chunk and selects by the cells' global positions.  Max abs "
