@@ -46,8 +46,8 @@ def tasks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     ran: list[int] = []
     orig = dask_loop_scan.BlockLoopScan.__call__
 
-    def spy(self: Any, block: np.ndarray, n: int) -> Any:
-        out = orig(self, block, n)
+    def spy(self: Any, state: np.ndarray, consts: Any, n: int) -> Any:
+        out = orig(self, state, consts, n)
         if out is not None:
             ran.append(n)
         return out
@@ -144,18 +144,27 @@ def test_what_the_loops_cannot_do_falls_back(tasks: list[int]) -> None:
         two_back, "time", steps=4, boundary="periodic", halo_every=2, backend="loops")
     want = init.stencil.scan(two_back, "time", steps=4, boundary="periodic", backend="xla")
     np.testing.assert_allclose(got.values, want.values, rtol=1e-12)
-    ds = xr.Dataset({"u": u0, "v": u0 * 2})
-    got = ds.chunk({"y": 10}).stencil.scan(
-        lambda s: {"u": s["u"](time=-1) + 0.1 * s["v"](time=-1, y=1),
-                   "v": s["v"](time=-1) - 0.1 * s["u"](time=-1, y=-1)},
-        "time", steps=3, boundary="periodic", halo_every=2, backend="loops")
-    want = ds.stencil.scan(
-        lambda s: {"u": s["u"](time=-1) + 0.1 * s["v"](time=-1, y=1),
-                   "v": s["v"](time=-1) - 0.1 * s["u"](time=-1, y=-1)},
-        "time", steps=3, boundary="periodic", backend="xla")
-    for n in ("u", "v"):
-        np.testing.assert_allclose(got[n].values, want[n].values, rtol=1e-12)
     assert tasks == []
+
+
+def _coupled(s: Any) -> Any:
+    return {"u": s["u"](time=-1) + 0.1 * s["v"](time=-1, y=1) - 0.05 * s["b"](x=-1),
+            "v": s["v"](time=-1) - 0.1 * s["u"](time=-1, y=-1) * s["b"]()}
+
+
+@pytest.mark.parametrize("mode", ["periodic", "extend", "reflect"])
+def test_dataset_with_a_constant(mode: str, tasks: list[int]) -> None:
+    u0 = _field((20, 24), np.float64, seed=6)
+    ds = xr.Dataset({"u": u0, "v": u0 * 2, "b": 0.5 + u0.copy(data=u0.values[::-1])})
+    kw = dict(steps=6, boundary=mode, save_every=2, backend="loops")
+    got = ds.chunk({"y": 7, "x": 12}).stencil.scan(_coupled, "time", halo_every=2, **kw)
+    got = got.compute()
+    assert tasks
+    want = ds.stencil.scan(_coupled, "time", **kw)
+    for n in ("u", "v"):
+        np.testing.assert_array_equal(got[n].values, want[n].values)
+        assert got[n].dims == want[n].dims
+    np.testing.assert_array_equal(got["b"].values, ds["b"].values)
 
 
 def test_large_chunks_use_loops_by_default(tasks: list[int]) -> None:

@@ -71,9 +71,9 @@ class BlockScan:
     forced: tuple[str, ...]
     finite: Callable[[int, str], Exception] | None  # check_finite's error, or None
     tcoord: np.ndarray | None  # dim's coordinate padded by (k, ahead), if the kernel reads it
-    # the labelled layer's loop scan of a block (dask_loop_scan.py): (block, n) -> last
-    # state, or None where the loops do not apply
-    loops: Callable[[np.ndarray, int], np.ndarray | None] | None = None
+    # the labelled layer's loop scan of a block (dask_loop_scan.py): (state rows,
+    # constants, n) -> the last state's rows, or None where the loops do not apply
+    loops: Callable[[np.ndarray, list[np.ndarray], int], np.ndarray | None] | None = None
 
     def __call__(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any]
                  ) -> np.ndarray:
@@ -81,7 +81,7 @@ class BlockScan:
         constants) from :func:`~xstencil._backends.dask_halo.halo_array`."""
         own = [_own(p) for p in pieces]
         if self._loops_apply(pieces):
-            res = self._on_loops(edges, pieces[0], own[0].shape)
+            res = self._on_loops(edges, pieces, own[0].shape)
             if res is not None:
                 return res
         shape = (own[0].shape[0],) + tuple(
@@ -111,33 +111,35 @@ class BlockScan:
         return np.asarray(out)
 
     def _loops_apply(self, pieces: list[Any]) -> bool:
-        """Whether the task may run the loop scan: one advanced variable, one
-        initial position, no input, forcing, masks, constants, mesh or
-        finiteness check, numpy pieces (the loop scan itself declines a
+        """Whether the task may run the loop scan: one initial position, no
+        input, forcing, masks, mesh or finiteness check, numpy pieces (the
+        state and a Dataset's constants; the loop scan itself declines a
         kernel that reads other positions or coordinates)."""
-        return (self.loops is not None and self.spec.k == 1 and len(self.evolving) == 1
-                and len(pieces) == 1 and self.mesh is None and self.finite is None
-                and not self.has_input and not self.nforce
+        return (self.loops is not None and self.spec.k == 1 and self.mesh is None
+                and self.finite is None and not self.has_input and not self.nforce
+                and not self.nmask
                 and all(type(x) is np.ndarray for x in jax.tree_util.tree_leaves(pieces)))
 
-    def _on_loops(self, edges: np.ndarray, piece: Any, own: tuple[int, ...]
+    def _on_loops(self, edges: np.ndarray, pieces: list[Any], own: tuple[int, ...]
                   ) -> np.ndarray | None:
         """The task on the loop backend (:mod:`xstencil._labelled.dask_loop_scan`):
-        the block joined with its halo, less the halo on the global edges of
+        each piece joined with its halo, less the halo on the global edges of
         non-periodic dims (there the loop scan's boundary mode is the true
-        one), scanned ``n`` steps; its own cells, or ``None``."""
-        x = join_host(piece, self.depth, (None,) * len(self.depth), 0, edges)
+        one), scanned ``n`` steps; the state's own cells, or ``None``."""
         cut, core = [slice(None)], [slice(None)]
-        for a in range(1, x.ndim):
+        for a in range(1, len(self.depth)):
             d = self.depth[a]
             lo, hi = d * bool(edges[a, 0]), d * bool(edges[a, 1])  # flags: non-periodic only
-            cut.append(slice(lo, x.shape[a] - hi))
+            cut.append(slice(lo, own[a] + 2 * d - hi))
             core.append(slice(d - lo, d - lo + own[a]))
+        none = (None,) * len(self.depth)
+        state, *consts = [np.ascontiguousarray(join_host(p, self.depth, none, 0, edges)[
+            tuple(cut)]) for p in pieces]
         assert self.loops is not None
-        last = self.loops(np.ascontiguousarray(x[tuple(cut)]), self.n)
+        last = self.loops(state, [c[0] for c in consts], self.n)
         if last is None:
             return None
-        return last[None][tuple(core)]
+        return last[tuple(core)]
 
     def _build(self, cores: tuple[tuple[int, int], ...]) -> Callable[..., Any]:
         spec, static, depth = self.spec, self.static, self.depth
@@ -235,8 +237,8 @@ def _as_dask(x: Any, chunks: Any = None) -> Any:
 
 
 def scan_dask(job: BlockJob, halo_every: int | None = None,
-              loops: Callable[[np.ndarray, int], np.ndarray | None] | None = None
-              ) -> list[Any]:
+              loops: Callable[[np.ndarray, list[np.ndarray], int], np.ndarray | None]
+              | None = None) -> list[Any]:
     """Scan the fields of ``job`` lazily: the saved trajectory (or last state)
     of each advanced variable, as dask arrays with dim first.
 
@@ -245,8 +247,8 @@ def scan_dask(job: BlockJob, halo_every: int | None = None,
     window's reach deep from its neighbours, so the graph has one layer of
     tasks per K steps.  ``halo_every`` defaults to the largest K (at most
     32) whose halo is at most an eighth of the smallest split chunk.
-    ``loops(block, n)``, if given, runs a task on the CPU loop backend where
-    it applies (see :class:`BlockScan`).
+    ``loops(state, consts, n)``, if given, runs a task on the CPU loop
+    backend where it applies (see :class:`BlockScan`).
     """
     import dask.array as dsa
 

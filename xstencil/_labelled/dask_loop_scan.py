@@ -39,27 +39,40 @@ _LOCK = threading.Lock()
 
 
 class BlockLoopScan:
-    """``self(block, n)``: the last of ``n`` steps of the in-memory loop
-    scan of ``block`` (numpy, ``(1, *space)`` with ``dim`` first), or
-    ``None`` where the loops do not apply.  Pickled to dask workers with the
-    kernel and its arguments."""
+    """``self(state, consts, n)``: the last of ``n`` steps of the in-memory
+    loop scan of a block, or ``None`` where the loops do not apply.
+    ``state`` holds the advanced variables' block, one row each
+    (``(V, *space)``, numpy), ``consts`` a Dataset's constants' blocks
+    (``*space``); the result is ``(V, *space)``.  Pickled to dask workers
+    with the kernel and its arguments."""
 
-    def __init__(self, call: str, kernel: Any, dim: str, dims: Sequence[str],
-                 opts: Mapping[str, Any], args: tuple[Any, ...], kwargs: Mapping[str, Any],
-                 backend: str | None):
-        self.call, self.kernel, self.dim, self.dims = call, kernel, dim, tuple(dims)
+    def __init__(self, call: str, kernel: Any, dims: Sequence[str], names: Sequence[str] | None,
+                 consts: Sequence[str], opts: Mapping[str, Any], args: tuple[Any, ...],
+                 kwargs: Mapping[str, Any], backend: str | None):
+        self.call, self.kernel, self.dim, self.dims = call, kernel, dims[0], tuple(dims)
+        self.names = None if names is None else tuple(names)  # None: a DataArray
+        self.consts = tuple(consts)
         self.window = opts.get("window")
         self.boundary = opts.get("boundary", "fill")
         self.fill_value = opts.get("fill_value")
         self.args, self.kwargs, self.backend = tuple(args), dict(kwargs), backend
         self.declined = False
 
-    def __call__(self, block: np.ndarray, n: int) -> np.ndarray | None:
+    def __call__(self, state: np.ndarray, consts: Sequence[np.ndarray], n: int
+                 ) -> np.ndarray | None:
         if self.declined:
             return None
         from xstencil._labelled.scan import scan_loops_only  # scan.py imports this module
 
-        obj = xr.DataArray(block, dims=self.dims)
+        space = self.dims[1:]
+        obj: Any
+        if self.names is None:
+            obj = xr.DataArray(state[:1], dims=self.dims)
+        else:
+            obj = xr.Dataset({**{v: (self.dims, state[i:i + 1])
+                                 for i, v in enumerate(self.names)},
+                              **{c: (space, x) for c, x in zip(self.consts, consts,
+                                                                 strict=True)}})
         options = (self.dim, self.window, self.boundary, self.fill_value, int(n), None, None,
                    "last", False, False, False, None)
         with _LOCK:
@@ -70,23 +83,44 @@ class BlockLoopScan:
             return None
         if self.dim in out.dims:
             out = out.isel({self.dim: -1})
-        return np.array(out.transpose(*self.dims[1:]).data)  # a copy: loop buffers are pooled
+        rows = [out] if self.names is None else [out[v] for v in self.names]
+        # a copy (np.stack): the loop's buffers are pooled
+        return np.stack([np.asarray(r.transpose(*space).data) for r in rows])
 
 
-def block_loop_scan(call: str, obj: Any, kernel: Any, dims: Sequence[str],
-                    opts: Mapping[str, Any], args: tuple[Any, ...], kwargs: Mapping[str, Any],
-                    backend: str | None, function_mesh: Any) -> BlockLoopScan | None:
-    """The loop scan of a dask scan's tasks (``dims``: the scan plan's, the
-    scanned dim first), or ``None`` where it cannot apply whatever the block
-    (checked on the client: the rest is decided by the first task)."""
+def block_loop_scan(call: str, obj: Any, kernel: Any, sp: Any, opts: Mapping[str, Any],
+                    args: tuple[Any, ...], kwargs: Mapping[str, Any], backend: str | None,
+                    function_mesh: Any) -> BlockLoopScan | None:
+    """The loop scan of a dask scan's tasks (``sp``: the scan's plan), or
+    ``None`` where it cannot apply whatever the block (checked on the
+    client: the rest is decided by the first task).  A Dataset's variables
+    must each span the field: the advanced ones over the plan's dims, the
+    constants over its spatial dims, in that order."""
     if resolve_mode(backend) == "xla" or not available() or function_mesh is not None:
         return None
-    if type(obj) is not xr.DataArray or kernel is None:
+    if kernel is None or opts.get("steps") is None or opts.get("checkpoint") \
+            or opts.get("period") or opts.get("check_finite"):
         return None
-    if opts.get("steps") is None or opts.get("checkpoint") or opts.get("period") \
-            or opts.get("check_finite"):
+    plan = sp.plan
+    dims = tuple(plan.dims)
+    names, consts = None, []
+    if type(obj) is xr.Dataset:
+        names = list(sp.names or ())
+        for i, (v, vd) in enumerate(zip(plan.var_names, plan.var_dims, strict=True)):
+            if i in sp.evolving:
+                if tuple(vd) != dims and tuple(vd) != dims[1:]:
+                    return None
+            elif tuple(vd) == dims[1:]:
+                consts.append(v)
+            else:  # read along dim without being advanced (forcing), or on fewer dims
+                return None
+        variables = [obj[v] for v in obj.data_vars]
+    elif type(obj) is xr.DataArray:
+        variables = [obj]
+    else:
         return None
-    meta = getattr(obj.data, "_meta", None)
-    if type(meta) is not np.ndarray or meta.dtype.kind not in "biuf":
-        return None
-    return BlockLoopScan(call, kernel, dims[0], dims, opts, args, kwargs, backend)
+    for v in variables:
+        meta = getattr(v.data, "_meta", v.data)
+        if type(meta) is not np.ndarray or meta.dtype.kind not in "biuf":
+            return None
+    return BlockLoopScan(call, kernel, dims, names, consts, opts, args, kwargs, backend)

@@ -169,7 +169,7 @@ def scan_dask(obj: Any, kernel: Callable[..., Any] | None, dim: str = "time", *a
     sp, f = setup(call, obj, kernels, dim, args, kw, **opts)
     owner = function_mesh if function_mesh is not None else kernel
     job = block_job(call, sp, f, obj, kernels, owner, function_mesh, args, kw)
-    loops = block_loop_scan(call, obj, kernel, sp.plan.dims, opts, tuple(args), kw, backend,
+    loops = block_loop_scan(call, obj, kernel, sp, opts, tuple(args), kw, backend,
                             function_mesh)
     out = rewrap(sp, f, obj, dask_backend.scan_dask(job, halo_every, loops))
     # progress=True: computed now (kept chunked) under dask's progress display
