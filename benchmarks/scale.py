@@ -528,14 +528,12 @@ def section(d: dict[str, Any], s: dict[str, Any], q: dict[str, Any], quick: bool
     mesh_cost = q["t"]["mesh, dask"] / q["t"]["plain, dask"]
     lines += [
         "",
-        f"The plain scan runs on the numba loops by default, in memory and in each dask "
-        f"task (the chunk extended by its halo, scanned by the in-memory loop scan); "
-        f"`XLA` rows use `backend=\"xla\"`.  In memory the mesh and Dataset scans run on "
-        f"the loops too; their dask tasks run the XLA block program, so they differ from "
-        f"memory by float32 rounding.  "
-        f"The mesh (a cold strip by position, a hot band by label, a mask; periodic) "
-        f"costs {mesh_cost:.2f}× the plain dask scan: every task evaluates each region's "
-        f"kernel over its chunk and selects by the cells' global positions.  Max abs "
+        f"The plain and Dataset scans run on the numba loops by default, in memory and "
+        f"in each dask task (the chunk extended by its halo, scanned by the in-memory "
+        f"loop scan); `XLA` rows use `backend=\"xla\"`.  The mesh scan runs on the loops "
+        f"in memory, but its dask tasks run the XLA block program, so the two differ by "
+        f"float32 rounding.  The mesh (a cold strip by position, a hot band by label, a "
+        f"mask; periodic) costs {mesh_cost:.2f}× the plain dask scan.  Max abs "
         f"difference from the in-memory mesh scan: {q['err']:.1e}.  The Dataset case "
         f"advances h and u (stacked in one array per task) over a constant bathymetry b "
         f"(one more overlapped input).",

@@ -3,11 +3,13 @@
 A dask scan task advances one chunk K steps from a copy extended by a halo
 K window reaches deep (:mod:`xstencil._backends.dask_scan`).  Where the
 in-memory loop scan applies (:mod:`xstencil._labelled.loop_scan`: a
-DataArray grown by ``steps=`` whose kernel reads only the previous position,
-on numpy chunks on the CPU, no coordinate reads, no ``check_finite``,
-``checkpoint`` or ``period``), the task runs that loop scan on the extended
-block instead of the XLA block program: :class:`BlockLoopScan` is called
-with the block, its halo on the global edges of non-periodic dims left out
+DataArray or Dataset grown by ``steps=`` whose kernel reads only the
+previous position, on numpy chunks on the CPU, no coordinate reads, no
+``check_finite``, ``checkpoint`` or ``period``; a Dataset's other variables
+constants over the spatial dims), the task runs that loop scan on the
+extended block instead of the XLA block program: :class:`BlockLoopScan` is
+called with the block (and the constants' blocks), its halo on the global
+edges of non-periodic dims left out
 (there the scan's own boundary mode is the true boundary, applied every
 step), and scans it ``n`` steps, keeping the last position.  Along every
 other side the extended block's own padding in the dim's mode is wrong, but
