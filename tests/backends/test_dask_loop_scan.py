@@ -200,3 +200,15 @@ def test_the_spy_counts_real_loop_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ran  # the first task built and ran the nest; the second reuses it
     want = _field().stencil.scan(_heat, "time", steps=3, boundary="periodic", backend="xla")
     np.testing.assert_allclose(got, want.values, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_temporally_blocked_tiles_run_the_loop_scan(mode: str, tasks: list[int]) -> None:
+    """``blocking=`` on numpy data: each tile runs the same loop scan."""
+    u0 = _field((40, 36), np.float64, seed=8)
+    kw = dict(steps=12, boundary=mode, fill_value=0.5, save_every=6, backend="loops")
+    got = u0.stencil.scan(_heat, "time", blocking={"tile": 12, "steps": 4}, **kw)
+    assert len(tasks) >= 2 * 9  # 9 tiles (3 x 3), at least two layers
+    want = u0.stencil.scan(_heat, "time", **kw)  # blocking=None: the whole-array loop scan
+    np.testing.assert_array_equal(got.values, want.values)
+    assert got.dims == want.dims and got.dtype == want.dtype

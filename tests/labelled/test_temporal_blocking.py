@@ -29,9 +29,9 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     seen: list[Any] = []
     real = tiles.scan_tiles
 
-    def scan_tiles(job: Any, tiling: Any, threads: Any = None) -> Any:
+    def scan_tiles(job: Any, tiling: Any, threads: Any = None, loops: Any = None) -> Any:
         seen.append(tiling)
-        return real(job, tiling, threads)
+        return real(job, tiling, threads, loops)
 
     monkeypatch.setattr(tiles, "scan_tiles", scan_tiles)
     return seen

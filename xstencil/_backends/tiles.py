@@ -209,7 +209,8 @@ def _edges(c: tuple[int, ...], grid: Sequence[int], periodic: Sequence[bool]) ->
                      for a, n in enumerate(grid)], dtype=bool)
 
 
-def scan_tiles(job: BlockJob, tiling: Tiling, threads: int | None = None) -> list[np.ndarray]:
+def scan_tiles(job: BlockJob, tiling: Tiling, threads: int | None = None,
+               loops: Any = None) -> list[np.ndarray]:
     """Scan the in-memory fields of ``job`` tile by tile: the saved trajectory
     (or last state) of each advanced variable, numpy arrays with dim first.
 
@@ -217,7 +218,9 @@ def scan_tiles(job: BlockJob, tiling: Tiling, threads: int | None = None) -> lis
     (K) steps on ``threads`` threads (default: :func:`workers`), reading a
     halo K times the window's reach deep from the previous layer; layers end
     at the saved positions.  ``job`` has no function mesh and no
-    ``check_finite``.
+    ``check_finite``.  ``loops``: the labelled layer's loop scan of a
+    block (see :class:`~xstencil._backends.dask_scan.BlockScan`), which
+    runs each tile where it applies.
     """
     spec, plan = job.spec, job.spec.plan
     if job.mesh is not None or job.finite is not None:
@@ -256,7 +259,8 @@ def scan_tiles(job: BlockJob, tiling: Tiling, threads: int | None = None) -> lis
         for t, n, save in segments(spec, K):
             fn = BlockScan(tok, spec, job.hooks, job.kernels, None, job.static, dyn,  # type: ignore[arg-type]
                            tuple(coords), periods, width, depth, periodic, starts, t, n,
-                           inp is not None, F, 0, job.evolving, job.forced, None, job.tcoord)
+                           inp is not None, F, 0, job.evolving, job.forced, None, job.tcoord,
+                           loops)
             ins: list[tuple[np.ndarray, tuple[int, int] | None]] = [(state, None)]
             if inp is not None:
                 ins.append((inp, (t * V, (t + K + spec.ahead) * V)))

@@ -32,6 +32,7 @@ from xstencil._backends import tiles
 from xstencil._engine.call import outside_transforms
 from xstencil._errors import XStencilError
 from xstencil._labelled.blockprep import block_spec, rewrap, setup
+from xstencil._labelled.dask_loop_scan import block_loop_scan
 from xstencil._labelled.scale import block_job
 from xstencil._labelled.scan_plan import ScanPlan
 
@@ -136,14 +137,16 @@ def _tiling(call: str, sp: ScanPlan, how: dict[str, Any] | bool | None, forced: 
 
 
 def blocked(obj: Any, kernel: Callable[..., Any], dim: str, args: Any, kwargs: Any,
-            blocking: Any, **options: Any) -> Any:
+            blocking: Any, backend: str | None = None, **options: Any) -> Any:
     """The scan of ``obj`` run temporally blocked, or ``None`` for the
     whole-array loop.
 
     ``options`` are the scan's own (``window``, ``boundary``, ``fill_value``,
     ``steps``, ``dt``, ``coord``, ``save_every``, ``period``, ``progress``,
     ``checkpoint``, ``check_finite``) as :func:`xstencil.scan` received them;
-    ``kwargs`` go to the kernel.
+    ``kwargs`` go to the kernel.  Where the in-memory loop scan applies
+    (``backend``, numpy data), each tile runs it
+    (:mod:`~xstencil._labelled.dask_loop_scan`).
     """
     call = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.scan(...)"
     how = blocking_arg(call, blocking)
@@ -167,5 +170,6 @@ def blocked(obj: Any, kernel: Callable[..., Any], dim: str, args: Any, kwargs: A
     if tiling is None:
         return None
     job = block_job(call, sp, f, obj, (kernel,), kernel, None, args, kwargs)
-    outs = tiles.scan_tiles(job, tiling)
+    loops = block_loop_scan(call, obj, kernel, sp, options, tuple(args), kwargs, backend, None)
+    outs = tiles.scan_tiles(job, tiling, loops=loops)
     return _retyped(sp, rewrap(sp, f, obj, outs))

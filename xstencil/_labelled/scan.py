@@ -310,7 +310,7 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
         if out is not None:  # numba loops: a grown DataArray or Dataset on numpy data
             # (loop_scan.py)
             return out
-    out = blocked(cast, kernel, o.dim, args, kwargs, blocking, **opts)
+    out = blocked(cast, kernel, o.dim, args, kwargs, blocking, backend, **opts)
     if out is not None:  # in memory, large: tiles stepped K steps at a time (blocking.py)
         return out
 
