@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,19 @@ def test_distributed_local_cluster() -> None:
         out = _heat_mesh(da.chunk({"y": 16, "x": 16}), "periodic").scan(halo_every=4, **kw)
         same(out.compute(), mesh_ref, rtol=1e-5)
         with_mesh = client.run(xd.compile_count)
+        # the CPU loop backend on the workers (dask_loops.py, dask_loop_scan.py): the
+        # blocks' nests and the tasks' loop scans are pickled there and run as in memory
+        if importlib.util.find_spec("numba") is not None:
+            ref = da.stencil.map(lap, boundary="reflect", backend="loops")
+            out = da.chunk({"y": 16, "x": 32}).stencil.map(lap, boundary="reflect",
+                                                           backend="loops")
+            np.testing.assert_array_equal(out.compute().values, ref.values)
+            loops = client.run(xd.compile_count)
+            assert all(loops[w] - with_mesh[w] <= 4 for w in loops), (with_mesh, loops)
+            kw = dict(steps=8, save_every=4, boundary="extend", backend="loops")
+            ref = da.stencil.scan(heat, "time", **kw)
+            out = da.chunk({"y": 16, "x": 32}).stencil.scan(heat, "time", halo_every=4, **kw)
+            np.testing.assert_array_equal(out.compute().values, ref.values)
     # a function mesh: one more compile per worker (positions are run-time arguments)
     assert all(with_mesh[w] - after[w] <= 1 for w in after), (after, with_mesh)
     # 16 tasks per map; 9 block geometries at most for the in-block padded reflect

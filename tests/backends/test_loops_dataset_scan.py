@@ -283,11 +283,12 @@ def _array_window(s: Any) -> Any:
     return {"u": s["u"](time=-1), "v": s["v"][-1, 0, 1]}
 
 
-@pytest.mark.parametrize("case", ["two_back", "coord", "array", "checkpoint", "dask", "xla",
+@pytest.mark.parametrize("case", ["two_back", "coord", "array", "checkpoint", "xla",
                                   "blocking"])
 def test_unsupported_scans_fall_back_to_xla(ran: list[int], case: str) -> None:
     """As for DataArrays, ``backend="loops"`` falls back silently (the
-    ``xstencil.loops`` logger says why) with XLA's result."""
+    ``xstencil.loops`` logger says why) with XLA's result.  (dask-backed
+    Datasets run their tasks on the loops: tests/backends/test_dask_loop_scan.py.)"""
     ds = _state((6, 7))
     kernel, opts, backend = burgers, dict(steps=3, boundary="periodic"), "loops"
     if case == "two_back":
@@ -300,8 +301,6 @@ def test_unsupported_scans_fall_back_to_xla(ran: list[int], case: str) -> None:
         opts["window"] = {"time": (1, 0), "y": 3, "x": 3}
     elif case == "checkpoint":  # check_finite runs on the loops (test_loops_check_finite.py)
         opts["checkpoint"] = True
-    elif case == "dask":
-        ds = ds.chunk({"x": 4})
     elif case == "xla":
         backend = "xla"
     elif case == "blocking":

@@ -34,6 +34,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._backends.loops import available, resolve_mode
+from xstencil._labelled.scan_repeat import scan_loops_only
 
 __all__ = ["BlockLoopScan", "block_loop_scan"]
 
@@ -64,8 +65,6 @@ class BlockLoopScan:
                  ) -> np.ndarray | None:
         if self.declined:
             return None
-        from xstencil._labelled.scan import scan_loops_only  # scan.py imports this module
-
         space = self.dims[1:]
         obj: Any
         if self.names is None:

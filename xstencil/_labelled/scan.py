@@ -42,10 +42,11 @@ from xstencil._labelled.core import Fields, coord_arrays
 from xstencil._labelled.dispatch import devices_arg
 from xstencil._labelled.dtypes import out_dtype, state_dtype
 from xstencil._labelled.loop_mesh_scan import loop_mesh_scan
-from xstencil._labelled.loop_scan import Repeat, backend_mode, eligible, loop_scan
+from xstencil._labelled.loop_scan import loop_scan
 from xstencil._labelled.scale import scale_out
 from xstencil._labelled.scan_loop import build_loop, inputs, time_input
 from xstencil._labelled.scan_plan import MAX_STEPS, ScanPlan
+from xstencil._labelled.scan_repeat import repeat_entry
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite, rewrap
 from xstencil._labelled.scan_setup import plan_scan
 from xstencil._labelled.scan_step import run_step
@@ -251,7 +252,7 @@ def scan(
     if step is None and devices is None and halo_every is None \
             and blocking in (None, False) \
             and callable(kernel):  # a repeated call: skip the setup (see scan_fast.py)
-        lifted, sig, entry = _repeat(obj, kernel, options, args, kwargs, dtype, blocking,
+        lifted, sig, entry = repeat_entry(obj, kernel, options, args, kwargs, dtype, blocking,
                                      backend)
         if entry is not None:
             return scan_fast.run(entry, obj, args, kwargs, lifted)
@@ -267,20 +268,6 @@ def scan(
                             f"of one window, e.g. lambda u: u(time=-1) + ..., or step=fn")
     return _scan_kernel(obj, kernel, o, options, args, kwargs, dtype, devices, halo_every,
                         (lifted, sig), blocking, backend)
-
-
-def _repeat(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
-            dtype: Any, blocking: Any, backend: str | None) -> tuple[Any, Any, Any]:
-    """The kernel's key, the call's signature and the fast path's entry for
-    them (``None`` when there is none yet)."""
-    dim, steps, checkpoint, period = options[0], options[4], options[9], options[11]
-    lifted = describe([kernel])
-    # whether it may run as numba loops is keyed too: an entry never changes the route
-    loops = blocking is None and eligible(obj, dim, steps is not None,
-                                          bool(checkpoint or period), args, kwargs, backend)
-    sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
-                                              backend_mode(backend), loops), args, kwargs)
-    return lifted, sig, None if sig is None else scan_fast.lookup(lifted, sig, obj)
 
 
 def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], args: Any,
@@ -315,27 +302,6 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
         return out
 
     return _run(o.call, cast, [kernel], None, o, args, kwargs, None if sig is None else keep)
-
-
-def scan_loops_only(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
-                    backend: str | None) -> Any:
-    """The scan of ``obj`` on the loop backend only, or ``None`` where the
-    loops do not apply (the caller has an XLA path of its own: a dask scan
-    task, :mod:`~xstencil._labelled.dask_loop_scan`).  ``options`` as
-    :class:`ScanPlan` takes them after ``call``; ``obj`` has the state's
-    dtype.  A repeat of the same layout and kernel takes the fast path
-    (``scan_fast.py``), as a user's repeated scan does."""
-    call = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.scan(...)"
-    lifted, sig, entry = _repeat(obj, kernel, options, args, kwargs, None, None, backend)
-    if entry is not None and isinstance(entry.fn, Repeat):  # a loop scan's entry
-        return scan_fast.run(entry, obj, args, kwargs, lifted)
-
-    def keep(sp: ScanPlan, repeat: Any, outs: Any, res: Any) -> None:
-        scan_fast.remember(lifted, sig, obj, obj, sp, repeat, [], None, (args, kwargs), outs,
-                           res)
-
-    return loop_scan(obj, kernel, ScanPlan(call, *options), args, kwargs, backend,
-                     None if sig is None else keep)
 
 
 #: The scan options after ``dim``, in the order :class:`ScanPlan` takes them.

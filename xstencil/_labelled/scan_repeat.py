@@ -1,0 +1,57 @@
+"""A scan's repeat-call lookup, and a scan run on the loop backend only.
+
+:func:`repeat_entry` is the lookup :func:`xstencil.scan` makes before its
+setup (the kernel's key, the call's signature, and the fast path's entry,
+``scan_fast.py``).  :func:`scan_loops_only` runs a scan on the numba loops
+or not at all, for a caller with an XLA path of its own (a dask scan task or
+a temporally blocked tile, :mod:`~xstencil._labelled.dask_loop_scan`); its
+repeats take the same fast path as a user's repeated scan.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import xarray as xr
+
+from xstencil._engine.kcache import describe
+from xstencil._labelled import scan_fast
+from xstencil._labelled.loop_scan import Repeat, backend_mode, eligible, loop_scan
+from xstencil._labelled.scan_plan import ScanPlan
+
+__all__ = ["repeat_entry", "scan_loops_only"]
+
+
+def repeat_entry(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
+                 dtype: Any, blocking: Any, backend: str | None) -> tuple[Any, Any, Any]:
+    """The kernel's key, the call's signature and the fast path's entry for
+    them (``None`` when there is none yet).  ``options`` as
+    :class:`~xstencil._labelled.scan_plan.ScanPlan` takes them after
+    ``call``."""
+    dim, steps, checkpoint, period = options[0], options[4], options[9], options[11]
+    lifted = describe([kernel])
+    # whether it may run as numba loops is keyed too: an entry never changes the route
+    loops = blocking is None and eligible(obj, dim, steps is not None,
+                                          bool(checkpoint or period), args, kwargs, backend)
+    sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
+                                              backend_mode(backend), loops), args, kwargs)
+    return lifted, sig, None if sig is None else scan_fast.lookup(lifted, sig, obj)
+
+
+def scan_loops_only(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
+                    backend: str | None) -> Any:
+    """The scan of ``obj`` (of the state's dtype) on the loop backend only,
+    or ``None`` where the loops do not apply.  ``options`` as for
+    :func:`repeat_entry`.  A repeat of the same layout and kernel takes the
+    fast path, as a user's repeated scan does."""
+    call = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.scan(...)"
+    lifted, sig, entry = repeat_entry(obj, kernel, options, args, kwargs, None, None, backend)
+    if entry is not None and isinstance(entry.fn, Repeat):  # a loop scan's entry
+        return scan_fast.run(entry, obj, args, kwargs, lifted)
+
+    def keep(sp: ScanPlan, repeat: Any, outs: Any, res: Any) -> None:
+        scan_fast.remember(lifted, sig, obj, obj, sp, repeat, [], None, (args, kwargs), outs,
+                           res)
+
+    return loop_scan(obj, kernel, ScanPlan(call, *options), args, kwargs, backend,
+                     None if sig is None else keep)
