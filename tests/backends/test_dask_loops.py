@@ -229,3 +229,21 @@ def test_join_host_never_returns_a_view_of_a_piece() -> None:
                                   np.zeros((2, 2), bool))
     assert not np.may_share_memory(joined, own)
     np.testing.assert_array_equal(joined, own)
+
+
+def test_dataset_results_of_different_dtypes(ran: list[int]) -> None:
+    """Results of different dtypes travel packed as raw bytes (dask_pack.py)."""
+    rng = np.random.default_rng(14)
+    ds = xr.Dataset({"a": (("y", "x"), rng.random((20, 24)).astype(np.float32)),
+                     "b": (("y", "x"), rng.integers(0, 9, (20, 24)).astype(np.int32))})
+
+    def k(s: Any) -> Any:
+        return {"a": s["a"](x=1) * 2, "b": s["b"](y=-1) + s["b"]()}
+
+    got = ds.chunk({"y": 7, "x": 12}).stencil.map(k, boundary="periodic",
+                                                  backend="loops").compute()
+    assert ran
+    want = ds.stencil.map(k, boundary="periodic", backend="xla")
+    for n in ("a", "b"):
+        assert got[n].dtype == want[n].dtype
+        np.testing.assert_array_equal(got[n].values, want[n].values)
