@@ -212,3 +212,31 @@ def test_temporally_blocked_tiles_run_the_loop_scan(mode: str, tasks: list[int])
     want = u0.stencil.scan(_heat, "time", **kw)  # blocking=None: the whole-array loop scan
     np.testing.assert_array_equal(got.values, want.values)
     assert got.dims == want.dims and got.dtype == want.dtype
+
+
+def test_a_netcdf_file_in_and_out_on_the_default_backend(tmp_path: Any,
+                                                         tasks: list[int]) -> None:
+    """The user's out-of-core path: a chunked file, a map and a scan on the
+    default backend (loops for chunks of 512 x 512 and more), written back."""
+    pytest.importorskip("h5netcdf")
+    rng = np.random.default_rng(9)
+    src = xr.Dataset({"T": (("y", "x"), rng.random((1100, 600)).astype(np.float32))},
+                     coords={"y": np.arange(1100.0), "x": np.arange(600) * 0.5})
+    src.to_netcdf(tmp_path / "in.nc", engine="h5netcdf")
+    T = xr.open_dataset(tmp_path / "in.nc", engine="h5netcdf", chunks={"y": 550})["T"]
+    bnd = {"x": "periodic", "y": "extend"}
+
+    def lap(u: Any) -> Any:
+        return u(x=1) + u(x=-1) + u(y=1) + u(y=-1) - 4 * u()
+
+    T.stencil.map(lap, boundary=bnd).to_netcdf(tmp_path / "lap.nc", engine="h5netcdf")
+    T.stencil.scan(_heat, "time", steps=16, save_every=8, boundary=bnd).to_netcdf(
+        tmp_path / "traj.nc", engine="h5netcdf")
+    assert tasks == [8] * 4  # two layers of 8 steps (one per save), two chunks each
+    with xr.open_dataarray(tmp_path / "lap.nc", engine="h5netcdf") as got:
+        np.testing.assert_array_equal(got.values,
+                                      src["T"].stencil.map(lap, boundary=bnd).values)
+    with xr.open_dataarray(tmp_path / "traj.nc", engine="h5netcdf") as got:
+        want = src["T"].stencil.scan(_heat, "time", steps=16, save_every=8, boundary=bnd)
+        np.testing.assert_array_equal(got.values, want.values)
+        np.testing.assert_array_equal(got.time.values, want.time.values)
