@@ -247,3 +247,85 @@ def test_dataset_results_of_different_dtypes(ran: list[int]) -> None:
     for n in ("a", "b"):
         assert got[n].dtype == want[n].dtype
         np.testing.assert_array_equal(got[n].values, want[n].values)
+
+
+# -- function meshes --------------------------------------------------------------------
+
+
+@pytest.fixture
+def mesh_blocks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Per mesh block that tried the loops: whether they ran it."""
+    monkeypatch.delenv("XSTENCIL_BACKEND", raising=False)
+    seen: list[bool] = []
+    orig = dask_loops.BlockMeshLoops.run
+
+    def spy(self: Any, *args: Any) -> Any:
+        out = orig(self, *args)
+        seen.append(out is not None)
+        return out
+
+    monkeypatch.setattr(dask_loops.BlockMeshLoops, "run", spy)
+    return seen
+
+
+def _mesh(obj: xr.DataArray, mask: xr.DataArray, mode: str, backend: str) -> Any:
+    m = obj.stencil.mesh(boundary=mode, fill_value=0.5, backend=backend)
+    m[...] = _lap
+    m.loc[{"x": slice(None, 5.0)}] = lambda u: u() * 2  # by label: the first chunk only
+    m[mask] = lambda u: u(y=1) - u()  # by mask: different cells in every block
+    m[{"y": slice(30, None)}] = lambda u: u(x=-1) * 0.5  # by position, over the mask
+    return m
+
+
+@pytest.mark.parametrize("mode", ["periodic", "reflect", "fill", "extend"])
+@pytest.mark.parametrize("chunks", [{"y": 13, "x": 20}, {"y": 30, "x": 48}, {"x": (6, 42)}])
+def test_mesh_blocks_match_memory_bitwise(mode: str, chunks: Any,
+                                          mesh_blocks: list[bool]) -> None:
+    da = _field((40, 48), seed=15)
+    mask = da > 5.0
+    lazy = da.chunk(chunks)
+    before = lazy.values.copy()
+    got = _mesh(lazy, mask, mode, "loops").map()
+    assert got.chunks is not None
+    got = got.compute()
+    assert mesh_blocks and all(mesh_blocks), "the mesh blocks did not run as loops"
+    want = _mesh(da, mask, mode, "loops").map()
+    xla = _mesh(lazy, mask, mode, "xla").map().compute()
+    np.testing.assert_array_equal(got.values, want.values)
+    np.testing.assert_array_equal(xla.values, want.values)
+    assert got.dtype == want.dtype and got.attrs == da.attrs
+    np.testing.assert_array_equal(lazy.values, before)
+
+
+def test_mesh_masks_are_each_blocks_own(mesh_blocks: list[bool]) -> None:
+    """Blocks of one structure share compiled nests; each reads its own mask."""
+    da = xr.DataArray(np.zeros((32, 32), np.float32), dims=("y", "x"))
+    mask = xr.DataArray(np.zeros((32, 32), bool), dims=("y", "x"))
+    mask[3, 5] = mask[20, 7] = mask[9, 28] = mask[30, 30] = True
+    m = da.chunk({"y": 16, "x": 16}).stencil.mesh(boundary="periodic", backend="loops")
+    m[mask] = lambda u: u() + 1.0
+    got = m.map().values
+    assert len(mesh_blocks) == 4 and all(mesh_blocks)
+    np.testing.assert_array_equal(got, mask.values.astype(np.float32))
+
+
+def test_mesh_of_different_dtypes_and_a_fallback(mesh_blocks: list[bool]) -> None:
+    ia = xr.DataArray(np.arange(24 * 20, dtype=np.int32).reshape(24, 20) - 200,
+                      dims=("y", "x"))
+    lazy = ia.chunk({"y": 8, "x": 10})
+    m = lazy.stencil.mesh(boundary="periodic", backend="loops")
+    m[...] = lambda u: u(x=1).astype(jnp.float32) * 0.5  # float32 over int32: promoted
+    m[{"y": slice(0, 4)}] = lambda u: u(y=1) + u()
+    got = m.map().values
+    mm = ia.stencil.mesh(boundary="periodic", backend="xla")
+    mm[...] = lambda u: u(x=1).astype(jnp.float32) * 0.5
+    mm[{"y": slice(0, 4)}] = lambda u: u(y=1) + u()
+    want = mm.map()
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want.values)
+    assert mesh_blocks and all(mesh_blocks)
+    mesh_blocks.clear()
+    m = lazy.stencil.mesh(boundary="periodic", backend="loops")
+    m[...] = lambda u: u(x=1) // 3  # integer division: no loop form
+    np.testing.assert_array_equal(m.map().values, np.roll(ia.values, -1, axis=1) // 3)
+    assert not any(mesh_blocks)

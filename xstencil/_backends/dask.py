@@ -57,7 +57,14 @@ from xstencil._backends.dask_base import (
     with_progress,
 )
 from xstencil._backends.dask_halo import Overlap, assemble, halo_array
-from xstencil._backends.dask_loops import BlockLoops, block_loops, join_host
+from xstencil._backends.dask_loops import (
+    BlockLoops,
+    BlockMeshLoops,
+    block_loops,
+    join_host,
+    mesh_parts,
+    structure,
+)
 from xstencil._backends.dask_pack import byte_width, pack, unpack
 from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._engine.call import precision, promote, split_static, stand_in
@@ -144,6 +151,7 @@ class BlockMap:
     dtypes: tuple[str, ...] | None = None  # a mesh's leaves: the dtypes every block casts to
     backend: str | None = None  # backend= of the map: its blocks may run as CPU loops
     out_dtype: str | None = None  # a plain map's one scalar result per point: its dtype
+    scalar: bool = False  # every result is one value per point (a mesh may run as loops)
 
     def __call__(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any]
                  ) -> np.ndarray:
@@ -168,8 +176,12 @@ class BlockMap:
         leaves = jax.tree_util.tree_leaves(pieces)
         key = (self.token, tuple(geom), tuple(regions),
                tuple((x.shape, str(x.dtype)) for x in leaves))
-        if self.regions is None and all(type(x) is np.ndarray for x in leaves):
-            res = self._on_loops(key, geom, arrays, edges, coords)
+        if all(type(x) is np.ndarray for x in leaves):
+            res = None
+            if self.regions is None:
+                res = self._on_loops(key, geom, arrays, edges, coords)
+            elif self.scalar:
+                res = self._mesh_on_loops(key, geom, regions, arrays, masks, edges, coords)
             if res is not None:
                 return res
         fn = cached(key, lambda: self._build(geom, regions))
@@ -209,6 +221,38 @@ class BlockMap:
                 return np.array(jax.tree_util.tree_leaves(res)[0])
             n = len(geom)
             return np.asarray(pack(res, n) if self.packed else _stack(res, n))
+
+    def _mesh_on_loops(self, key: Any, geom: list[AxisGeom], regions: list[Slab | int],
+                       arrays: list[Any], masks: list[Any], edges: np.ndarray,
+                       coords: list[np.ndarray]) -> np.ndarray | None:
+        """A function mesh's block on the CPU loop backend: the mesh's nests
+        (one per region, in assignment order) over the joined block, with
+        this block's regions and masks; ``None`` where it does not apply."""
+        plan = self.plan
+        field = tuple(g.count for g in geom)
+        parts = mesh_parts(regions, [np.block(m) for m in masks], field)
+        calls = [self.hooks.caller(plan, k, self.static) for k in self.kernels]
+        cell_axes = tuple(sorted(plan.axis(d) for d in plan.window_dims))
+        coord_axes = [plan.axis(d) for d in plan.coord_dims]
+
+        def make() -> BlockMeshLoops:
+            return BlockMeshLoops(calls, self.hooks.identity(plan, calls[-1]), parts, geom,
+                                  cell_axes, coord_axes, self.dtypes or (), self.backend)
+
+        loops = block_loops(key + (structure(parts),), self.backend, geom, make)
+        if loops is None:
+            return None
+        fill = 0 if plan.fill_value is None else plan.fill_value
+        depth = tuple(ax.depth for ax in self.axes)
+        modes = tuple(ax.edge_mode for ax in self.axes)
+        with precision(jax.tree_util.tree_leaves(arrays), self.dyn, plan.dtype_probe()):
+            xs = [join_host(p, depth, modes, fill, edges) for p in arrays]
+            outs = loops.run(xs, coords, list(self.dyn), parts)
+            if outs is None:
+                return None
+            if not self.stacked:
+                return outs[0]
+            return np.asarray(pack(outs, len(geom)) if self.packed else _stack(outs, len(geom)))
 
     def _build(self, geom: list[AxisGeom], regions: list[Slab | int]) -> Callable[..., Any]:
         plan, static, stacked, hooks = self.plan, self.static, self.stacked, self.hooks
@@ -361,7 +405,8 @@ def map_dask(job: MapJob) -> Any:
                   None if regions is None else tuple(str(v.dtype) for v in leaves),
                   job.backend,
                   str(leaves[0].dtype) if regions is None and not stacked
-                  and leaves[0].shape == () else None)
+                  and leaves[0].shape == () else None,
+                  all(v.shape == () for v in leaves))
     depth = tuple(ax.depth for ax in axes)
     inputs = [Overlap(x, depth) for x in arrays] + [
         Overlap(dsa.from_array(np.asarray(m), chunks=out_chunks), (0,) * nfield)

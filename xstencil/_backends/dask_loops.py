@@ -9,12 +9,17 @@ with its neighbours' strips in numpy, its halo on a global edge is rebuilt in
 numpy (:func:`repad_host`, the same cells as the traced
 :func:`~xstencil._backends.edges.repad`), and the kernel runs as the same
 generated loop nest as an in-memory map, writing straight into the block's
-result.  Everything else (a kernel the generator cannot express, a function
-mesh, small blocks, non-numpy chunks) keeps the jitted XLA block function.
+result.  A function mesh's block runs the mesh's nests
+(:class:`BlockMeshLoops`: one per region, in assignment order, as in
+memory), with the block's own regions and masks: blocks whose regions have
+the same boxes share compiled nests, and each hands its masks to them at
+run time.  Everything else (a kernel the generator cannot express, small
+blocks, non-numpy chunks, results with an array per point) keeps the jitted
+XLA block function.
 
 Measured at 4096² float32 in 2048² chunks, 5-point Laplacian, threaded
 scheduler, 2 cores: 113 ms per ``.values`` periodic and 94 ms with ``fill``
-on XLA; see docs/scaling.rst for the loop figures.
+on XLA before; see docs/performance.rst for the loop figures.
 
 numba's ``workqueue`` threading layer (where neither OpenMP nor TBB is
 available) aborts the process when two threads launch parallel loops at once,
@@ -42,10 +47,13 @@ from xstencil._backends.loops import (
     available,
     resolve_mode,
 )
+from xstencil._backends.loops_mesh import MeshLoops, Piece, pieces, write_nests
 from xstencil._engine.boundary import source_index
 from xstencil._engine.lower import AxisGeom, Source
+from xstencil._engine.mesh import Slab
 
-__all__ = ["BlockLoops", "block_loops", "join_host", "repad_host"]
+__all__ = ["BlockLoops", "BlockMeshLoops", "block_loops", "join_host", "mesh_parts",
+           "repad_host", "structure"]
 
 #: Serialises the loop nests of concurrent dask tasks in this process while
 #: numba's threading layer is unknown or not thread-safe (module docstring).
@@ -108,62 +116,145 @@ def join_host(pieces: Any, depth: Sequence[int], modes: Sequence[str | None], fi
     return x
 
 
-class BlockLoops:
+def _launched(run: Callable[[], Any]) -> Any:
+    """``run()`` (a block's nests), under :data:`_NEST_LOCK` until a nest has
+    run and numba reports a thread-safe threading layer."""
+    if not _SERIAL[0]:
+        return run()
+    with _NEST_LOCK:
+        res = run()
+        if res is not None and _thread_safe_layer():
+            _SERIAL[0] = False
+        return res
+
+
+class _Once:
+    """A block geometry's first run traces and compiles, once (later blocks
+    of the geometry wait for it); :func:`~xstencil._backends.dask_base.
+    compile_count` counts it."""
+
+    def __init__(self) -> None:
+        self.declined = False
+        self._first = threading.Lock()
+        self._ready = False
+
+    def once(self, run: Callable[[], Any]) -> Any:
+        if not self._ready:
+            with self._first:
+                if not self._ready:
+                    note_trace()
+                    res = _launched(run)
+                    self._ready = True
+                    return res
+        return _launched(run)
+
+
+def _sources(cell_axes: tuple[int, ...], coord_axes: Sequence[int]
+             ) -> Callable[[Any, Any], list[Source]]:
+    """A joined block's sources: every array over every field axis, no
+    padding (the block holds its halo), then the coordinates."""
+    def sources(arrays: Any, coords: Any) -> list[Source]:
+        out = [Source(x, tuple(range(x.ndim)), cell_axes) for x in arrays]
+        out += [Source(c, (a,), (a,)) for c, a in zip(coords, coord_axes, strict=True)]
+        return out
+
+    return sources
+
+
+class BlockLoops(_Once):
     """One block geometry's loop nest: a :class:`~xstencil._backends.loops.
     LoopOrJit` without a jitted function, and whether it declined (the
     block then takes the XLA path without joining its pieces again)."""
 
     def __init__(self, call: Callable[..., Any], geom: Sequence[AxisGeom],
                  cell_axes: tuple[int, ...], coord_axes: Sequence[int], backend: str | None):
+        super().__init__()
+
         def kernel(cells: Any, dyn: Any, leaves: Any) -> Any:
             return call(cells, dyn)
 
-        def sources(arrays: Any, coords: Any) -> list[Source]:
-            out = [Source(x, tuple(range(x.ndim)), cell_axes) for x in arrays]
-            out += [Source(c, (a,), (a,)) for c, a in zip(coords, coord_axes, strict=True)]
-            return out
-
-        self.loops = LoopOrJit(None, kernel, sources, geom, backend)
-        self.declined = False
-        self._first = threading.Lock()  # the first run traces and compiles, once
-        self._ready = False
+        self.loops = LoopOrJit(None, kernel, _sources(cell_axes, coord_axes), geom, backend)
 
     def run(self, arrays: list[np.ndarray], coords: Sequence[np.ndarray], dyn: list[Any],
             out: np.ndarray | None) -> Any:
         """The block's output pytree (``out`` itself where the nest wrote
         into it), or ``None`` where the loops do not apply."""
-        if not self._ready:
-            with self._first:
-                if not self._ready:
-                    note_trace()  # the kernel is traced for the nest: compile_count()
-                    res = self._launch(arrays, coords, dyn, out)
-                    self._ready = True
-                    return res
-        return self._launch(arrays, coords, dyn, out)
+        def go() -> Any:
+            staged = self.loops.try_loops(arrays, coords, dyn, [], out)
+            if staged is None:
+                self.declined = True
+                return None
+            return staged.go()
 
-    def _launch(self, arrays: list[np.ndarray], coords: Sequence[np.ndarray], dyn: list[Any],
-                out: np.ndarray | None) -> Any:
-        if not _SERIAL[0]:
-            return self._run(arrays, coords, dyn, out)
-        with _NEST_LOCK:
-            res = self._run(arrays, coords, dyn, out)
-            if res is not None and _thread_safe_layer():
-                _SERIAL[0] = False
-            return res
+        return self.once(go)
 
-    def _run(self, arrays: list[np.ndarray], coords: Sequence[np.ndarray], dyn: list[Any],
-             out: np.ndarray | None) -> Any:
-        staged = self.loops.try_loops(arrays, coords, dyn, [], out)
-        if staged is None:
-            self.declined = True
-            return None
-        return staged.go()
+
+class BlockMeshLoops(_Once):
+    """One function-mesh block structure's nests (:class:`~xstencil._backends.
+    loops_mesh.MeshLoops`): the regions' boxes and which are masked are
+    fixed per structure; the masks themselves are each block's own, handed
+    to the compiled nests at run time."""
+
+    def __init__(self, calls: Sequence[Callable[..., Any]], base: Callable[..., Any],
+                 parts: Sequence[Piece], geom: Sequence[AxisGeom], cell_axes: tuple[int, ...],
+                 coord_axes: Sequence[int], dtypes: Sequence[str], backend: str | None):
+        super().__init__()
+        field = tuple(g.count for g in geom)
+
+        def shapes(*_: Any) -> Any:  # the result's dtypes: the whole mesh's, as on XLA
+            return [jnp.zeros(field, dt) for dt in dtypes]
+
+        def region(call: Callable[..., Any]) -> Callable[..., Any]:
+            return lambda cells, dyn, leaves: call(cells, dyn)
+
+        self.loops = MeshLoops(shapes, [region(c) for c in calls], region(base), parts,
+                               _sources(cell_axes, coord_axes), geom, backend)
+
+    def run(self, arrays: list[np.ndarray], coords: Sequence[np.ndarray], dyn: list[Any],
+            parts: Sequence[Piece]) -> list[np.ndarray] | None:
+        """The block's result leaves (new arrays), or ``None`` where the
+        loops do not apply; ``parts``: this block's pieces (its masks)."""
+        def go() -> list[np.ndarray] | None:
+            built = self.loops.built_for(arrays, coords, dyn, (), [])
+            if built is None:
+                self.declined = True
+                return None
+            nests = [n._replace(mask=p.mask) for n, p in zip(built.nests, parts, strict=True)]
+            outs = [np.empty(built.field, dt) for dt in built.out_dtypes]
+            params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
+                      for x, p in zip(jax.tree_util.tree_leaves(dyn), built.params,
+                                      strict=True)]
+            write_nests(built._replace(nests=nests), outs,
+                        list(arrays) + [np.asarray(c) for c in coords], params)
+            return outs
+
+        return self.once(go)
+
+
+def mesh_parts(regions: Sequence[Slab | int], masks: Sequence[np.ndarray],
+               field: tuple[int, ...]) -> list[Piece]:
+    """A mesh block's loop nests (:func:`~xstencil._backends.loops_mesh.pieces`),
+    its coverage computed from its own regions and masks."""
+    hit = np.zeros(field, bool)
+    for r in regions:
+        if isinstance(r, Slab):
+            hit[tuple(slice(*rr) for rr in r.ranges)] = True
+        else:
+            hit |= np.asarray(masks[r], dtype=bool)
+    return pieces(regions, masks, field, bool(hit.all()))
+
+
+def structure(parts: Sequence[Piece]) -> tuple[Any, ...]:
+    """What a mesh block's compiled nests depend on: each piece's kernel,
+    box and whether it is masked (not the mask's values)."""
+    return tuple((p.kernel, p.box, p.mask is None) for p in parts)
 
 
 def block_loops(key: Any, backend: str | None, geom: Sequence[AxisGeom],
-                make: Callable[[], BlockLoops]) -> BlockLoops | None:
-    """The cached :class:`BlockLoops` of a block geometry, or ``None`` where
-    the loop backend cannot apply (checked before the pieces are joined)."""
+                make: Callable[[], Any]) -> Any:
+    """The cached :class:`BlockLoops` (or :class:`BlockMeshLoops`) of a block
+    geometry, or ``None`` where the loop backend cannot apply (checked
+    before the pieces are joined)."""
     mode = resolve_mode(backend)
     if mode == "xla" or not available() or jax.default_backend() != "cpu":
         return None

@@ -162,6 +162,15 @@ class MeshLoops:
         return self.jitted(arrays, coords, dyn, dynamic, leaves)
 
     def _loops(self, arrays: Any, coords: Any, dyn: Any, dynamic: Any, leaves: Any) -> Any:
+        built = self.built_for(arrays, coords, dyn, dynamic, leaves)
+        if built is None:
+            return None
+        return run_mesh(built, arrays, coords, jax.tree_util.tree_leaves(dyn), leaves)
+
+    def built_for(self, arrays: Any, coords: Any, dyn: Any, dynamic: Any, leaves: Any
+                  ) -> _BuiltMesh | None:
+        """The compiled nests for this call's layout (built on its first
+        call), or ``None`` where the loops do not apply."""
         mode = resolve_mode(self.backend)
         if mode == "xla" or numba is None or not self.parts:
             return None
@@ -180,9 +189,7 @@ class MeshLoops:
             self.built[key] = built
             if isinstance(built, str):
                 _LOG.debug("mesh runs with XLA: %s", built)
-        if isinstance(built, str):
-            return None
-        return run_mesh(built, arrays, coords, dleaves, leaves)
+        return None if isinstance(built, str) else built
 
     def _build(self, arrays: Any, coords: Any, dyn: Any, dynamic: Any, leaves: Any,
                limit: int) -> _BuiltMesh | str:

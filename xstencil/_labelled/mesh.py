@@ -243,7 +243,7 @@ class Mesh(MeshRepr):
                                          self._region_dims())
         out = map_scaled(plan, self._fields, kernels, self, args, kwargs,
                          self._options.get("period"), self._options.get("devices"), regions,
-                         masks)
+                         masks, backend=self._options.get("backend"))
         if out is not None:  # dask-backed or sharded: the backend chosen by the arrays
             return rewrap(plan, self._fields, out, leaf_dims)
         traced = traced_call(self._fields.arrays, args, kwargs, lifted)
