@@ -329,3 +329,18 @@ def test_mesh_of_different_dtypes_and_a_fallback(mesh_blocks: list[bool]) -> Non
     m[...] = lambda u: u(x=1) // 3  # integer division: no loop form
     np.testing.assert_array_equal(m.map().values, np.roll(ia.values, -1, axis=1) // 3)
     assert not any(mesh_blocks)
+
+
+def test_graphs_on_loops_and_on_xla_do_not_share_task_names() -> None:
+    """A graph on the loops and one on XLA (floats may differ in the last bits)
+    are named apart, so a persisted result of one never answers the other."""
+    lazy = _field((30, 30), seed=16).chunk({"y": 15})
+    names = {b: lazy.stencil.map(_lap, boundary="periodic", backend=b).data.name
+             for b in ("loops", "xla", "auto")}
+    assert len(set(names.values())) == 3
+    assert lazy.stencil.map(_lap, boundary="periodic", backend="loops").data.name \
+        == names["loops"]  # deterministic
+    scans = {b: lazy.stencil.scan(lambda u: u(time=-1, x=1), "time", steps=2,
+                                  boundary="periodic", backend=b).data.name
+             for b in ("loops", "xla")}
+    assert scans["loops"] != scans["xla"]

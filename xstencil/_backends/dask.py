@@ -67,6 +67,7 @@ from xstencil._backends.dask_loops import (
 )
 from xstencil._backends.dask_pack import byte_width, pack, unpack
 from xstencil._backends.jobs import Hooks, MapJob
+from xstencil._backends.loops import resolve_mode
 from xstencil._engine.call import precision, promote, split_static, stand_in
 from xstencil._engine.coords import padded, read_dtype
 from xstencil._engine.lower import AxisGeom, Source, evaluate
@@ -397,8 +398,11 @@ def map_dask(job: MapJob) -> Any:
     else:
         dtype = np.dtype(leaves[0].dtype)
         extra = tuple((n,) for n in leaves[0].shape)
+    # the backend in effect is part of the name: a graph on the loops and one on XLA
+    # (whose floats may differ in the last bits) never share task keys
     tok = token(plan.call, "xstencil-map", tuple(kernels), plan, static,
-                   tuple(regions or ()), [x.name for x in arrays], dyn, coords)
+                tuple(regions or ()), [x.name for x in arrays], dyn, coords,
+                resolve_mode(job.backend))
     fn = BlockMap(tok, plan, job.hooks, tuple(kernels),
                   None if regions is None else tuple(regions), static, dyn, coords,
                   tuple(axes), len(arrays), stacked, packed,

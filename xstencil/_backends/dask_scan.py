@@ -275,8 +275,11 @@ def scan_dask(job: BlockJob, halo_every: int | None = None,
     coords, periods = padded_coords(job, width)
     starts = tuple(tuple(int(v) for v in np.cumsum((0,) + tuple(c))[:-1]) for c in chunks)
     dyn = tuple(np.asarray(x) for x in job.dyn)
+    # the route is part of the name, as for maps (dask.py): loops and XLA graphs never
+    # share task keys
     tok = token(call, "xstencil-scan", job.kernels, bmesh, masks, spec, job.static, dyn,
-                   tuple(coords), depth, data.name, job.evolving, job.finite is not None)
+                tuple(coords), depth, data.name, job.evolving, job.finite is not None,
+                None if loops is None else getattr(loops, "route", "loops"))
     state = data[:spec.k * V].rechunk({0: -1})
     inp = None if spec.grown else _interleave([time_padded(spec, f) for f in fields])
     F = len(job.forced)

@@ -59,6 +59,7 @@ class BlockLoopScan:
         self.boundary = opts.get("boundary", "fill")
         self.fill_value = opts.get("fill_value")
         self.args, self.kwargs, self.backend = tuple(args), dict(kwargs), backend
+        self.route = resolve_mode(backend)  # part of the graph's name (dask_scan.py)
         self.declined = False
 
     def __call__(self, state: np.ndarray, consts: Sequence[np.ndarray], n: int
