@@ -240,3 +240,21 @@ def test_a_netcdf_file_in_and_out_on_the_default_backend(tmp_path: Any,
         want = src["T"].stencil.scan(_heat, "time", steps=16, save_every=8, boundary=bnd)
         np.testing.assert_array_equal(got.values, want.values)
         np.testing.assert_array_equal(got.time.values, want.time.values)
+
+
+def test_a_declined_block_shape_does_not_send_other_shapes_to_xla() -> None:
+    """Under "auto" a small edge block declines (size floor); a large block of
+    the same scan still runs the loop scan, whichever task ran first."""
+    scan = dask_loop_scan.BlockLoopScan("da.stencil.scan(...)", _heat, ("time", "y", "x"),
+                                        None, (), {"boundary": "fill", "fill_value": 0.0},
+                                        (), {}, "auto")
+    rng = np.random.default_rng(10)
+    small = rng.random((1, 40, 600)).astype(np.float32)
+    large = rng.random((1, 600, 600)).astype(np.float32)
+    assert scan(small, [], 3) is None  # 24,000 points: below auto's 512 x 512
+    got = scan(large, [], 3)
+    assert got is not None
+    want = xr.DataArray(large[0], dims=("y", "x")).stencil.scan(
+        _heat, "time", steps=3, boundary="fill", fill_value=0.0, save_every="last")
+    np.testing.assert_array_equal(got[0], want.values)
+    assert scan(small, [], 3) is None

@@ -344,3 +344,20 @@ def test_graphs_on_loops_and_on_xla_do_not_share_task_names() -> None:
                                   boundary="periodic", backend=b).data.name
              for b in ("loops", "xla")}
     assert scans["loops"] != scans["xla"]
+
+
+def test_a_kernel_reading_a_descending_coordinate(ran: list[int]) -> None:
+    """float64 data read their coordinates on the loops (float32 ones fall back):
+    each block reads its own slice of the padded coordinate."""
+    rng = np.random.default_rng(17)
+    x = np.sort(rng.random(30))[::-1] * 10  # descending, non-uniform
+    da = xr.DataArray(rng.random((12, 30)), dims=("y", "x"), coords={"x": x})
+
+    def ddx(u: Any) -> Any:
+        c = u.coord("x")
+        return (u(x=1) - u(x=-1)) / (c(x=1) - c(x=-1))
+
+    got = da.chunk({"x": (9, 11, 10)}).stencil.map(ddx, boundary="extend", backend="loops")
+    want = da.stencil.map(ddx, boundary="extend", backend="loops")
+    np.testing.assert_array_equal(got.values, want.values)
+    assert ran

@@ -68,6 +68,7 @@ from xstencil._backends.dask_loops import (
 from xstencil._backends.dask_pack import byte_width, pack, unpack
 from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._backends.loops import resolve_mode
+from xstencil._backends.loops_mesh import covered
 from xstencil._engine.call import precision, promote, split_static, stand_in
 from xstencil._engine.coords import padded, read_dtype
 from xstencil._engine.lower import AxisGeom, Source, evaluate
@@ -195,33 +196,23 @@ class BlockMap:
         """The block on the CPU loop backend (:mod:`~xstencil._backends.
         dask_loops`), or ``None`` where it does not apply."""
         plan = self.plan
-        cell_axes = tuple(sorted(plan.axis(d) for d in plan.window_dims))
-        coord_axes = [plan.axis(d) for d in plan.coord_dims]
 
         def make() -> BlockLoops:
             return BlockLoops(self.hooks.caller(plan, self.kernels[0], self.static), geom,
-                              cell_axes, coord_axes, self.backend)
+                              *self._loop_axes(), self.backend)
 
         loops = block_loops(key, self.backend, geom, make)
         if loops is None:
             return None
-        fill = 0 if plan.fill_value is None else plan.fill_value
-        depth = tuple(ax.depth for ax in self.axes)
-        modes = tuple(ax.edge_mode for ax in self.axes)
         buf = None
         if self.out_dtype is not None:
             buf = np.empty(tuple(g.count for g in geom), self.out_dtype)
         with precision(jax.tree_util.tree_leaves(arrays), self.dyn, plan.dtype_probe()):
-            xs = [join_host(p, depth, modes, fill, edges) for p in arrays]  # fill cast as JAX
-            res = loops.run(xs, coords, list(self.dyn), buf)
-            if res is None:
-                return None
-            if res is buf:
-                return buf
-            if not self.stacked:  # a copy: the loop's own buffer goes back to its pool
-                return np.array(jax.tree_util.tree_leaves(res)[0])
-            n = len(geom)
-            return np.asarray(pack(res, n) if self.packed else _stack(res, n))
+            res = loops.run(self._joined(arrays, edges), coords, list(self.dyn), buf)
+            if res is None or res is buf:
+                return res
+            # a copy: the loop's own buffers go back to their pool
+            return np.array(self._assembled(jax.tree_util.tree_leaves(res), len(geom)))
 
     def _mesh_on_loops(self, key: Any, geom: list[AxisGeom], regions: list[Slab | int],
                        arrays: list[Any], masks: list[Any], edges: np.ndarray,
@@ -232,32 +223,42 @@ class BlockMap:
         plan = self.plan
         field = tuple(g.count for g in geom)
         parts = mesh_parts(regions, [np.block(m) for m in masks], field)
-        calls = [self.hooks.caller(plan, k, self.static) for k in self.kernels]
-        cell_axes = tuple(sorted(plan.axis(d) for d in plan.window_dims))
-        coord_axes = [plan.axis(d) for d in plan.coord_dims]
 
         def make() -> BlockMeshLoops:
+            calls = [self.hooks.caller(plan, k, self.static) for k in self.kernels]
             return BlockMeshLoops(calls, self.hooks.identity(plan, calls[-1]), parts, geom,
-                                  cell_axes, coord_axes, self.dtypes or (), self.backend)
+                                  *self._loop_axes(), self.dtypes or (), self.backend)
 
         loops = block_loops(key + (structure(parts),), self.backend, geom, make)
         if loops is None:
             return None
-        fill = 0 if plan.fill_value is None else plan.fill_value
+        with precision(jax.tree_util.tree_leaves(arrays), self.dyn, plan.dtype_probe()):
+            outs = loops.run(self._joined(arrays, edges), coords, list(self.dyn), parts)
+            return None if outs is None else np.asarray(self._assembled(outs, len(geom)))
+
+    def _loop_axes(self) -> tuple[tuple[int, ...], list[int]]:
+        """The field axes the kernel's window spans, and each read coordinate's."""
+        plan = self.plan
+        return (tuple(sorted(plan.axis(d) for d in plan.window_dims)),
+                [plan.axis(d) for d in plan.coord_dims])
+
+    def _joined(self, arrays: list[Any], edges: np.ndarray) -> list[np.ndarray]:
+        """Each input's block with its full halo, in numpy (under the call's
+        precision: the fill value is cast as JAX casts it)."""
+        fill = 0 if self.plan.fill_value is None else self.plan.fill_value
         depth = tuple(ax.depth for ax in self.axes)
         modes = tuple(ax.edge_mode for ax in self.axes)
-        with precision(jax.tree_util.tree_leaves(arrays), self.dyn, plan.dtype_probe()):
-            xs = [join_host(p, depth, modes, fill, edges) for p in arrays]
-            outs = loops.run(xs, coords, list(self.dyn), parts)
-            if outs is None:
-                return None
-            if not self.stacked:
-                return outs[0]
-            return np.asarray(pack(outs, len(geom)) if self.packed else _stack(outs, len(geom)))
+        return [join_host(p, depth, modes, fill, edges) for p in arrays]
+
+    def _assembled(self, leaves: list[Any], nfield: int) -> Any:
+        """A block's result leaves as the task returns them: the one leaf, or
+        all of them stacked (as raw bytes where their dtypes differ)."""
+        if not self.stacked:
+            return leaves[0]
+        return pack(leaves, nfield) if self.packed else _stack(leaves, nfield)
 
     def _build(self, geom: list[AxisGeom], regions: list[Slab | int]) -> Callable[..., Any]:
-        plan, static, stacked, hooks = self.plan, self.static, self.stacked, self.hooks
-        packed = self.packed
+        plan, static, hooks, assembled = self.plan, self.static, self.hooks, self._assembled
         kernels, axes = self.kernels, self.axes
         is_mesh = self.regions is not None
         dtypes = self.dtypes
@@ -286,9 +287,7 @@ class BlockMap:
                 leaves, tree = jax.tree_util.tree_flatten(out)
                 out = jax.tree_util.tree_unflatten(tree, [
                     v.astype(dt) for v, dt in zip(leaves, dtypes or (), strict=True)])
-            if not stacked:
-                return jax.tree_util.tree_leaves(out)[0]  # a dict of one variable
-            return pack(out, len(geom)) if packed else _stack(out, len(geom))
+            return assembled(jax.tree_util.tree_leaves(out), len(geom))
 
         return jax.jit(run)
 
@@ -347,21 +346,13 @@ def _leaf_shapes(job: MapJob, static: Any, dyn: Sequence[Any], arrays: Sequence[
         # covers a position, into one array: their promoted dtype
         calls = [job.hooks.caller(plan, k, static) for k in job.kernels]
         outs = [jax.tree_util.tree_leaves(jax.eval_shape(c, cells, list(dyn))) for c in calls]
-        if not _covered(job):
+        if not covered(job.regions or (), job.masks, tuple(job.plan.out_shape)):
             outs.append(jax.tree_util.tree_leaves(jax.eval_shape(
                 job.hooks.identity(plan, calls[-1]), cells, list(dyn))))
         leaves, tree = jax.tree_util.tree_flatten(last)
         return jax.tree_util.tree_unflatten(tree, [
             stand_in(v.shape, promote(*[o[k].dtype for o in outs]))
             for k, v in enumerate(leaves)])
-
-
-def _covered(job: MapJob) -> bool:
-    """Whether a mesh's regions cover every output position."""
-    hit = np.zeros(job.plan.out_shape, bool)
-    for r in job.regions or ():
-        hit[tuple(slice(*rr) for rr in r.ranges) if isinstance(r, Slab) else job.masks[r]] = True
-    return bool(hit.all())
 
 
 def map_dask(job: MapJob) -> Any:

@@ -47,8 +47,9 @@ from xstencil._backends.loops import (
     available,
     resolve_mode,
 )
-from xstencil._backends.loops_mesh import MeshLoops, Piece, pieces, write_nests
+from xstencil._backends.loops_mesh import MeshLoops, Piece, covered, pieces, write_into
 from xstencil._engine.boundary import source_index
+from xstencil._engine.call import precision
 from xstencil._engine.lower import AxisGeom, Source
 from xstencil._engine.mesh import Slab
 
@@ -80,7 +81,10 @@ def repad_host(x: np.ndarray, axis: int, lo: int, hi: int, mode: str, fill: Any,
     ``w + 1`` cells next to a halo of ``w``; ``fill`` is cast to ``x``'s
     dtype as JAX casts it)."""
     n = x.shape[axis]
-    value = np.asarray(jnp.full((), fill, x.dtype))[()] if mode == "fill" else None
+    value = None
+    if mode == "fill":
+        with precision(x):  # a 64-bit x keeps its fill value in 64 bits
+            value = np.asarray(jnp.full((), fill, x.dtype))[()]
 
     def rebuild(first: int, inner: int, positions: np.ndarray) -> None:
         m = min(n - len(positions), len(positions) + 1)  # the inner cells the mode reads
@@ -221,11 +225,8 @@ class BlockMeshLoops(_Once):
                 return None
             nests = [n._replace(mask=p.mask) for n, p in zip(built.nests, parts, strict=True)]
             outs = [np.empty(built.field, dt) for dt in built.out_dtypes]
-            params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
-                      for x, p in zip(jax.tree_util.tree_leaves(dyn), built.params,
-                                      strict=True)]
-            write_nests(built._replace(nests=nests), outs,
-                        list(arrays) + [np.asarray(c) for c in coords], params)
+            write_into(built._replace(nests=nests), outs, arrays, coords,
+                       jax.tree_util.tree_leaves(dyn))
             return outs
 
         return self.once(go)
@@ -235,13 +236,7 @@ def mesh_parts(regions: Sequence[Slab | int], masks: Sequence[np.ndarray],
                field: tuple[int, ...]) -> list[Piece]:
     """A mesh block's loop nests (:func:`~xstencil._backends.loops_mesh.pieces`),
     its coverage computed from its own regions and masks."""
-    hit = np.zeros(field, bool)
-    for r in regions:
-        if isinstance(r, Slab):
-            hit[tuple(slice(*rr) for rr in r.ranges)] = True
-        else:
-            hit |= np.asarray(masks[r], dtype=bool)
-    return pieces(regions, masks, field, bool(hit.all()))
+    return pieces(regions, masks, field, covered(regions, masks, field))
 
 
 def structure(parts: Sequence[Piece]) -> tuple[Any, ...]:

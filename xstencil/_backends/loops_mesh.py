@@ -60,8 +60,8 @@ from xstencil._engine.loopnest import box_args
 from xstencil._engine.lower import AxisGeom, Source, cell_avals
 from xstencil._engine.mesh import Slab, slab_geometry
 
-__all__ = ["AUTO_MAX_NESTS", "PARALLEL_MIN_POINTS", "Piece", "MeshLoops", "pieces", "run_mesh",
-           "write_nests"]
+__all__ = ["AUTO_MAX_NESTS", "PARALLEL_MIN_POINTS", "Piece", "MeshLoops", "covered", "pieces",
+           "run_mesh", "write_into", "write_nests"]
 
 #: ``"auto"`` runs a mesh as loops only up to this many loop nests (regions,
 #: plus one where cells keep their input): numba compiles each nest, about a
@@ -83,6 +83,20 @@ class Piece(NamedTuple):
     kernel: int
     box: Slab
     mask: np.ndarray | None
+
+
+def covered(regions: Sequence[Slab | int], masks: Sequence[np.ndarray],
+            counts: tuple[int, ...]) -> bool:
+    """Whether the regions (:class:`Slab` or indices into ``masks``) leave no
+    output position uncovered."""
+    if any(isinstance(r, Slab) and all(rr[2] == 1 and len(range(*rr)) == n
+                                       for rr, n in zip(r.ranges, counts, strict=True))
+           for r in regions):
+        return True  # a region over the whole output
+    hit = np.zeros(counts, bool)
+    for r in regions:
+        hit[tuple(slice(*rr) for rr in r.ranges) if isinstance(r, Slab) else masks[r]] = True
+    return bool(hit.all())
 
 
 def pieces(regions: Sequence[Slab | int], masks: Sequence[np.ndarray], counts: Sequence[int],
@@ -255,13 +269,19 @@ def run_mesh(built: _BuiltMesh, arrays: Sequence[np.ndarray], coords: Sequence[A
     (JAX arrays on the CPU that share them, wrapped by
     :func:`~xstencil._backends.hostwrap.wrap`: ``jax.device_put``'s result,
     in 30-50 µs instead of 150-250; recycled buffers, see bufpool.py)."""
-    values = list(dleaves) + list(leaves)
-    params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
-              for x, p in zip(values, built.params, strict=True)]
     near = bufpool.near_of(arrays[0]) if arrays else None  # half a page off (bufpool.offset)
     outs = [bufpool.empty(built.field, dt, near) for dt in built.out_dtypes]
-    write_nests(built, outs, list(arrays) + [np.asarray(c) for c in coords], params)
+    write_into(built, outs, arrays, coords, list(dleaves) + list(leaves))
     return jax.tree_util.tree_unflatten(built.out_tree, [wrap(o) for o in outs])
+
+
+def write_into(built: _BuiltMesh, outs: Sequence[np.ndarray], arrays: Sequence[np.ndarray],
+               coords: Sequence[Any], values: Sequence[Any]) -> None:
+    """Run a compiled mesh's nests into ``outs`` (``values``: the kernels'
+    argument leaves, then their closed-over arrays)."""
+    params = [np.ascontiguousarray(np.asarray(x, dtype=p.dtype)).reshape(-1)
+              for x, p in zip(values, built.params, strict=True)]
+    write_nests(built, outs, list(arrays) + [np.asarray(c) for c in coords], params)
 
 
 def write_nests(built: _BuiltMesh, outs: Sequence[np.ndarray], srcs: Sequence[np.ndarray],

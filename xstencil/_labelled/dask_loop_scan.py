@@ -18,8 +18,8 @@ chunk's own cells within K steps: the chunk's cells are those of the
 whole-array loop scan, bitwise.
 
 Anything the loop scan declines (it returns ``None``) sends the task, and
-every later task of this object, to the XLA block program, with the same
-result up to XLA's rounding.  The loop scans of concurrent tasks in one
+every later task of this object with the same block shapes, to the XLA block
+program, with the same result up to XLA's rounding.  The loop scans of concurrent tasks in one
 process run one at a time (:data:`_LOCK`): each already uses every core, and
 the loop scan's caches and time-loop driver were written for one caller.
 """
@@ -60,11 +60,14 @@ class BlockLoopScan:
         self.fill_value = opts.get("fill_value")
         self.args, self.kwargs, self.backend = tuple(args), dict(kwargs), backend
         self.route = resolve_mode(backend)  # part of the graph's name (dask_scan.py)
-        self.declined = False
+        # the block shapes the loop scan declined (e.g. under "auto"'s size floor): a
+        # block's route depends on its shape only, never on which task ran first
+        self.declined: set[tuple[Any, ...]] = set()
 
     def __call__(self, state: np.ndarray, consts: Sequence[np.ndarray], n: int
                  ) -> np.ndarray | None:
-        if self.declined:
+        shapes = (state.shape, *(c.shape for c in consts))
+        if shapes in self.declined:
             return None
         space = self.dims[1:]
         obj: Any
@@ -81,7 +84,7 @@ class BlockLoopScan:
             out = scan_loops_only(obj, self.kernel, options, self.args, self.kwargs,
                                   self.backend)
         if out is None:
-            self.declined = True
+            self.declined.add(shapes)
             return None
         if self.dim in out.dims:
             out = out.isel({self.dim: -1})

@@ -30,14 +30,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from xstencil._backends.loops import MAX_STATEMENTS, resolve_mode
-from xstencil._backends.loops_mesh import AUTO_MAX_NESTS, MeshLoops, pieces, write_nests
+from xstencil._backends.loops_mesh import (
+    AUTO_MAX_NESTS,
+    MeshLoops,
+    covered,
+    pieces,
+    write_nests,
+)
 from xstencil._engine.call import precision, split_static
 from xstencil._engine.kcache import describe, rebuild
 from xstencil._engine.mesh import Slab
 from xstencil._labelled import loop_scan as LS
 from xstencil._labelled.core import identity_caller, kernel_caller, sources
 from xstencil._labelled.loop_previous import previous_kernel
-from xstencil._labelled.mesh_resolved import covered
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import rewrap
 from xstencil._labelled.scan_setup import plan_scan

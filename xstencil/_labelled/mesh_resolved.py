@@ -28,12 +28,12 @@ from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
-from xstencil._backends.loops_mesh import Piece, pieces
+from xstencil._backends.loops_mesh import Piece, covered, pieces
 from xstencil._engine.kcache import cached
 from xstencil._engine.mesh import Slab
 from xstencil._labelled.plan import Plan
 
-__all__ = ["Resolved", "covered", "resolved"]
+__all__ = ["Resolved", "resolved"]
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -41,19 +41,6 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     v = a.view()
     v.flags.writeable = False
     return v
-
-
-def covered(regions: Sequence[Slab | int], masks: Sequence[np.ndarray],
-             counts: tuple[int, ...]) -> bool:
-    """Whether the regions leave no output position uncovered."""
-    if any(isinstance(r, Slab) and all(rr[2] == 1 and len(range(*rr)) == n
-                                       for rr, n in zip(r.ranges, counts, strict=True))
-           for r in regions):
-        return True  # a region over the whole output
-    hit = np.zeros(counts, bool)
-    for r in regions:
-        hit[tuple(slice(*rr) for rr in r.ranges) if isinstance(r, Slab) else masks[r]] = True
-    return bool(hit.all())
 
 
 class Resolved:

@@ -46,7 +46,7 @@ from xstencil._labelled.loop_scan import loop_scan
 from xstencil._labelled.scale import scale_out
 from xstencil._labelled.scan_loop import build_loop, inputs, time_input
 from xstencil._labelled.scan_plan import MAX_STEPS, ScanPlan
-from xstencil._labelled.scan_repeat import repeat_entry
+from xstencil._labelled.scan_repeat import loop_keeper, repeat_entry
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite, rewrap
 from xstencil._labelled.scan_setup import plan_scan
 from xstencil._labelled.scan_step import run_step
@@ -252,8 +252,8 @@ def scan(
     if step is None and devices is None and halo_every is None \
             and blocking in (None, False) \
             and callable(kernel):  # a repeated call: skip the setup (see scan_fast.py)
-        lifted, sig, entry = repeat_entry(obj, kernel, options, args, kwargs, dtype, blocking,
-                                     backend)
+        lifted, sig, entry = repeat_entry(obj, kernel, options, args, kwargs, dtype,
+                                          blocking, backend)
         if entry is not None:
             return scan_fast.run(entry, obj, args, kwargs, lifted)
     o = ScanPlan(call, *options)
@@ -288,12 +288,9 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
         scan_fast.remember(lifted, sig, obj, cast, sp, fn, coords, tcoord, (args, kwargs),
                            outs, res)
 
-    def keep_loops(sp: ScanPlan, repeat: Any, outs: Any, res: Any) -> None:
-        keep(sp, repeat, [], None, outs, res)
-
     if blocking is None and devices is None and halo_every is None:
         out = loop_scan(cast, kernel, o, args, kwargs, backend,
-                        None if sig is None else keep_loops)
+                        loop_keeper(lifted, sig, obj, cast, args, kwargs))
         if out is not None:  # numba loops: a grown DataArray or Dataset on numpy data
             # (loop_scan.py)
             return out

@@ -10,6 +10,7 @@ repeats take the same fast path as a user's repeated scan.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import xarray as xr
@@ -19,7 +20,7 @@ from xstencil._labelled import scan_fast
 from xstencil._labelled.loop_scan import Repeat, backend_mode, eligible, loop_scan
 from xstencil._labelled.scan_plan import ScanPlan
 
-__all__ = ["repeat_entry", "scan_loops_only"]
+__all__ = ["loop_keeper", "repeat_entry", "scan_loops_only"]
 
 
 def repeat_entry(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
@@ -49,9 +50,20 @@ def scan_loops_only(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, 
     if entry is not None and isinstance(entry.fn, Repeat):  # a loop scan's entry
         return scan_fast.run(entry, obj, args, kwargs, lifted)
 
+    return loop_scan(obj, kernel, ScanPlan(call, *options), args, kwargs, backend,
+                     loop_keeper(lifted, sig, obj, obj, args, kwargs))
+
+
+def loop_keeper(lifted: Any, sig: Any, obj: Any, cast: Any, args: Any, kwargs: Any
+                ) -> Callable[..., None] | None:
+    """``loop_scan``'s ``keep``: records a loop scan of ``obj`` (``cast``: it
+    with the state's dtype) as the fast path's entry for ``sig``; ``None``
+    where the call has no signature."""
+    if sig is None:
+        return None
+
     def keep(sp: ScanPlan, repeat: Any, outs: Any, res: Any) -> None:
-        scan_fast.remember(lifted, sig, obj, obj, sp, repeat, [], None, (args, kwargs), outs,
+        scan_fast.remember(lifted, sig, obj, cast, sp, repeat, [], None, (args, kwargs), outs,
                            res)
 
-    return loop_scan(obj, kernel, ScanPlan(call, *options), args, kwargs, backend,
-                     None if sig is None else keep)
+    return keep
