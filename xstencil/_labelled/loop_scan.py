@@ -150,19 +150,20 @@ def candidate(obj: Any, data: Any, dim: str, grown: bool, other: bool, args: Any
 
 def _candidate(obj: Any, variables: Sequence[tuple[tuple[Any, ...], Any]], dim: str,
                grown: bool, other: bool, args: Any, kwargs: Any, backend: str | None) -> bool:
-    mode = resolve_mode(backend)
-    if mode == "xla" or not available():
+    mode = resolve_mode(backend)  # first: a bad XSTENCIL_BACKEND is an error on every call
+    if mode == "xla" or not available() or not grown or other:
         return False
+    # under "auto", the size first: a repeated small scan is rejected here cheaply
+    if mode == "auto":
+        sizes = obj.sizes.items() if type(obj) is xr.Dataset \
+            else zip(obj.dims, obj.shape, strict=True)
+        if math.prod([n for d, n in sizes if d != dim]) < AUTO_MIN_POINTS:
+            return False
     for dims, data in variables:
         if type(data) is not np.ndarray or data.dtype.kind not in "biuf" or not data.size:
             return False
         if dim in dims and data.shape[dims.index(dim)] != 1:
             return False
-    if not grown or other:
-        return False
-    if mode == "auto" and math.prod(n for d, n in obj.sizes.items()
-                                    if d != dim) < AUTO_MIN_POINTS:
-        return False
     if jax.default_backend() != "cpu":
         return False
     return outside_transforms(jax.tree_util.tree_leaves((args, kwargs)))
