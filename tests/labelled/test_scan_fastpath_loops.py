@@ -19,6 +19,7 @@ import pytest
 import xarray as xr
 
 import xstencil
+from xstencil._engine import kcache
 from xstencil._engine.kcache import freeze
 from xstencil._labelled import scan as scan_mod
 from xstencil._labelled import scan_fast
@@ -333,3 +334,41 @@ def test_xla_repeat_matches_fresh_for_every_output_mode(counts, save_every, kern
     assert counts["fast"] == 2
     xr.testing.assert_identical(dsa, _fresh(ds, both, **opts))
     np.testing.assert_allclose(dsa["S"].values, 2 * want, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("layout", ["time first", "time last"])
+@pytest.mark.parametrize("save_every", [2, "last"])
+def test_loop_repeat_lays_out_its_result_on_the_host(counts, layout, save_every):
+    """A loop scan's repeat keeps the last position and transposes on the
+    host (views of the loop's buffers where no copy is needed), not with an
+    XLA program: bitwise the fresh call, a JAX array for float32, and a
+    result held from an earlier call is not changed by a later one (the
+    buffers it views stay its own)."""
+    da = _da(dtype=np.float32)
+    if layout == "time last":
+        da = da.expand_dims(time=[0.0], axis=-1)
+    opts = {**OPTS, "save_every": save_every, "dt": 0.5}
+    first = da.stencil.scan(heat, **opts)
+    again = da.stencil.scan(heat, **opts)
+    assert counts["fast"] == 1 and counts["loops"] == 2
+    entry = next(v for k, v in _fast_entries())
+    assert entry.post is None
+    assert (entry.fn.post is not None) == (save_every == "last" or layout == "time last")
+    _same(again, first)
+    _same(again, _fresh(da, heat, **opts))
+    assert isinstance(again.data, jax.Array)
+    kept = again.values.copy()
+    other = (2 * da).stencil.scan(heat, **opts)
+    np.testing.assert_array_equal(again.values, kept)
+    base = np_heat(np.squeeze(da.values, -1) if layout == "time last" else da.values, 4)
+    want = base[-1] if save_every == "last" else base[::2]
+    if layout == "time last" and save_every != "last":
+        want = np.moveaxis(want, 0, -1)
+    np.testing.assert_array_equal(again.values, want)
+    np.testing.assert_allclose(other.values, 2 * want, rtol=1e-6)
+
+
+def _fast_entries() -> list[tuple[Any, Any]]:
+    """The scan fast path's entries in the compile cache."""
+    return [(k, v) for k, v in kcache._TABLE.items() if isinstance(k, tuple) and k[:1] == (
+        "scan-fast",)]

@@ -126,15 +126,15 @@ class BlockScan:
         each piece joined with its halo, less the halo on the global edges of
         non-periodic dims (there the loop scan's boundary mode is the true
         one), scanned ``n`` steps; the state's own cells, or ``None``."""
-        cut, core = [slice(None)], [slice(None)]
+        core = [slice(None)]
         for a in range(1, len(self.depth)):
             d = self.depth[a]
-            lo, hi = d * bool(edges[a, 0]), d * bool(edges[a, 1])  # flags: non-periodic only
-            cut.append(slice(lo, own[a] + 2 * d - hi))
+            lo = d * bool(edges[a, 0])  # flags: non-periodic only
             core.append(slice(d - lo, d - lo + own[a]))
         none = (None,) * len(self.depth)
-        state, *consts = [np.ascontiguousarray(join_host(p, self.depth, none, 0, edges)[
-            tuple(cut)]) for p in pieces]
+        # the halo pieces on those global edges are left out before the join: one copy
+        state, *consts = [join_host(_cut(p, self.depth, edges), self.depth, none, 0, edges)
+                          for p in pieces]
         assert self.loops is not None
         last = self.loops(state, [c[0] for c in consts], self.n)
         if last is None:
@@ -189,6 +189,18 @@ class BlockScan:
             return new[(slice(None),) + own], bad
 
         return jax.jit(run)
+
+
+def _cut(pieces: Any, depth: Sequence[int], edges: np.ndarray, axis: int = 0) -> Any:
+    """A block's nested pieces (one list level per axis: low halo, own chunk,
+    high halo where ``depth`` splits the axis) without the halo pieces on the
+    sides ``edges`` flags (global edges of non-periodic dims)."""
+    if not isinstance(pieces, list):
+        return pieces
+    if axis and depth[axis]:
+        assert len(pieces) == 3, len(pieces)
+        pieces = pieces[int(bool(edges[axis, 0])):3 - int(bool(edges[axis, 1]))]
+    return [_cut(p, depth, edges, axis + 1) for p in pieces]
 
 
 def _own(pieces: Any) -> np.ndarray:

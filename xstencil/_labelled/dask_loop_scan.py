@@ -88,9 +88,11 @@ class BlockLoopScan:
             return None
         if self.dim in out.dims:
             out = out.isel({self.dim: -1})
-        rows = [out] if self.names is None else [out[v] for v in self.names]
-        # a copy (np.stack): the loop's buffers are pooled
-        return np.stack([np.asarray(r.transpose(*space).data) for r in rows])
+        rows = [np.asarray(r.transpose(*space).data)
+                for r in ([out] if self.names is None else [out[v] for v in self.names])]
+        # one row: a view (the loop's pooled buffer stays leased while the view lives,
+        # bufpool.py); more: stacked, a copy
+        return rows[0][None] if len(rows) == 1 else np.stack(rows)
 
 
 def block_loop_scan(call: str, obj: Any, kernel: Any, sp: Any, opts: Mapping[str, Any],

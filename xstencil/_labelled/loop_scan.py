@@ -342,16 +342,28 @@ class Repeat:
     closed-over arrays, read afresh) and ``token`` (the open progress bar to
     move, 0 for none) are used."""
 
-    __slots__ = ("built", "sp", "order")
+    __slots__ = ("built", "sp", "order", "post")
 
-    def __init__(self, built: Any, sp: ScanPlan, order: tuple[int, ...]):
-        self.built, self.sp, self.order = built, sp, order
+    def __init__(self, built: Any, sp: ScanPlan, order: tuple[int, ...],
+                 post: tuple[tuple[tuple[int, ...], ...], bool] | None = None):
+        self.built, self.sp, self.order, self.post = built, sp, order, post
+
+    def posted(self, perms: tuple[tuple[int, ...], ...], last: bool) -> Repeat:
+        """This repeat with the fast path's ``post`` done on the host: per
+        output, its first position only (``last``) and the transposition
+        ``perms``; views of the loop's numpy outputs where no copy is needed,
+        instead of an XLA program that copies every output."""
+        return Repeat(self.built, self.sp, self.order, (perms, last))
 
     def __call__(self, arrays: Any, init: Any, coords: Any, tcoord: Any, masks: Any,
                  dyn: Any, leaves: Any, token: Any) -> tuple[list[Any], Any]:
         slabs, consts = _state(self.sp, arrays, init)
         outs = loop_scan_steps.run_loop(self.built, self.sp, slabs, consts, self.order,
                                         list(dyn), list(leaves), int(token))
+        if self.post is not None:
+            perms, last = self.post
+            outs = [np.ascontiguousarray((x[0] if last else x).transpose(p))
+                    for x, p in zip(outs, perms, strict=True)]
         # JAX arrays as the XLA loop returns (64-bit: under x64, then on the host)
         return [wrap(out) for out in outs], _NO_BAD
 

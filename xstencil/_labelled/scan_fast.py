@@ -326,9 +326,12 @@ def _perm(sp: ScanPlan, i: int, own: Sequence[Hashable]) -> tuple[int, ...] | No
     return None if perm == tuple(range(len(own))) else perm
 
 
-def _post(sp: ScanPlan, dims_out: Sequence[tuple[str, ...]]) -> Callable[..., Any] | None:
-    """A jitted function putting the loop's outputs (dim first, then the
-    variable's other dims in plan order) into the result's dims, or None."""
+def _post(sp: ScanPlan, dims_out: Sequence[tuple[str, ...]]
+          ) -> tuple[tuple[tuple[int, ...], ...], bool] | None:
+    """How the loop's outputs (dim first, then the variable's other dims in
+    plan order) become the result's: per output the transposition, and
+    whether only its first position is kept (``save_every="last"``); None
+    where they already are."""
     perms, needed = [], False
     for i, dims in zip(sp.evolving, dims_out, strict=True):
         have = (sp.dim,) + tuple(d for d in sp.plan.var_dims[i] if d != sp.dim)
@@ -339,7 +342,11 @@ def _post(sp: ScanPlan, dims_out: Sequence[tuple[str, ...]]) -> Callable[..., An
         perms.append(perm)
     if not needed:
         return None
-    last = sp.every == 0
+    return tuple(perms), sp.every == 0
+
+
+def _jitted_post(perms: tuple[tuple[int, ...], ...], last: bool) -> Callable[..., Any]:
+    """:func:`_post`'s recipe as a jitted function of the loop's outputs."""
 
     def post(outs: Sequence[Any]) -> list[Any]:
         return [jnp.transpose(x[0] if last else x, p) for x, p in zip(outs, perms, strict=True)]
@@ -393,7 +400,12 @@ def remember(lifted: Lifted, sig: Hashable | None, obj: Any, cast: Any, sp: Scan
     casts = tuple(None if a == b else a for a, b in zip(after, before, strict=True))
     state = [np.zeros(0, a) for a in after]
     perms = tuple(_perm(sp, i, (obj if n is None else obj[n]).dims) for i, n in enumerate(keys))
-    post = _post(sp, dims_out)
+    layout, post = _post(sp, dims_out), None
+    posted = getattr(fn, "posted", None)
+    if layout is not None and posted is not None:  # a loop scan's: done on the host
+        fn = posted(*layout)
+    elif layout is not None:
+        post = _jitted_post(*layout)
     if post is not None and not any(isinstance(x, jax.core.Tracer) for x in outs):
         # compile it now, in the first call, rather than in the first repeat
         with precision(state, split_static("scan", arguments)[0]):
