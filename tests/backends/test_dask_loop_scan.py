@@ -18,6 +18,7 @@ import xarray as xr
 
 import xstencil  # noqa: F401 - registers the accessor
 from tests.spies import count_calls
+from xstencil._backends import tiles
 from xstencil._labelled import dask_loop_scan
 
 pytest.importorskip("numba")
@@ -212,6 +213,50 @@ def test_temporally_blocked_tiles_run_the_loop_scan(mode: str, tasks: list[int])
     want = u0.stencil.scan(_heat, "time", **kw)  # blocking=None: the whole-array loop scan
     np.testing.assert_array_equal(got.values, want.values)
     assert got.dims == want.dims and got.dtype == want.dtype
+
+
+@pytest.fixture
+def seen(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The tilings the temporally blocked scans chose."""
+    out: list[Any] = []
+    real = tiles.scan_tiles
+    monkeypatch.setattr(tiles, "scan_tiles", lambda job, tiling, threads=None, loops=None: (
+        out.append(tiling), real(job, tiling, threads, loops))[1])
+    return out
+
+
+@pytest.mark.parametrize("mode", ["fill", "periodic", "reflect"])
+def test_blocking_true_on_the_loops_steps_whole_row_strips(mode: str, tasks: list[int],
+                                                           seen: list[Any],
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """``blocking=True`` where the tiles run the loop scan: automatic tiles
+    are strips of whole rows of about ``LOOP_TILE_BYTES`` (here made 24 rows'
+    worth), each stepped up to ``LOOP_MAX_STEPS`` at a time; bitwise the
+    whole-array loop scan."""
+    u0 = _field((96, 40), np.float32, seed=4)
+    monkeypatch.setattr(tiles, "LOOP_TILE_BYTES", 24 * 40 * 4)
+    kw = dict(steps=20, boundary=mode, fill_value=0.5, save_every="last", backend="loops")
+    got = u0.stencil.scan(_heat, "time", blocking=True, **kw)
+    (tiling,) = seen
+    assert tiling.bounds == (((0, 24), (24, 48), (48, 72), (72, 96)), ((0, 40),))
+    assert tiling.steps == 3  # a halo of at most an eighth of a strip: 24 // 8
+    assert len(tasks) == 4 * 7  # 4 strips, 7 layers of at most 3 steps
+    want = u0.stencil.scan(_heat, "time", **kw)  # blocking=None: the whole-array loop scan
+    np.testing.assert_array_equal(got.values, want.values)
+
+
+def test_blocking_true_under_auto_keeps_square_tiles_below_the_floor(
+        tasks: list[int], seen: list[Any]) -> None:
+    """Under ``"auto"`` strips too small for the loops (below its 512 x 512
+    floor) would run on XLA anyway: the XLA tiles' own square choice is kept."""
+    u0 = _field((64, 64), np.float32, seed=5)
+    got = u0.stencil.scan(_heat, "time", blocking=True, steps=12, save_every="last")
+    (tiling,) = seen
+    assert tiling.count == 2  # one tile per core; a strip would hold all 64 rows
+    assert not tasks  # XLA tiles
+    want = u0.stencil.scan(_heat, "time", steps=12, save_every="last", blocking=False)
+    np.testing.assert_array_equal(got.values, want.values)
 
 
 def test_a_netcdf_file_in_and_out_on_the_default_backend(tmp_path: Any,

@@ -40,7 +40,8 @@ from xstencil._backends.halo import BlockJob, padded_coords, segments, time_padd
 from xstencil._engine.call import precision
 from xstencil._engine.kcache import describe
 
-__all__ = ["TILE_BYTES", "MAX_STEPS", "Tiling", "choose", "workers", "scan_tiles"]
+__all__ = ["LOOP_MAX_STEPS", "LOOP_TILE_BYTES", "MAX_STEPS", "TILE_BYTES", "Tiling", "choose",
+           "scan_tiles", "workers"]
 
 #: The bytes of state one tile holds by default (its own cells, all rows):
 #: a tile, the halo'd copy the block program steps and its new slab stay
@@ -50,6 +51,14 @@ TILE_BYTES = 1 << 20
 #: The most steps a tile runs per layer by default (more adds halo work for
 #: little further saving of memory traffic).
 MAX_STEPS = 32
+#: The bytes of state one tile holds by default where the tiles run the numba
+#: loop scan (``choose(..., strips=True)``): each tile's scan runs on every
+#: core in turn, and costs a join and a call besides its steps, so tiles are
+#: full-row strips this large (measured: docs/performance.rst, "Temporal
+#: blocking").
+LOOP_TILE_BYTES = 8 << 20
+#: The most steps a loop-scan strip runs per layer by default.
+LOOP_MAX_STEPS = 64
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,7 @@ def _split(n: int, tile: int, least: int = 1) -> tuple[tuple[int, int], ...]:
 
 def choose(shape: Sequence[int], reach: Sequence[int], row_bytes: int, steps_per_save: int, *,
            tile: Sequence[int] | None = None, steps: int | None = None,
-           cores: int | None = None) -> Tiling:
+           cores: int | None = None, strips: bool = False) -> Tiling:
     """The tiling of a spatial domain ``shape``.
 
     ``reach`` is the window's reach per spatial axis (its widest side);
@@ -105,6 +114,10 @@ def choose(shape: Sequence[int], reach: Sequence[int], row_bytes: int, steps_per
     as many tiles as cores; ``K`` is the largest number of steps, at most
     :data:`MAX_STEPS` and the steps between saves, whose halo (``K`` times
     the reach, per side) is at most an eighth of the smallest tile.
+    With ``strips`` (the tiles run the numba loop scan, one at a time on
+    every core), a tile is instead a strip of whole rows: the first spatial
+    axis cut so that a strip holds about :data:`LOOP_TILE_BYTES`, and ``K``
+    at most :data:`LOOP_MAX_STEPS`.
     ``tile`` (cells per spatial axis) and ``steps`` override either choice;
     ``K`` is then still capped by the steps between saves and so that the
     halo fits in a neighbouring tile.  No tile is narrower than the reach
@@ -120,9 +133,20 @@ def choose(shape: Sequence[int], reach: Sequence[int], row_bytes: int, steps_per
     >>> t = choose((2048, 2048), (1, 1), 4, 200, cores=2)
     >>> t.count, t.bounds[0][:2], t.steps
     (16, ((0, 512), (512, 1024)), 32)
+
+    On the loop scan: 2 strips of 1024 whole rows, 64 steps at a time.
+
+    >>> t = choose((2048, 2048), (1, 1), 4, 200, strips=True)
+    >>> t.count, t.bounds, t.steps
+    (2, (((0, 1024), (1024, 2048)), ((0, 2048),)), 64)
     """
     cores = cores or workers()
     nd = len(shape)
+    most = LOOP_MAX_STEPS if strips else MAX_STEPS
+    if tile is None and strips:
+        rest = math.prod(shape[1:])
+        tile = [min(shape[0], max(1, LOOP_TILE_BYTES // max(1, row_bytes * rest))),
+                *shape[1:]]
     if tile is None:
         cells = max(1, TILE_BYTES // max(1, row_bytes))
         axes = [a for a in range(nd) if reach[a]] or list(range(nd))
@@ -141,7 +165,7 @@ def choose(shape: Sequence[int], reach: Sequence[int], row_bytes: int, steps_per
     fit = [min(b - a for a, b in bounds[ax]) // reach[ax] for ax in range(nd)
            if reach[ax] and len(bounds[ax]) > 1]
     if steps is None:
-        k = min([MAX_STEPS] + [max(1, f // 8) for f in fit])
+        k = min([most] + [max(1, f // 8) for f in fit])
     else:
         k = steps
     # the halo (K times the reach) must fit in the neighbouring tile, which

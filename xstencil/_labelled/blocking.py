@@ -18,6 +18,7 @@ takes the whole-array loop silently: blocking changes speed, never results.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -29,6 +30,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._backends import tiles
+from xstencil._backends.loops import AUTO_MIN_POINTS, resolve_mode
 from xstencil._engine.call import outside_transforms
 from xstencil._errors import XStencilError
 from xstencil._labelled.blockprep import block_spec, rewrap, setup
@@ -109,8 +111,8 @@ def _retyped(sp: ScanPlan, out: Any) -> Any:
     return out
 
 
-def _tiling(call: str, sp: ScanPlan, how: dict[str, Any] | bool | None, forced: bool
-            ) -> tiles.Tiling | None:
+def _tiling(call: str, sp: ScanPlan, how: dict[str, Any] | bool | None, forced: bool,
+            strips: bool = False) -> tiles.Tiling | None:
     spec = block_spec(sp)
     plan = spec.plan
     space = tuple(plan.dims[1:])  # the block setup puts dim first
@@ -130,7 +132,7 @@ def _tiling(call: str, sp: ScanPlan, how: dict[str, Any] | bool | None, forced: 
     elif tile is not None:
         tile = [int(tile)] * len(shape)
     got = tiles.choose(shape, reach, row_bytes, spec.steps_per_save, tile=tile,
-                       steps=opts.get("steps"))
+                       steps=opts.get("steps"), strips=strips)
     if not forced and (got.steps < MIN_STEPS or got.count < 2):
         return None
     return got
@@ -166,10 +168,16 @@ def blocked(obj: Any, kernel: Callable[..., Any], dim: str, args: Any, kwargs: A
         sp, f = setup(call, obj, (kernel,), dim, args, kwargs, **options)
     except XStencilError:  # not for the block scans: the whole-array loop decides
         return None
-    tiling = _tiling(call, sp, how, forced)
+    loops = block_loop_scan(call, obj, kernel, sp, options, tuple(args), kwargs, backend, None)
+    # on the loop scan (forced: unforced, the whole-array loop scan ran first, and declined),
+    # whole-row strips, unless "auto" would send strips that small to XLA anyway
+    tiling = _tiling(call, sp, how, forced, loops is not None and forced)
+    if loops is not None and forced and tiling is not None and resolve_mode(backend) == "auto" \
+            and min(math.prod(b - a for a, b in c) for c in itertools.product(
+                *tiling.bounds)) < AUTO_MIN_POINTS:
+        tiling = _tiling(call, sp, how, forced)
     if tiling is None:
         return None
     job = block_job(call, sp, f, obj, (kernel,), kernel, None, args, kwargs)
-    loops = block_loop_scan(call, obj, kernel, sp, options, tuple(args), kwargs, backend, None)
     outs = tiles.scan_tiles(job, tiling, loops=loops)
     return _retyped(sp, rewrap(sp, f, obj, outs))
