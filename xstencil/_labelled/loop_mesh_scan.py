@@ -13,9 +13,10 @@ the state's dtype, as on XLA.
 Regions must hold for every computed position: a region restricted along the
 scanned dim (``m[{"time": slice(5, None)}]``), like everything the DataArray
 loop scan does not take, returns ``None`` and the mesh scan runs on XLA.
-There is no repeat-call fast path (the XLA mesh scan has none either); the
-compiled nests are cached by their source, so a repeat traces the kernels
-again but compiles nothing.
+A repeated call takes the scans' repeat-call fast path
+(:mod:`~xstencil._labelled.scan_fast`, keyed by the mesh's regions too:
+:func:`~xstencil._labelled.scan_repeat.mesh_repeat_entry`), which reruns
+the same compiled nests on the new data without tracing the kernels again.
 """
 
 from __future__ import annotations
@@ -53,22 +54,26 @@ _LOG = logging.getLogger("xstencil.loops")
 
 
 def loop_mesh_scan(obj: Any, mesh: Any, kernels: Sequence[Any], o: ScanPlan, args: Any,
-                   kwargs: Any, backend: str | None) -> Any:
+                   kwargs: Any, backend: str | None,
+                   keep: Callable[..., None] | None = None) -> Any:
     """The mesh scan of ``obj`` (already cast to the state dtype) on the loop
-    backend, or ``None`` where it does not apply (the caller runs XLA)."""
+    backend, or ``None`` where it does not apply (the caller runs XLA).
+    ``keep(sp, repeat, outs, out)``, if given, is told the plan, the
+    :class:`~xstencil._labelled.loop_scan.Repeat` that reruns the mesh's
+    nests, the loop's output and the result (the repeat-call fast path)."""
     if not all(callable(k) for k in kernels) or not LS.eligible(
             obj, o.dim, o.grown, bool(o.checkpoint or o.period), args, kwargs, backend):
         return None
     mode = resolve_mode(backend)
     try:
-        return _mesh_scan(obj, mesh, list(kernels), o, args, kwargs, mode)
+        return _mesh_scan(obj, mesh, list(kernels), o, args, kwargs, mode, keep)
     except LS.Fallback as e:
         _LOG.debug("mesh scan runs with XLA: %s", e)
         return None
 
 
 def _mesh_scan(obj: Any, mesh: Any, kernels: list[Any], o: ScanPlan, args: Any, kwargs: Any,
-               mode: str) -> Any:
+               mode: str, keep: Callable[..., None] | None) -> Any:
     call, dim = o.call, o.dim
     udyn, static = split_static(call, (args, kwargs))
     lifted = describe(kernels)
@@ -103,7 +108,10 @@ def _mesh_scan(obj: Any, mesh: Any, kernels: list[Any], o: ScanPlan, args: Any, 
         outs = LS.run_steps(step, sp, slabs, consts, order, jax.tree_util.tree_leaves(udyn),
                             leaves)
         out = rewrap(sp, f, obj, outs)
-    return LS.as_returned(out, sp.names)
+    out = LS.as_returned(out, sp.names)
+    if keep is not None:
+        keep(sp, LS.Repeat(step, sp, order), outs, out)
+    return out
 
 
 def _spatial_regions(sp: ScanPlan, regions: Sequence[Slab | int], masks: Sequence[Any]

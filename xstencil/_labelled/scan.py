@@ -46,7 +46,7 @@ from xstencil._labelled.loop_scan import loop_scan
 from xstencil._labelled.scale import scale_out
 from xstencil._labelled.scan_loop import build_loop, inputs, time_input
 from xstencil._labelled.scan_plan import MAX_STEPS, ScanPlan
-from xstencil._labelled.scan_repeat import loop_keeper, repeat_entry
+from xstencil._labelled.scan_repeat import loop_keeper, mesh_repeat_entry, repeat_entry
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite, rewrap
 from xstencil._labelled.scan_setup import plan_scan
 from xstencil._labelled.scan_step import run_step
@@ -284,9 +284,10 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
         return out
     lifted, sig = fast
 
-    def keep(sp: ScanPlan, fn: Any, coords: Any, tcoord: Any, outs: Any, res: Any) -> None:
+    def keep(sp: ScanPlan, fn: Any, coords: Any, tcoord: Any, outs: Any, res: Any,
+             masks: Any) -> None:
         scan_fast.remember(lifted, sig, obj, cast, sp, fn, coords, tcoord, (args, kwargs),
-                           outs, res)
+                           outs, res, masks)
 
     if blocking is None and devices is None and halo_every is None:
         out = loop_scan(cast, kernel, o, args, kwargs, backend,
@@ -332,16 +333,30 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
     if not m._regions:
         raise XStencilError(f"{call}: the mesh has no regions; assign kernels with m[...] = f")
     kernels = [k for _, k in m._regions]
+    local = halo_every is None and m._options.get("devices") is None
+    lifted = sig = None
+    if local and all(callable(k) for k in kernels):  # a repeated call: skip the setup
+        lifted, sig, entry = mesh_repeat_entry(m, kernels, o.options[1:], args, kwargs, dtype,
+                                               backend)
+        if entry is not None:
+            return scan_fast.run(entry, m._obj, args, kwargs, lifted)
     obj = state_dtype(call, m._obj, kernels, m, o, args, kwargs, dtype)
     out = scale_out(obj, None, dim, args, {**opts, **kwargs},
                     devices=m._options.get("devices"), halo_every=halo_every, function_mesh=m)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
-    if halo_every is None and m._options.get("devices") is None:
-        out = loop_mesh_scan(obj, m, kernels, o, args, kwargs, backend)
+    if local:
+        out = loop_mesh_scan(obj, m, kernels, o, args, kwargs, backend,
+                             loop_keeper(lifted, sig, m._obj, obj, args, kwargs))
         if out is not None:  # numba loops: one nest per region (loop_mesh_scan.py)
             return out
-    return _run(call, obj, kernels, m, o, args, kwargs)
+
+    def keep(sp: ScanPlan, fn: Any, coords: Any, tcoord: Any, outs: Any, res: Any,
+             masks: Any) -> None:
+        scan_fast.remember(lifted, sig, m._obj, obj, sp, fn, coords, tcoord, (args, kwargs),
+                           outs, res, masks)
+
+    return _run(call, obj, kernels, m, o, args, kwargs, None if sig is None else keep)
 
 
 # -- running ----------------------------------------------------------------------------
@@ -349,8 +364,8 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
 def _run(call: str, obj: Any, kernels: Sequence[Any], mesh: Any, o: ScanPlan, args: Any,
          kwargs: Any, keep: Callable[..., None] | None = None) -> Any:
     """The in-memory scan (the slow path: every check runs).  ``keep(sp, fn,
-    coords, tcoord, outs, out)`` is told what was compiled and passed, for the
-    repeat-call fast path (:mod:`xstencil._labelled.scan_fast`)."""
+    coords, tcoord, outs, out, masks)`` is told what was compiled and passed,
+    for the repeat-call fast path (:mod:`xstencil._labelled.scan_fast`)."""
     udyn, static = split_static(call, (args, kwargs))
     lifted = describe(kernels)  # the compile-cache key, closed-over arrays (kcache.py)
     sp, f = _plan(obj, kernels, o, args, kwargs, lifted, static, udyn,
@@ -369,15 +384,15 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], mesh: Any, o: ScanPlan, ar
         arrays_in, init = inputs(sp, f.arrays)
         if sp.check_finite:
             initial_finite(call, init, sp.dim, sp.k)
-        runargs = (arrays_in, init, coords, tcoord, [jnp.asarray(m) for m in masks], udyn,
-                   list(lifted.leaves))
+        dmasks = [jnp.asarray(m) for m in masks]
+        runargs = (arrays_in, init, coords, tcoord, dmasks, udyn, list(lifted.leaves))
         outs, bad = call_with_progress(fn, runargs, sp.loop.progress_every, sp.loop.steps,
                                        call)
         settle(lifted)  # lists the trace wrote to (trace counters) stop being keyed
     finite(call, bad, sp.tvals, sp.dim)
     out = rewrap(sp, f, obj, outs)
     if keep is not None:
-        keep(sp, fn, coords, tcoord, outs, out)
+        keep(sp, fn, coords, tcoord, outs, out, dmasks)
     return out
 
 

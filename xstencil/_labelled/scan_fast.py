@@ -82,6 +82,7 @@ class Entry(NamedTuple):
     recipe: Any  # how the result is put together (_DataArrayRecipe or _DatasetRecipe)
     wide: bool  # a state dtype is 64-bit: the loop runs under x64
     host: bool  # a state dtype has 8-byte items: host64 may move results to the host
+    masks: list[Any]  # a function mesh's mask regions on the device (the XLA loop's input)
 
 
 class _Coords(NamedTuple):
@@ -212,7 +213,7 @@ def _call(entry: Entry, sp: ScanPlan, datas: list[Any], dyn: list[Any], leaves: 
     arrays, init = _inputs(sp, datas, entry.perms)
     if sp.check_finite:
         initial_finite(sp.call, init, sp.dim, sp.k)
-    runargs = (arrays, init, entry.coords, entry.tcoord, [], dyn, leaves)
+    runargs = (arrays, init, entry.coords, entry.tcoord, entry.masks, dyn, leaves)
     if sp.loop.progress_every:  # under its bar, computed before returning
         outs, bad = call_with_progress(entry.fn, runargs, sp.loop.progress_every,
                                        sp.loop.steps, sp.call)
@@ -371,12 +372,12 @@ def _warns(sp: ScanPlan, obj: Any) -> bool:
 
 def remember(lifted: Lifted, sig: Hashable | None, obj: Any, cast: Any, sp: ScanPlan,
              fn: Callable[..., Any], coords: Sequence[Any], tcoord: Any, arguments: Any,
-             outs: Sequence[Any], out: Any) -> None:
+             outs: Sequence[Any], out: Any, masks: Sequence[Any] = ()) -> None:
     """Record the entry for ``sig`` after a successful full call on ``obj``
     (``cast``: ``obj`` with the state's dtype, as scanned; ``arguments``: the
     kernel's ``(args, kwargs)``; ``outs``: what the loop returned; ``out``:
-    the result)."""
-    if sig is None or any(isinstance(c, jax.core.Tracer) for c in [*coords, tcoord]) \
+    the result; ``masks``: a function mesh's masks as the loop read them)."""
+    if sig is None or any(isinstance(c, jax.core.Tracer) for c in [*coords, tcoord, *masks]) \
             or _warns(sp, obj):
         return
     names = sp.plan.var_names
@@ -412,4 +413,4 @@ def remember(lifted: Lifted, sig: Hashable | None, obj: Any, cast: Any, sp: Scan
             jax.block_until_ready(post(outs))
     put(("scan-fast", lifted.key, sig), Entry(
         sp, fn, post, casts, state, perms, list(coords), tcoord, _checked(obj, sp.dim), recipe,
-        is_wide(state), any(a.itemsize == 8 for a in after)))
+        is_wide(state), any(a.itemsize == 8 for a in after), list(masks)))

@@ -2,10 +2,12 @@
 
 :func:`repeat_entry` is the lookup :func:`xstencil.scan` makes before its
 setup (the kernel's key, the call's signature, and the fast path's entry,
-``scan_fast.py``).  :func:`scan_loops_only` runs a scan on the numba loops
-or not at all, for a caller with an XLA path of its own (a dask scan task or
-a temporally blocked tile, :mod:`~xstencil._labelled.dask_loop_scan`); its
-repeats take the same fast path as a user's repeated scan.
+``scan_fast.py``); :func:`mesh_repeat_entry` is a function mesh's
+(``m.scan(...)``), whose signature holds its regions too.
+:func:`scan_loops_only` runs a scan on the numba loops or not at all, for a
+caller with an XLA path of its own (a dask scan task or a temporally blocked
+tile, :mod:`~xstencil._labelled.dask_loop_scan`); its repeats take the same
+fast path as a user's repeated scan.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import xarray as xr
 from xstencil._engine.kcache import describe
 from xstencil._labelled import scan_fast
 from xstencil._labelled.loop_scan import Repeat, backend_mode, eligible, loop_scan
+from xstencil._labelled.mesh_run import layout
 from xstencil._labelled.scan_plan import ScanPlan
 
-__all__ = ["loop_keeper", "repeat_entry", "scan_loops_only"]
+__all__ = ["loop_keeper", "mesh_repeat_entry", "repeat_entry", "scan_loops_only"]
 
 
 def repeat_entry(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
@@ -36,6 +39,29 @@ def repeat_entry(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwa
                                           bool(checkpoint or period), args, kwargs, backend)
     sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
                                               backend_mode(backend), loops), args, kwargs)
+    return lifted, sig, None if sig is None else scan_fast.lookup(lifted, sig, obj)
+
+
+def mesh_repeat_entry(m: Any, kernels: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
+                      dtype: Any, backend: str | None) -> tuple[Any, Any, Any]:
+    """:func:`repeat_entry` for a function mesh's scan (``m.scan(...)``):
+    the kernels' key, and a signature that holds the mesh's regions (by
+    value, masks by digest, and which kernel each runs: ``layout(m).key``)
+    besides the call's.  As for a mesh's map (``mesh_run.lookup``), only a
+    mesh whose data still has the index objects its regions were checked
+    against takes the fast path."""
+    obj, seen = m._obj, m._seen
+    indexes = getattr(obj, "_indexes", None)
+    if seen is None or indexes is None or len(indexes) != len(seen) \
+            or any(indexes.get(k) is not v for k, v in seen.items()):
+        return None, None, None
+    dim, steps, checkpoint, period = options[0], options[4], options[9], options[11]
+    lifted = describe(list(kernels))
+    loops = eligible(obj, dim, steps is not None, bool(checkpoint or period), args, kwargs,
+                     backend)
+    sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
+                                              backend_mode(backend), loops,
+                                              ("mesh", layout(m).key)), args, kwargs)
     return lifted, sig, None if sig is None else scan_fast.lookup(lifted, sig, obj)
 
 
