@@ -19,6 +19,8 @@ import xarray as xr
 import xstencil  # noqa: F401 - registers the accessor
 from tests.spies import count_calls
 from xstencil._backends import tiles
+from xstencil._backends.blockmesh import BlockMesh, local_regions
+from xstencil._engine.mesh import Slab
 from xstencil._labelled import dask_loop_scan
 
 pytest.importorskip("numba")
@@ -47,8 +49,8 @@ def tasks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     ran: list[int] = []
     orig = dask_loop_scan.BlockLoopScan.__call__
 
-    def spy(self: Any, state: np.ndarray, consts: Any, n: int) -> Any:
-        out = orig(self, state, consts, n)
+    def spy(self: Any, state: np.ndarray, consts: Any, n: int, regions: Any = None) -> Any:
+        out = orig(self, state, consts, n, regions)
         if out is not None:
             ran.append(n)
         return out
@@ -303,3 +305,119 @@ def test_a_declined_block_shape_does_not_send_other_shapes_to_xla() -> None:
         _heat, "time", steps=3, boundary="fill", fill_value=0.0, save_every="last")
     np.testing.assert_array_equal(got[0], want.values)
     assert scan(small, [], 3) is None
+
+
+# -- function meshes ------------------------------------------------------------------------
+
+def _damp(u: Any) -> Any:
+    return 0.5 * u(time=-1)
+
+
+def _neg(u: Any) -> Any:
+    return -u(time=-1)
+
+
+def _mesh_of(da: xr.DataArray, mode: str, mask: xr.DataArray) -> Any:
+    """Boxes by position and label, a strided slab and a mask, overlapping."""
+    m = da.stencil.mesh(boundary=mode, fill_value=0.25)
+    m[{"x": slice(3, 26)}] = _heat
+    m[{"y": slice(6, 12)}] = _damp
+    m[{"x": slice(0, 30, 4)}] = _heat  # strided: a mask over each block
+    m[mask] = _neg
+    m.loc[{"x": slice(5.0, 6.0)}] = _damp
+    return m
+
+
+@pytest.mark.parametrize("mode", ["fill", "periodic", "reflect"])
+@pytest.mark.parametrize("chunks, K", [({"y": 8, "x": 10}, 3), ({"y": (11, 13)}, 4)])
+def test_mesh_scan_tasks_run_the_loop_mesh_scan(mode: str, chunks: Any, K: int,
+                                                tasks: list[int]) -> None:
+    """A function mesh's dask scan: each task runs the in-memory loop mesh
+    scan on its block, the regions over the block's own cells (a slab
+    wrapped around a periodic edge, or strided, as a mask): bitwise the
+    in-memory loop mesh scan."""
+    da = _field(seed=11).astype(np.float64)
+    mask = xr.DataArray(np.random.default_rng(12).random(da.shape) > 0.8, dims=da.dims)
+    kw = dict(steps=12, save_every=4, backend="loops")
+    want = _mesh_of(da, mode, mask).scan("time", **kw)
+    got = _mesh_of(da.chunk(chunks), mode, mask).scan("time", halo_every=K, **kw)
+    assert got.chunks is not None
+    got = got.compute()
+    blocks = 9 if "x" in chunks else 2
+    assert len(tasks) == blocks * 3 * -(-4 // K)  # 3 saves, each in layers of at most K
+    np.testing.assert_array_equal(got.values, want.values)
+    xr.testing.assert_identical(got, want)
+
+
+def test_mesh_scan_the_loops_decline_stays_on_xla(tasks: list[int]) -> None:
+    """A region's kernel the loop scan does not take (it reads a coordinate):
+    every task runs the XLA block program, with XLA's in-memory result."""
+    da = _field(seed=13)
+
+    def by_x(u: Any) -> Any:
+        return u(time=-1) * (1.0 + 0.0 * u.coord("x")())
+
+    def build(obj: Any) -> Any:
+        m = obj.stencil.mesh(boundary="fill", fill_value=0.0)
+        m[...] = _heat
+        m[{"x": slice(0, 5)}] = by_x
+        return m
+
+    got = build(da.chunk({"y": 12})).scan("time", steps=6, halo_every=3,
+                                          backend="loops").compute()
+    assert not tasks
+    np.testing.assert_allclose(got.values, build(da).scan("time", steps=6,
+                                                          backend="xla").values, rtol=1e-6)
+
+
+def test_dataset_mesh_scan_tasks_run_the_loops(tasks: list[int]) -> None:
+    da = _field(seed=14).astype(np.float64)
+    ds = xr.Dataset({"T": da, "k": 0.5 * da})
+
+    def heat_k(s: Any) -> Any:
+        return {"T": _heat(s["T"])}
+
+    def damp_k(s: Any) -> Any:
+        return {"T": s["k"]() * s["T"](time=-1)}
+
+    def build(obj: Any) -> Any:
+        m = obj.stencil.mesh(boundary="periodic")
+        m[...] = heat_k
+        m[{"x": slice(20, None)}] = damp_k
+        return m
+
+    kw = dict(steps=8, save_every="last", backend="loops")
+    want = build(ds).scan("time", **kw)
+    got = build(ds.chunk({"y": 12, "x": 15})).scan("time", halo_every=4, **kw).compute()
+    assert len(tasks) == 4 * 2
+    np.testing.assert_array_equal(got["T"].values, want["T"].values)
+
+
+def test_local_regions_of_a_block() -> None:
+    """Slabs over global positions as boxes or masks of a block's cells."""
+    full = (0, 10, 1)
+    bm = BlockMesh((Slab((full, (2, 5, 1), (0, 8, 1))),   # a box
+                    Slab((full, (6, 9, 1), (0, 8, 1))),   # rows 6 and 7 (the axis has 8)
+                    Slab((full, (0, 8, 2), (0, 8, 1))),   # strided
+                    Slab(((0, 1, 1), (0, 8, 1), (0, 8, 1))),  # the initial position only
+                    0,
+                    Slab((full, (1, 7, 1), (2, 4, 1)))),  # split by the periodic wrap
+                   (False,), (10, 8, 8), (True, False), 1)
+    mask = np.zeros((6, 8), bool)
+    mask[1, 2] = True
+    got = local_regions(bm, (5, 0), (6, 8), [mask])  # global rows 5, 6, 7, 0, 1, 2
+    assert got is not None
+    assert got[0] == ("box", ((5, 6), (0, 8)))  # global row 2 is local row 5
+    assert got[1] == ("box", ((1, 3), (0, 8)))
+    assert got[2][0] == "mask"
+    np.testing.assert_array_equal(got[2][1][:, 0], [False, True, False, True, False, True])
+    assert got[3] is None
+    assert got[4][0] == "mask" and got[4][1][1, 2] and got[4][1].sum() == 1
+    assert got[5][0] == "mask"
+    np.testing.assert_array_equal(got[5][1][:, 2], [True, True, False, False, True, True])
+    assert got[5][1].sum() == 4 * 2
+    partial = BlockMesh((Slab(((4, 10, 1), (0, 8, 1), (0, 8, 1))),), (), (10, 8, 8),
+                        (False, False), 1)
+    assert local_regions(partial, (0, 0), (8, 8), []) is None
+    timed = BlockMesh((0,), (True,), (10, 8, 8), (False, False), 1)
+    assert local_regions(timed, (0, 0), (8, 8), [np.zeros((8, 8), bool)]) is None

@@ -27,7 +27,7 @@ from jax import lax
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._engine.mesh import Slab
 
-__all__ = ["BlockMesh", "block_mesh", "mesh_step"]
+__all__ = ["BlockMesh", "block_mesh", "local_regions", "mesh_step"]
 
 
 @dataclass(frozen=True)
@@ -108,3 +108,58 @@ def mesh_step(bm: BlockMesh, calls: Sequence[Callable[..., Any]], base: Callable
         vals = evaluate(c, sources, geom, dyn)
         out = [jnp.where(cond, v.astype(dtype), o) for v, o in zip(vals, out, strict=True)]
     return tuple(out)
+
+
+def local_regions(bm: BlockMesh, origin: Sequence[int], block: Sequence[int],
+                  masks: Sequence[np.ndarray]) -> list[tuple[str, Any] | None] | None:
+    """The regions of ``bm`` over one block's own spatial cells, halo
+    included, for a block scan that runs an in-memory mesh on the block
+    (``origin``: the global index of its first cell per spatial axis,
+    ``block`` its shape; ``masks``: each mask region's cells over the block,
+    from its pieces).  Per region ``("box", ((start, stop), ...))`` where it
+    is a box of the block's cells, ``("mask", cells)`` otherwise (a strided
+    slab, or one wrapped around a periodic axis), ``None`` where it holds no
+    computed position.  ``None`` where some region holds only part of the
+    computed positions along the scanned dim, or a mask varies along it:
+    such a mesh is not the same function of the state at every step."""
+    k, total = bm.k, bm.sizes[0]
+    out: list[tuple[str, Any] | None] = []
+    for r in bm.regions:
+        if not isinstance(r, Slab):
+            if bm.timed[r]:
+                return None
+            out.append(("mask", np.asarray(masks[r], dtype=bool)))
+            continue
+        (tr, *space) = r.ranges
+        lo, hi, st = tr
+        first = lo if lo >= k else lo + -(-(k - lo) // st) * st  # the first hit from k on
+        hits = len(range(first, min(hi, total), st))  # computed positions it holds
+        if not hits:
+            out.append(None)
+            continue
+        if hits != total - k:
+            return None
+        members = []
+        for a, (rg, n, nb) in enumerate(zip(space, bm.sizes[1:], block, strict=True)):
+            p = int(origin[a]) + np.arange(nb)
+            if bm.periodic[a]:
+                p %= n
+            members.append(np.asarray(_inside(p, rg)))
+        boxes = []
+        for m in members:
+            idx = np.flatnonzero(m)
+            if idx.size and idx[-1] - idx[0] + 1 == idx.size:
+                boxes.append((int(idx[0]), int(idx[-1]) + 1))
+            elif not idx.size:
+                boxes.append((0, 0))
+            else:
+                boxes = None
+                break
+        if boxes is not None:
+            out.append(None if any(a == b for a, b in boxes) else ("box", tuple(boxes)))
+            continue
+        cells = members[0]
+        for m in members[1:]:
+            cells = np.multiply.outer(cells, m)
+        out.append(("mask", np.asarray(cells, dtype=bool)))
+    return out

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xstencil._backends.blockmesh import BlockMesh
+from xstencil._backends.blockmesh import BlockMesh, local_regions
 from xstencil._backends.dask_base import cached, is_dask, merged, note_trace, token
 from xstencil._backends.dask_halo import Overlap, assemble, halo_array
 from xstencil._backends.dask_loops import join_host
@@ -72,8 +72,9 @@ class BlockScan:
     finite: Callable[[int, str], Exception] | None  # check_finite's error, or None
     tcoord: np.ndarray | None  # dim's coordinate padded by (k, ahead), if the kernel reads it
     # the labelled layer's loop scan of a block (dask_loop_scan.py): (state rows,
-    # constants, n) -> the last state's rows, or None where the loops do not apply
-    loops: Callable[[np.ndarray, list[np.ndarray], int], np.ndarray | None] | None = None
+    # constants, n, a mesh's regions over the block or None) -> the last state's rows,
+    # or None where the loops do not apply
+    loops: Callable[..., np.ndarray | None] | None = None
 
     def __call__(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any]
                  ) -> np.ndarray:
@@ -81,7 +82,7 @@ class BlockScan:
         constants) from :func:`~xstencil._backends.dask_halo.halo_array`."""
         own = [_own(p) for p in pieces]
         if self._loops_apply(pieces):
-            res = self._on_loops(edges, pieces, own[0].shape)
+            res = self._on_loops(loc, edges, pieces, own[0].shape)
             if res is not None:
                 return res
         shape = (own[0].shape[0],) + tuple(
@@ -112,31 +113,47 @@ class BlockScan:
 
     def _loops_apply(self, pieces: list[Any]) -> bool:
         """Whether the task may run the loop scan: one initial position, no
-        input, forcing, masks, mesh or finiteness check, numpy pieces (the
-        state and a Dataset's constants; the loop scan itself declines a
-        kernel that reads other positions or coordinates)."""
-        return (self.loops is not None and self.spec.k == 1 and self.mesh is None
-                and self.finite is None and not self.has_input and not self.nforce
-                and not self.nmask
-                and all(type(x) is np.ndarray for x in jax.tree_util.tree_leaves(pieces)))
+        input, forcing or finiteness check, masks only as a function mesh's
+        regions (and that mesh one the loops take: no mask varying along the
+        scanned dim), numpy pieces (the state, masks and a Dataset's
+        constants; the loop scan itself declines a kernel that reads other
+        positions or coordinates)."""
+        if self.loops is None or self.spec.k != 1 or self.finite is not None \
+                or self.has_input or self.nforce:
+            return False
+        if self.mesh is None:
+            if self.nmask:
+                return False
+        elif not getattr(self.loops, "meshes", False) or any(self.mesh.timed):
+            return False
+        return all(type(x) is np.ndarray for x in jax.tree_util.tree_leaves(pieces))
 
-    def _on_loops(self, edges: np.ndarray, pieces: list[Any], own: tuple[int, ...]
-                  ) -> np.ndarray | None:
+    def _on_loops(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any],
+                  own: tuple[int, ...]) -> np.ndarray | None:
         """The task on the loop backend (:mod:`xstencil._labelled.dask_loop_scan`):
         each piece joined with its halo, less the halo on the global edges of
         non-periodic dims (there the loop scan's boundary mode is the true
-        one), scanned ``n`` steps; the state's own cells, or ``None``."""
-        core = [slice(None)]
+        one), scanned ``n`` steps (a function mesh with its regions over the
+        block: :func:`~xstencil._backends.blockmesh.local_regions`); the
+        state's own cells, or ``None``."""
+        core, origin = [slice(None)], []
         for a in range(1, len(self.depth)):
             d = self.depth[a]
             lo = d * bool(edges[a, 0])  # flags: non-periodic only
             core.append(slice(d - lo, d - lo + own[a]))
+            origin.append(self.starts[a][loc[a]] - (d - lo))
         none = (None,) * len(self.depth)
         # the halo pieces on those global edges are left out before the join: one copy
-        state, *consts = [join_host(_cut(p, self.depth, edges), self.depth, none, 0, edges)
-                          for p in pieces]
+        state, *rest = [join_host(_cut(p, self.depth, edges), self.depth, none, 0, edges)
+                        for p in pieces]
+        masks, consts = rest[:self.nmask], rest[self.nmask:]
+        regions = None
+        if self.mesh is not None:
+            regions = local_regions(self.mesh, origin, state.shape[1:], [m[0] for m in masks])
+            if regions is None:
+                return None
         assert self.loops is not None
-        last = self.loops(state, [c[0] for c in consts], self.n)
+        last = self.loops(state, [c[0] for c in consts], self.n, regions)
         if last is None:
             return None
         return last[tuple(core)]

@@ -34,7 +34,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._backends.loops import available, resolve_mode
-from xstencil._labelled.scan_repeat import scan_loops_only
+from xstencil._labelled.scan_repeat import mesh_scan_loops_only, scan_loops_only
 
 __all__ = ["BlockLoopScan", "block_loop_scan"]
 
@@ -49,10 +49,21 @@ class BlockLoopScan:
     (``*space``); the result is ``(V, *space)``.  Pickled to dask workers
     with the kernel and its arguments."""
 
+    #: it runs a function mesh's blocks too (``regions`` of :meth:`__call__`)
+    meshes = True
+
     def __init__(self, call: str, kernel: Any, dims: Sequence[str], names: Sequence[str] | None,
                  consts: Sequence[str], opts: Mapping[str, Any], args: tuple[Any, ...],
-                 kwargs: Mapping[str, Any], backend: str | None):
+                 kwargs: Mapping[str, Any], backend: str | None, function_mesh: Any = None):
         self.call, self.kernel, self.dim, self.dims = call, kernel, dims[0], tuple(dims)
+        # a function mesh's: its class (each block's mesh is one of it), options and
+        # kernels, one per region
+        self.mesh_type = None if function_mesh is None else type(function_mesh)
+        self.mesh_options = {} if function_mesh is None else {
+            k: v for k, v in function_mesh._options.items()
+            if k in ("window", "boundary", "fill_value", "period")}
+        self.kernels = () if function_mesh is None else tuple(
+            k for _, k in function_mesh._regions)
         self.names = None if names is None else tuple(names)  # None: a DataArray
         self.consts = tuple(consts)
         self.window = opts.get("window")
@@ -64,9 +75,14 @@ class BlockLoopScan:
         # block's route depends on its shape only, never on which task ran first
         self.declined: set[tuple[Any, ...]] = set()
 
-    def __call__(self, state: np.ndarray, consts: Sequence[np.ndarray], n: int
+    def __call__(self, state: np.ndarray, consts: Sequence[np.ndarray], n: int,
+                 regions: Sequence[tuple[str, Any] | None] | None = None
                  ) -> np.ndarray | None:
-        shapes = (state.shape, *(c.shape for c in consts))
+        """``regions``: a function mesh's, over the block
+        (:func:`~xstencil._backends.blockmesh.local_regions`)."""
+        shapes: tuple[Any, ...] = (state.shape, *(c.shape for c in consts))
+        if regions is not None:  # the route by the regions' layout too (boxes, masks)
+            shapes += tuple(r if r is None or r[0] == "box" else "mask" for r in regions)
         if shapes in self.declined:
             return None
         space = self.dims[1:]
@@ -81,8 +97,13 @@ class BlockLoopScan:
         options = (self.dim, self.window, self.boundary, self.fill_value, int(n), None, None,
                    "last", False, False, False, None)
         with _LOCK:
-            out = scan_loops_only(obj, self.kernel, options, self.args, self.kwargs,
-                                  self.backend)
+            if regions is None:
+                out = scan_loops_only(obj, self.kernel, options, self.args, self.kwargs,
+                                      self.backend)
+            else:
+                m = self._mesh(obj, regions)
+                out = None if m is None else mesh_scan_loops_only(
+                    m, options, self.args, self.kwargs, self.backend)
         if out is None:
             self.declined.add(shapes)
             return None
@@ -94,6 +115,29 @@ class BlockLoopScan:
         # bufpool.py); more: stacked, a copy
         return rows[0][None] if len(rows) == 1 else np.stack(rows)
 
+    def _mesh(self, obj: Any, regions: Sequence[tuple[str, Any] | None]) -> Any:
+        """The function mesh of one block: each region a box of positions or a
+        mask over the block's cells, with its kernel; ``None`` where no region
+        applies to the block (the XLA block program keeps its input)."""
+        assert self.mesh_type is not None
+        space = self.dims[1:]
+        m = self.mesh_type(obj, **self.mesh_options)
+        for r, kernel in zip(regions, self.kernels, strict=True):
+            if r is None:
+                continue
+            kind, where = r
+            if kind == "mask":
+                if where.any():  # (a mask with no cell in this block never runs here)
+                    m[xr.DataArray(where, dims=space)] = kernel
+                continue
+            sel = {d: slice(a, b) for d, (a, b) in zip(space, where, strict=True)
+                   if (a, b) != (0, obj.sizes[d])}
+            if sel:
+                m[sel] = kernel
+            else:
+                m[...] = kernel
+        return m if m._regions else None
+
 
 def block_loop_scan(call: str, obj: Any, kernel: Any, sp: Any, opts: Mapping[str, Any],
                     args: tuple[Any, ...], kwargs: Mapping[str, Any], backend: str | None,
@@ -103,10 +147,12 @@ def block_loop_scan(call: str, obj: Any, kernel: Any, sp: Any, opts: Mapping[str
     client: the rest is decided by the first task).  A Dataset's variables
     must each span the field: the advanced ones over the plan's dims, the
     constants over its spatial dims, in that order."""
-    if resolve_mode(backend) == "xla" or not available() or function_mesh is not None:
+    if resolve_mode(backend) == "xla" or not available():
         return None
-    if kernel is None or opts.get("steps") is None or opts.get("checkpoint") \
-            or opts.get("period") or opts.get("check_finite"):
+    if function_mesh is not None and not all(callable(k) for _, k in function_mesh._regions):
+        return None
+    if (kernel is None and function_mesh is None) or opts.get("steps") is None \
+            or opts.get("checkpoint") or opts.get("period") or opts.get("check_finite"):
         return None
     plan = sp.plan
     dims = tuple(plan.dims)
@@ -130,4 +176,5 @@ def block_loop_scan(call: str, obj: Any, kernel: Any, sp: Any, opts: Mapping[str
         meta = getattr(v.data, "_meta", v.data)
         if type(meta) is not np.ndarray or meta.dtype.kind not in "biuf":
             return None
-    return BlockLoopScan(call, kernel, dims, names, consts, opts, args, kwargs, backend)
+    return BlockLoopScan(call, kernel, dims, names, consts, opts, args, kwargs, backend,
+                         function_mesh)

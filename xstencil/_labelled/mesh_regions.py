@@ -231,8 +231,9 @@ def region_key(region: Region) -> Hashable:
     if region is None:
         return None
     if isinstance(region, np.ndarray):
-        a = np.ascontiguousarray(region)
-        return ("mask", a.shape, hashlib.blake2b(a.tobytes(), digest_size=20).digest())
+        # a boolean mask: its cells packed 8 to a byte (a broadcast view too), then digested
+        bits = np.packbits(np.asarray(region, dtype=bool), axis=None)
+        return ("mask", region.shape, hashlib.blake2b(bits.tobytes(), digest_size=20).digest())
     return tuple((d, a.dtype.str, a.tobytes()) for d, a in region.items())
 
 

@@ -342,7 +342,8 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
             return scan_fast.run(entry, m._obj, args, kwargs, lifted)
     obj = state_dtype(call, m._obj, kernels, m, o, args, kwargs, dtype)
     out = scale_out(obj, None, dim, args, {**opts, **kwargs},
-                    devices=m._options.get("devices"), halo_every=halo_every, function_mesh=m)
+                    devices=m._options.get("devices"), halo_every=halo_every, function_mesh=m,
+                    backend=backend)
     if out is not None:  # dask-backed or sharded data: K steps per halo exchange
         return out
     if local:

@@ -19,11 +19,13 @@ import xarray as xr
 
 from xstencil._engine.kcache import describe
 from xstencil._labelled import scan_fast
+from xstencil._labelled.loop_mesh_scan import loop_mesh_scan
 from xstencil._labelled.loop_scan import Repeat, backend_mode, eligible, loop_scan
 from xstencil._labelled.mesh_run import layout
 from xstencil._labelled.scan_plan import ScanPlan
 
-__all__ = ["loop_keeper", "mesh_repeat_entry", "repeat_entry", "scan_loops_only"]
+__all__ = ["loop_keeper", "mesh_repeat_entry", "mesh_scan_loops_only", "repeat_entry",
+           "scan_loops_only"]
 
 
 def repeat_entry(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
@@ -78,6 +80,20 @@ def scan_loops_only(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, 
 
     return loop_scan(obj, kernel, ScanPlan(call, *options), args, kwargs, backend,
                      loop_keeper(lifted, sig, obj, obj, args, kwargs))
+
+
+def mesh_scan_loops_only(m: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
+                         backend: str | None) -> Any:
+    """The scan of function mesh ``m`` on the loop backend only, or ``None``
+    (as :func:`scan_loops_only`; ``m``'s data of the state's dtype)."""
+    obj = m._obj
+    kernels = [k for _, k in m._regions]
+    call = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.mesh(...).scan()"
+    lifted, sig, entry = mesh_repeat_entry(m, kernels, options, args, kwargs, None, backend)
+    if entry is not None and isinstance(entry.fn, Repeat):  # a loop scan's entry
+        return scan_fast.run(entry, obj, args, kwargs, lifted)
+    return loop_mesh_scan(obj, m, kernels, ScanPlan(call, *options), args, kwargs, backend,
+                          loop_keeper(lifted, sig, obj, obj, args, kwargs))
 
 
 def loop_keeper(lifted: Any, sig: Any, obj: Any, cast: Any, args: Any, kwargs: Any
