@@ -19,3 +19,19 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[
 
     monkeypatch.setattr(owner, name, spy)
     return calls
+
+
+def counting(monkeypatch: pytest.MonkeyPatch, targets: dict[str, tuple[Any, str]]
+             ) -> dict[str, int]:
+    """Per key of ``targets``, the number of calls of ``owner.name`` (its
+    value), counted live in the returned dict (undone by ``monkeypatch``)."""
+    n = dict.fromkeys(targets, 0)
+    for key, (owner, name) in targets.items():
+        real = getattr(owner, name)
+
+        def spy(*args: Any, _key: str = key, _real: Any = real, **kwargs: Any) -> Any:
+            n[_key] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, spy)
+    return n

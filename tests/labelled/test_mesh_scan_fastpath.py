@@ -20,6 +20,7 @@ import pytest
 import xarray as xr
 
 import xstencil
+from tests.spies import counting
 from xstencil._labelled import loop_mesh_scan, scan_fast
 from xstencil._labelled import scan as scan_mod
 
@@ -81,20 +82,8 @@ def _rules(cols: slice, swapped: bool = False, mask: Any = None) -> np.ndarray:
 @pytest.fixture
 def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     """Calls that took the fast path, and full mesh scans on each route."""
-    n = {"fast": 0, "xla_full": 0, "loop_full": 0}
-
-    def spy(mod: Any, name: str, key: str) -> None:
-        real = getattr(mod, name)
-
-        def f(*a: Any, **k: Any) -> Any:
-            n[key] += 1
-            return real(*a, **k)
-
-        monkeypatch.setattr(mod, name, f)
-
-    spy(scan_fast, "run", "fast")
-    spy(scan_mod, "_run", "xla_full")
-    spy(loop_mesh_scan, "_mesh_scan", "loop_full")
+    n = counting(monkeypatch, {"fast": (scan_fast, "run"), "xla_full": (scan_mod, "_run"),
+                               "loop_full": (loop_mesh_scan, "_mesh_scan")})
     xstencil.clear_caches()
     yield n
     xstencil.clear_caches()

@@ -19,6 +19,7 @@ import pytest
 import xarray as xr
 
 import xstencil
+from tests.spies import counting
 from xstencil._engine import kcache
 from xstencil._engine.kcache import freeze
 from xstencil._labelled import scan as scan_mod
@@ -53,21 +54,9 @@ def np_heat(x0: np.ndarray, steps: int, nu: Any = NU) -> np.ndarray:
 def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     """Calls that took the fast path, the full loop path, the full XLA path,
     and time loops run as numba loops (fast or full)."""
-    n = {"fast": 0, "loop_full": 0, "xla_full": 0, "loops": 0}
-
-    def spy(mod: Any, name: str, key: str) -> None:
-        real = getattr(mod, name)
-
-        def f(*a: Any, **k: Any) -> Any:
-            n[key] += 1
-            return real(*a, **k)
-
-        monkeypatch.setattr(mod, name, f)
-
-    spy(scan_fast, "run", "fast")
-    spy(LS, "_loop_scan", "loop_full")
-    spy(scan_mod, "_run", "xla_full")
-    spy(LS.loop_scan_steps, "run_loop", "loops")
+    n = counting(monkeypatch, {"fast": (scan_fast, "run"), "loop_full": (LS, "_loop_scan"),
+                               "xla_full": (scan_mod, "_run"),
+                               "loops": (LS.loop_scan_steps, "run_loop")})
     xstencil.clear_caches()
     yield n
     xstencil.clear_caches()
