@@ -421,3 +421,13 @@ def test_local_regions_of_a_block() -> None:
     assert local_regions(partial, (0, 0), (8, 8), []) is None
     timed = BlockMesh((0,), (True,), (10, 8, 8), (False, False), 1)
     assert local_regions(timed, (0, 0), (8, 8), [np.zeros((8, 8), bool)]) is None
+
+
+def test_one_strip_steps_every_step_between_saves() -> None:
+    """A field that one strip holds has no halo to recompute: K is every
+    step between saves, not ``LOOP_MAX_STEPS``."""
+    one = tiles.choose((512, 512), (1, 1), 4, 1000, strips=True)
+    assert one.count == 1 and one.steps == 1000
+    two = tiles.choose((2048, 2048), (1, 1), 4, 1000, strips=True)
+    assert two.count == 2 and two.steps == tiles.LOOP_MAX_STEPS
+    assert tiles.choose((512, 512), (1, 1), 4, 1000, strips=True, steps=16).steps == 16

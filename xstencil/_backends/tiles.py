@@ -117,7 +117,8 @@ def choose(shape: Sequence[int], reach: Sequence[int], row_bytes: int, steps_per
     With ``strips`` (the tiles run the numba loop scan, one at a time on
     every core), a tile is instead a strip of whole rows: the first spatial
     axis cut so that a strip holds about :data:`LOOP_TILE_BYTES`, and ``K``
-    at most :data:`LOOP_MAX_STEPS`.
+    at most :data:`LOOP_MAX_STEPS` (all the steps between saves where one
+    strip holds the whole field: it has no halo).
     ``tile`` (cells per spatial axis) and ``steps`` override either choice;
     ``K`` is then still capped by the steps between saves and so that the
     halo fits in a neighbouring tile.  No tile is narrower than the reach
@@ -164,7 +165,9 @@ def choose(shape: Sequence[int], reach: Sequence[int], row_bytes: int, steps_per
     # per split axis with a reach: how many steps of halo its smallest tile holds
     fit = [min(b - a for a, b in bounds[ax]) // reach[ax] for ax in range(nd)
            if reach[ax] and len(bounds[ax]) > 1]
-    if steps is None:
+    if steps is None and strips and not fit:  # one strip: no halo to recompute, no limit
+        k = steps_per_save
+    elif steps is None:
         k = min([most] + [max(1, f // 8) for f in fit])
     else:
         k = steps
