@@ -199,6 +199,12 @@ def test_distributed_local_cluster() -> None:
             ref = da.stencil.scan(heat, "time", **kw)
             out = da.chunk({"y": 16, "x": 32}).stencil.scan(heat, "time", halo_every=4, **kw)
             np.testing.assert_array_equal(out.compute().values, ref.values)
+            # a function mesh's tasks: each block's mesh (of Mesh's class) built on a worker
+            kw = dict(steps=8, save_every=4, backend="loops")
+            ref = _heat_mesh(da, "extend").scan("time", **kw)
+            out = _heat_mesh(da.chunk({"y": 16, "x": 32}), "extend").scan("time", halo_every=4,
+                                                                          **kw)
+            np.testing.assert_array_equal(out.compute().values, ref.values)
     # a function mesh: one more compile per worker (positions are run-time arguments)
     assert all(with_mesh[w] - after[w] <= 1 for w in after), (after, with_mesh)
     # 16 tasks per map; 9 block geometries at most for the in-block padded reflect
