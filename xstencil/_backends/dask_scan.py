@@ -124,7 +124,7 @@ class BlockScan:
         if self.mesh is None:
             if self.nmask:
                 return False
-        elif not getattr(self.loops, "meshes", False) or any(self.mesh.timed):
+        elif any(self.mesh.timed):
             return False
         return all(type(x) is np.ndarray for x in jax.tree_util.tree_leaves(pieces))
 

@@ -138,6 +138,13 @@ def _tiling(call: str, sp: ScanPlan, how: dict[str, Any] | bool | None, forced: 
     return got
 
 
+def _below_floor(tiling: tiles.Tiling, backend: str | None) -> bool:
+    """Whether ``"auto"`` would run some tile of ``tiling`` on XLA (fewer
+    cells than its floor for the loops)."""
+    smallest = min(math.prod(b - a for a, b in c) for c in itertools.product(*tiling.bounds))
+    return resolve_mode(backend) == "auto" and smallest < AUTO_MIN_POINTS
+
+
 def blocked(obj: Any, kernel: Callable[..., Any], dim: str, args: Any, kwargs: Any,
             blocking: Any, backend: str | None = None, **options: Any) -> Any:
     """The scan of ``obj`` run temporally blocked, or ``None`` for the
@@ -171,10 +178,9 @@ def blocked(obj: Any, kernel: Callable[..., Any], dim: str, args: Any, kwargs: A
     loops = block_loop_scan(call, obj, kernel, sp, options, tuple(args), kwargs, backend, None)
     # on the loop scan (forced: unforced, the whole-array loop scan ran first, and declined),
     # whole-row strips, unless "auto" would send strips that small to XLA anyway
-    tiling = _tiling(call, sp, how, forced, loops is not None and forced)
-    if loops is not None and forced and tiling is not None and resolve_mode(backend) == "auto" \
-            and min(math.prod(b - a for a, b in c) for c in itertools.product(
-                *tiling.bounds)) < AUTO_MIN_POINTS:
+    strips = loops is not None and forced
+    tiling = _tiling(call, sp, how, forced, strips)
+    if strips and tiling is not None and _below_floor(tiling, backend):
         tiling = _tiling(call, sp, how, forced)
     if tiling is None:
         return None

@@ -49,9 +49,6 @@ class BlockLoopScan:
     (``*space``); the result is ``(V, *space)``.  Pickled to dask workers
     with the kernel and its arguments."""
 
-    #: it runs a function mesh's blocks too (``regions`` of :meth:`__call__`)
-    meshes = True
-
     def __init__(self, call: str, kernel: Any, dims: Sequence[str], names: Sequence[str] | None,
                  consts: Sequence[str], opts: Mapping[str, Any], args: tuple[Any, ...],
                  kwargs: Mapping[str, Any], backend: str | None, function_mesh: Any = None):
@@ -148,8 +145,6 @@ def block_loop_scan(call: str, obj: Any, kernel: Any, sp: Any, opts: Mapping[str
     must each span the field: the advanced ones over the plan's dims, the
     constants over its spatial dims, in that order."""
     if resolve_mode(backend) == "xla" or not available():
-        return None
-    if function_mesh is not None and not all(callable(k) for _, k in function_mesh._regions):
         return None
     if (kernel is None and function_mesh is None) or opts.get("steps") is None \
             or opts.get("checkpoint") or opts.get("period") or opts.get("check_finite"):

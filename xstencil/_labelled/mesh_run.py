@@ -61,7 +61,7 @@ from xstencil._labelled.plan import Plan
 from xstencil._labelled.result import host64, replace_data, rewrap
 
 __all__ = ["Layout", "layout", "how", "use_select", "Entry", "lookup", "run", "remember",
-           "traced_call", "SMALL"]
+           "still_seen", "traced_call", "SMALL"]
 
 #: Outputs of at most this many positions always take *select*.
 SMALL = 1 << 18
@@ -204,10 +204,7 @@ def lookup(m: Any, args: Any, kwargs: Any,
     holds the data's index objects that the mesh's regions were checked
     against; any other index object takes the full path (which checks)."""
     obj = m._obj
-    seen = m._seen
-    indexes = getattr(obj, "_indexes", None)
-    if seen is None or indexes is None or not m._regions or len(indexes) != len(seen) \
-            or any(indexes.get(k) is not v for k, v in seen.items()):
+    if not m._regions or not still_seen(m):
         return None
     lay = layout(m)
     sig = _sig(m, args, kwargs, dtype)
@@ -225,6 +222,15 @@ def lookup(m: Any, args: Any, kwargs: Any,
     if entry is None:
         return None
     return entry, lifted
+
+
+def still_seen(m: Any) -> bool:
+    """Whether mesh ``m``'s data still has the index objects its regions
+    were checked against (``m._seen``): only then may a repeat skip the
+    full path, which checks them again."""
+    seen, indexes = m._seen, getattr(m._obj, "_indexes", None)
+    return seen is not None and indexes is not None and len(indexes) == len(seen) \
+        and all(indexes.get(k) is v for k, v in seen.items())
 
 
 def traced_call(data: Any, args: Any, kwargs: Any, lifted: Lifted) -> bool:

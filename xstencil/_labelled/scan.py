@@ -335,7 +335,7 @@ def scan_mesh(m: Any, dim: str = "time", *args: Any, **options: Any) -> Any:
     kernels = [k for _, k in m._regions]
     local = halo_every is None and m._options.get("devices") is None
     lifted = sig = None
-    if local and all(callable(k) for k in kernels):  # a repeated call: skip the setup
+    if local:  # a repeated call: skip the setup
         lifted, sig, entry = mesh_repeat_entry(m, kernels, o.options[1:], args, kwargs, dtype,
                                                backend)
         if entry is not None:

@@ -21,7 +21,7 @@ from xstencil._engine.kcache import describe
 from xstencil._labelled import scan_fast
 from xstencil._labelled.loop_mesh_scan import loop_mesh_scan
 from xstencil._labelled.loop_scan import Repeat, backend_mode, eligible, loop_scan
-from xstencil._labelled.mesh_run import layout
+from xstencil._labelled.mesh_run import layout, still_seen
 from xstencil._labelled.scan_plan import ScanPlan
 
 __all__ = ["loop_keeper", "mesh_repeat_entry", "mesh_scan_loops_only", "repeat_entry",
@@ -34,14 +34,7 @@ def repeat_entry(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwa
     them (``None`` when there is none yet).  ``options`` as
     :class:`~xstencil._labelled.scan_plan.ScanPlan` takes them after
     ``call``."""
-    dim, steps, checkpoint, period = options[0], options[4], options[9], options[11]
-    lifted = describe([kernel])
-    # whether it may run as numba loops is keyed too: an entry never changes the route
-    loops = blocking is None and eligible(obj, dim, steps is not None,
-                                          bool(checkpoint or period), args, kwargs, backend)
-    sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
-                                              backend_mode(backend), loops), args, kwargs)
-    return lifted, sig, None if sig is None else scan_fast.lookup(lifted, sig, obj)
+    return _entry(obj, [kernel], options, args, kwargs, dtype, blocking is None, backend, ())
 
 
 def mesh_repeat_entry(m: Any, kernels: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
@@ -52,18 +45,25 @@ def mesh_repeat_entry(m: Any, kernels: Any, options: tuple[Any, ...], args: Any,
     besides the call's.  As for a mesh's map (``mesh_run.lookup``), only a
     mesh whose data still has the index objects its regions were checked
     against takes the fast path."""
-    obj, seen = m._obj, m._seen
-    indexes = getattr(obj, "_indexes", None)
-    if seen is None or indexes is None or len(indexes) != len(seen) \
-            or any(indexes.get(k) is not v for k, v in seen.items()):
+    if not still_seen(m):
         return None, None, None
+    return _entry(m._obj, list(kernels), options, args, kwargs, dtype, True, backend,
+                  (("mesh", layout(m).key),))
+
+
+def _entry(obj: Any, kernels: list[Any], options: tuple[Any, ...], args: Any, kwargs: Any,
+           dtype: Any, may_loop: bool, backend: str | None, extra: tuple[Any, ...]
+           ) -> tuple[Any, Any, Any]:
+    """The kernels' key, the signature (the call's, ``extra`` appended) and
+    the entry (see :func:`repeat_entry`)."""
     dim, steps, checkpoint, period = options[0], options[4], options[9], options[11]
-    lifted = describe(list(kernels))
-    loops = eligible(obj, dim, steps is not None, bool(checkpoint or period), args, kwargs,
-                     backend)
+    lifted = describe(kernels)
+    # whether it may run as numba loops is keyed too: an entry never changes the route
+    loops = may_loop and eligible(obj, dim, steps is not None, bool(checkpoint or period),
+                                  args, kwargs, backend)
     sig = scan_fast.signature(obj, options + (None if dtype is None else str(dtype),
-                                              backend_mode(backend), loops,
-                                              ("mesh", layout(m).key)), args, kwargs)
+                                              backend_mode(backend), loops) + extra,
+                              args, kwargs)
     return lifted, sig, None if sig is None else scan_fast.lookup(lifted, sig, obj)
 
 
