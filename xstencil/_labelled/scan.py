@@ -391,7 +391,8 @@ def _run(call: str, obj: Any, kernels: Sequence[Any], mesh: Any, o: ScanPlan, ar
                                        call)
         settle(lifted)  # lists the trace wrote to (trace counters) stop being keyed
     finite(call, bad, sp.tvals, sp.dim)
-    out = rewrap(sp, f, obj, outs)
+    # save_every="last": the loop drops the axis along dim that rewrap expects
+    out = rewrap(sp, f, obj, outs if sp.every else [x[None] for x in outs])
     if keep is not None:
         keep(sp, fn, coords, tcoord, outs, out, dmasks)
     return out

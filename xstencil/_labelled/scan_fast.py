@@ -327,23 +327,25 @@ def _perm(sp: ScanPlan, i: int, own: Sequence[Hashable]) -> tuple[int, ...] | No
     return None if perm == tuple(range(len(own))) else perm
 
 
-def _post(sp: ScanPlan, dims_out: Sequence[tuple[str, ...]]
+def _post(sp: ScanPlan, dims_out: Sequence[tuple[str, ...]], squeezed: bool
           ) -> tuple[tuple[tuple[int, ...], ...], bool] | None:
     """How the loop's outputs (dim first, then the variable's other dims in
     plan order) become the result's: per output the transposition, and
-    whether only its first position is kept (``save_every="last"``); None
-    where they already are."""
-    perms, needed = [], False
+    whether only its first position is kept (``save_every="last"``, unless
+    the loop already dropped that axis: ``squeezed``); None where they
+    already are."""
+    last = sp.every == 0 and not squeezed
+    perms, needed = [], last
     for i, dims in zip(sp.evolving, dims_out, strict=True):
         have = (sp.dim,) + tuple(d for d in sp.plan.var_dims[i] if d != sp.dim)
         if sp.every == 0:
             have = have[1:]
         perm = tuple(have.index(d) for d in dims)
-        needed |= sp.every == 0 or perm != tuple(range(len(perm)))
+        needed |= perm != tuple(range(len(perm)))
         perms.append(perm)
     if not needed:
         return None
-    return tuple(perms), sp.every == 0
+    return tuple(perms), last
 
 
 def _jitted_post(perms: tuple[tuple[int, ...], ...], last: bool) -> Callable[..., Any]:
@@ -401,8 +403,9 @@ def remember(lifted: Lifted, sig: Hashable | None, obj: Any, cast: Any, sp: Scan
     casts = tuple(None if a == b else a for a, b in zip(after, before, strict=True))
     state = [np.zeros(0, a) for a in after]
     perms = tuple(_perm(sp, i, (obj if n is None else obj[n]).dims) for i, n in enumerate(keys))
-    layout, post = _post(sp, dims_out), None
     posted = getattr(fn, "posted", None)
+    # the XLA loop (scan_loop.build_loop) drops the axis along dim of a "last" save
+    layout, post = _post(sp, dims_out, squeezed=posted is None), None
     if layout is not None and posted is not None:  # a loop scan's: done on the host
         fn = posted(*layout)
     elif layout is not None:

@@ -65,7 +65,9 @@ def time_input(sp: ScanPlan, kernels: Sequence[Any], lifted: Any, static: Any, u
 def build_loop(sp: ScanPlan, lifted: Any, static: Any,
                regions: Sequence[Any]) -> Callable[..., Any]:
     """The jitted loop: ``run(arrays, init, coords, tcoord, masks, udyn,
-    leaves, token) -> (saved slabs, first bad position)``."""
+    leaves, token) -> (saved slabs, first bad position)``; with
+    ``save_every="last"`` each variable's final state, without the axis
+    along ``dim`` (a repeated call then needs no second program to drop it)."""
     plan, dim, loop, k = sp.plan, sp.dim, sp.loop, sp.k
     space = [d for d in plan.coord_dims if d != dim]
     t_ax = plan.axis(dim)
@@ -89,7 +91,7 @@ def build_loop(sp: ScanPlan, lifted: Any, static: Any,
         for h, x in zip(init, saved, strict=True):
             if loop.every and k:
                 x = jnp.concatenate([jnp.stack(h[-k:]), x])
-            outs.append(x)
+            outs.append(x if loop.every else x[0])
         return outs, bad
 
     return jax.jit(run)
