@@ -12,9 +12,10 @@ same nest loads it (measured: a 5 x 5 weighted sum's first call, 2.8 s
 compiled, 0.4 s loaded).
 
 Why that cannot return stale code: a file's name is the digest of exactly
-the text it holds (the nest, the ``np``/``prange`` header and the numba
-options), a file is written once, atomically, and never rewritten, and the
-nest reads nothing but its arguments and those two names.  numba checks the
+the text it holds (the nest, the ``np``/``prange`` header and the
+numba options), a file is written once, atomically, and never
+rewritten, and the nest reads nothing but its arguments, those names and the
+``rows`` function of the same file (an outlined nest's body).  numba checks the
 file's stamp and its own version before it uses a cache entry.
 
 Where: ``$XSTENCIL_CACHE_DIR/loops`` when set, else
@@ -68,7 +69,10 @@ def directory() -> Path | None:
 def njit_source(source: str, label: str, **options: Any) -> Any:
     """``numba.njit(**options)`` of the function ``kernel`` that ``source``
     defines (it may use ``np`` and ``prange``), cached on disk where it can
-    be (see the module notes); ``label`` names it in tracebacks where not."""
+    be (see the module notes); ``label`` names it in tracebacks where not.
+    A function ``rows`` that the source also defines (an outlined nest:
+    :func:`xstencil._engine.loopnest.outline`) is compiled with the same
+    options, serially, and ``kernel`` calls it."""
     where = directory()
     if where is not None:
         try:
@@ -85,7 +89,17 @@ def njit_source(source: str, label: str, **options: Any) -> Any:
                               where, e, ENV)
     namespace: dict[str, Any] = {"np": np, "prange": numba.prange}
     exec(compile(source, label, "exec"), namespace)  # noqa: S102
+    _serial_rows(namespace, options, cache=False)
     return numba.njit(**options)(namespace["kernel"])
+
+
+def _serial_rows(namespace: dict[str, Any], options: dict[str, Any], cache: bool) -> None:
+    """Compile the source's ``rows`` (where it has one) as ``kernel`` finds
+    it, a global of its own namespace: with ``options`` but serial."""
+    rows = namespace.get("rows")
+    if rows is not None and not isinstance(rows, numba.core.dispatcher.Dispatcher):
+        serial = {k: v for k, v in options.items() if k != "parallel"}
+        namespace["rows"] = numba.njit(cache=cache, **serial)(rows)
 
 
 def _from_file(where: Path, source: str, options: dict[str, Any]) -> Any:
@@ -117,5 +131,6 @@ def _from_file(where: Path, source: str, options: dict[str, Any]) -> Any:
                 raise OSError(f"cannot import {path}")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
+            _serial_rows(vars(module), options, cache=True)
             sys.modules[name] = module
     return module.kernel

@@ -36,7 +36,7 @@ import numpy as np
 from xstencil._engine.boundary import source_index
 from xstencil._engine.lift import Lifted, Table, Unliftable, cell_grid, interpret
 from xstencil._engine.loopcode import Code, CodeAlgebra, Param, cast, dtype_of, literal
-from xstencil._engine.loopnest import render
+from xstencil._engine.loopnest import outline, render
 from xstencil._engine.lower import AxisGeom, Source
 
 __all__ = ["Code", "CodeAlgebra", "Param", "generate", "boundary_tables", "scalar_program"]
@@ -79,7 +79,9 @@ def generate(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     src = render(sources, geom, params, lines, reads, results, masked, out_steps)
     head, _, body = src.partition("\n")
     prologue = "".join(f"    {line}\n" for line in algebra.prologue)
-    return f"{head}\n{prologue}{body}", len(results)
+    src = f"{head}\n{prologue}{body}"
+    # runtime weights: the zero-weight rule's selects, which numba compiles faster outlined
+    return (outline(src) if algebra.weights else src), len(results)
 
 
 def scalar_program(algebra: CodeAlgebra, closed: Any, sources: Sequence[Source],
