@@ -66,6 +66,7 @@ from xstencil._labelled.scan_result import call_with_progress, finite, initial_f
 __all__ = ["Entry", "signature", "lookup", "run", "remember"]
 
 _TOKEN = np.int32(0)  # the progress token of a loop without a bar
+_ATOMS = frozenset({type(None), str, int, bool})  # frozen as (type, value), as freeze() does
 
 
 class Entry(NamedTuple):
@@ -142,8 +143,10 @@ def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Has
     coords = tuple((n, v.dims, dt.str, None if isinstance(dt, np.dtype) and dt.kind != "V"
                     else str(dt)) for n, v in _coord_vars(obj).items() for dt in (v.dtype,))
     try:
+        # freeze(options), without a call per atom (None, names, counts, flags)
+        opts = tuple([(type(v), v) if type(v) in _ATOMS else freeze(v) for v in options])
         key = (type(obj), tuple((n, v.dims, v.shape, v.dtype.str) for n, v in variables),
-               coords, freeze(options), arg_key, bool(jax.config.read("jax_enable_x64")))
+               coords, opts, arg_key, bool(jax.config.read("jax_enable_x64")))
         hash(key)
     except TypeError:
         return None
@@ -222,6 +225,8 @@ def _call(entry: Entry, sp: ScanPlan, datas: list[Any], dyn: list[Any], leaves: 
     if entry.post is not None:  # dispatched before waiting: it runs right after the loop
         outs = entry.post(outs)
     # a numpy input may be read in place, and changed right after the call
+    if any(type(x) is np.ndarray for x in datas):  # the usual case: no tree to walk
+        return jax.block_until_ready((outs, bad))
     return settled((outs, bad), (datas, dyn, leaves))
 
 
@@ -276,11 +281,17 @@ def _copy(v: xr.Variable, deep: bool) -> xr.Variable:
     new = object.__new__(type(v))
     new._dims = v._dims
     new._data = data
-    attrs, encoding = v._attrs, v._encoding
-    new._attrs = None if attrs is None else copy.deepcopy(attrs) if deep else dict(attrs)
-    new._encoding = None if encoding is None else copy.deepcopy(encoding) if deep \
-        else dict(encoding)
+    new._attrs = _dict_copy(v._attrs, deep)
+    new._encoding = _dict_copy(v._encoding, deep)
     return new
+
+
+def _dict_copy(d: dict[Any, Any] | None, deep: bool) -> dict[Any, Any] | None:
+    """A variable's attrs or encoding as ``Variable.copy`` copies them (an
+    empty one without ``deepcopy``'s bookkeeping)."""
+    if d is None:
+        return None
+    return copy.deepcopy(d) if deep and d else dict(d)
 
 
 def _dataarray(recipe: _DataArrayRecipe, obj: xr.DataArray, data: Any) -> xr.DataArray:
