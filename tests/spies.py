@@ -35,3 +35,20 @@ def counting(monkeypatch: pytest.MonkeyPatch, targets: dict[str, tuple[Any, str]
 
         monkeypatch.setattr(owner, name, spy)
     return n
+
+
+def recorded(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str,
+             keep: Any = lambda args, out: out) -> list[Any]:
+    """Replaces ``owner.name`` (undone by ``monkeypatch``) with a wrapper that
+    calls the original and appends ``keep(args, result)`` to the returned
+    list (by default the result itself)."""
+    seen: list[Any] = []
+    real = getattr(owner, name)
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        seen.append(keep(args, out))
+        return out
+
+    monkeypatch.setattr(owner, name, spy)
+    return seen

@@ -21,6 +21,7 @@ import scipy.ndimage as ndi
 import xarray as xr
 
 import xstencil  # noqa: F401 - registers the accessor
+from tests.spies import recorded
 
 pytest.importorskip("numba")
 
@@ -38,15 +39,7 @@ SHAPE = (23, 19)  # small: interior and boundary shell both read the marked cell
 def nests(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Nest]]:
     """The compiled nest of each map call that ran as loops."""
     monkeypatch.delenv(L.ENV, raising=False)
-    seen: list[Nest] = []
-    real = L.run_loops
-
-    def spy(built: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(built.fn)
-        return real(built, *args, **kwargs)
-
-    monkeypatch.setattr(L, "run_loops", spy)
-    yield seen
+    yield recorded(monkeypatch, L, "run_loops", lambda args, out: args[0].fn)
 
 
 @pytest.fixture(params=[np.float32, np.float64], ids=["float32", "float64"])

@@ -25,6 +25,7 @@ import pytest
 import xarray as xr
 
 import xstencil
+from tests.spies import recorded
 
 pytest.importorskip("numba")
 
@@ -39,15 +40,7 @@ from xstencil._engine import loopgen, loopnest, loopweights  # noqa: E402
 def nests(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Nest]]:
     """The nest of each map call that ran as loops (in-memory compiles)."""
     monkeypatch.setenv(loopcache.ENV, "off")
-    seen: list[Nest] = []
-    real = L.run_loops
-
-    def spy(built: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(built.fn)
-        return real(built, *args, **kwargs)
-
-    monkeypatch.setattr(L, "run_loops", spy)
-    yield seen
+    yield recorded(monkeypatch, L, "run_loops", lambda args, out: args[0].fn)
 
 
 def _weights(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -109,15 +102,7 @@ def test_a_mesh_region_box_nest_is_outlined_and_bitwise_the_same(
     its row count is a name, ``n0``)."""
     w = _weights((3, 3), seed=4)
     da = xr.DataArray(_marked((40, 30), seed=2), dims=("y", "x"))
-    made: list[str] = []
-    real = LM.generate
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        out = real(*args, **kwargs)
-        made.append(out[0])
-        return out
-
-    monkeypatch.setattr(LM, "generate", spy)
+    made = recorded(monkeypatch, LM, "generate", lambda args, out: out[0])  # the sources
 
     def run() -> Any:
         m = da.stencil.mesh(window={"y": 3, "x": 3}, boundary="periodic", backend="loops")
@@ -139,14 +124,7 @@ def test_a_loop_scan_through_its_driver_runs_the_outlined_nest(
     """Enough steps for the compiled time-loop driver, which calls the
     outlined nest by its address."""
     monkeypatch.setenv(loopcache.ENV, "off")
-    made: list[Any] = []
-    real = loopweights.generate_variants
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        made.append(real(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(L, "generate_variants", spy)
+    made = recorded(monkeypatch, L, "generate_variants")
     w = np.array([[0.0, 0.1, 0.0], [0.1, 0.6, 0.1], [0.0, 0.1, 0.0]], np.float32)
     a = np.random.default_rng(3).random((24, 20)).astype(np.float32)
 
