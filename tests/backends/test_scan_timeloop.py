@@ -302,8 +302,79 @@ def test_the_thread_tuner_explores_then_keeps_the_faster() -> None:
     tune.record(4, 1e-7)
     assert tune.best() == 4
     assert loop_steps.Threads(1).options == (1,)
+    # a step of 1 ms on all threads (0.25 ms stopped the re-tries before) is re-tried on one
+    mid = loop_steps.Threads(2)
+    mid.record(mid.pick(), 1e-3)
+    assert mid.pick() == 1
     big = loop_steps.Threads(2)  # a long step on all threads: one thread is never tried
     big.record(big.pick(), 10 * big.SMALL)
     assert [big.pick() for _ in range(3 * big.EXPLORE)] == [2] * 3 * big.EXPLORE
     big.record(1, big.SMALL / 10)  # (one thread measured anyway: all threads are kept)
     assert big.best() == 2 and big.pick() == 2
+
+
+def test_a_losing_re_try_comes_back_later_and_a_winning_one_sooner() -> None:
+    """The interval between re-tries of the other thread count doubles each
+    time the re-try loses (up to MAX_EXPLORE) and starts over when it wins."""
+    tune = loop_steps.Threads(2)
+    tune.record(tune.pick(), 1e-4)  # all threads: measured first
+    tune.record(tune.pick(), 3e-4)  # one thread: slower
+    gaps, since = [], 0
+    for _ in range(16 * tune.EXPLORE):
+        since += 1
+        n = tune.pick()
+        if n == 1:
+            gaps.append(since)
+            since = 0
+            tune.record(1, 3e-4)  # loses again
+    assert gaps[:4] == [tune.EXPLORE, 2 * tune.EXPLORE, 4 * tune.EXPLORE, 8 * tune.EXPLORE]
+    capped = loop_steps.Threads(2)
+    capped.every = capped.MAX_EXPLORE
+    capped.trial = 1
+    capped.record(2, 1e-4)
+    capped.record(1, 3e-4)
+    assert capped.every == capped.MAX_EXPLORE  # no further than the cap
+    # the load changes: the re-try wins, and the interval starts over
+    picks = [tune.pick() for _ in range(tune.wait)]  # the next re-try closes them
+    assert picks[-1] == 1 and picks.count(1) == 1
+    tune.record(1, 1e-6)
+    assert tune.every == tune.EXPLORE  # (the average still favours all threads)
+    tune.record(1, 1e-6)
+    assert tune.best() == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_mesh_scan_stepped_from_python_tunes_its_threads(monkeypatch: pytest.MonkeyPatch,
+                                                           threads: int) -> None:
+    """A function mesh scan (no compiled driver) runs its steps in timed
+    groups on the tuner's thread count: the values are the same whatever it
+    picks, and the caller's numba thread count is restored after."""
+    picked: list[int] = []
+
+    def pick(self: Any) -> int:
+        picked.append(threads)
+        return threads
+
+    monkeypatch.setattr(loop_steps.Threads, "pick", pick)
+    before = numba.get_num_threads()
+    seen: list[int] = []
+    real = loop_steps.Stepped.before
+
+    def spy(self: Any) -> None:
+        real(self)
+        seen.append(numba.get_num_threads())
+
+    monkeypatch.setattr(loop_steps.Stepped, "before", spy)
+    u0 = _field((64, 24), np.float32)
+    m = u0.stencil.mesh(boundary="fill", fill_value=0.0, backend="loops")
+    m[...] = heat
+    m[{"y": slice(0, 8)}] = lambda u: 0.5 * u(time=-1)
+    out = m.scan("time", steps=40, save_every="last")
+    assert picked and set(seen) == {min(threads, before)}
+    assert numba.get_num_threads() == before
+    state = u0.values  # the numpy time loop: heat everywhere, then the damped strip
+    for _ in range(40):
+        nxt = np_heat(state, 1)[-1]
+        nxt[:8] = 0.5 * state[:8]
+        state = nxt
+    assert out.values.tobytes() == state.tobytes()

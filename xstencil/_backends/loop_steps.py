@@ -49,8 +49,8 @@ try:  # optional: the ``cpu`` extra
 except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
-__all__ = ["CHUNK_SECONDS", "HOT_STEPS", "MIN_STEPS", "Driver", "Threads", "driver", "hot",
-           "run"]
+__all__ = ["CHUNK_SECONDS", "HOT_STEPS", "MIN_STEPS", "Driver", "Stepped", "Threads", "driver",
+           "hot", "run"]
 
 #: Scans of fewer steps keep the per-step Python loop.
 MIN_STEPS = 16
@@ -66,7 +66,8 @@ _LOCK = threading.Lock()
 # per nest: per (variant, structure) the compiled driver; dies with the nest
 _DRIVERS: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
 
-# per driver: its thread choice (see Threads); dies with the driver
+# per driver (or per step stepped from Python: Stepped): its thread choice (see
+# Threads); dies with it
 _TUNES: weakref.WeakKeyDictionary[Any, Threads] = weakref.WeakKeyDictionary()
 _COUNTS: weakref.WeakKeyDictionary[Nest, int] = weakref.WeakKeyDictionary()  # steps asked
 Source = tuple[str, int]  # ("c", j): advanced variable j's state; ("k", m): constant m
@@ -264,29 +265,41 @@ def _call(drive: Any, threads: int, *args: Any) -> Any:
 
 
 class Threads:
-    """How many threads a driver's nest runs on: all of numba's, or one,
+    """How many threads a time loop's nests run on: all of numba's, or one,
     whichever took less time per step in the chunks measured so far (an
-    exponential average of each), trying the other again every
-    :data:`EXPLORE` timed chunks so that a change of load is seen.  Every
-    cell's value is computed the same way on any number of threads, so the
-    choice changes the speed only: on a shared machine whose cores are busy,
-    or a field so small that waking the other threads every step costs about
-    as much as it saves (tens of microseconds a step on the 2-core machine,
-    about a 512 x 512 heat step's arithmetic), one thread can win.  A step
-    that takes more than :data:`SMALL` seconds on all threads is never tried
-    on one (the wake-up is then a few percent of it, and one thread on an
-    idle machine would take up to twice as long)."""
+    exponential average of each).  The other count is tried again after
+    :data:`EXPLORE` timed chunks, an interval that doubles (up to
+    :data:`MAX_EXPLORE`) each time that re-try loses and starts over when it
+    wins, so a change of load is seen while a host whose answer does not
+    change pays for few re-tries.  Every cell's value is computed the same
+    way on any number of threads, so the choice changes the speed only: on
+    a shared machine whose cores are busy, a parallel loop waits at every
+    step for the thread that another process holds up, and on a field so
+    small that waking the other threads every step costs about as much as
+    it saves (tens of microseconds a step on the 2-core machine, about a
+    512 x 512 heat step's arithmetic), one thread can win.  A step that
+    takes more than :data:`SMALL` seconds on all threads (a timed chunk of
+    :data:`MIN_SAMPLE` such steps would run past :data:`CHUNK_SECONDS`) is
+    never tried on one.
+
+    Measured on the shared 2-core machine while another job loaded it (the
+    old rule never tried one thread once a step took 0.25 ms on both, which
+    the load itself brought about): a 1024² heat scan took 794 µs a step on
+    both threads and 516 µs on one; a 512² function mesh scan (stepped from
+    Python, :class:`Stepped`) 407 against 157 µs."""
 
     MIN_SAMPLE = 8  # chunks of fewer steps are not timed
     EXPLORE = 16
-    SMALL = 2.5e-4
+    MAX_EXPLORE = 1024
+    SMALL = CHUNK_SECONDS / MIN_SAMPLE
 
-    __slots__ = ("options", "per_step", "chunks")
+    __slots__ = ("options", "per_step", "every", "wait", "trial")
 
     def __init__(self, full: int):
         self.options = (full, 1) if full > 1 else (full,)
         self.per_step: dict[int, float] = {}
-        self.chunks = 0
+        self.every = self.wait = self.EXPLORE
+        self.trial: int | None = None  # the count being re-tried, until its chunk is timed
 
     def best(self) -> int:
         """The thread count with the lowest time per step (all: none measured)."""
@@ -297,19 +310,26 @@ class Threads:
 
     def pick(self) -> int:
         """The thread count for the next timed chunk."""
-        self.chunks += 1
         full = self.options[0]
         if self.per_step.get(full, 0.0) > self.SMALL:
             return full
         fresh = [n for n in self.options if n not in self.per_step]
         if fresh:
             return fresh[0]
-        if self.chunks % self.EXPLORE == 0:
-            return next(n for n in self.options if n != self.best())
+        self.wait -= 1
+        if self.wait <= 0:
+            self.wait = self.every
+            self.trial = next(n for n in self.options if n != self.best())
+            return self.trial
         return self.best()
 
     def record(self, threads: int, seconds: float) -> None:
         """A timed chunk: ``seconds`` per step on ``threads`` threads."""
+        if threads == self.trial:  # a re-try: sooner again if it won, else later
+            self.trial = None
+            won = seconds < self.per_step.get(self.best(), float("inf"))
+            self.every = self.EXPLORE if won else min(2 * self.every, self.MAX_EXPLORE)
+            self.wait = self.every
         old = self.per_step.get(threads)
         self.per_step[threads] = seconds if old is None else 0.5 * (old + seconds)
 
@@ -323,3 +343,49 @@ def _state(flag: int, t: int, every: int, outs: Sequence[np.ndarray],
     if flag == 1:
         return [b for _, b in spares]
     return [out[t // every] if every else out[0] for out in outs]
+
+
+class Stepped:
+    """The thread choice (:class:`Threads`) of a time loop stepped from
+    Python (a function mesh's nests, which have no compiled driver, or a
+    scan too short for one): the steps run in groups of
+    :data:`Threads.MIN_SAMPLE`, each group on the thread count
+    :meth:`Threads.pick` gives and timed for it; the caller's setting is
+    restored by :meth:`close`.  ``key``: what the choice is kept for (the
+    step's compiled nests), as a driver keeps its own.
+
+    Measured on the shared 2-core machine while another job loaded it: a
+    512² mesh scan (heat everywhere, a damped strip) took 407 µs a step on
+    both threads (the Python loop had no choice before) and 157 µs forced
+    onto one; tuned here, 141 µs (one thread: 143 µs in the same run).  On
+    a quiet host both threads win, and the choice stays there."""
+
+    __slots__ = ("tune", "full", "threads", "done", "began")
+
+    def __init__(self, key: Any):
+        self.full = numba.get_num_threads()
+        with _LOCK:
+            self.tune = _TUNES.setdefault(key, Threads(self.full))
+        self.threads, self.done, self.began = self.full, 0, 0.0
+
+    def before(self) -> None:
+        """Called before each step: at the start of a group, set its threads."""
+        if self.done == 0:
+            threads = min(self.full, self.tune.pick())
+            if threads != self.threads:
+                numba.set_num_threads(threads)
+                self.threads = threads
+            self.began = time.perf_counter()
+
+    def after(self) -> None:
+        """Called after each step: at the end of a group, record its time."""
+        self.done += 1
+        if self.done == Threads.MIN_SAMPLE:
+            self.tune.record(self.threads, (time.perf_counter() - self.began) / self.done)
+            self.done = 0
+
+    def close(self) -> None:
+        """Restore the caller's thread count."""
+        if self.threads != self.full:
+            numba.set_num_threads(self.full)
+            self.threads = self.full

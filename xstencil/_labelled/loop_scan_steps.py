@@ -94,8 +94,30 @@ def run_loop(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
     # after a first step here, the rest in compiled chunks (loop_steps.py)
     drive: Any = None if not short and (fused is not None or not check) and loop_steps.hot(
         built.fn, steps) else False
+    # stepped from Python to the end (no driver): the thread count is tuned here
+    stepped = loop_steps.Stepped(built) if drive is False and steps >= loop_steps.MIN_STEPS \
+        and loop_steps.numba is not None else None
+    try:
+        return _steps(built, sp, cur, consts, order, fixed, outs, spares, short, fused, fz,
+                      drive, tick, due, stepped)
+    finally:
+        if stepped is not None:
+            stepped.close()
+
+
+def _steps(built: Any, sp: ScanPlan, cur: list[np.ndarray], consts: Sequence[np.ndarray | None],
+           order: Sequence[int], fixed: list[Any], outs: list[np.ndarray],
+           spares: list[tuple[np.ndarray, np.ndarray]], short: Any, fused: Any,
+           fz: np.ndarray | None, drive: Any, tick: Any, due: int,
+           stepped: loop_steps.Stepped | None) -> list[np.ndarray]:
+    """:func:`run_loop`'s time loop (``stepped``: the thread choice of a loop
+    stepped from Python to the end, or ``None``)."""
+    loop = sp.loop
+    every, steps, check = loop.every, loop.steps, loop.check_finite
     t = 0
     while t < steps:
+        if stepped is not None:
+            stepped.before()
         t += 1
         if every and t % every == 0:
             nxt = [out[t // every] for out in outs]
@@ -123,13 +145,15 @@ def run_loop(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
                     finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
         else:
             built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
+        if stepped is not None:
+            stepped.after()
         if check and fused is None and not all(all_finite(x) for x in nxt):
             finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
         cur = nxt
         if t >= due:
             due = tick(t)
         if drive is None and t < steps:
-            drive = loop_steps.driver(fused if fused is not None else built.fn, len(slabs),
+            drive = loop_steps.driver(fused if fused is not None else built.fn, len(cur),
                                       order, _roles(consts, sp.evolving), len(fixed),
                                       fused is not None) or False
         if drive and t < steps:
@@ -138,8 +162,8 @@ def run_loop(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
             if status == 1:
                 finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
             drive = drive if status == 0 else False  # 2, 3: the rest runs here
-    if not every and steps == 0:
-        for out, slab in zip(outs, slabs, strict=True):
+    if not every and steps == 0:  # no step: the state is the initial one (cur)
+        for out, slab in zip(outs, cur, strict=True):
             out[0] = slab
     return outs
 
