@@ -64,6 +64,20 @@ def _check_dims(call: str, f: Fields, key: Mapping[str, Any], how: str) -> None:
             )
 
 
+def _int_positions(sel: Any, n: int) -> np.ndarray | None:
+    """``np.atleast_1d(np.arange(n)[sel])`` for an int in range or a slice of
+    ints (or ``None``s) with a nonzero step, without the general checks: a
+    mesh rebuilt before every call of a solve (one row or slice per region)
+    paid them per region; ``None`` for anything else (the general path)."""
+    t = type(sel)
+    if t is int:
+        return np.arange(sel % n, sel % n + 1) if -n <= sel < n else None
+    if t is slice and sel.step != 0 and all(
+            type(v) is int or v is None for v in (sel.start, sel.stop, sel.step)):
+        return np.arange(*sel.indices(n))
+    return None
+
+
 def float_positions(sel: Any) -> bool:
     """Whether a position selector holds floats (labels belong in ``.loc``);
     selectors numpy cannot read as one array are left to the position check."""
@@ -76,10 +90,15 @@ def float_positions(sel: Any) -> bool:
 
 def by_position(call: str, f: Fields, key: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """``m[{dim: positions}]``: ``.isel`` semantics."""
-    _check_dims(call, f, key, f"m[{dict(key)!r}]")
+    if any(d not in f.dims for d in key):  # (the message only where it is needed)
+        _check_dims(call, f, key, f"m[{dict(key)!r}]")
     out = {}
     for d, sel in key.items():
         n = f.shape[f.dims.index(d)]
+        quick = _int_positions(sel, n)
+        if quick is not None:  # an int or a slice of ints: what np.arange(n)[sel] gives
+            out[d] = quick
+            continue
         if not isinstance(sel, slice) and float_positions(sel):
             raise XStencilError(
                 f"{call}: m[{{{d!r}: {sel!r:.60}}}]: positions are ints (.isel semantics), got a "
