@@ -176,13 +176,23 @@ def test_outline_keeps_the_prologue_and_moves_the_rows() -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 5, 256, 700])
-def test_the_blocks_cover_every_row_once(rows: int) -> None:
-    """The block bounds of an outlined kernel, for counts below, at and
-    above ``ROW_BLOCKS``."""
-    nb = min(rows, loopnest.ROW_BLOCKS)
-    covered = np.concatenate([np.arange(c * rows // nb, (c + 1) * rows // nb)
-                              for c in range(nb)])
-    np.testing.assert_array_equal(covered, np.arange(rows))
+def test_the_blocks_cover_every_row_once(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An outlined nest, compiled, visits every row of its first axis
+    exactly once, for row counts below, at and above ``ROW_BLOCKS`` (the
+    count a runtime value, as in a boxed nest)."""
+    monkeypatch.setenv(loopcache.ENV, "off")
+    source = loopnest.outline(textwrap.dedent("""\
+        def kernel(o0, gm):
+            n0 = gm[0]
+            for j0 in prange(n0):
+                x = o0[j0]
+                x[0] += 1
+        """))
+    assert "def rows(" in source
+    fn = loopcache.njit_source(source, "<test>", parallel=True)
+    hits = np.zeros((rows, 1), np.int64)
+    fn(hits, np.array([rows], np.int64))
+    np.testing.assert_array_equal(hits, 1)
 
 
 def test_the_disk_cache_keeps_an_outlined_nest(tmp_path: Path) -> None:

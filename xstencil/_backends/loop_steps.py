@@ -350,9 +350,10 @@ class Stepped:
     Python (a function mesh's nests, which have no compiled driver, or a
     scan too short for one): the steps run in groups of
     :data:`Threads.MIN_SAMPLE`, each group on the thread count
-    :meth:`Threads.pick` gives and timed for it; the caller's setting is
-    restored by :meth:`close`.  ``key``: what the choice is kept for (the
-    step's compiled nests), as a driver keeps its own.
+    :meth:`Threads.pick` gives and timed for it; used as a context manager,
+    which restores the caller's setting on the way out.  ``key``: what the
+    choice is kept for (the step's compiled nests), as a driver keeps its
+    own.
 
     Measured on the shared 2-core machine while another job loaded it: a
     512² mesh scan (heat everywhere, a damped strip) took 407 µs a step on
@@ -384,7 +385,10 @@ class Stepped:
             self.tune.record(self.threads, (time.perf_counter() - self.began) / self.done)
             self.done = 0
 
-    def close(self) -> None:
+    def __enter__(self) -> Stepped:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
         """Restore the caller's thread count."""
         if self.threads != self.full:
             numba.set_num_threads(self.full)

@@ -12,10 +12,10 @@ same nest loads it (measured: a 5 x 5 weighted sum's first call, 2.8 s
 compiled, 0.4 s loaded).
 
 Why that cannot return stale code: a file's name is the digest of exactly
-the text it holds (the nest, the ``np``/``prange`` header and the
-numba options), a file is written once, atomically, and never
-rewritten, and the nest reads nothing but its arguments, those names and the
-``rows`` function of the same file (an outlined nest's body).  numba checks the
+the text it holds (the nest, the ``np``/``prange`` header and the numba
+options), a file is written once, atomically, and never rewritten, and the
+nest reads nothing but its arguments, those two names and the ``rows``
+function of the same file (an outlined nest's body).  numba checks the
 file's stamp and its own version before it uses a cache entry.
 
 Where: ``$XSTENCIL_CACHE_DIR/loops`` when set, else
@@ -94,10 +94,11 @@ def njit_source(source: str, label: str, **options: Any) -> Any:
 
 
 def _serial_rows(namespace: dict[str, Any], options: dict[str, Any], cache: bool) -> None:
-    """Compile the source's ``rows`` (where it has one) as ``kernel`` finds
-    it, a global of its own namespace: with ``options`` but serial."""
+    """Compile the source's ``rows`` (where it has one), just executed, as
+    ``kernel`` finds it, a global of its own namespace: with ``options`` but
+    serial."""
     rows = namespace.get("rows")
-    if rows is not None and not isinstance(rows, numba.core.dispatcher.Dispatcher):
+    if rows is not None:
         serial = {k: v for k, v in options.items() if k != "parallel"}
         namespace["rows"] = numba.njit(cache=cache, **serial)(rows)
 

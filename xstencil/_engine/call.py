@@ -163,9 +163,20 @@ def settled(out: Any, inputs: Any) -> Any:
     asynchronously, so a caller that changed its array right after the call
     (``w[...] = 2``) could otherwise change a result it already holds.
     """
-    if any(isinstance(x, np.ndarray) for x in jax.tree_util.tree_leaves(inputs)):
+    if _any_numpy(inputs):
         jax.block_until_ready(out)
     return out
+
+
+def _any_numpy(inputs: Any) -> bool:
+    """Whether a leaf of ``inputs`` is a numpy array; a sequence of flat
+    lists (a repeated call's data, arguments and closed-over arrays) is
+    read without walking the tree, the usual case on a warm call."""
+    if type(inputs) is tuple and all(type(g) is list for g in inputs):
+        flat = [x for g in inputs for x in g]
+        if all(type(x) is np.ndarray or isinstance(x, jax.Array) for x in flat):
+            return any(type(x) is np.ndarray for x in flat)
+    return any(isinstance(x, np.ndarray) for x in jax.tree_util.tree_leaves(inputs))
 
 
 def outside_transforms(leaves: Sequence[Any]) -> bool:

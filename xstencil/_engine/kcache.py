@@ -67,13 +67,14 @@ from xstencil._engine.kwalk import (
     Walk,
     code_names,
     freeze,
+    freeze_each,
     instance_key,
     is_array,
     is_library,
 )
 
-__all__ = ["Lifted", "freeze", "describe", "rebuild", "cached", "lru_get", "peek", "put",
-           "compiled", "table_of", "canonical", "clear", "settle", "SIZE", "SHARED"]
+__all__ = ["Lifted", "freeze", "freeze_each", "describe", "rebuild", "cached", "lru_get", "peek",
+           "put", "compiled", "table_of", "canonical", "clear", "settle", "SIZE", "SHARED"]
 
 #: How many compiled functions (and other per-structure entries: inferred
 #: windows, fast-path entries; about three per kernel and data layout) stay alive.

@@ -16,7 +16,7 @@ import sys
 import threading
 import types
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -36,6 +36,13 @@ _LIBRARIES = frozenset({"numpy", "jax", "jaxlib", "scipy", "xarray", "xstencil",
     getattr(sys, "stdlib_module_names", ()))
 BUDGET = 400  # values visited per kernel before it is treated as opaque
 _ATOMS = frozenset({type(None), str, int, bool})  # keyed as they are by freeze()
+
+
+def freeze_each(values: Sequence[Any]) -> tuple[Hashable, ...]:
+    """``freeze`` of each of ``values`` (a call's options), the atoms (None,
+    names, counts, flags: most of them) without a call each; a repeated
+    call's signature computes it on every call."""
+    return tuple([(type(v), v) if type(v) in _ATOMS else freeze(v) for v in values])
 
 
 def freeze(x: Any) -> Hashable:

@@ -355,13 +355,11 @@ def outline(source: str) -> str:
     unchanged."""
     lines = source.rstrip("\n").split("\n")
     head = lines[0]
-    names = head[len("def kernel("):-2]
-    at = next((i for i, line in enumerate(lines) if _PRANGE.fullmatch(line)), None)
-    if not head.startswith("def kernel(") or at is None:
+    found = next(((i, m) for i, line in enumerate(lines) if (m := _PRANGE.fullmatch(line))),
+                 None)
+    if not head.startswith("def kernel(") or found is None:
         return source
-    match = _PRANGE.fullmatch(lines[at])
-    assert match is not None
-    count = match.group(1)
+    at, count, names = found[0], found[1].group(1), head[len("def kernel("):-2]
     end = at + 1
     while end < len(lines) and lines[end].startswith("        "):
         end += 1

@@ -30,7 +30,7 @@ import xarray as xr
 from xstencil._engine.call import is_wide, precision, settled, split_static
 from xstencil._engine.coords import coord_values
 from xstencil._engine.elements import linear_mode
-from xstencil._engine.kcache import Lifted, freeze, peek, put
+from xstencil._engine.kcache import Lifted, freeze_each, peek, put
 from xstencil._engine.x64flag import x64
 from xstencil._labelled.core import (
     Fields,
@@ -42,7 +42,6 @@ from xstencil._labelled.result import host64, replace_data, rewrap
 
 __all__ = ["Entry", "arg_key", "signature", "lookup", "checked", "coord_sources", "run", "remember"]
 
-_ATOMS = frozenset({type(None), str, int, bool})  # frozen as (type, value), as freeze() does
 
 
 class Entry(NamedTuple):
@@ -82,9 +81,7 @@ def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Has
         return None
     args_key = arg_key(args, kwargs)
     try:
-        # freeze(options), without a call per atom (None, names, counts, flags)
-        opts = tuple([(type(v), v) if type(v) in _ATOMS else freeze(v) for v in options])
-        key = (obj.dims, data.shape, data.dtype, opts, args_key, x64())
+        key = (obj.dims, data.shape, data.dtype, freeze_each(options), args_key, x64())
         hash(key)
     except TypeError:
         return None

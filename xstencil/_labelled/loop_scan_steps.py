@@ -11,6 +11,7 @@ slabs of all of them, so the results are bitwise those of a numpy time loop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -96,74 +97,58 @@ def run_loop(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
         built.fn, steps) else False
     # stepped from Python to the end (no driver): the thread count is tuned here
     stepped = loop_steps.Stepped(built) if drive is False and steps >= loop_steps.MIN_STEPS \
-        and loop_steps.numba is not None else None
-    try:
-        return _steps(built, sp, cur, consts, order, fixed, outs, spares, short, fused, fz,
-                      drive, tick, due, stepped)
-    finally:
-        if stepped is not None:
-            stepped.close()
-
-
-def _steps(built: Any, sp: ScanPlan, cur: list[np.ndarray], consts: Sequence[np.ndarray | None],
-           order: Sequence[int], fixed: list[Any], outs: list[np.ndarray],
-           spares: list[tuple[np.ndarray, np.ndarray]], short: Any, fused: Any,
-           fz: np.ndarray | None, drive: Any, tick: Any, due: int,
-           stepped: loop_steps.Stepped | None) -> list[np.ndarray]:
-    """:func:`run_loop`'s time loop (``stepped``: the thread choice of a loop
-    stepped from Python to the end, or ``None``)."""
-    loop = sp.loop
-    every, steps, check = loop.every, loop.steps, loop.check_finite
-    t = 0
-    while t < steps:
-        if stepped is not None:
-            stepped.before()
-        t += 1
-        if every and t % every == 0:
-            nxt = [out[t // every] for out in outs]
-        elif not every and t == steps:
-            nxt = [out[0] for out in outs]
-        else:
-            nxt = [a if c is not a else b for c, (a, b) in zip(cur, spares, strict=True)]
-        if short:  # variables on fewer dims: the loop writes the whole field, kept here
-            built.fn(*[nxt[j] if j not in short else short[j][0] for j in order],
-                     *step_sources(cur, consts, sp.evolving), *fixed)
-            for j, (full, index) in short.items():
-                np.copyto(nxt[j], full[index])
-        elif fused is not None:  # the nest reports per row whether what it wrote is finite
-            try:
-                fused(fz, *[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving),
-                      *fixed)
-            except Exception as e:  # noqa: BLE001 - its compile failed: the plain nest + a read
-                _LOG.debug("check_finite reads the state after each step: %s", e)
-                built.drop_checked()
-                built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving),
-                         *fixed)
-                fused = None
+        else None
+    with stepped or contextlib.nullcontext():
+        t = 0
+        while t < steps:
+            if stepped is not None:
+                stepped.before()
+            t += 1
+            if every and t % every == 0:
+                nxt = [out[t // every] for out in outs]
+            elif not every and t == steps:
+                nxt = [out[0] for out in outs]
             else:
-                if not fz.all():
-                    finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
-        else:
-            built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
-        if stepped is not None:
-            stepped.after()
-        if check and fused is None and not all(all_finite(x) for x in nxt):
-            finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
-        cur = nxt
-        if t >= due:
-            due = tick(t)
-        if drive is None and t < steps:
-            drive = loop_steps.driver(fused if fused is not None else built.fn, len(cur),
-                                      order, _roles(consts, sp.evolving), len(fixed),
-                                      fused is not None) or False
-        if drive and t < steps:
-            t, cur, status, due = _drive(drive, t, steps, every, cur, fz, outs, spares,
-                                         consts, fixed, due, tick)
-            if status == 1:
+                nxt = [a if c is not a else b for c, (a, b) in zip(cur, spares, strict=True)]
+            if short:  # variables on fewer dims: the loop writes the whole field, kept here
+                built.fn(*[nxt[j] if j not in short else short[j][0] for j in order],
+                         *step_sources(cur, consts, sp.evolving), *fixed)
+                for j, (full, index) in short.items():
+                    np.copyto(nxt[j], full[index])
+            elif fused is not None:  # the nest reports per row whether what it wrote is finite
+                try:
+                    fused(fz, *[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving),
+                          *fixed)
+                except Exception as e:  # noqa: BLE001 - its compile failed: the plain nest + a read
+                    _LOG.debug("check_finite reads the state after each step: %s", e)
+                    built.drop_checked()
+                    built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving),
+                             *fixed)
+                    fused = None
+                else:
+                    if not fz.all():
+                        finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
+            else:
+                built.fn(*[nxt[j] for j in order], *step_sources(cur, consts, sp.evolving), *fixed)
+            if stepped is not None:
+                stepped.after()
+            if check and fused is None and not all(all_finite(x) for x in nxt):
                 finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
-            drive = drive if status == 0 else False  # 2, 3: the rest runs here
-    if not every and steps == 0:  # no step: the state is the initial one (cur)
-        for out, slab in zip(outs, cur, strict=True):
+            cur = nxt
+            if t >= due:
+                due = tick(t)
+            if drive is None and t < steps:
+                drive = loop_steps.driver(fused if fused is not None else built.fn, len(slabs),
+                                          order, _roles(consts, sp.evolving), len(fixed),
+                                          fused is not None) or False
+            if drive and t < steps:
+                t, cur, status, due = _drive(drive, t, steps, every, cur, fz, outs, spares,
+                                             consts, fixed, due, tick)
+                if status == 1:
+                    finite(sp.call, loop.start + t - 1, sp.tvals, sp.dim)
+                drive = drive if status == 0 else False  # 2, 3: the rest runs here
+    if not every and steps == 0:
+        for out, slab in zip(outs, slabs, strict=True):
             out[0] = slab
     return outs
 

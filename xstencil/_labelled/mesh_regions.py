@@ -56,9 +56,11 @@ class nearest:  # noqa: N801 - reads as a function at the call site
         object.__setattr__(self, "indexers", {**(indexers or {}), **kw})
 
 
-def _check_dims(call: str, f: Fields, key: Mapping[str, Any], how: str) -> None:
+def _check_dims(call: str, f: Fields, key: Mapping[str, Any], loc: bool) -> None:
+    """Every dim of ``key`` (of ``m[key]``, or ``m.loc[key]``) is the data's."""
     for d in key:
         if d not in f.dims:
+            how = f"m{'.loc' if loc else ''}[{dict(key)!r}]"
             raise XStencilError(
                 f"{call}: {how}: dimension {d!r} not found; available dims are {f.dims!r}"
             )
@@ -71,7 +73,7 @@ def _int_positions(sel: Any, n: int) -> np.ndarray | None:
     paid them per region; ``None`` for anything else (the general path)."""
     t = type(sel)
     if t is int:
-        return np.arange(sel % n, sel % n + 1) if -n <= sel < n else None
+        return np.arange(sel % n, sel % n + 1) if -n <= sel < n else None  # (n > 0 there)
     if t is slice and sel.step != 0 and all(
             type(v) is int or v is None for v in (sel.start, sel.stop, sel.step)):
         return np.arange(*sel.indices(n))
@@ -90,8 +92,7 @@ def float_positions(sel: Any) -> bool:
 
 def by_position(call: str, f: Fields, key: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """``m[{dim: positions}]``: ``.isel`` semantics."""
-    if any(d not in f.dims for d in key):  # (the message only where it is needed)
-        _check_dims(call, f, key, f"m[{dict(key)!r}]")
+    _check_dims(call, f, key, loc=False)
     out = {}
     for d, sel in key.items():
         n = f.shape[f.dims.index(d)]
@@ -163,7 +164,7 @@ def by_label(call: str, obj: xr.DataArray | xr.Dataset, f: Fields, key: Any,
             f"{call}: m.loc[{key!r:.60}]: select with a dict of labels such as {{'x': 0.0}} or "
             f"{{'x': slice(1.5, None)}}"
         )
-    _check_dims(call, f, key, f"m.loc[{dict(key)!r}]")
+    _check_dims(call, f, key, loc=True)
     out = {}
     for d, sel in key.items():
         if d not in indexes:

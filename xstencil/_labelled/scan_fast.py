@@ -57,7 +57,7 @@ from xarray.core.utils import dict_equiv
 
 from xstencil._engine.call import is_weak, is_wide, precision, settled, split_static
 from xstencil._engine.coords import coord_values, numeric_coord, repeated_period
-from xstencil._engine.kcache import Lifted, freeze, peek, put
+from xstencil._engine.kcache import Lifted, freeze_each, peek, put
 from xstencil._errors import XStencilError
 from xstencil._labelled.result import host64
 from xstencil._labelled.scan_plan import ScanPlan
@@ -66,7 +66,6 @@ from xstencil._labelled.scan_result import call_with_progress, finite, initial_f
 __all__ = ["Entry", "signature", "lookup", "run", "remember"]
 
 _TOKEN = np.int32(0)  # the progress token of a loop without a bar
-_ATOMS = frozenset({type(None), str, int, bool})  # frozen as (type, value), as freeze() does
 
 
 class Entry(NamedTuple):
@@ -143,10 +142,8 @@ def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Has
     coords = tuple((n, v.dims, dt.str, None if isinstance(dt, np.dtype) and dt.kind != "V"
                     else str(dt)) for n, v in _coord_vars(obj).items() for dt in (v.dtype,))
     try:
-        # freeze(options), without a call per atom (None, names, counts, flags)
-        opts = tuple([(type(v), v) if type(v) in _ATOMS else freeze(v) for v in options])
         key = (type(obj), tuple((n, v.dims, v.shape, v.dtype.str) for n, v in variables),
-               coords, opts, arg_key, bool(jax.config.read("jax_enable_x64")))
+               coords, freeze_each(options), arg_key, bool(jax.config.read("jax_enable_x64")))
         hash(key)
     except TypeError:
         return None
@@ -225,8 +222,6 @@ def _call(entry: Entry, sp: ScanPlan, datas: list[Any], dyn: list[Any], leaves: 
     if entry.post is not None:  # dispatched before waiting: it runs right after the loop
         outs = entry.post(outs)
     # a numpy input may be read in place, and changed right after the call
-    if any(type(x) is np.ndarray for x in datas):  # the usual case: no tree to walk
-        return jax.block_until_ready((outs, bad))
     return settled((outs, bad), (datas, dyn, leaves))
 
 
