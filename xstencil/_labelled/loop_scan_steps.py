@@ -74,18 +74,8 @@ def run_loop(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
               for x, p in zip(list(dleaves) + list(leaves), built.params, strict=True)]
     fixed = [*built.tables, *built.fills, *params]
     every, steps = loop.every, loop.steps
-    n = loop.saves + 1 if every else 1
-    outs = [bufpool.empty((n, *s.shape), s.dtype) for s in slabs]
-    if every:
-        for out, slab in zip(outs, slabs, strict=True):
-            out[0] = slab
+    outs, spares = _buffers(slabs, loop.saves + 1 if every else 1, every)
     cur = list(slabs)  # never written: they may share the caller's data
-    # each step reads one and writes the other: each placed by what it reads
-    # (bufpool.offset: half a page after it within a page)
-    spares = []
-    for s in slabs:
-        first = bufpool.empty(s.shape, s.dtype, bufpool.near_of(s))
-        spares.append((first, bufpool.empty(s.shape, s.dtype, bufpool.near_of(first))))
     check = loop.check_finite
     tick = _progress.Ticker(token)
     due = 1 if token else steps + 1  # the first report after one step: it times a step
@@ -151,6 +141,23 @@ def run_loop(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
         for out, slab in zip(outs, slabs, strict=True):
             out[0] = slab
     return outs
+
+
+def _buffers(slabs: Sequence[np.ndarray], n: int, every: int
+             ) -> tuple[list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
+    """Per advanced variable, the saved positions (``n`` of them, the first
+    the initial slab where positions are saved) and two spare slabs: each
+    step reads one and writes the other, each placed by what it reads
+    (bufpool.offset: half a page after it within a page)."""
+    outs = [bufpool.empty((n, *s.shape), s.dtype) for s in slabs]
+    if every:
+        for out, slab in zip(outs, slabs, strict=True):
+            out[0] = slab
+    spares = []
+    for s in slabs:
+        first = bufpool.empty(s.shape, s.dtype, bufpool.near_of(s))
+        spares.append((first, bufpool.empty(s.shape, s.dtype, bufpool.near_of(first))))
+    return outs, spares
 
 
 def _roles(consts: Sequence[np.ndarray | None], evolving: Sequence[int]
