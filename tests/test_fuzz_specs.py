@@ -13,6 +13,7 @@ from deep inside, and never a hang (each example has a deadline).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -283,3 +284,19 @@ def test_named_axis_and_named_reads(named: Any, read: Any) -> None:
        st.sampled_from(["kmap", "kscan", "smap", "sscan"]))
 def test_any_options(options: dict[str, Any], kind: str) -> None:
     attempt(lambda: getattr(xstencil, kind)(lambda x: jnp.zeros((), x.dtype), **options)(X2))
+
+
+@pytest.mark.parametrize("fill", [0j, np.complex64(2 + 0j), complex(-1.5, 0.0)])
+def test_a_complex_fill_without_imaginary_part_fills_real_data(fill: Any) -> None:
+    """Found by ``test_fill_value``: ``fill_value=0j`` on float32 data passed the
+    fit check and reached the lowering as a complex number (a ComplexWarning,
+    then a TypeError on the loop backend); real data now takes its real part."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for backend in ("xla", "loops"):
+            out = DA.astype(np.float32).stencil.map(lambda u: u(x=1), fill_value=fill,
+                                                    backend=backend)
+            assert out.dtype == np.float32
+            assert (out.values[:, -1] == np.float32(complex(fill).real)).all()
+    with pytest.raises(XStencilError, match="cannot be stored"):
+        DA.astype(np.float32).stencil.map(lambda u: u(x=1), fill_value=1j)

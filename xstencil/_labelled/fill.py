@@ -48,6 +48,8 @@ def fill_for(call: str, fill_value: Any, dtypes: Sequence[Any], needed: bool,
             )
     if isinstance(fill_value, np.generic):
         fill_value = fill_value.item()
+    if isinstance(fill_value, complex) and all(dtype_kind(dt) != "c" for dt in dtypes):
+        fill_value = fill_value.real  # fits() saw no imaginary part: real data takes the real
     return fill_value
 
 
