@@ -69,9 +69,20 @@ def _labelled(a: np.ndarray) -> xr.DataArray:
 
 @pytest.fixture
 def staged(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the calls that took the staged path (the early result existed)."""
+    """Counts the calls that took the staged path (the early result existed):
+    through ``stage_loops``, or the repeat's ``LoopOrJit.quick``."""
     monkeypatch.delenv(loops.ENV, raising=False)
-    return count_calls(monkeypatch, loops, "stage_loops")
+    calls = count_calls(monkeypatch, loops, "stage_loops")
+    real = loops.LoopOrJit.quick
+
+    def quick(self: Any, *args: Any) -> Any:
+        res = real(self, *args)
+        if res is not None:
+            calls.append(1)
+        return res
+
+    monkeypatch.setattr(loops.LoopOrJit, "quick", quick)
+    return calls
 
 
 @pytest.mark.slow
