@@ -5,18 +5,21 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/percall.py                    # 2048², zero fill
     PYTHONPATH=. python benchmarks/percall.py --n 2048 --mode periodic --rounds 200
     PYTHONPATH=. python benchmarks/percall.py --n 256 --ndim 3
+    PYTHONPATH=. python benchmarks/percall.py --mode periodic --chained
 
 Interleaved rounds of one call each of: the map returning a new array
 ("new", as ``peers.py``'s "xstencil" column), the map into a preallocated
 array ("out="), the numba ``prange`` loop of ``peers.py`` and ``np.copyto``
-("copy").  Every call therefore follows one that streamed the arrays through
-the caches, as in ``peers.py``.  Prints, per column, the median and the 10th
-and 25th percentiles, and the medians of the per-round ratios (new ÷ prange,
-out= ÷ prange, new − out=, copy ÷ new as bandwidth): on a loaded machine a
-column takes 2-5x longer in the rounds where another process holds a core,
-and per-round ratios and low percentiles see through that better than
-column medians.  To compare two versions of xstencil, run it with
-``PYTHONPATH`` pointing at each checkout, alternately, a few times.
+("copy"); with ``--chained``, also the map on an earlier result, whose data
+is a JAX array ("chained", as in a time loop of maps).  Every call therefore
+follows one that streamed the arrays through the caches, as in ``peers.py``.
+Prints, per column, the median and the 10th and 25th percentiles, and the
+medians of the per-round ratios (new ÷ prange, out= ÷ prange, new − out=,
+copy ÷ new as bandwidth, chained ÷ new): on a loaded machine a column takes
+2-5x longer in the rounds where another process holds a core, and per-round
+ratios and low percentiles see through that better than column medians.  To
+compare two versions of xstencil, run it with ``PYTHONPATH`` pointing at
+each checkout, alternately, a few times.
 Prints only.  Importing this module does no work; ``main(argv)`` runs it.
 """
 
@@ -29,6 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+from typing import Any  # noqa: E402
 
 try:  # run as ``python benchmarks/percall.py``: benchmarks/ is sys.path[0]
     import _peer_kernels as P
@@ -41,12 +45,26 @@ def _pct(xs: list[float], p: float) -> float:
     return v[int(p * (len(v) - 1))]
 
 
+def _chained(shape: tuple[int, ...], mode: str) -> Any:
+    """The map of the "new" column on a previous call's result: its data a
+    JAX array (read by the loops through a numpy view), as in a time loop
+    written as repeated maps.  Every call maps the same first result."""
+    a = P.np.random.default_rng(0).random(shape, dtype=P.np.float32)
+    kernel = P._lap_kernel(len(shape))
+    opts = {"boundary": "periodic"} if mode == "periodic" else {"boundary": "fill",
+                                                                   "fill_value": 0.0}
+    first = P.xr.DataArray(a, dims=("z", "y", "x")[-len(shape):]).stencil.map(kernel, **opts)
+    return lambda: P.jax.block_until_ready(first.stencil.map(kernel, **opts).data)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2048, help="points per dim (default 2048)")
     ap.add_argument("--ndim", type=int, default=2, choices=(2, 3))
     ap.add_argument("--mode", default="fill", choices=("fill", "periodic"))
     ap.add_argument("--rounds", type=int, default=150)
+    ap.add_argument("--chained", action="store_true",
+                    help="also time the map on the last call's result (a JAX array)")
     a = ap.parse_args(argv)
     if P.numba is None:
         raise SystemExit("percall.py needs numba (the loop backend and the prange peer)")
@@ -55,12 +73,16 @@ def main(argv: list[str] | None = None) -> None:
     copy, cols = P.laplace_columns((a.n,) * a.ndim, a.mode)
     run = {"new": cols["xstencil"], "out=": cols["xstencil out="],
            "prange": cols["numba prange"], "copy": copy}
+    if a.chained:
+        run["chained"] = _chained((a.n,) * a.ndim, a.mode)
     for f in run.values():  # compile, then one warm call
         f()
         f()
     t: dict[str, list[float]] = {k: [] for k in run}
     ratio: dict[str, list[float]] = {k: [] for k in ("new/prange", "out=/prange", "new-out=",
                                                      "copy/new")}
+    if a.chained:
+        ratio["chained/new"] = []
     for _ in range(a.rounds):
         row = {}
         for k, f in run.items():
@@ -72,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
         ratio["out=/prange"].append(row["out="] / row["prange"])
         ratio["new-out="].append(row["new"] - row["out="])
         ratio["copy/new"].append(row["copy"] / row["new"])
+        if a.chained:
+            ratio["chained/new"].append(row["chained"] / row["new"])
     print(f"{a.n}^{a.ndim} float32, {a.mode}, {a.rounds} rounds, "
           f"load average {os.getloadavg()[0]:.2f}")
     for k, xs in t.items():

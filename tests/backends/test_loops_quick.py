@@ -151,9 +151,10 @@ def test_a_kernel_reading_coordinates_sees_new_ones(quick: list[bool]) -> None:
 
     a = np.random.default_rng(6).random((40, 48))
     ref = (np.roll(a, -1, 1) - np.roll(a, 1, 1)) / 2.0
-    # float64 data read coordinates on the loop backend (window inference mixes
-    # float32 into a coordinate difference, which strict promotion refuses)
-    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+    # float64 data read coordinates on the loop backend; under the suite's strict
+    # promotion this also checks that window inference probes coordinates in
+    # float64 next to float64 data (a float32 probe raised TypePromotionError)
+    with jax.enable_x64(True):
         for dx in (1.0, 1.0, 1.0, 2.0, 0.5, 2.0):
             res = _da(a, dx).stencil.map(ddx, boundary="extend", backend="loops")
             np.testing.assert_allclose(np.asarray(res)[:, 1:-1], ref[:, 1:-1] / dx,

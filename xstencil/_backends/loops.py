@@ -3,11 +3,12 @@
 XLA:CPU runs a stencil map at 0.1-0.2 of the memory bandwidth that numba
 ``prange`` loops reach (its pad/concatenate-rooted fusions and fresh output
 buffers).  :class:`LoopOrJit` stands in for the jitted engine function of a
-map: called on concrete numpy data on the CPU, outside any JAX transform, it
-runs a loop nest generated from the kernel's jaxpr
+map: called on concrete numpy data on the CPU (or JAX arrays on one CPU
+device, read through numpy views: :func:`host_views`), outside any JAX
+transform, it runs a loop nest generated from the kernel's jaxpr
 (:mod:`xstencil._engine.loopgen`) and compiled by numba; every other call
-(tracers, JAX arrays, GPUs, a kernel the generator cannot express, numba not
-installed) goes to the jitted XLA function, silently, with the same result.
+(tracers, sharded arrays, GPUs, a kernel the generator cannot express, numba
+not installed) goes to the jitted XLA function, silently, with the same result.
 
 The choice is ``backend=`` of the map (``"auto"``, ``"loops"``, ``"xla"``),
 else the environment variable :data:`ENV`, else ``"auto"``: loops for fields
@@ -47,8 +48,8 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
 __all__ = ["AUTO_MIN_POINTS", "BACKENDS", "ENV", "LoopOrJit", "Staged", "available",
-           "backend_arg", "fits", "omp_env", "resolve_mode", "leaf_sig", "numpy_on_cpu",
-           "on_host_cpu", "run_loops", "stage_loops"]
+           "backend_arg", "fits", "host_views", "omp_env", "resolve_mode", "leaf_sig",
+           "numpy_on_cpu", "on_host_cpu", "run_loops", "stage_loops"]
 
 #: The environment variable that sets the default backend of maps.
 ENV = "XSTENCIL_BACKEND"
@@ -110,18 +111,42 @@ def numpy_on_cpu(what: str, arrays: Sequence[Any], others: Sequence[Any]) -> boo
     """Whether a call may run as loops: its data are non-empty numpy arrays
     of bool, integer or float dtypes, its other inputs concrete on the host
     (:func:`on_host_cpu`) and JAX's default backend the CPU.  JAX-array data
-    (e.g. the previous call's result) are logged as the reason."""
+    (:func:`host_views` turns those on one CPU device into numpy views first)
+    are logged as the reason."""
     if arrays and all(type(x) is np.ndarray and x.dtype.kind in "biuf" and x.size
                       for x in arrays):  # the common case, without the ABC checks below
         return on_host_cpu(others) and jax.default_backend() == "cpu"
     if any(isinstance(x, jax.Array) for x in arrays):
-        _LOG.debug("%s runs with XLA: the data are JAX arrays (a map's result is "
-                   "one), not numpy arrays; .as_numpy() them, or use scan or map(out=)", what)
+        _LOG.debug("%s runs with XLA: the data are JAX arrays that are not on one CPU "
+                   "device, or of a dtype the loops do not take", what)
         return False
     if not arrays or not all(isinstance(x, np.ndarray) and x.dtype.kind in "biuf"
                              and x.size for x in arrays):
         return False
     return on_host_cpu(others) and jax.default_backend() == "cpu"
+
+
+def host_views(arrays: Sequence[Any]) -> Sequence[Any]:
+    """``arrays`` with each concrete JAX array on one CPU device (a map's
+    result, say) replaced by ``np.asarray`` of it: a read-only view of the
+    same memory, no copy, which a loop nest reads as it reads numpy data
+    (before, such data ran with XLA: a time loop of maps ran the loops on its
+    first call only).  Tracers, sharded, deleted and non-CPU arrays, and
+    dtypes the loops do not take, are left as they are (XLA runs them)."""
+    if all(type(x) is np.ndarray for x in arrays):  # the usual case, without the checks
+        return arrays
+    return [np.asarray(x) if _on_one_cpu(x) else x for x in arrays]
+
+
+def _on_one_cpu(x: Any) -> bool:
+    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+        return False
+    try:
+        return (x.dtype.kind in "biuf" and not x.is_deleted() and x.is_fully_addressable
+                and len(x.sharding.device_set) == 1
+                and next(iter(x.sharding.device_set)).platform == "cpu")
+    except Exception:  # noqa: BLE001 - not an array JAX can tell us about: XLA decides
+        return False
 
 
 def on_host_cpu(xs: Sequence[Any]) -> bool:
@@ -255,6 +280,7 @@ class LoopOrJit:
         if mode == "auto" and self.points < AUTO_MIN_POINTS:
             return None
         dleaves = jax.tree_util.tree_leaves(dyn) if dyn else []
+        arrays = host_views(arrays)
         if not self.points or not numpy_on_cpu(  # empty: XLA's path is trivial
                 "map", arrays, [*coords, *dleaves, *leaves]):
             return None

@@ -47,6 +47,7 @@ from xstencil._backends.loopcache import njit_source
 from xstencil._backends.loops import (
     AUTO_MIN_POINTS,
     MAX_STATEMENTS,
+    host_views,
     leaf_sig,
     numba,
     numpy_on_cpu,
@@ -176,6 +177,7 @@ class MeshLoops:
         return self.jitted(arrays, coords, dyn, dynamic, leaves)
 
     def _loops(self, arrays: Any, coords: Any, dyn: Any, dynamic: Any, leaves: Any) -> Any:
+        arrays = host_views(arrays)
         built = self.built_for(arrays, coords, dyn, dynamic, leaves)
         if built is None:
             return None

@@ -18,7 +18,13 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from xstencil._backends.loops import AUTO_MIN_POINTS, available, numpy_on_cpu, resolve_mode
+from xstencil._backends.loops import (
+    AUTO_MIN_POINTS,
+    available,
+    host_views,
+    numpy_on_cpu,
+    resolve_mode,
+)
 from xstencil._backends.loops_mesh import AUTO_MAX_NESTS, MeshLoops
 from xstencil._engine.kcache import rebuild
 from xstencil._labelled.core import identity_caller, kernel_caller, sources
@@ -46,7 +52,7 @@ def loop_hook(plan: Plan, arrays: Sequence[Any], kidx: Sequence[int], res: Resol
     n = math.prod(plan.out_shape)
     if not n or (mode == "auto" and n < AUTO_MIN_POINTS):
         return None
-    if not numpy_on_cpu("mesh", arrays, ()):
+    if not numpy_on_cpu("mesh", host_views(arrays), ()):
         return None
     parts = res.pieces()
     if not parts or (mode == "auto" and len(parts) > AUTO_MAX_NESTS):

@@ -251,8 +251,11 @@ def infer_window(call: str, kernel: Callable[..., Any], plan_dims: tuple[str, ..
         check_returned(call, kernel, out, var_names is not None)
         return out
 
+    # coordinates: float64 next to float64 data (as the engine passes them
+    # under x64; a float32 probe failed strict promotion there), else float32
+    wide = any(np.dtype(dt) in (np.float64, np.complex128) for dt in dtypes)
     avals = [stand_in((), dt) for dt in dtypes] + [
-        stand_in((), np.float32)]
+        stand_in((), np.float64 if wide else np.float32)]
     try:
         jax.eval_shape(run, *avals)
     except _ArrayUse:
