@@ -281,10 +281,13 @@ def test_fallbacks_give_the_xla_result(ran: list[int], monkeypatch: pytest.Monke
     np.testing.assert_allclose(np.asarray(f(a)), ref, rtol=1e-6)
     g = jax.grad(lambda x: f(x).sum())(a)
     assert g.shape == a.shape
-    # JAX array data
-    out = xr.DataArray(jnp.asarray(a), dims=("y", "x")).stencil.map(
-        _lap(2), boundary="reflect", backend="loops")
-    np.testing.assert_allclose(out.values, ref, rtol=1e-6)
+    # JAX array data of a dtype the loops do not take (on the CPU, float32 JAX data
+    # runs the loops: test_loops_jax_input.py)
+    bf = xr.DataArray(jnp.asarray(a, jnp.bfloat16), dims=("y", "x"))
+    out = bf.stencil.map(_lap(2), boundary="reflect", backend="loops")
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out.values, np.float32), np.asarray(
+        bf.stencil.map(_lap(2), boundary="reflect", backend="xla").values, np.float32))
     # a kernel the loops cannot express: integer division, data-dependent indexing
     ia = xr.DataArray(np.arange(42, dtype=np.int32).reshape(7, 6) - 20, dims=("y", "x"))
     out = ia.stencil.map(lambda u: u(x=1) // 3, boundary="periodic", backend="loops")
