@@ -103,14 +103,25 @@ def test_the_environment_switching_to_xla_is_honoured(quick: list[bool], ran: li
     np.testing.assert_allclose(np.asarray(res), _ref(a), rtol=1e-5, atol=1e-5)
 
 
-def test_jax_data_of_the_same_layout_takes_the_general_path(quick: list[bool]) -> None:
+def test_jax_data_of_the_same_layout_is_read_through_its_view(quick: list[bool],
+                                                              ran: list[int]) -> None:
     a = np.random.default_rng(3).random((40, 48), dtype=np.float32)
     for _ in range(3):
         _map(_da(a))
     b = a[::-1].copy()
-    res = _map(_da(jnp.asarray(b)))
+    x = jnp.asarray(b)
+    res = _map(_da(x))  # a time loop of maps hands each call the last result
+    assert quick[-1] is True and len(ran) == 4
+    np.testing.assert_array_equal(np.asarray(res), _ref(b))
+    np.testing.assert_array_equal(np.asarray(x), b)  # the input is left alone
+    res = _map(res)
+    np.testing.assert_array_equal(np.asarray(res), _ref(_ref(b)))
+    gone = jnp.asarray(b)
+    da = _da(gone)
+    gone.delete()  # no view: the general path, and XLA's error
+    with pytest.raises(RuntimeError, match="deleted"):
+        _map(da)
     assert quick[-1] is False
-    np.testing.assert_allclose(np.asarray(res), _ref(b), rtol=1e-5, atol=1e-5)
 
 
 def test_other_shapes_coords_and_x64_do_not_reuse_the_last_nest(quick: list[bool]) -> None:

@@ -320,14 +320,17 @@ class LoopOrJit:
     def quick(self, data: Any, coords: Any, out: np.ndarray | None,
               result: Callable[[Any], Any]) -> Any:
         """``result(output)`` for a call that repeats the last one :meth:`stage`
-        ran as loops (the same ``coords`` object, data of the same type,
-        shape and dtype, no kernel arguments, the same backend choice and x64
-        flag), else ``None``: the output is taken and wrapped as
-        :func:`stage_loops` does, ``result`` is built before the nest runs
-        (see :class:`Staged`), and the nest writes into it.  The same work
-        as :meth:`stage` without its general checks, which the repeat makes
-        moot: a cold call spends its time in Python's layers, not in them."""
+        ran as loops (the same ``coords`` object, numpy data, or a JAX array's
+        :func:`host_views` view, of the same shape and dtype, no kernel
+        arguments, the same backend choice and x64 flag), else ``None``: the
+        output is taken and wrapped as :func:`stage_loops` does, ``result`` is
+        built before the nest runs (see :class:`Staged`), and the nest writes
+        into it.  The same work as :meth:`stage` without its general checks,
+        which the repeat makes moot: a cold call spends its time in Python's
+        layers, not in the nest."""
         q = self._quick
+        if type(data) is not np.ndarray and q is not None:  # a JAX array on the CPU: its view
+            data = host_views((data,))[0]
         if (q is None or coords is not q.coords or type(data) is not np.ndarray
                 or data.shape != q.shape or data.dtype != q.dtype or x64() != q.wide
                 or resolve_mode(self.backend) != q.mode):
