@@ -288,6 +288,7 @@ def test_a_forked_child_gets_its_own_thread_pool() -> None:
     assert hostfft._POOL[0] is not first and hostfft._POOL[1] > 0
 
 
+@pytest.mark.slow  # 47 s on 2 cores: one FFT program per vector component, both paths
 def test_a_kernel_returning_a_vector_per_cell_matches_xla(host: list[bool]) -> None:
     """Per-cell vectors are not written by the host FFT (its outputs have the
     field's shape); whichever path runs, the answer is XLA's."""

@@ -67,8 +67,11 @@ def _same_bits(a: Any, b: Any) -> None:
     assert a.tobytes() == b.tobytes()
 
 
-@pytest.mark.parametrize("shape,boundary", [((37, 29), "periodic"), ((37, 29), "fill"),
-                                            ((9, 11, 13), "periodic"), ((9, 11, 13), "fill")])
+@pytest.mark.parametrize("shape,boundary", [
+    ((37, 29), "periodic"), ((37, 29), "fill"),
+    # the 3-D nests compile for 26-38 s on 2 cores: run with the slow tests
+    pytest.param((9, 11, 13), "periodic", marks=pytest.mark.slow),
+    pytest.param((9, 11, 13), "fill", marks=pytest.mark.slow)])
 def test_an_outlined_masked_map_is_bitwise_the_nest_it_replaces(
         nests: list[Nest], monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...],
         boundary: str) -> None:

@@ -148,7 +148,8 @@ def test_nonlinear_large_window_still_correct(x64: None) -> None:
                                atol=1e-10)
 
 
-@pytest.mark.parametrize("how", ["separable", "slices", "conv", "fft"])
+@pytest.mark.parametrize("how", ["separable", "slices", "conv",
+                                 pytest.param("fft", marks=pytest.mark.slow)])  # fft: 30 s
 def test_lowerings_agree_and_differentiate(x64: None, how: str) -> None:
     rng = np.random.default_rng(8)
     a = jnp.asarray(rng.standard_normal((9, 11)))
