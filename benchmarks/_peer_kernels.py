@@ -197,6 +197,12 @@ def _devito_grid(shape: tuple[int, ...]) -> Any:
     return devito.Grid(shape=shape, extent=tuple(float(n - 1) for n in shape), dtype=np.float32)
 
 
+def laplace_options(mode: str) -> dict[str, Any]:
+    """The map options of the Laplacian cases: ``mode`` is "periodic" or "fill" (0)."""
+    return {"boundary": "periodic"} if mode == "periodic" else {"boundary": "fill",
+                                                                 "fill_value": 0.0}
+
+
 def laplace_columns(shape: tuple[int, ...], mode: str) -> tuple[Callable[[], Any], Columns]:
     rng = np.random.default_rng(0)
     a = rng.random(shape, dtype=np.float32)
@@ -205,8 +211,7 @@ def laplace_columns(shape: tuple[int, ...], mode: str) -> tuple[Callable[[], Any
     dims = ("z", "y", "x")[-ndim:]
     da = xr.DataArray(a, dims=dims)
     kernel = _lap_kernel(ndim)
-    opts = {"boundary": "periodic"} if mode == "periodic" else {"boundary": "fill",
-                                                                   "fill_value": 0.0}
+    opts = laplace_options(mode)
     xout = np.empty_like(a)
     cols: Columns = {
         # the default backend: numba loops on numpy data this large (docs/performance.rst),

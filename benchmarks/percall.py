@@ -51,8 +51,7 @@ def _chained(shape: tuple[int, ...], mode: str) -> Any:
     written as repeated maps.  Every call maps the same first result."""
     a = P.np.random.default_rng(0).random(shape, dtype=P.np.float32)
     kernel = P._lap_kernel(len(shape))
-    opts = {"boundary": "periodic"} if mode == "periodic" else {"boundary": "fill",
-                                                                   "fill_value": 0.0}
+    opts = P.laplace_options(mode)
     first = P.xr.DataArray(a, dims=("z", "y", "x")[-len(shape):]).stencil.map(kernel, **opts)
     return lambda: P.jax.block_until_ready(first.stencil.map(kernel, **opts).data)
 

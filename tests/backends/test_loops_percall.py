@@ -70,19 +70,9 @@ def _labelled(a: np.ndarray) -> xr.DataArray:
 @pytest.fixture
 def staged(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the calls that took the staged path (the early result existed):
-    through ``stage_loops``, or the repeat's ``LoopOrJit.quick``."""
+    ``stage_loops``, through ``LoopOrJit.stage`` or the repeat's ``quick``."""
     monkeypatch.delenv(loops.ENV, raising=False)
-    calls = count_calls(monkeypatch, loops, "stage_loops")
-    real = loops.LoopOrJit.quick
-
-    def quick(self: Any, *args: Any) -> Any:
-        res = real(self, *args)
-        if res is not None:
-            calls.append(1)
-        return res
-
-    monkeypatch.setattr(loops.LoopOrJit, "quick", quick)
-    return calls
+    return count_calls(monkeypatch, loops, "stage_loops")
 
 
 @pytest.mark.slow

@@ -139,12 +139,11 @@ def host_views(arrays: Sequence[Any]) -> Sequence[Any]:
 
 
 def _on_one_cpu(x: Any) -> bool:
-    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+    if not isinstance(x, jax.Array) or not on_host_cpu((x,)):  # tracers, other devices
         return False
     try:
-        return (x.dtype.kind in "biuf" and not x.is_deleted() and x.is_fully_addressable
-                and len(x.sharding.device_set) == 1
-                and next(iter(x.sharding.device_set)).platform == "cpu")
+        return (x.dtype.kind in "biuf" and not x.is_deleted()
+                and len(x.sharding.device_set) == 1)
     except Exception:  # noqa: BLE001 - not an array JAX can tell us about: XLA decides
         return False
 
@@ -174,7 +173,6 @@ class _Quick(NamedTuple):
     dtype: np.dtype
     wide: bool  # JAX's x64 flag
     built: Any  # _Built
-    out_dtype: np.dtype
 
 
 class Staged(NamedTuple):
@@ -312,40 +310,27 @@ class LoopOrJit:
         q = self._quick
         if q is not None and q.coords is coords and q.built is built and q.mode == mode:
             return
-        if isinstance(built.fn, Nest) and len(built.out_avals) == 1 \
-                and built.out_tree == _LEAF and not built.params:
-            self._quick = _Quick(mode, coords, data.shape, data.dtype, x64(), built,
-                                 np.dtype(built.out_avals[0].dtype))
+        if isinstance(built.fn, Nest) and built.out_tree == _LEAF and not built.params:
+            self._quick = _Quick(mode, coords, data.shape, data.dtype, x64(), built)
 
-    def quick(self, data: Any, coords: Any, out: np.ndarray | None,
-              result: Callable[[Any], Any]) -> Any:
-        """``result(output)`` for a call that repeats the last one :meth:`stage`
-        ran as loops (the same ``coords`` object, numpy data, or a JAX array's
-        :func:`host_views` view, of the same shape and dtype, no kernel
-        arguments, the same backend choice and x64 flag), else ``None``: the
-        output is taken and wrapped as :func:`stage_loops` does, ``result`` is
-        built before the nest runs (see :class:`Staged`), and the nest writes
-        into it.  The same work as :meth:`stage` without its general checks,
-        which the repeat makes moot: a cold call spends its time in Python's
-        layers, not in the nest."""
+    def quick(self, data: Any, coords: Any, out: np.ndarray | None = None) -> Staged | None:
+        """The call staged as :meth:`stage` stages it where it repeats the last
+        one :meth:`stage` ran as loops (the same ``coords`` object, numpy
+        data, or a JAX array's :func:`host_views` view, of the same shape and
+        dtype, no kernel arguments, the same backend choice and x64 flag),
+        else ``None``: :func:`stage_loops` without :meth:`stage`'s general
+        checks, which the repeat makes moot (a cold call spends its time in
+        Python's layers, not in the nest)."""
         q = self._quick
-        if type(data) is not np.ndarray and q is not None:  # a JAX array on the CPU: its view
+        if q is None:
+            return None
+        if type(data) is not np.ndarray:  # a JAX array on the CPU: its view
             data = host_views((data,))[0]
-        if (q is None or coords is not q.coords or type(data) is not np.ndarray
-                or data.shape != q.shape or data.dtype != q.dtype or x64() != q.wide
+        if (coords is not q.coords or type(data) is not np.ndarray or data.shape != q.shape
+                or data.dtype != q.dtype or x64() != q.wide
                 or resolve_mode(self.backend) != q.mode):
             return None
-        built = q.built
-        if fits(built, out):
-            buf = early = out
-        else:
-            buf = bufpool.empty(built.field, q.out_dtype, bufpool.near_of(data))
-            early = built.wraps[0].alias(buf)
-            if early is None:  # the wrap copied: the general path wraps after the nest
-                return None
-        res = result(early)
-        run_loops(built, (data,), coords, (), (), out, ([buf], early))
-        return res
+        return stage_loops(q.built, (data,), coords, (), (), out)
 
     def _build(self, arrays: Any, coords: Any, dyn: Any, leaves: Any,
                limit: int, out: np.ndarray | None = None,

@@ -127,15 +127,12 @@ def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any,
     dyn = split_static("map", (args, kwargs))[0] if args or kwargs else []
     leaves = list(lifted.leaves)
     kw = {} if into is None else {"out": into}
-    plain = entry.simple and not entry.wide
-    quick = getattr(entry.fn, "quick", None) if plain and not dyn and not leaves else None
-    if quick is not None:  # the loop backend repeating its last call (LoopOrJit.quick)
-        res = quick(data, entry.coords, into, lambda early: replace_data(obj, early))
-        if res is not None:
-            return res
-    stage = getattr(entry.fn, "stage", None) if plain else None
+    stage = getattr(entry.fn, "stage", None) if entry.simple and not entry.wide else None
     if stage is not None:  # the loop backend: the result is wrapped before the nest runs
-        staged = stage([data], entry.coords, dyn, [], leaves, **kw)
+        # repeating its last call where it can (LoopOrJit.quick), else staged in full
+        staged = entry.fn.quick(data, entry.coords, into) if not dyn and not leaves else None
+        if staged is None:
+            staged = stage([data], entry.coords, dyn, [], leaves, **kw)
         if staged.early is not None:
             res = replace_data(obj, staged.early)  # while the caches still hold this code
             staged.go()  # the nest writes into the arrays res holds; nothing saw them yet

@@ -20,6 +20,7 @@ import numpy as np
 
 from xstencil._engine.boundary import MODE_HELP, MODES, canonical_mode
 from xstencil._engine.call import stand_in
+from xstencil._engine.coords import read_dtype
 from xstencil._engine.lower import AxisGeom
 from xstencil._engine.spec import AxisSpec, geometry
 from xstencil._engine.window import Window, positional_read
@@ -251,11 +252,9 @@ def infer_window(call: str, kernel: Callable[..., Any], plan_dims: tuple[str, ..
         check_returned(call, kernel, out, var_names is not None)
         return out
 
-    # coordinates: float64 next to float64 data (as the engine passes them
-    # under x64; a float32 probe failed strict promotion there), else float32
-    wide = any(np.dtype(dt) in (np.float64, np.complex128) for dt in dtypes)
-    avals = [stand_in((), dt) for dt in dtypes] + [
-        stand_in((), np.float64 if wide else np.float32)]
+    # coordinates in the dtype the engine reads them in (a float32 probe next to
+    # float64 data failed strict promotion under x64)
+    avals = [stand_in((), dt) for dt in dtypes] + [stand_in((), read_dtype(dtypes))]
     try:
         jax.eval_shape(run, *avals)
     except _ArrayUse:
