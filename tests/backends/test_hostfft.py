@@ -277,15 +277,34 @@ def test_a_forked_child_gets_its_own_thread_pool() -> None:
     forever), checked without forking by faking the pool's process id."""
     out = np.empty((256, 512), np.float32)
     acc = np.arange(out.size, dtype=np.float32).reshape(out.shape)
-    total = pytest.approx(float(acc.sum(dtype=np.float64)), rel=1e-5)
-    assert hostfft._copy_sum(out, acc, 2) == total
+    assert hostfft._copy_check(out, acc, 2)
     first = hostfft._POOL[0]
     hostfft._POOL[1] = -1  # as in a child: another process
     np.testing.assert_array_equal(out, acc)
     out[...] = 0
-    assert hostfft._copy_sum(out, acc, 2) == total
+    assert hostfft._copy_check(out, acc, 2)
     np.testing.assert_array_equal(out, acc)
     assert hostfft._POOL[0] is not first and hostfft._POOL[1] > 0
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(256, 512), (8, 8), ()])
+def test_the_output_check_finds_one_non_finite_value_anywhere(dtype: Any, shape: Any) -> None:
+    """The outputs' check (copy and check, in one thread or in blocks of
+    rows on two) finds a single NaN or inf in any block, and lets huge
+    finite values through where a sum of them would overflow."""
+    huge = np.full(shape, np.finfo(dtype).max, dtype)  # its sum overflows
+    out = np.empty(shape, dtype)
+    assert hostfft._copy_check(out, huge, 2)
+    np.testing.assert_array_equal(out, huge)
+    cells = [()] if shape == () else [(0, 0), (shape[0] - 1, shape[1] - 1), (shape[0] // 2, 3)]
+    for bad in (np.nan, np.inf, -np.inf):
+        for cell in cells:
+            acc = huge.copy()
+            acc[cell] = bad
+            assert not hostfft._copy_check(out, acc, 2)
+            assert not hostfft._copy_check(acc, acc, 2)  # written in place: the check alone
+            assert not hostfft._copy_check(out, acc, 1)
 
 
 @pytest.mark.slow  # 47 s on 2 cores: one FFT program per vector component, both paths
