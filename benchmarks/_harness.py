@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from xstencil._backends import tiered
+
 __all__ = ["MIN_RUN_S", "Timing", "Memory", "Runner", "interleave", "block", "compile_jax",
            "time_jax", "time_py", "memory", "fmt_time"]
 
@@ -127,10 +129,21 @@ class Runner:
                       compile_s=self.compile_s)
 
 
+def settle() -> None:
+    """Let every loop nest that has run serially reach its parallel build
+    (``xstencil/_backends/tiered.py``), after the first calls and before the
+    timed ones: the warm columns then time the steady state that a long
+    loop of calls reaches, while first calls keep the default path."""
+    tiered.settle()
+
+
 def interleave(runners: list[Runner]) -> list[Timing]:
     """Warm every runner up, then time them in round-robin order (run 1 of each,
     then run 2 of each, ...), so that a slow drift in machine load affects every
     column alike and cancels in their ratios."""
+    for r in runners:
+        r.warm()
+    settle()
     for r in runners:
         r.warm()
     for i in range(max((r.runs for r in runners), default=0)):
@@ -145,6 +158,9 @@ def round_robin(cases: dict[str, Callable[[], Any]], rounds: int, per_round: int
     """Median seconds per call of each case: ``rounds`` rounds, each calling
     every case ``per_round`` times in turn (so load hits all cases alike)."""
     times: dict[str, list[float]] = {k: [] for k in cases}
+    for f in cases.values():
+        f()
+    settle()
     for _ in range(rounds):
         for name, f in cases.items():
             t0 = time.perf_counter()

@@ -35,8 +35,10 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 try:  # run as ``python benchmarks/percall.py``: benchmarks/ is sys.path[0]
+    import _harness as H
     import _peer_kernels as P
 except ImportError:  # imported as ``benchmarks.percall``
+    from benchmarks import _harness as H
     from benchmarks import _peer_kernels as P
 
 
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     for f in run.values():  # compile, then one warm call
         f()
         f()
+    H.settle()  # every nest on its parallel build: the steady state
     t: dict[str, list[float]] = {k: [] for k in run}
     ratio: dict[str, list[float]] = {k: [] for k in ("new/prange", "out=/prange", "new-out=",
                                                      "copy/new")}

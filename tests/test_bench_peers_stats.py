@@ -64,10 +64,11 @@ def test_measure_samples_fast_columns_in_alternating_sub_rounds(peers) -> None: 
         assert [s[0] for s in a] == [s[0] for s in b]  # the fast pair shares sub-rounds
         assert not {s[0] for s in slow} & {s[0] for s in a}  # the slow one has its own
         assert all(s[1] > 0 and s[2] >= 0 for s in a + b + slow)
-    # after the first and warm calls, the fast pair alternates its order sub-round by
-    # sub-round, each timed call after an untimed one (steady state), and the slow
-    # column closes each round without one
-    timed = calls[6:]
+    # after the first, settling (a second call each) and warm calls, the fast pair
+    # alternates its order sub-round by sub-round, each timed call after an untimed
+    # one (steady state), and the slow column closes each round without one
+    assert calls[:9] == ["a", "a", "b", "b", "slow", "slow", "a", "b", "slow"]
+    timed = calls[9:]
     per_round = ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b", "slow"]
     assert timed == per_round * (2 * rounds)
     for name in ("a", "b"):  # the untimed call is not in the sample: one call's time
@@ -78,7 +79,7 @@ def test_measure_default_is_one_interleaved_round(peers) -> None:  # noqa: ANN00
     calls: list[str] = []
     got: dict = {}
     peers.measure(_columns(calls), 2, samples=got)
-    assert calls[6:] == ["a", "a", "b", "b", "slow"] * 4  # fast columns: untimed call first
+    assert calls[9:] == ["a", "a", "b", "b", "slow"] * 4  # fast columns: untimed call first
     for p in range(2):
         subs = [[s[0] for s in got[n][p]] for n in ("a", "b", "slow")]
         assert subs[0] == subs[1] == subs[2]  # one sub-round per round, all columns in it

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from xstencil._backends.loop_variants import Nest
+from xstencil._backends.tiered import Tiered
 
 try:  # optional: the ``cpu`` extra
     import numba
@@ -184,7 +185,9 @@ class Driver:
         nest_args = ([fz] if self.check else []) + [spares[j] for j in self.order] + [
             spares[m] if kind == "c" else consts[m] for kind, m in self.srcs] + list(fixed)
         types = tuple(numba.typeof(x) for x in nest_args)
-        if types not in self.fn.overloads:  # e.g. the first step read a read-only input:
+        if isinstance(self.fn, Tiered):  # the parallel build, made now where it is not yet
+            self.fn = self.fn.dispatcher(tuple(nest_args))
+        elif types not in self.fn.overloads:  # e.g. the first step read a read-only input:
             self.fn.compile(types)  # as the Python loop's second step would compile it
         cres = self.fn.overloads[types]
         fty = numba.types.FunctionType(cres.signature)

@@ -35,6 +35,7 @@ from xstencil._backends.hostfft import HostFFT, host_fft
 from xstencil._backends.hostwrap import Wrapper
 from xstencil._backends.loop_variants import Nest
 from xstencil._backends.loopcache import njit_source
+from xstencil._backends.tiered import Tiered, promote_after
 from xstencil._engine.lift import Unliftable
 from xstencil._engine.loopgen import Param, boundary_tables
 from xstencil._engine.loopweights import generate_variants
@@ -338,6 +339,7 @@ class LoopOrJit:
         """Trace, generate, compile and run: the loop and the output, or a
         string that says why the loops do not apply (and ``None``).
         ``fallback()``: the call's XLA result (see :func:`run_loops`)."""
+        promote_after()  # a bad XSTENCIL_PROMOTE_AFTER is the user's error, not a fallback
         try:
             coords = [np.asarray(c) for c in coords]
             sources = self.make_sources(list(arrays), coords)
@@ -424,10 +426,18 @@ def omp_env() -> None:
     os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
 
 
-def _compile(source: str) -> Any:
-    """The numba function of a generated nest (compiled on its first call, or
-    loaded from numba's disk cache: :mod:`xstencil._backends.loopcache`)."""
-    return njit_source(source, "<xstencil loop kernel>", parallel=True, error_model="numpy")
+def _compile(source: str) -> Tiered:
+    """The nest of a generated source: serial first, parallel once its runs
+    add up (:mod:`xstencil._backends.tiered`); each build compiles on first
+    use, or loads from numba's disk cache
+    (:mod:`xstencil._backends.loopcache`)."""
+    def make(parallel: bool) -> Any:
+        if parallel:
+            return njit_source(source, "<xstencil loop kernel>", parallel=True,
+                               error_model="numpy")
+        return njit_source(source, "<xstencil loop kernel>", error_model="numpy", nogil=True)
+
+    return Tiered(make, promote_after())
 
 
 def fits(built: _Built, out: np.ndarray | None) -> bool:
