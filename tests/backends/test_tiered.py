@@ -26,6 +26,7 @@ import pytest
 import xarray as xr
 
 import xstencil
+from tests.backends.test_scan_timeloop import heat, np_heat
 from tests.spies import count_calls, recorded
 from xstencil._backends import loop_steps, loops, tiered
 
@@ -199,20 +200,7 @@ def test_a_hot_scan_drives_the_parallel_build_with_the_same_numbers(
     drove = count_calls(monkeypatch, loop_steps, "run")
     a = np.random.default_rng(3).standard_normal((40, 48)).astype(np.float32)
     da = xr.DataArray(a, dims=("y", "x"))
-
-    def heat(u: Any) -> Any:
-        c = u(time=-1)
-        return c + 0.2 * (u(time=-1, x=1) + u(time=-1, x=-1) + u(time=-1, y=1)
-                          + u(time=-1, y=-1) - 4 * c)
-
-    want = a
-    for _ in range(30):
-        p = np.pad(want, 1)
-        c = p[1:-1, 1:-1]
-        s = p[1:-1, 2:] + p[1:-1, :-2]
-        s = s + p[2:, 1:-1]
-        s = s + p[:-2, 1:-1]
-        want = c + np.float32(0.2) * (s - np.float32(4) * c)
+    want = np_heat(a, 30)[-1]
     got = da.stencil.scan(heat, "time", steps=30, save_every="last", boundary="fill",
                           fill_value=0.0, backend="loops")
     assert drove, "the driver did not run"
