@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np, xarray as xr
     import xstencil
-    import xstencil._backends.loops as L
+    import xstencil._backends.tiered as L  # where the loop nests are compiled
     made = []
     real = L.njit_source
     def spy(*a, **k):

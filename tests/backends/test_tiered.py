@@ -28,7 +28,7 @@ import xarray as xr
 import xstencil
 from tests.backends.test_scan_timeloop import heat, np_heat
 from tests.spies import count_calls, recorded
-from xstencil._backends import loop_steps, loops, tiered
+from xstencil._backends import loop_steps, loopcache, loops, loops_mesh, tiered
 
 pytest.importorskip("numba")
 
@@ -112,6 +112,29 @@ def test_promotion_keeps_every_number(made: list[tiered.Tiered], case: str) -> N
         np.testing.assert_array_equal(third.values, _lap_ref(a))
 
 
+def test_a_function_mesh_promotes_its_large_regions(monkeypatch: pytest.MonkeyPatch,
+                                                    made: list[tiered.Tiered]) -> None:
+    """A mesh region of at least ``PARALLEL_MIN_POINTS`` points is a tiered
+    nest (a small one stays serial for good): bitwise the same before and
+    after promotion, and the numpy reference."""
+    nests = recorded(monkeypatch, loops_mesh, "_compile")
+    a = np.random.default_rng(6).standard_normal((260, 270)).astype(np.float32)
+    m = xr.DataArray(a, dims=("y", "x")).stencil.mesh(boundary="periodic", backend="loops")
+    m[...] = lap
+    m[{"x": 0}] = lambda u: u(x=-1) * 2
+    want = _lap_ref(a)
+    want[:, 0] = np.roll(a, 1, 1)[:, 0] * np.float32(2)
+    first = m.map()
+    second = m.map()
+    big = [t for t in nests if isinstance(t, tiered.Tiered)]
+    assert len(big) == 1 and big[0].ran == "serial" and len(nests) == 2
+    assert tiered.settle(timeout=300) and big[0].parallel is not None
+    third = m.map()
+    assert big[0].ran == "parallel"
+    for got in (first, second, third):
+        np.testing.assert_array_equal(got.values, want)
+
+
 def test_a_large_threshold_never_promotes(monkeypatch: pytest.MonkeyPatch,
                                           made: list[tiered.Tiered]) -> None:
     monkeypatch.setenv(tiered.ENV, "1000")
@@ -152,7 +175,7 @@ def test_a_failed_parallel_build_keeps_the_serial_nest() -> None:
         made.append(parallel)
         if parallel:
             raise RuntimeError("no parallel build here")
-        return loops.njit_source(SOURCE, "<t>", error_model="numpy", nogil=True)
+        return loopcache.njit_source(SOURCE, "<t>", error_model="numpy", nogil=True)
 
     t = tiered.Tiered(make, 1e-9)
     a = np.arange(12.0).reshape(3, 4)

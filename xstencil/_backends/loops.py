@@ -34,8 +34,7 @@ from xstencil._backends import bufpool
 from xstencil._backends.hostfft import HostFFT, host_fft
 from xstencil._backends.hostwrap import Wrapper
 from xstencil._backends.loop_variants import Nest
-from xstencil._backends.loopcache import njit_source
-from xstencil._backends.tiered import Tiered, promote_after
+from xstencil._backends.tiered import Tiered, from_source, promote_after
 from xstencil._engine.lift import Unliftable
 from xstencil._engine.loopgen import Param, boundary_tables
 from xstencil._engine.loopweights import generate_variants
@@ -428,16 +427,8 @@ def omp_env() -> None:
 
 def _compile(source: str) -> Tiered:
     """The nest of a generated source: serial first, parallel once its runs
-    add up (:mod:`xstencil._backends.tiered`); each build compiles on first
-    use, or loads from numba's disk cache
-    (:mod:`xstencil._backends.loopcache`)."""
-    def make(parallel: bool) -> Any:
-        if parallel:
-            return njit_source(source, "<xstencil loop kernel>", parallel=True,
-                               error_model="numpy")
-        return njit_source(source, "<xstencil loop kernel>", error_model="numpy", nogil=True)
-
-    return Tiered(make, promote_after())
+    add up (:mod:`xstencil._backends.tiered`)."""
+    return from_source(source, "<xstencil loop kernel>")
 
 
 def fits(built: _Built, out: np.ndarray | None) -> bool:

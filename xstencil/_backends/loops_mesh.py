@@ -54,6 +54,7 @@ from xstencil._backends.loops import (
     omp_env,
     resolve_mode,
 )
+from xstencil._backends.tiered import from_source, promote_after
 from xstencil._engine.kcache import cached
 from xstencil._engine.lift import Unliftable
 from xstencil._engine.loopgen import Param, boundary_tables, generate
@@ -210,6 +211,7 @@ class MeshLoops:
     def _build(self, arrays: Any, coords: Any, dyn: Any, dynamic: Any, leaves: Any,
                limit: int) -> _BuiltMesh | str:
         """Trace, generate and compile every nest, or say why the loops do not apply."""
+        promote_after()  # a bad XSTENCIL_PROMOTE_AFTER is the user's error, not a fallback
         try:
             # the result's structure and dtypes: the XLA function's own
             shapes = jax.eval_shape(self.jitted, arrays, coords, dyn, dynamic, leaves)
@@ -261,8 +263,12 @@ class MeshLoops:
 
 def _compile(source: str, parallel: bool) -> Any:
     """The numba function of a generated nest (compiled on its first call, or
-    loaded from numba's disk cache: :mod:`xstencil._backends.loopcache`)."""
-    return njit_source(source, "<xstencil mesh loop>", parallel=parallel, error_model="numpy")
+    loaded from numba's disk cache: :mod:`xstencil._backends.loopcache`); a
+    parallel one runs serially until its runs add up
+    (:mod:`xstencil._backends.tiered`)."""
+    if parallel:
+        return from_source(source, "<xstencil mesh loop>")
+    return njit_source(source, "<xstencil mesh loop>", error_model="numpy")
 
 
 def run_mesh(built: _BuiltMesh, arrays: Sequence[np.ndarray], coords: Sequence[Any],

@@ -45,12 +45,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from xstencil._backends.loopcache import njit_source
+
 try:
     import numba
 except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
-__all__ = ["ENV", "PROMOTE_AFTER", "Tiered", "promote_after", "settle"]
+__all__ = ["ENV", "PROMOTE_AFTER", "Tiered", "from_source", "promote_after", "settle"]
 
 #: The environment variable that sets :func:`promote_after`.
 ENV = "XSTENCIL_PROMOTE_AFTER"
@@ -175,6 +177,18 @@ class Tiered:
                     _compile(par, types)
             self.parallel = par
         return par
+
+
+def from_source(source: str, label: str) -> Tiered:
+    """The :class:`Tiered` nest of a generated source (``label`` names it
+    in tracebacks): each build compiles on first use, or loads from numba's
+    disk cache (:func:`~xstencil._backends.loopcache.njit_source`)."""
+    def make(parallel: bool) -> Any:
+        if parallel:
+            return njit_source(source, label, parallel=True, error_model="numpy")
+        return njit_source(source, label, error_model="numpy", nogil=True)
+
+    return Tiered(make, promote_after())
 
 
 def _compile(par: Any, types: Any) -> None:
