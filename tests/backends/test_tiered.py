@@ -231,6 +231,27 @@ def test_a_hot_scan_drives_the_parallel_build_with_the_same_numbers(
     assert got.values.tobytes() == want.tobytes()
 
 
+def test_a_hot_scan_whose_parallel_build_fails_drives_the_serial_one(
+        monkeypatch: pytest.MonkeyPatch, made: list[tiered.Tiered]) -> None:
+    real = tiered.njit_source
+
+    def no_parallel(source: str, label: str, **options: Any) -> Any:
+        if options.get("parallel"):
+            raise RuntimeError("no parallel build here")
+        return real(source, label, **options)
+
+    monkeypatch.setattr(tiered, "njit_source", no_parallel)
+    monkeypatch.setattr(loop_steps, "HOT_STEPS", 1)
+    monkeypatch.setattr(loop_steps, "MIN_STEPS", 2)
+    drove = count_calls(monkeypatch, loop_steps, "run")
+    a = np.random.default_rng(7).standard_normal((30, 36)).astype(np.float32)
+    got = xr.DataArray(a, dims=("y", "x")).stencil.scan(
+        heat, "time", steps=20, save_every="last", boundary="fill", fill_value=0.0,
+        backend="loops")
+    assert drove and any(t.failed and t.parallel is None for t in made)
+    assert got.values.tobytes() == np_heat(a, 20)[-1].tobytes()
+
+
 def _child(conn: Any) -> None:  # a forked child: numba compiles here (no JAX)
     t = loops._compile(SOURCE.replace("3.0", "5.0"))
     t.after = 1e-9

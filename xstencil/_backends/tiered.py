@@ -110,16 +110,11 @@ class Tiered:
                 self.ran = "parallel"
                 return res
         if self.after <= 0 and not self.failed:
-            res = self.dispatcher(args)(*args)
-            self.ran = "parallel"
+            fn = self.dispatcher(args)
+            res = fn(*args)
+            self.ran = "parallel" if fn is self.parallel else "serial"
             return res
-        serial = self.serial
-        if serial is None:
-            with self._lock:
-                if self.serial is None:
-                    self.serial = self._make(False)
-                    _RAN.add(self)
-                serial = self.serial
+        serial = self._serial()
         known = len(serial.overloads)
         t0 = time.perf_counter()
         res = serial(*args)
@@ -130,6 +125,16 @@ class Tiered:
             if self.spent >= self.after and not self.failed:
                 self._request()
         return res
+
+    def _serial(self) -> Any:
+        serial = self.serial
+        if serial is None:
+            with self._lock:
+                if self.serial is None:
+                    self.serial = self._make(False)
+                    _RAN.add(self)
+                serial = self.serial
+        return serial
 
     def _request(self) -> None:
         with self._lock:
@@ -165,18 +170,29 @@ class Tiered:
         """The parallel numba dispatcher, built now (after the background
         build under way, if any) for ``args``' types where given: what a
         caller that compiles its own code around the nest needs (the loop
-        scans' time-loop driver)."""
-        with self._lock:
-            par = self._par
-            if par is None:
-                par = self._par = self._make(True)
-        if args is not None:
-            types = tuple(numba.typeof(a) for a in args)
-            with _BUILDING:  # after the background thread's build, if under way
-                if types not in par.overloads:
-                    _compile(par, types)
-            self.parallel = par
-        return par
+        scans' time-loop driver).  Where the parallel build fails, the
+        serial dispatcher, built for those types (the same numbers)."""
+        types = None if args is None else tuple(numba.typeof(a) for a in args)
+        if not self.failed:
+            try:
+                with self._lock:
+                    par = self._par
+                    if par is None:
+                        par = self._par = self._make(True)
+                if types is not None:
+                    with _BUILDING:  # after the background thread's build, if under way
+                        if types not in par.overloads:
+                            _compile(par, types)
+                    self.parallel = par
+                return par
+            except Exception as e:  # noqa: BLE001 - the serial nest stays, and is right
+                self.failed = True
+                _LOG.info("loop nest stays serial: its parallel build failed: %s: %s",
+                          type(e).__name__, e)
+        serial = self._serial()
+        if types is not None and types not in serial.overloads:
+            serial.compile(types)
+        return serial
 
 
 def from_source(source: str, label: str) -> Tiered:
