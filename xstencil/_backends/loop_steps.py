@@ -125,7 +125,10 @@ def hot(nest: Any, steps: int) -> bool:
         return False
     with _LOCK:
         n = _COUNTS[nest] = _COUNTS.get(nest, 0) + steps
-    return n >= HOT_STEPS
+    if n < HOT_STEPS:
+        return False
+    nest.prefer_parallel()  # the driver's build: the first step runs it too, no serial compile
+    return True
 
 
 def driver(nest: Any, nvar: int, order: Sequence[int], srcs: Sequence[Source], nfixed: int,

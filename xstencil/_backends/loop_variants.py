@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from xstencil._backends.tiered import Tiered
 from xstencil._engine.loopweights import Variants
 
 __all__ = ["Nest"]
@@ -57,6 +58,7 @@ class Nest:
         self._lock = threading.Lock()  # one numba function per variant (dask threads)
         self.last: str | None = None
         self._plain = False  # the last call ran ``plain``: try it first, without the guess
+        self._eager = False  # variants take their parallel build at once (prefer_parallel)
         self._check: Callable[..., Any] | None = None
         if variants.check is not None:
             namespace: dict[str, Any] = {"np": np}
@@ -77,7 +79,21 @@ class Nest:
                     src = self.variants.plain if which == "plain" else self.variants.masked
                     assert src is not None
                     fn = self.fns[which] = self._make(src)
+                    if self._eager and isinstance(fn, Tiered):
+                        fn.after = 0.0
         return fn
+
+    def prefer_parallel(self) -> None:
+        """Every variant, made or to be made, runs its parallel build from
+        its next call on (:class:`~xstencil._backends.tiered.Tiered` with a
+        threshold of 0): for a long scan, whose time-loop driver needs that
+        build anyway, so that its first step does not compile a serial one
+        too."""
+        with self._lock:
+            self._eager = True
+            for fn in self.fns.values():
+                if isinstance(fn, Tiered):
+                    fn.after = 0.0
 
     def __call__(self, *args: Any) -> None:
         if self.variants.plain is not None and (

@@ -37,12 +37,14 @@ state.
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from xstencil._backends.loopcache import njit_source
@@ -52,7 +54,7 @@ try:
 except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
-__all__ = ["ENV", "PROMOTE_AFTER", "Tiered", "from_source", "promote_after", "settle"]
+__all__ = ["ENV", "PROMOTE_AFTER", "Tiered", "eager", "from_source", "promote_after", "settle"]
 
 #: The environment variable that sets :func:`promote_after`.
 ENV = "XSTENCIL_PROMOTE_AFTER"
@@ -195,6 +197,23 @@ class Tiered:
         return serial
 
 
+_EAGER: contextvars.ContextVar[bool] = contextvars.ContextVar("xstencil_tiered_eager",
+                                                              default=False)
+
+
+@contextlib.contextmanager
+def eager(on: bool = True) -> Iterator[None]:
+    """Within it (where ``on``), :func:`from_source` makes nests that take
+    their parallel build on their first call: for a scan long enough for its
+    time-loop driver, which needs that build anyway, so that its first step
+    does not compile a serial one too."""
+    token = _EAGER.set(on)
+    try:
+        yield
+    finally:
+        _EAGER.reset(token)
+
+
 def from_source(source: str, label: str) -> Tiered:
     """The :class:`Tiered` nest of a generated source (``label`` names it
     in tracebacks): each build compiles on first use, or loads from numba's
@@ -204,7 +223,8 @@ def from_source(source: str, label: str) -> Tiered:
             return njit_source(source, label, parallel=True, error_model="numpy")
         return njit_source(source, label, error_model="numpy", nogil=True)
 
-    return Tiered(make, promote_after())
+    after = promote_after()
+    return Tiered(make, 0.0 if _EAGER.get() else after)
 
 
 def _compile(par: Any, types: Any) -> None:

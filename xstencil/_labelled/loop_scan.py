@@ -87,6 +87,7 @@ import jax
 import numpy as np
 import xarray as xr
 
+from xstencil._backends import loop_steps
 from xstencil._backends.hostwrap import wrap
 from xstencil._backends.loops import (
     AUTO_MIN_POINTS,
@@ -96,6 +97,7 @@ from xstencil._backends.loops import (
     leaf_sig,
     resolve_mode,
 )
+from xstencil._backends.tiered import eager
 from xstencil._engine.call import outside_transforms, precision, split_static
 from xstencil._engine.kcache import describe, rebuild
 from xstencil._labelled import loop_scan_steps
@@ -241,7 +243,9 @@ def _in_precision(obj: Any, kernel: Any, o: ScanPlan, args: Any, kwargs: Any, li
         raise Fallback(f"uncacheable: {e}") from e
     built = _BUILT.get(key)
     if built is None:
-        built = _build(plan, lifted, static, dim, kept, srcs, udyn, leaves, limit)
+        long = sp.loop.steps >= max(loop_steps.HOT_STEPS, loop_steps.MIN_STEPS)
+        with eager(long):  # a long scan's nest: the driver's (parallel) build at once
+            built = _build(plan, lifted, static, dim, kept, srcs, udyn, leaves, limit)
         if len(_BUILT) >= _MAX_BUILT:
             _BUILT.pop(next(iter(_BUILT)))
         _BUILT[key] = built

@@ -85,6 +85,8 @@ def run_loop(built: Any, sp: ScanPlan, slabs: Sequence[np.ndarray],
     # after a first step here, the rest in compiled chunks (loop_steps.py)
     drive: Any = None if not short and (fused is not None or not check) and loop_steps.hot(
         built.fn, steps) else False
+    if drive is None and fused is not None:  # its first step runs the driver's build too
+        fused.prefer_parallel()
     # stepped from Python to the end (no driver): the thread count is tuned here
     stepped = loop_steps.Stepped(built) if drive is False and steps >= loop_steps.MIN_STEPS \
         else None
