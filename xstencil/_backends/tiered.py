@@ -149,50 +149,48 @@ class Tiered:
         """Compile the parallel nest for every signature of the serial one
         (the background thread's work)."""
         try:
-            with self._lock:
-                par = self._par
-                if par is None:
-                    par = self._par = self._make(True)
             t0 = time.perf_counter()
-            for sig in list(self.serial.signatures if self.serial is not None else ()):
-                if sig not in par.overloads:
-                    _compile(par, sig)
-            if par.signatures:
+            par = self._parallel_for([] if self.serial is None else list(self.serial.signatures))
+            if par is not None and par.signatures:
                 self.parallel = par
-            _LOG.debug("parallel loop nest ready in %.2f s", time.perf_counter() - t0)
-        except Exception as e:  # noqa: BLE001 - the serial nest stays, and is right
-            self.failed = True
-            _LOG.info("loop nest stays serial: its parallel build failed: %s: %s",
-                      type(e).__name__, e)
+                _LOG.debug("parallel loop nest ready in %.2f s", time.perf_counter() - t0)
         finally:
             with self._lock:
                 self._queued = False
 
-    def dispatcher(self, args: tuple[Any, ...] | None = None) -> Any:
-        """The parallel numba dispatcher, built now (after the background
-        build under way, if any) for ``args``' types where given: what a
-        caller that compiles its own code around the nest needs (the loop
-        scans' time-loop driver).  Where the parallel build fails, the
-        serial dispatcher, built for those types (the same numbers)."""
-        types = None if args is None else tuple(numba.typeof(a) for a in args)
-        if not self.failed:
-            try:
+    def _parallel_for(self, sigs: list[Any]) -> Any:
+        """The parallel dispatcher, built for every signature in ``sigs``
+        (after another build under way, and holding off ``os.fork``), or
+        ``None`` where that fails: the nest then stays serial for good."""
+        try:
+            with _BUILDING:
                 with self._lock:
+                    if self._par is None:
+                        self._par = self._make(True)
                     par = self._par
-                    if par is None:
-                        par = self._par = self._make(True)
-                if types is not None:
-                    with _BUILDING:  # after the background thread's build, if under way
-                        if types not in par.overloads:
-                            _compile(par, types)
-                    self.parallel = par
-                return par
-            except Exception as e:  # noqa: BLE001 - the serial nest stays, and is right
-                self.failed = True
-                _LOG.info("loop nest stays serial: its parallel build failed: %s: %s",
-                          type(e).__name__, e)
+                for sig in sigs:
+                    if sig not in par.overloads:
+                        _compile(par, sig)
+            return par
+        except Exception as e:  # noqa: BLE001 - the serial nest stays, and is right
+            self.failed = True
+            _LOG.info("loop nest stays serial: its parallel build failed: %s: %s",
+                      type(e).__name__, e)
+            return None
+
+    def dispatcher(self, args: tuple[Any, ...]) -> Any:
+        """The numba dispatcher built now for ``args``' types: the parallel
+        one (after the background build under way, if any), or the serial
+        one where the parallel build fails (the same numbers); for callers
+        that compile code around the nest (the loop scans' time-loop
+        driver) and for a threshold of 0."""
+        types = tuple(numba.typeof(a) for a in args)
+        par = None if self.failed else self._parallel_for([types])
+        if par is not None:
+            self.parallel = par
+            return par
         serial = self._serial()
-        if types is not None and types not in serial.overloads:
+        if types not in serial.overloads:
             serial.compile(types)
         return serial
 
@@ -265,8 +263,7 @@ def _work() -> None:
                 _COND.notify_all()
                 return
             t = _QUEUE.popleft()
-        with _BUILDING:
-            t._build()
+        t._build()
         with _COND:
             _COND.notify_all()
 
