@@ -245,30 +245,62 @@ def test_inputs_are_not_mutated_and_the_default_backend_uses_it(host: list[bool]
         a, w, np.finfo(np.float32).eps)
 
 
-def test_the_inverse_written_in_place_equals_the_public_inverse(
-        host: list[bool], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("shape", "boundary"), [((128, 64), "periodic"),
+                                                 ((96, 80), "periodic"),
+                                                 ((96, 80), "reflect")])
+def test_the_transforms_by_axis_in_work_arrays_equal_scipy_ffts_functions(
+        host: list[bool], monkeypatch: pytest.MonkeyPatch, shape: Any, boundary: str) -> None:
+    """The private bindings' path (by axis, in work arrays kept by the map,
+    the inverse written straight into the output) against the public
+    ``scipy.fft.rfftn``/``irfftn`` path: the same bits where every size is a
+    power of 2, else within the public path's own rounding (the inverse
+    scales per axis); a padded block (``reflect``) too, called twice so that
+    the second call reuses the work arrays (zeros after the block stay)."""
     rng = np.random.default_rng(10)
-    a = rng.standard_normal((96, 80)).astype(np.float32)
+    a = rng.standard_normal(shape).astype(np.float32)
     w = rng.standard_normal((11, 11)).astype(np.float32)
     da = xr.DataArray(a, dims=("y", "x"))
-    into: list[bool] = []
-    real = hostfft._inverse_into
+    made: list[tuple[int, ...]] = []
+    real_take = hostfft.HostFFT._take
 
-    def spy(*args: Any) -> bool:
-        into.append(real(*args))
-        return into[-1]
+    def take(self: Any, key: Any, make: Any) -> np.ndarray:
+        got = real_take(self, key, make)
+        made.append(got.shape)
+        return got
 
-    monkeypatch.setattr(hostfft, "_inverse_into", spy)
+    monkeypatch.setattr(hostfft.HostFFT, "_take", take)
 
     def run() -> np.ndarray:
         return da.stencil.map(lambda u: (u * w).sum(), window={"y": 11, "x": 11},
-                              boundary="periodic", backend="loops").values
+                              boundary=boundary, backend="loops").values
 
-    direct = run()
-    monkeypatch.setattr(hostfft, "_inverse_into", lambda *args: False)
+    by_axis, again = run(), run()
+    assert made and host == [True, True]
+    monkeypatch.setattr(hostfft, "_r2c", None)
     public = run()
-    assert into == [True] and host == [True, True]
-    np.testing.assert_array_equal(direct, public)  # the same pocketfft call
+    assert host == [True, True, True]
+    np.testing.assert_array_equal(again, by_axis)
+    if boundary == "periodic" and all(n & (n - 1) == 0 for n in shape):
+        np.testing.assert_array_equal(by_axis, public)
+    scale = np.abs(public).max()
+    assert np.abs(by_axis - public).max() <= 8 * np.finfo(np.float32).eps * scale
+    assert np.abs(by_axis - _direct(a, w, boundary)).max() < _bound(
+        a, w, np.finfo(np.float32).eps)
+
+
+def test_calls_at_once_each_take_their_own_work_array() -> None:
+    """Two threads in one map's FFT at once (dask's threaded scheduler) never
+    share a work array: what one takes, the other cannot until it is given
+    back, and at most :data:`~hostfft.SPARE` free ones are kept."""
+    fft = hostfft.HostFFT([], lambda: [], [], [], [], lambda: 1)
+    made = iter(range(100))
+    first = fft._take("k", lambda: np.full(3, next(made)))
+    second = fft._take("k", lambda: np.full(3, next(made)))
+    assert first[0] != second[0]
+    for arr in (first, second, np.zeros(3)):
+        fft._give("k", arr)
+    assert len(fft.work["k"]) == hostfft.SPARE
+    assert {fft._take("k", list)[0] for _ in range(2)} == {0, 1}
 
 
 def test_a_forked_child_gets_its_own_thread_pool() -> None:
