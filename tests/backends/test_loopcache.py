@@ -143,3 +143,34 @@ def test_numba_refusing_cache_true_compiles_in_memory(tmp_path: Path,
     assert fn(2) == 10
     assert type(fn._cache).__name__ == "NullCache"
     assert any("no locator available" in r.getMessage() for r in caplog.records)
+
+
+FINITE = textwrap.dedent("""
+    import json
+    import numpy as np
+    from xstencil._backends import finite
+    a = np.arange(1000, dtype=np.float32)
+    b = a.astype(np.float64)
+    b[517] = np.nan
+    got = [finite.all_finite(a), finite.all_finite(b), finite.all_finite(a[::-1])]
+    d = finite._jitted()
+    print(json.dumps({"got": got, "hits": len(d.stats.cache_hits),
+                      "misses": len(d.stats.cache_misses)}))
+""")
+
+
+def test_the_finiteness_check_is_cached_on_disk_too(tmp_path: Path) -> None:
+    """``finite.all_finite`` (the host FFT's and ``check_finite``'s test)
+    compiles its loop once per dtype; a second process loads both."""
+    env = dict(os.environ, XSTENCIL_CACHE_DIR=str(tmp_path))
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", FINITE], env=env, capture_output=True,
+                              text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[0]["got"] == runs[1]["got"] == [True, False, True]
+    assert runs[0]["hits"] == 0 and runs[0]["misses"] >= 2
+    assert runs[1]["hits"] >= 2 and runs[1]["misses"] == 0
+    files = (tmp_path / "loops").glob("xstencil_nest_*.py")
+    assert any("flat.size" in f.read_text() for f in files)
