@@ -303,6 +303,19 @@ def test_calls_at_once_each_take_their_own_work_array() -> None:
     assert {fft._take("k", list)[0] for _ in range(2)} == {0, 1}
 
 
+def test_work_arrays_kept_are_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A map keeps at most :data:`~hostfft.WORK_BYTES` of free work arrays:
+    a large field's are made anew on each call, not held for the map's
+    lifetime."""
+    monkeypatch.setattr(hostfft, "WORK_BYTES", 1000)
+    fft = hostfft.HostFFT([], lambda: [], [], [], [], lambda: 1)
+    fft._give("small", np.zeros(100, np.float32))  # 400 bytes
+    fft._give("big", np.zeros(200, np.float32))  # 800 more: over the bound
+    fft._give("small", np.zeros(100, np.float32))
+    assert [a.nbytes for a in fft.work["small"]] == [400, 400]
+    assert fft.work["big"] == []
+
+
 def test_a_forked_child_gets_its_own_thread_pool() -> None:
     """The row-split helper's pool is remade in a child process (a forked
     child inherits the pool object but not its threads: it would wait

@@ -73,8 +73,10 @@ SPECTRA_BYTES = 2**28
 KEY_BYTES = 2**20
 #: Spectra of at least this many bytes are multiplied in several threads.
 MULTIPLY_THREADS = 2**25
-#: Free work arrays kept per map and shape (one per thread that calls at once).
+#: Free work arrays kept per map and shape (one per thread that calls at once),
+#: and at most this many bytes of them per map (larger fields make theirs anew).
 SPARE = 2
+WORK_BYTES = 2**27
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +226,8 @@ class HostFFT:
 
     def _give(self, key: Any, arr: np.ndarray) -> None:
         free = self.work.setdefault(key, [])
-        if len(free) < SPARE:
+        kept = sum(a.nbytes for arrays in self.work.values() for a in arrays)
+        if len(free) < SPARE and kept + arr.nbytes <= WORK_BYTES:
             free.append(arr)
 
     def _spectra(self, values: list[np.ndarray]) -> list[tuple[list[Any], Any]] | None:
