@@ -369,3 +369,74 @@ def test_a_kernel_returning_a_vector_per_cell_matches_xla(host: list[bool]) -> N
     want = da.stencil.map(kernel, backend="xla", **opts)
     assert got.shape == (64, 70, 2) and host == []
     np.testing.assert_allclose(got.values, want.values, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(("shape", "window", "boundary", "stride"), [
+    ((40, 37), {"y": 11, "x": 11}, "reflect", None),
+    ((40, 37), {"y": 11, "x": 11}, "symmetric", None),
+    ((40, 37), {"y": 11, "x": 11}, "extend", None),
+    ((40, 37), {"y": 11, "x": 11}, "fill", None),
+    ((40, 37), {"y": (2, 12), "x": (9, 3)}, {"y": "periodic", "x": "reflect"}, None),
+    ((40, 37), {"y": 12, "x": 11}, {"y": "fill", "x": "periodic"}, {"y": 2, "x": 3}),
+    ((5, 40), {"y": 11, "x": 11}, "reflect", None),  # the window wider than the field
+    ((4, 40), {"y": 13, "x": 11}, {"y": "symmetric", "x": "extend"}, None),
+    ((3, 30, 26), {"z": 3, "y": 7, "x": 7}, {"z": "periodic", "y": "reflect", "x": "fill"}, None),
+])
+def test_the_block_written_by_numpy_is_the_xla_block(
+        host: list[bool], monkeypatch: pytest.MonkeyPatch, shape: Any, window: Any,
+        boundary: Any, stride: Any) -> None:
+    """The padded block the host FFT writes with numpy (``_HostBlock``) is
+    bitwise the block of the engine's jitted function it replaces, for
+    every boundary mode, mixed per dim, asymmetric and strided windows, a
+    field narrower than the window (reflected more than once), 3-D; the work
+    array stays zero after the block; and the map equals the direct sum."""
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal(tuple(v if isinstance(v, int) else sum(v) + 1
+                                  for v in window.values())).astype(np.float32)
+    dims = ("z", "y", "x")[-len(shape):]
+    seen: list[tuple[Any, Any]] = []
+    real = hostfft.HostFFT._run
+
+    def spy(self: Any, args: Any) -> bool:
+        seen.append((self, args))
+        return real(self, args)
+
+    monkeypatch.setattr(hostfft.HostFFT, "_run", spy)
+    got = xr.DataArray(a, dims=dims).stencil.map(
+        lambda u: (u * w).sum(), window=window, boundary=boundary, fill_value=2.5,
+        stride=stride, backend="loops")
+    assert host == [True]
+    fft, args = seen[0]
+    (term,), = fft.terms
+    assert term.host is not None and term.block is not None
+    src = args[1 + term.index]
+    want = np.asarray(term.block(src))
+    written = term.host.write(np.zeros(term.shape, np.float32), src)
+    assert written.shape == term.shape and term.host.extent == want.shape
+    np.testing.assert_array_equal(written[tuple(slice(0, n) for n in want.shape)], want)
+    outside = np.ones(term.shape, bool)
+    outside[tuple(slice(0, n) for n in want.shape)] = False
+    assert not written[outside].any()
+    xla = xr.DataArray(a, dims=dims).stencil.map(
+        lambda u: (u * w).sum(), window=window, boundary=boundary, fill_value=2.5,
+        stride=stride, backend="xla")
+    scale = float(np.abs(a).max()) * float(np.abs(w).sum())
+    assert np.abs(got.values - xla.values).max() <= 20 * np.finfo(np.float32).eps * scale
+
+
+def test_a_block_in_another_dtype_is_made_by_xla(host: list[bool],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """float16 data are transformed in float32, cast as XLA casts them: the
+    block comes from the engine's jitted function, not from numpy."""
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((40, 37)).astype(np.float16)
+    w = rng.standard_normal((11, 11)).astype(np.float16)
+    writes: list[int] = []
+    real = hostfft._HostBlock.write
+    monkeypatch.setattr(hostfft._HostBlock, "write",
+                        lambda self, *args: writes.append(1) or real(self, *args))
+    got = xr.DataArray(a, dims=("y", "x")).stencil.map(
+        lambda u: (u * w).sum(), window={"y": 11, "x": 11}, boundary="reflect",
+        backend="loops")
+    assert host == [True] and writes == [] and got.dtype == np.float16

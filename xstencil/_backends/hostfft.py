@@ -14,9 +14,13 @@ docs/performance.rst).
 
 The arithmetic is the XLA program's: the correlation is ``irfft(rfft(x) *
 conj(rfft(w)))`` over the whole periodic field (the weights wrapped onto it),
-or over the padded block at an FFT-friendly size otherwise (the padded block
-is made by the XLA function of :meth:`~xstencil._engine.lower.Source.block`,
-so every boundary mode is the engine's own); the weight spectra are computed
+or over the padded block at an FFT-friendly size otherwise (written by numpy
+straight into a work array of the FFT's size, each position mapped to the
+array index it reads by the engine's own
+:func:`~xstencil._engine.boundary.source_index`, so every boundary mode is the
+engine's, bitwise the block of :meth:`~xstencil._engine.lower.Source.block`;
+data in another dtype than the FFT's take that XLA function, and the
+cast); the weight spectra are computed
 in float64 and rounded once, as :func:`xstencil._engine.dense.spectrum`
 does for constant weights.  Results differ from ``backend="xla"`` by FFT
 rounding (two FFT libraries), a few float32 ulps of the output's scale.
@@ -40,6 +44,7 @@ new spectrum, never a stale one.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import threading
 from collections import OrderedDict
@@ -48,12 +53,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import scipy.fft as sfft
 
 from xstencil._backends.finite import all_finite
 from xstencil._engine import dense
-from xstencil._engine.call import stand_in
+from xstencil._engine.boundary import index_runs, source_index
+from xstencil._engine.call import precision, stand_in
 from xstencil._engine.dense_hoist import RETRY
 from xstencil._engine.lower import AxisGeom, Source
 
@@ -90,6 +97,8 @@ class _Term:
     dtype: np.dtype  # the FFT's (float32 or float64)
     lows: tuple[int, ...] | None
     block: Callable[[Any], Any] | None
+    # the same block written by numpy (see _HostBlock), where it can be
+    host: _HostBlock | None = None
 
 
 class HostFFT:
@@ -133,16 +142,24 @@ class HostFFT:
         for out, terms, (specs, bias) in zip(outs, self.terms, spectra, strict=True):
             acc = None
             for term, spec in zip(terms, specs, strict=True):
-                x = srcs[term.index]
-                if term.block is not None:
+                x, key = srcs[term.index], None
+                if term.host is not None and x.dtype == term.dtype:
+                    key = ("block", term.shape, term.host.extent)  # zeros after it stay
+                    x = term.host.write(self._take(key, lambda t=term: np.zeros(t.shape,
+                                                                                 t.dtype)), x)
+                elif term.block is not None:
                     x = np.asarray(term.block(x))
                 if x.dtype != term.dtype:  # in the output's dtype, as XLA's (no half FFTs)
                     x = x.astype(out.dtype).astype(term.dtype)
-                if len(terms) == 1 and bias is None and _direct(out, term, self.whole):
-                    self._correlate(x, term, spec, workers, out)
-                    acc = out  # written in place: no copy
-                    break
-                full = self._correlate(x, term, spec, workers, None)
+                try:
+                    if len(terms) == 1 and bias is None and _direct(out, term, self.whole):
+                        self._correlate(x, term, spec, workers, out)
+                        acc = out  # written in place: no copy
+                        break
+                    full = self._correlate(x, term, spec, workers, None)
+                finally:
+                    if key is not None:
+                        self._give(key, x)
                 part = full[self.index].astype(out.dtype, copy=False)
                 acc = part if acc is None else acc + part
             if acc is None:
@@ -380,7 +397,8 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
             else:
                 sizes = tuple(dense.fast_size(g.step * (g.count - 1) + k)
                               for g, k in zip(geom, w.shape, strict=True))
-                row.append(_Term(i, sizes, dt, None, _block_fn(src, geom, w.shape)))
+                row.append(_Term(i, sizes, dt, None, _block_fn(src, geom, w.shape),
+                                 _HostBlock.of(src, geom, w.shape)))
         terms.append(row)
     return HostFFT(terms, program, params, [g.step for g in geom], counts, workers)
 
@@ -401,3 +419,81 @@ def _block_fn(src: Source, geom: Sequence[AxisGeom], wshape: tuple[int, ...]
         return x
 
     return jax.jit(block)
+
+
+class _HostBlock:
+    """The padded block of :func:`_block_fn`, written by numpy into the
+    start of a zeroed work array of the FFT's size, where XLA would copy the
+    numpy input in, pad it and hand back a new array that the FFT then
+    copies again.  Each axis's positions map to array indices (or the fill
+    value) by the engine's own :func:`~xstencil._engine.boundary.source_index`,
+    the map the XLA block is built from, so every boundary mode is the
+    engine's; ``write`` copies one rectangular piece per combination of the
+    axes' runs (straight, reversed, or one cell repeated) and fills the
+    rest."""
+
+    def __init__(self, runs: list[list[tuple[int, int, int]]], fill: Any):
+        self.runs, self.fill = runs, fill
+        self.extent = tuple(sum(_length(r) for r in rs) for rs in runs)
+
+    @classmethod
+    def of(cls, src: Source, geom: Sequence[AxisGeom], wshape: tuple[int, ...]
+           ) -> _HostBlock | None:
+        """The writer of ``src``'s block (as :func:`_block_fn` makes it), or
+        ``None`` where its axes are not the field's in order or it has no
+        padding (the XLA function then makes it)."""
+        rank = len(geom)
+        if not src.pads or tuple(src.axes) != tuple(range(rank)):
+            return None
+        runs = []
+        for d, ((lo, _), mode) in enumerate(zip(src.pads, src.modes, strict=True)):
+            g = geom[d]
+            length = g.step * (g.count - 1) + wshape[d]
+            p = np.arange(g.start, g.start + length) - lo
+            runs.append(index_runs(source_index(p, src.array.shape[d], mode)))
+        fill = None
+        if any(first < 0 for rs in runs for first, _, _ in rs):  # cast as jnp.full casts it
+            with precision(src.array):
+                fill = np.asarray(jnp.full((), src.fill_value, src.array.dtype))[()]
+        return cls(runs, fill)
+
+    def write(self, dest: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """``dest`` with the block of ``x`` written into its start."""
+        for pieces in itertools.product(*[_placed(rs) for rs in self.runs]):
+            at = tuple(slice(o, o + n) for o, n, _ in pieces)
+            if any(read is None for _, _, read in pieces):
+                dest[at] = self.fill
+            else:
+                dest[at] = x[tuple(read for _, _, read in pieces)]
+        return dest
+
+
+def _length(run: tuple[int, int, int]) -> int:
+    first, last, step = run
+    return last if first < 0 else abs(last - first) + 1
+
+
+def _placed(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, Any]]:
+    """Per run of one axis: where it starts in the block, its length, and
+    the slice of ``x`` that it reads (``None``: the fill value); repeats of
+    one cell (``extend``'s halo) are one piece, its length-1 slice
+    broadcast."""
+    out: list[tuple[int, int, Any]] = []
+    at = 0
+    for first, last, step in runs:
+        n = _length((first, last, step))
+        if first < 0:
+            read = None
+        elif step == 0:
+            read = slice(first, first + 1)
+            if out and out[-1][2] == read and out[-1][0] + out[-1][1] == at:
+                out[-1] = (out[-1][0], out[-1][1] + n, read)
+                at += n
+                continue
+        elif step > 0:
+            read = slice(first, last + 1)
+        else:
+            read = slice(first, last - 1 if last > 0 else None, -1)
+        out.append((at, n, read))
+        at += n
+    return out
