@@ -407,3 +407,38 @@ def dense_columns(n: int, k: int) -> tuple[Columns, str]:
     # labelled map computes them in the program (xstencil._engine.affine) and picks the
     # lowering by the window's size: what dense.choose says for a traced weight array.
     return cols, dense.choose(jax.ShapeDtypeStruct(w.shape, w.dtype))
+
+
+def padded_dense_columns(n: int, k: int) -> Columns:
+    """A dense k x k weighted sum at n², ``boundary="reflect"`` (mirrored
+    about the edge cell: numpy's ``np.pad(mode="reflect")``, scipy.ndimage's
+    ``mode="mirror"``): the non-periodic case, where the FFT runs over a
+    padded block at an FFT-friendly size.  Columns: xstencil (numpy in),
+    ``scipy.ndimage.correlate`` and a hand-written ``np.pad`` plus
+    ``scipy.fft`` correlation with a precomputed spectrum, on numba's
+    thread count."""
+    rng = np.random.default_rng(100 + k)
+    a = offset_array(rng.standard_normal((n, n)).astype(np.float32))
+    w = rng.standard_normal((k, k)).astype(np.float32)
+    h = k // 2
+    da = xr.DataArray(a, dims=("y", "x"))
+
+    def kernel(u: Any) -> Any:
+        return (u * w).sum()
+
+    size = sfft.next_fast_len(n + k - 1, real=True)
+    flipped = np.zeros((size, size), np.float32)
+    flipped[:k, :k] = w[::-1, ::-1]  # correlation as a convolution: the flipped weights
+    spec = sfft.rfft2(flipped).astype(np.complex64)
+    workers = numba.get_num_threads() if numba is not None else (os.cpu_count() or 1)
+
+    def hand() -> Any:
+        big = sfft.rfft2(np.pad(a, h, mode="reflect"), s=(size, size), workers=workers)
+        big *= spec
+        full = sfft.irfft2(big, s=(size, size), workers=workers, overwrite_x=True)
+        return full[k - 1:k - 1 + n, k - 1:k - 1 + n]
+
+    return {"xstencil": lambda: jax.block_until_ready(da.stencil.map(
+                kernel, window={"y": k, "x": k}, boundary="reflect").data),
+            "scipy.ndimage": lambda: ndi.correlate(a, w, mode="mirror"),
+            "np.pad + scipy.fft": hand}

@@ -281,8 +281,25 @@ def dense_cases(quick: bool, rounds: int, ks: list[int] | None = None
                      f"({best[0]} / {best[1]}; ratio of medians {plain[0]:.2f} / "
                      f"{plain[1]:.2f}, CPU time {cpu[0]:.2f} / {cpu[1]:.2f}; JAX in "
                      f"{jax_in[0]:.2f} / {jax_in[1]:.2f}), first call {first['xstencil']:.2f} s")
-    return (f"#### Dense k×k weighted sums at {n}², periodic, float32 (pass 1 / pass 2)\n\n"
-            + "\n".join(lines)), notes
+    padded = ["xstencil", "scipy.ndimage", "np.pad + scipy.fft"]
+    rows = ["| k | " + " | ".join(padded) + " | xstencil ÷ np.pad + scipy.fft |",
+            "|---" * (len(padded) + 2) + "|"]
+    for k in [k for k in ks if k >= 15][:2]:
+        print("   dense reflect", k, flush=True)
+        got = {}
+        med, _ = measure(P.padded_dense_columns(n, k), rounds, repeat=DENSE_REPEAT,
+                         samples=got)
+        ratio = _ratios(got, med, ["np.pad + scipy.fft"] * 2, "xstencil")
+        rows.append(f"| {k} | " + " | ".join(_pair(med.get(p)) for p in padded)
+                    + f" | {ratio[0]:.2f} / {ratio[1]:.2f} |")
+        notes.append(f"dense {k}x{k} reflect: {ratio[0]:.2f} / {ratio[1]:.2f} of np.pad + "
+                     f"scipy.fft (paired by sub-round)")
+    text = f"#### Dense k×k weighted sums at {n}², periodic, float32 (pass 1 / pass 2)\n\n" \
+        + "\n".join(lines)
+    if len(rows) > 2:
+        text += (f"\n\n#### Dense k×k weighted sums at {n}², reflect (a padded block), "
+                 "float32 (pass 1 / pass 2)\n\n" + "\n".join(rows))
+    return text, notes
 
 
 #: Sub-rounds a round of the dense cases' fast columns (see :func:`measure`).
