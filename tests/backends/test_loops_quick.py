@@ -139,7 +139,7 @@ def test_other_shapes_coords_and_x64_do_not_reuse_the_last_nest(quick: list[bool
     np.testing.assert_array_equal(np.asarray(_map(_da(small))), _ref(small))
 
 
-def test_arguments_and_closed_over_arrays_take_the_general_path(quick: list[bool]) -> None:
+def test_arguments_and_new_kernels_take_the_general_path(quick: list[bool]) -> None:
     a = np.random.default_rng(5).random((40, 48), dtype=np.float32)
     da = _da(a)
     for scale in (1.0, 2.0, 3.0):
@@ -153,7 +153,78 @@ def test_arguments_and_closed_over_arrays_take_the_general_path(quick: list[bool
         res = da.stencil.map(lambda u, c: c * lap(u), np.float32(scale), boundary="periodic",
                              backend="loops")
         np.testing.assert_allclose(np.asarray(res), scale * _ref(a), rtol=1e-6)
-    assert not any(quick), "a call with arguments or closed-over arrays took the short path"
+    assert not any(quick), "a call with arguments or a new kernel took the short path"
+
+
+def test_closed_over_numpy_arrays_take_the_short_path_with_their_current_values(
+        quick: list[bool]) -> None:
+    """A repeated map whose kernel closes over numpy weights takes the short
+    path and reads the weights' values of each call: changed in place,
+    rebound to new values of the same layout, or rebound to another dtype
+    (the general path) or a JAX array (the general path), the numbers are
+    always the direct sum of the current weights."""
+    rng = np.random.default_rng(7)
+    a = rng.random((40, 48), dtype=np.float32)
+    da = _da(a)
+    w = rng.random((3, 3), dtype=np.float32)
+
+    def weighted(u: Any) -> Any:
+        return (u * w).sum()
+
+    def ref(weights: np.ndarray) -> np.ndarray:
+        out = np.zeros(a.shape, np.float64)
+        for i in range(3):
+            for j in range(3):
+                out += float(weights[i, j]) * np.roll(a, (1 - i, 1 - j), axis=(0, 1))
+        return out
+
+    def run() -> np.ndarray:
+        return np.asarray(da.stencil.map(weighted, window={"y": 3, "x": 3},
+                                         boundary="periodic", backend="loops"))
+
+    first = run()
+    np.testing.assert_allclose(first, ref(w), rtol=1e-5, atol=1e-5)
+    for _ in range(2):  # the first repeat records the entry's coordinates for the next
+        np.testing.assert_array_equal(run(), first)
+    assert quick[-1] is True, "the repeat with closed-over weights took the general path"
+    w[1, 1] = 7.0  # changed in place
+    np.testing.assert_allclose(run(), ref(w), rtol=1e-5, atol=1e-5)
+    assert quick[-1] is True
+    w = rng.random((3, 3), dtype=np.float32)  # rebound: same layout
+    np.testing.assert_allclose(run(), ref(w), rtol=1e-5, atol=1e-5)
+    for other in (w.astype(np.float64), jnp.asarray(w)):  # the general path (a new entry
+        w = other  # for the float64 weights: no repeat to take; a JAX array: not numpy)
+        seen = len(quick)
+        np.testing.assert_allclose(run(), ref(np.asarray(w)), rtol=1e-5, atol=1e-5)
+        assert not any(quick[seen:])
+
+
+def test_the_host_fft_repeat_takes_the_short_path_and_declines_to_xla(
+        quick: list[bool]) -> None:
+    """A large window closed over as numpy weights (the host FFT) repeats on
+    the short path; a NaN in the data still hands the call to XLA's exact
+    path there (the short path passes it the fallback), whose result has the
+    direct sum's NaN footprint."""
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((64, 64)).astype(np.float32)
+    w = rng.standard_normal((15, 15)).astype(np.float32)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return np.asarray(xr.DataArray(x, dims=("y", "x")).stencil.map(
+            lambda u: (u * w).sum(), window={"y": 15, "x": 15}, boundary="periodic",
+            backend="loops"))
+
+    first = run(a)
+    for _ in range(2):
+        np.testing.assert_array_equal(run(a), first)
+    assert quick[-1] is True
+    bad = a.copy()
+    bad[10, 20] = np.nan
+    got = run(bad)
+    assert quick[-1] is True
+    nan = np.isnan(got)
+    assert nan.sum() == 15 * 15 and nan[10, 20] and not nan[30, 40]
+    np.testing.assert_allclose(got[~nan], first[~nan], atol=1e-3)  # far cells: finite
 
 
 def test_a_kernel_reading_coordinates_sees_new_ones(quick: list[bool]) -> None:

@@ -173,6 +173,7 @@ class _Quick(NamedTuple):
     dtype: np.dtype
     wide: bool  # JAX's x64 flag
     built: Any  # _Built
+    leaves: tuple[tuple[tuple[int, ...], np.dtype], ...]  # closed-over numpy arrays' sigs
 
 
 class Staged(NamedTuple):
@@ -300,27 +301,35 @@ class LoopOrJit:
             return Staged(None, lambda: res)
         if isinstance(built, str):
             return None
-        if not dleaves and not leaves and len(arrays) == 1:
-            self._remember(mode, arrays[0], coords, built)
+        if not dleaves and len(arrays) == 1 and all(type(x) is np.ndarray for x in leaves):
+            self._remember(mode, arrays[0], coords, built, leaves)
         return stage_loops(built, arrays, coords, dleaves, leaves, out, fallback)
 
-    def _remember(self, mode: str, data: np.ndarray, coords: Any, built: _Built) -> None:
+    def _remember(self, mode: str, data: np.ndarray, coords: Any, built: _Built,
+                  leaves: Sequence[np.ndarray]) -> None:
         """Keep what :meth:`quick` needs to repeat this call (one array, no
-        kernel arguments or closed-over arrays, one output, a loop nest)."""
+        kernel arguments, closed-over arrays only as numpy arrays, one
+        output, a loop nest or the host FFT)."""
         q = self._quick
         if q is not None and q.coords is coords and q.built is built and q.mode == mode:
             return
-        if isinstance(built.fn, Nest) and built.out_tree == _LEAF and not built.params:
-            self._quick = _Quick(mode, coords, data.shape, data.dtype, x64(), built)
+        if (isinstance(built.fn, Nest | HostFFT) and built.out_tree == _LEAF
+                and len(built.params) == len(leaves)):
+            self._quick = _Quick(mode, coords, data.shape, data.dtype, x64(), built,
+                                 tuple((x.shape, x.dtype) for x in leaves))
 
-    def quick(self, data: Any, coords: Any, out: np.ndarray | None = None) -> Staged | None:
+    def quick(self, data: Any, coords: Any, out: np.ndarray | None = None,
+              leaves: Sequence[Any] = ()) -> Staged | None:
         """The call staged as :meth:`stage` stages it where it repeats the last
         one :meth:`stage` ran as loops (the same ``coords`` object, numpy
         data, or a JAX array's :func:`host_views` view, of the same shape and
-        dtype, no kernel arguments, the same backend choice and x64 flag),
-        else ``None``: :func:`stage_loops` without :meth:`stage`'s general
-        checks, which the repeat makes moot (a cold call spends its time in
-        Python's layers, not in the nest)."""
+        dtype, no kernel arguments, closed-over ``leaves`` that are numpy
+        arrays of the same shapes and dtypes, the same backend choice and x64
+        flag), else ``None``: :func:`stage_loops` without :meth:`stage`'s
+        general checks, which the repeat makes moot (a cold call spends its
+        time in Python's layers, not in the nest).  The leaves' values are
+        this call's: the nest reads them as its parameters, and the host FFT
+        keys its spectra by them."""
         q = self._quick
         if q is None:
             return None
@@ -328,9 +337,16 @@ class LoopOrJit:
             data = host_views((data,))[0]
         if (coords is not q.coords or type(data) is not np.ndarray or data.shape != q.shape
                 or data.dtype != q.dtype or x64() != q.wide
-                or resolve_mode(self.backend) != q.mode):
+                or resolve_mode(self.backend) != q.mode or len(leaves) != len(q.leaves)):
             return None
-        return stage_loops(q.built, (data,), coords, (), (), out)
+        for x, (shape, dtype) in zip(leaves, q.leaves, strict=True):
+            if type(x) is not np.ndarray or x.shape != shape or x.dtype != dtype:
+                return None
+
+        def fallback() -> Any:  # the host FFT's exact path (see run_loops)
+            return self.jitted([data], coords, [], [], leaves)
+
+        return stage_loops(q.built, (data,), coords, (), leaves, out, fallback)
 
     def _build(self, arrays: Any, coords: Any, dyn: Any, leaves: Any,
                limit: int, out: np.ndarray | None = None,

@@ -130,7 +130,7 @@ def run(entry: Entry, obj: xr.DataArray, args: Any, kwargs: Any,
     stage = getattr(entry.fn, "stage", None) if entry.simple and not entry.wide else None
     if stage is not None:  # the loop backend: the result is wrapped before the nest runs
         # repeating its last call where it can (LoopOrJit.quick), else staged in full
-        staged = entry.fn.quick(data, entry.coords, into) if not dyn and not leaves else None
+        staged = entry.fn.quick(data, entry.coords, into, leaves) if not dyn else None
         if staged is None:
             staged = stage([data], entry.coords, dyn, [], leaves, **kw)
         if staged.early is not None:
