@@ -440,3 +440,103 @@ def test_a_block_in_another_dtype_is_made_by_xla(host: list[bool],
         lambda u: (u * w).sum(), window={"y": 11, "x": 11}, boundary="reflect",
         backend="loops")
     assert host == [True] and writes == [] and got.dtype == np.float16
+
+
+def _gauss(k: int, width: float) -> np.ndarray:
+    x = np.arange(k) - (k - 1) / 2
+    g = np.exp(-x**2 / (2 * width**2))
+    return g / g.sum()
+
+
+@pytest.fixture
+def passes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """One entry per call of the separable passes."""
+    seen: list[bool] = []
+    real = hostfft.HostFFT._separable
+
+    def spy(self: Any, *args: Any) -> Any:
+        seen.append(True)
+        return real(self, *args)
+
+    monkeypatch.setattr(hostfft.HostFFT, "_separable", spy)
+    return seen
+
+
+@pytest.mark.parametrize(("shape", "window", "boundary", "stride", "dtype"), [
+    ((90, 70), (15, 15), "reflect", None, np.float32),
+    ((90, 70), (17, 13), "periodic", None, np.float32),
+    ((90, 70), (15, 15), {"y": "fill", "x": "extend"}, {"y": 2, "x": 3}, np.float32),
+    ((40, 52), (15, 17), "symmetric", None, np.float64),
+    ((5, 60), (15, 15), "reflect", None, np.float32),  # narrower than the window
+])
+def test_rank_one_weights_run_as_two_passes_and_match_the_direct_sum(
+        host: list[bool], passes: list[bool], shape: Any, window: Any, boundary: Any,
+        stride: Any, dtype: Any) -> None:
+    """Weights that are an outer product (a Gaussian) run as two 1-D passes
+    over the padded block, for every boundary mode, mixed, strided, float64,
+    a field narrower than the window; the result is the direct sum's to FFT
+    rounding or better, and its dtype, shape and coords are the map's."""
+    rng = np.random.default_rng(14)
+    a = rng.standard_normal(shape).astype(dtype)
+    w = np.outer(_gauss(window[0], 2.5), _gauss(window[1], 3.0)).astype(dtype)
+    da = xr.DataArray(a, dims=("y", "x"), coords={"x": np.arange(shape[1]) * 0.5})
+    kw = {"window": {"y": window[0], "x": window[1]}, "boundary": boundary,
+          "fill_value": 1.5, "stride": stride}
+    got = da.stencil.map(lambda u: (u * w).sum(), backend="loops", **kw)
+    assert host == [True] and passes == [True]
+    xla = da.stencil.map(lambda u: (u * w).sum(), backend="xla", **kw)
+    assert got.dtype == dtype and got.shape == xla.shape
+    np.testing.assert_array_equal(got.coords["x"].values, xla.coords["x"].values)
+    mode = boundary if isinstance(boundary, str) else None
+    if mode is not None:
+        ref = _direct(a, w.astype(np.float64), mode, 1.5)
+        assert np.abs(got.values - ref).max() < _bound(a, w, np.finfo(dtype).eps)
+    assert np.abs(got.values - xla.values).max() < 2 * _bound(a, w, np.finfo(dtype).eps)
+
+
+def test_weights_that_are_not_rank_one_or_cost_more_take_the_fft(
+        host: list[bool], passes: list[bool]) -> None:
+    """Random weights, a rank-1 product perturbed past the tolerance, and a
+    window so wide for its field that the passes would cost more than the
+    FFT (:data:`hostfft.PASS_PER_FFT`) all run the FFT; weights changed in
+    place from rank 1 to full rank on the same map are never stale."""
+    rng = np.random.default_rng(15)
+    a = rng.standard_normal((96, 96)).astype(np.float32)
+    da = xr.DataArray(a, dims=("y", "x"))
+    w = np.outer(_gauss(15, 2.0), _gauss(15, 3.0)).astype(np.float32)
+
+    def run(k: int = 15) -> np.ndarray:
+        return da.stencil.map(lambda u: (u * w).sum(), window={"y": k, "x": k},
+                              boundary="periodic", backend="loops").values
+
+    np.testing.assert_allclose(run(), _direct(a, w, "periodic"), atol=1e-5)
+    assert passes == [True]
+    w[3, 4] += 1e-3  # no longer rank 1: the FFT, with the new values
+    np.testing.assert_allclose(run(), _direct(a, w, "periodic"), atol=1e-5)
+    w[...] = rng.standard_normal((15, 15))
+    np.testing.assert_allclose(run(), _direct(a, w, "periodic"), atol=1e-4)
+    assert passes == [True] and host == [True, True, True]
+    w = np.outer(_gauss(63, 8.0), _gauss(63, 8.0)).astype(np.float32)
+    np.testing.assert_allclose(run(63), _direct(a, w, "periodic"), atol=1e-5)
+    assert passes == [True]
+
+
+def test_rank_one_weights_with_a_bias_and_nan_data(host: list[bool], passes: list[bool]) -> None:
+    """A constant added to the sum (a bias) is added after the passes; a NaN
+    in the data still hands the call to XLA's exact path (the direct sum's
+    NaN footprint), as for the FFT."""
+    rng = np.random.default_rng(16)
+    a = rng.standard_normal((64, 64)).astype(np.float32)
+    w = np.outer(_gauss(15, 2.0), _gauss(15, 2.0)).astype(np.float32)
+    da = xr.DataArray(a, dims=("y", "x"))
+    got = da.stencil.map(lambda u: (u * w).sum() + 2.0, window={"y": 15, "x": 15},
+                         boundary="reflect", backend="loops")
+    assert passes == [True] and host == [True]
+    np.testing.assert_allclose(got.values, _direct(a, w, "reflect") + 2.0, atol=1e-5)
+    bad = a.copy()
+    bad[20, 30] = np.nan
+    out = xr.DataArray(bad, dims=("y", "x")).stencil.map(
+        lambda u: (u * w).sum() + 2.0, window={"y": 15, "x": 15}, boundary="reflect",
+        backend="loops").values
+    assert host[-1] is False
+    assert np.isnan(out).sum() == 15 * 15 and np.isnan(out[20, 30]) and not np.isnan(out[50, 5])
