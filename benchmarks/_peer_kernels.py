@@ -409,17 +409,23 @@ def dense_columns(n: int, k: int) -> tuple[Columns, str]:
     return cols, dense.choose(jax.ShapeDtypeStruct(w.shape, w.dtype))
 
 
-def padded_dense_columns(n: int, k: int) -> Columns:
+def padded_dense_columns(n: int, k: int, gaussian: bool = False) -> Columns:
     """A dense k x k weighted sum at n², ``boundary="reflect"`` (mirrored
     about the edge cell: numpy's ``np.pad(mode="reflect")``, scipy.ndimage's
     ``mode="mirror"``): the non-periodic case, where the FFT runs over a
     padded block at an FFT-friendly size.  Columns: xstencil (numpy in),
     ``scipy.ndimage.correlate`` and a hand-written ``np.pad`` plus
     ``scipy.fft`` correlation with a precomputed spectrum, on numba's
-    thread count."""
+    thread count.  ``gaussian``: Gaussian weights (rank 1, which xstencil runs
+    as two 1-D passes), and a column of ``scipy.ndimage.correlate1d`` along
+    each axis in turn, the separable way to filter with them."""
     rng = np.random.default_rng(100 + k)
     a = offset_array(rng.standard_normal((n, n)).astype(np.float32))
     w = rng.standard_normal((k, k)).astype(np.float32)
+    g = np.exp(-((np.arange(k) - k // 2) / (k / 6)) ** 2 / 2)
+    g = (g / g.sum()).astype(np.float32)
+    if gaussian:
+        w = np.outer(g, g)
     h = k // 2
     da = xr.DataArray(a, dims=("y", "x"))
 
@@ -438,7 +444,11 @@ def padded_dense_columns(n: int, k: int) -> Columns:
         full = sfft.irfft2(big, s=(size, size), workers=workers, overwrite_x=True)
         return full[k - 1:k - 1 + n, k - 1:k - 1 + n]
 
-    return {"xstencil": lambda: jax.block_until_ready(da.stencil.map(
-                kernel, window={"y": k, "x": k}, boundary="reflect").data),
-            "scipy.ndimage": lambda: ndi.correlate(a, w, mode="mirror"),
-            "np.pad + scipy.fft": hand}
+    cols: Columns = {"xstencil": lambda: jax.block_until_ready(da.stencil.map(
+                         kernel, window={"y": k, "x": k}, boundary="reflect").data),
+                     "scipy.ndimage": lambda: ndi.correlate(a, w, mode="mirror"),
+                     "np.pad + scipy.fft": hand}
+    if gaussian:
+        cols["scipy.ndimage 1-D passes"] = lambda: ndi.correlate1d(
+            ndi.correlate1d(a, g, axis=0, mode="mirror"), g, axis=1, mode="mirror")
+    return cols

@@ -299,6 +299,22 @@ def dense_cases(quick: bool, rounds: int, ks: list[int] | None = None
     if len(rows) > 2:
         text += (f"\n\n#### Dense k×k weighted sums at {n}², reflect (a padded block), "
                  "float32 (pass 1 / pass 2)\n\n" + "\n".join(rows))
+    gauss = ["xstencil", "scipy.ndimage 1-D passes", "np.pad + scipy.fft"]
+    rows = ["| k | " + " | ".join(gauss) + " | xstencil ÷ best |", "|---" * (len(gauss) + 2) + "|"]
+    for k in [k for k in ks if k >= 15][::2][:2]:
+        print("   gaussian reflect", k, flush=True)
+        got = {}
+        cols = P.padded_dense_columns(n, k, gaussian=True)
+        med, _ = measure({c: cols[c] for c in gauss}, rounds, repeat=DENSE_REPEAT, samples=got)
+        best = [min(gauss[1:], key=lambda p, i=i: med[p][i]) for i in (0, 1)]
+        ratio = _ratios(got, med, best, "xstencil")
+        rows.append(f"| {k} | " + " | ".join(_pair(med.get(p)) for p in gauss)
+                    + f" | {ratio[0]:.2f} / {ratio[1]:.2f} |")
+        notes.append(f"gaussian {k}x{k} reflect: {ratio[0]:.2f} / {ratio[1]:.2f} of the best "
+                     f"({best[0]} / {best[1]}; xstencil runs two 1-D passes)")
+    if len(rows) > 2:
+        text += (f"\n\n#### Gaussian k×k (rank-1 weights) at {n}², reflect, float32 "
+                 "(pass 1 / pass 2)\n\n" + "\n".join(rows))
     return text, notes
 
 
