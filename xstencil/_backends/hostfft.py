@@ -99,11 +99,9 @@ class _Term:
     dtype: np.dtype  # the FFT's (float32 or float64)
     lows: tuple[int, ...] | None
     block: Callable[[Any], Any] | None
-    # the same block written by numpy (see _HostBlock), where it can be
+    # the padded block written by numpy (see _HostBlock), where it can be: the
+    # FFT's input for a padded term, the separable passes' for every 2-D term
     host: _HostBlock | None = None
-    # the block the separable passes read (2-D terms; see _separable)
-    rows: _HostBlock | None = None
-    steps: tuple[int, ...] = ()
 
 
 class HostFFT:
@@ -119,7 +117,7 @@ class HostFFT:
         self.index = tuple(slice(0, st * (n - 1) + 1, st)
                            for st, n in zip(steps, counts, strict=True))
         self.whole = tuple(counts) if all(st == 1 for st in steps) else None
-        self.field = tuple(counts)
+        self.field, self.steps = tuple(counts), tuple(steps)
         self.workers = workers
         self.spectra: OrderedDict[Any, list[Any] | None] = OrderedDict()
         self.lock = threading.Lock()
@@ -158,7 +156,7 @@ class HostFFT:
                         break
                     acc = part if acc is None else acc + part
                     continue
-                if term.host is not None and x.dtype == term.dtype:
+                if term.block is not None and term.host is not None and x.dtype == term.dtype:
                     key = ("block", term.shape, term.host.extent)  # zeros after it stay
                     x = term.host.write(self._take(key, lambda t=term: np.zeros(t.shape,
                                                                                  t.dtype)), x)
@@ -191,18 +189,18 @@ class HostFFT:
         passes over the padded block (``ky + kx`` products a point where
         the FFT costs a transform of the whole block, and closer to the
         direct sum), into ``dest`` (a new array where ``None``)."""
-        rows = term.rows
-        (gy, gx), (sy, sx), (ny, nx) = pair, term.steps, self.field
+        rows = term.host
+        (gy, gx), (sy, sx), (ny, nx) = pair, self.steps, self.field
         # the passes' nest has no bounds checks: what it reads and writes, checked here
         if rows is None or rows.extent != (sy * (ny - 1) + gy.size, sx * (nx - 1) + gx.size) \
                 or (dest is not None and dest.shape != self.field):
             raise ValueError(f"separable passes: block {rows and rows.extent}, weights "
-                             f"{gy.size}x{gx.size}, field {self.field}, strides {term.steps}")
+                             f"{gy.size}x{gx.size}, field {self.field}, strides {self.steps}")
         key = ("rows", rows.extent, term.dtype)
         block = rows.write(self._take(key, lambda: np.empty(rows.extent, term.dtype)), x)
         try:
             if dest is None:
-                dest = np.empty(tuple(g for g in self.field), term.dtype)
+                dest = np.empty(self.field, term.dtype)
             _passes()(block, gy, gx, dest, sy, sx)
         finally:
             self._give(key, block)
@@ -420,10 +418,10 @@ def _rank_one(w: np.ndarray, term: _Term, field: tuple[int, ...]
     term has the separable passes' block, the passes cost less than the FFT
     (:data:`PASS_PER_FFT`) and ``w`` is rank 1 to within
     :data:`RANK_ONE_ULPS` (its singular values, in float64), else ``None``."""
-    if term.rows is None or w.ndim != 2 or min(w.shape) < 2:
+    if term.host is None or w.ndim != 2 or min(w.shape) < 2:
         return None
     n = math.prod(term.shape)
-    passes = field[0] * (w.shape[0] * term.rows.extent[1] + w.shape[1] * field[1])
+    passes = field[0] * (w.shape[0] * term.host.extent[1] + w.shape[1] * field[1])
     if passes >= PASS_PER_FFT * n * math.log2(n):
         return None
     u, sv, vt = np.linalg.svd(w.astype(np.float64))
@@ -466,16 +464,15 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
         row = []
         dt = dense.fft_dtype(v.aval.dtype)
         for i, src, w, _ in per:
-            rows = _HostBlock.of(src, geom, w.shape) if w.ndim == 2 else None
-            steps = tuple(g.step for g in geom)
-            if dense.whole_periodic(src, geom):
+            host = _HostBlock.of(src, geom, w.shape)
+            if dense.whole_periodic(src, geom):  # the FFT reads the field itself
                 row.append(_Term(i, tuple(src.array.shape), dt,
-                                 tuple(lo for lo, _ in src.pads), None, None, rows, steps))
+                                 tuple(lo for lo, _ in src.pads), None,
+                                 host if w.ndim == 2 else None))
             else:
                 sizes = tuple(dense.fast_size(g.step * (g.count - 1) + k)
                               for g, k in zip(geom, w.shape, strict=True))
-                row.append(_Term(i, sizes, dt, None, _block_fn(src, geom, w.shape),
-                                 _HostBlock.of(src, geom, w.shape), rows, steps))
+                row.append(_Term(i, sizes, dt, None, _block_fn(src, geom, w.shape), host))
         terms.append(row)
     return HostFFT(terms, program, params, [g.step for g in geom], counts, workers)
 
