@@ -409,7 +409,8 @@ def dense_columns(n: int, k: int) -> tuple[Columns, str]:
     return cols, dense.choose(jax.ShapeDtypeStruct(w.shape, w.dtype))
 
 
-def padded_dense_columns(n: int, k: int, gaussian: bool = False) -> Columns:
+def padded_dense_columns(n: int, k: int, gaussian: bool = False, image: bool = False
+                         ) -> Columns:
     """A dense k x k weighted sum at n², ``boundary="reflect"`` (mirrored
     about the edge cell: numpy's ``np.pad(mode="reflect")``, scipy.ndimage's
     ``mode="mirror"``): the non-periodic case, where the FFT runs over a
@@ -418,9 +419,14 @@ def padded_dense_columns(n: int, k: int, gaussian: bool = False) -> Columns:
     ``scipy.fft`` correlation with a precomputed spectrum, on numba's
     thread count.  ``gaussian``: Gaussian weights (rank 1, which xstencil runs
     as two 1-D passes), and a column of ``scipy.ndimage.correlate1d`` along
-    each axis in turn, the separable way to filter with them."""
+    each axis in turn, the separable way to filter with them.  ``image``: the
+    data are a uint8 image (0-255) and every column returns float32 (scipy's
+    passes write a float32 output, the hand FFT casts the padded image)."""
     rng = np.random.default_rng(100 + k)
-    a = offset_array(rng.standard_normal((n, n)).astype(np.float32))
+    if image:
+        a = offset_array(rng.integers(0, 256, (n, n)).astype(np.uint8))
+    else:
+        a = offset_array(rng.standard_normal((n, n)).astype(np.float32))
     w = rng.standard_normal((k, k)).astype(np.float32)
     g = np.exp(-((np.arange(k) - k // 2) / (k / 6)) ** 2 / 2)
     g = (g / g.sum()).astype(np.float32)
@@ -439,7 +445,8 @@ def padded_dense_columns(n: int, k: int, gaussian: bool = False) -> Columns:
     workers = numba.get_num_threads() if numba is not None else (os.cpu_count() or 1)
 
     def hand() -> Any:
-        big = sfft.rfft2(np.pad(a, h, mode="reflect"), s=(size, size), workers=workers)
+        big = sfft.rfft2(np.pad(a, h, mode="reflect").astype(np.float32, copy=False),
+                         s=(size, size), workers=workers)
         big *= spec
         full = sfft.irfft2(big, s=(size, size), workers=workers, overwrite_x=True)
         return full[k - 1:k - 1 + n, k - 1:k - 1 + n]
@@ -450,5 +457,6 @@ def padded_dense_columns(n: int, k: int, gaussian: bool = False) -> Columns:
                      "np.pad + scipy.fft": hand}
     if gaussian:
         cols["scipy.ndimage 1-D passes"] = lambda: ndi.correlate1d(
-            ndi.correlate1d(a, g, axis=0, mode="mirror"), g, axis=1, mode="mirror")
+            ndi.correlate1d(a, g, axis=0, mode="mirror", output=np.float32), g, axis=1,
+            mode="mirror")
     return cols

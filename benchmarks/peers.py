@@ -315,6 +315,25 @@ def dense_cases(quick: bool, rounds: int, ks: list[int] | None = None
     if len(rows) > 2:
         text += (f"\n\n#### Gaussian k×k (rank-1 weights) at {n}², reflect, float32 "
                  "(pass 1 / pass 2)\n\n" + "\n".join(rows))
+    rows = ["| k | xstencil first call | " + " | ".join(gauss) + " | xstencil ÷ best |",
+            "|---" * (len(gauss) + 3) + "|"]
+    for k in [k for k in ks if k >= 15][::2][:2]:
+        print("   gaussian uint8 image", k, flush=True)
+        got = {}
+        cols = P.padded_dense_columns(n, k, gaussian=True, image=True)
+        med, first = measure({c: cols[c] for c in gauss}, rounds, repeat=DENSE_REPEAT,
+                             samples=got)
+        best = [min(gauss[1:], key=lambda p, i=i: med[p][i]) for i in (0, 1)]
+        ratio = _ratios(got, med, best, "xstencil")
+        rows.append(f"| {k} | {H.fmt_time(first['xstencil'])} | "
+                    + " | ".join(_pair(med.get(p)) for p in gauss)
+                    + f" | {ratio[0]:.2f} / {ratio[1]:.2f} |")
+        notes.append(f"gaussian {k}x{k} over a uint8 image: {ratio[0]:.2f} / {ratio[1]:.2f} "
+                     f"of the best ({best[0]} / {best[1]}), first call "
+                     f"{first['xstencil']:.2f} s")
+    if len(rows) > 2:
+        text += (f"\n\n#### Gaussian k×k over a uint8 image at {n}², reflect, float32 out "
+                 "(pass 1 / pass 2)\n\n" + "\n".join(rows))
     return text, notes
 
 

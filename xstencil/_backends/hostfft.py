@@ -19,8 +19,9 @@ straight into a work array of the FFT's size, each position mapped to the
 array index it reads by the engine's own
 :func:`~xstencil._engine.boundary.source_index`, so every boundary mode is the
 engine's, bitwise the block of :meth:`~xstencil._engine.lower.Source.block`;
-data in another dtype than the FFT's take that XLA function, and the
-cast); the weight spectra are computed
+integer and bool images are cast exactly as numpy writes them, see
+:mod:`xstencil._engine.intcells`; float data in another dtype than the
+FFT's take that XLA function, and the cast); the weight spectra are computed
 in float64 and rounded once, as :func:`xstencil._engine.dense.spectrum`
 does for constant weights.  Results differ from ``backend="xla"`` by FFT
 rounding (two FFT libraries), a few float32 ulps of the output's scale.
@@ -148,7 +149,11 @@ class HostFFT:
             acc = None
             for term, spec, pair in zip(terms, specs, factors, strict=True):
                 x, key = srcs[term.index], None
-                if pair is not None and x.dtype == term.dtype:  # rank-1 weights
+                # the data as numpy writes it into the FFT's work arrays: floats of the
+                # FFT's dtype, or integers (an image) cast exactly (intcells.py)
+                cast = x.dtype == term.dtype or (x.dtype.kind in "biu"
+                                                 and out.dtype == term.dtype)
+                if pair is not None and cast:  # rank-1 weights
                     one = len(terms) == 1 and bias is None and _writable(out, term.dtype)
                     part = self._separable(x, term, pair, out if one else None)
                     if one:
@@ -156,7 +161,7 @@ class HostFFT:
                         break
                     acc = part if acc is None else acc + part
                     continue
-                if term.block is not None and term.host is not None and x.dtype == term.dtype:
+                if term.block is not None and term.host is not None and cast:
                     key = ("block", term.shape, term.host.extent)  # zeros after it stay
                     x = term.host.write(self._take(key, lambda t=term: np.zeros(t.shape,
                                                                                  t.dtype)), x)

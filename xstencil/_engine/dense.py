@@ -52,6 +52,7 @@ from xstencil._engine.dense_runtime import (
     runtime_spectrum,
     wrapped_runtime_spectrum,
 )
+from xstencil._engine.intcells import float_cells
 from xstencil._engine.linear import weights
 
 __all__ = ["lower", "plan", "correlate", "choose", "separable", "fast_size", "fft_dtype",
@@ -314,11 +315,14 @@ def plan(closed: Any, sources: Sequence[Any], geom: Sequence[Any], dyn: Any = No
     if not sources:
         return None
     shapes = [tuple(geom[a].size for a in s.cell_axes) for s in sources]
-    if any(not np.issubdtype(np.dtype(s.array.dtype), np.floating) for s in sources):
-        return None
     if sum(math.prod(s) for s in shapes) <= SLICE_TAPS:
         return None
     closed = _without_unread(closed, keep, n)  # re-traced only for a window worth it
+    # integer and bool cells cast to a float before any arithmetic: read as those
+    # floats (intcells.py); the lowering casts the block to the output's dtype
+    closed = float_cells(closed, len(sources))
+    if closed is None:
+        return None
     found = weights(closed, shapes)
     if found is None:
         if dyn is None or any(tuple(s.axes) != tuple(range(rank)) for s in sources) or all(
