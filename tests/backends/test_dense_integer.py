@@ -23,7 +23,6 @@ import xarray as xr
 
 import xstencil  # noqa: F401 - registers the accessor
 from tests.backends.test_hostfft import _bound, _direct, _gauss
-from xstencil._backends import hostfft
 from xstencil._engine.intcells import exact_in, float_cells
 
 pytest.importorskip("numba")
@@ -45,26 +44,6 @@ def _image(dtype: Any, shape: tuple[int, int] = (70, 83), seed: int = 0) -> np.n
         return rng.random(shape) < 0.3
     info = np.iinfo(dtype)
     return rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
-
-
-@pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
-    """What ran: the host FFT's calls (``True``: it answered) and the
-    separable passes' calls."""
-    seen: dict[str, list[Any]] = {"host": [], "passes": []}
-    host, passes = hostfft.HostFFT.__call__, hostfft.HostFFT._separable
-
-    def spy_host(self: Any, *args: Any) -> Any:
-        seen["host"].append(host(self, *args))
-        return seen["host"][-1]
-
-    def spy_passes(self: Any, *args: Any) -> Any:
-        seen["passes"].append(True)
-        return passes(self, *args)
-
-    monkeypatch.setattr(hostfft.HostFFT, "__call__", spy_host)
-    monkeypatch.setattr(hostfft.HostFFT, "_separable", spy_passes)
-    return seen
 
 
 @pytest.mark.parametrize("dtype", IMAGE_DTYPES)

@@ -461,14 +461,17 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     program.trace(*[stand_in(p.shape, p.dtype) for p in params])  # the first call reuses it
     recording.clear()
     plans = seen.pop()
-    if plans is None or not all(how == "fft" for terms, _ in plans for *_, how in terms):
+    # FFTs, and constant 2-D weights of rank 1 (a box, a Gaussian in the kernel's
+    # own arithmetic), which run as the separable passes: checked below
+    if plans is None or not all(how == "fft" or (how == "separable" and w.ndim == 2)
+                                for terms, _ in plans for _, _, w, how in terms):
         return None
     counts = tuple(g.count for g in geom)
     terms = []
     for (per, _), v in zip(plans, closed.jaxpr.outvars, strict=True):
         row = []
         dt = dense.fft_dtype(v.aval.dtype)
-        for i, src, w, _ in per:
+        for i, src, w, how in per:
             host = _HostBlock.of(src, geom, w.shape)
             if dense.whole_periodic(src, geom):  # the FFT reads the field itself
                 row.append(_Term(i, tuple(src.array.shape), dt,
@@ -478,6 +481,8 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
                 sizes = tuple(dense.fast_size(g.step * (g.count - 1) + k)
                               for g, k in zip(geom, w.shape, strict=True))
                 row.append(_Term(i, sizes, dt, None, _block_fn(src, geom, w.shape), host))
+            if how == "separable" and _rank_one(w, row[-1], counts) is None:
+                return None  # cheaper as XLA's separable passes than as an FFT
         terms.append(row)
     return HostFFT(terms, program, params, [g.step for g in geom], counts, workers)
 
