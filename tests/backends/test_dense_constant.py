@@ -57,19 +57,33 @@ def test_rank_one_weights_written_in_the_kernel_with_strides(
         calls: dict[str, list[Any]], nests: list[int]) -> None:
     """A binomial blur spelled out cell by cell (constant weights, rank 1),
     strided: the host passes, the direct sum's values."""
-    g = tuple(c / 64 for c in (1.0, 6, 15, 20, 15, 6, 1))  # numbers: constants of the kernel
+    g = tuple(c / 1024 for c in (1.0, 10, 45, 120, 210, 252, 210, 120, 45, 10, 1))
 
-    def blur(u: Any) -> Any:
-        return sum(g[i] * g[j] * u(y=i - 3, x=j - 3) for i in range(7) for j in range(7))
+    def blur(u: Any) -> Any:  # numbers, not an array: constants of the kernel
+        return sum(g[i] * g[j] * u(y=i - 5, x=j - 5) for i in range(11) for j in range(11))
 
     rng = np.random.default_rng(21)
     a = rng.standard_normal((50, 64)).astype(np.float32)
     da = xr.DataArray(a, dims=("y", "x"))
-    got = da.stencil.map(blur, window={"y": 7, "x": 7}, boundary="reflect",
+    got = da.stencil.map(blur, window={"y": 11, "x": 11}, boundary="reflect",
                          stride={"y": 2, "x": 3}, backend="loops")
     assert calls["passes"] == [True] and nests == []
     want = _direct(a, np.outer(g, g), "reflect", stride=(2, 3))
     np.testing.assert_allclose(got.values, want, rtol=0, atol=1e-5)
+
+
+def test_small_separable_windows_stay_loop_nests(calls: dict[str, list[Any]],
+                                                 nests: list[int]) -> None:
+    """Up to ``dense.FFT_TAPS`` cells a nest reads the window faster than
+    passes run: a 3 x 3 and a 9 x 9 box mean stay nests."""
+    a = np.random.default_rng(23).standard_normal((40, 50)).astype(np.float32)
+    da = xr.DataArray(a, dims=("y", "x"))
+    for k in (3, 9):
+        got = da.stencil.map(lambda u: u.mean(), window={"y": k, "x": k},
+                             boundary="periodic", backend="loops")
+        np.testing.assert_allclose(got.values, _direct(a, np.full((k, k), 1 / k**2),
+                                                       "periodic"), rtol=0, atol=1e-5)
+    assert nests == [1, 1] and calls["host"] == []
 
 
 def test_a_three_dimensional_box_and_a_large_constant_disk(

@@ -443,6 +443,8 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     only, or ``None``."""
     if any(v.aval.shape for v in closed.jaxpr.outvars):  # per-cell vectors: outputs of
         return None  # the field's shape are what the host writes (no broadcasting into them)
+    if not all(np.issubdtype(np.dtype(v.aval.dtype), np.floating) for v in closed.jaxpr.outvars):
+        return None  # integer sums are exact and wrap: XLA's integer passes (dense.py)
     light = [dataclasses.replace(s, array=np.broadcast_to(np.zeros((), s.array.dtype),
                                                           np.shape(s.array)))
              for s in sources]
@@ -462,8 +464,10 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     recording.clear()
     plans = seen.pop()
     # FFTs, and constant 2-D weights of rank 1 (a box, a Gaussian in the kernel's
-    # own arithmetic), which run as the separable passes: checked below
-    if plans is None or not all(how == "fft" or (how == "separable" and w.ndim == 2)
+    # own arithmetic) over more cells than a loop nest reads cheaply, which run as
+    # the separable passes: checked below
+    if plans is None or not all(how == "fft" or (how == "separable" and w.ndim == 2
+                                                 and np.count_nonzero(w) > dense.FFT_TAPS)
                                 for terms, _ in plans for _, _, w, how in terms):
         return None
     counts = tuple(g.count for g in geom)

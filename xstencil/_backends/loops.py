@@ -410,18 +410,21 @@ class LoopOrJit:
 
 
 def _dense_for_xla(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom]) -> bool:
-    """Whether the kernel is a sum over a window of constant weights that the
-    engine lowers to separable passes or an FFT (:mod:`xstencil._engine.dense`),
+    """Whether the kernel is a sum over a window of more than
+    :data:`~xstencil._engine.dense.FFT_TAPS` constant weights that the engine
+    lowers to separable passes or an FFT (:mod:`xstencil._engine.dense`),
     which the host FFT did not take: XLA's program then costs a few passes
     where a loop nest would read every window cell at every point (a 15 x 15
     box mean at 1024² float32: 3.8 s to compile and 29 ms a call as a nest,
-    0.34 s and 5 ms as XLA's passes)."""
+    0.34 s and 5 ms as XLA's passes).  Smaller windows stay nests, which
+    read their few cells faster than XLA's passes run."""
     try:
         plans = dense.plan(closed, sources, geom)
     except Exception:  # noqa: BLE001 - an optimisation only: the nest decides
         return False
-    return plans is not None and any(how in ("separable", "fft")
-                                     for terms, _ in plans for *_, how in terms)
+    return plans is not None and any(
+        how in ("separable", "fft") and np.count_nonzero(w) > dense.FFT_TAPS
+        for terms, _ in plans for _, _, w, how in terms)
 
 
 def _checking(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],

@@ -53,7 +53,7 @@ from xstencil._engine.dense_runtime import (
     wrapped_runtime_spectrum,
 )
 from xstencil._engine.intcells import float_cells
-from xstencil._engine.linear import weights
+from xstencil._engine.linear import integer, weights
 
 __all__ = ["lower", "plan", "correlate", "choose", "separable", "fast_size", "fft_dtype",
            "spectrum", "whole_periodic", "wrapped", "SLICE_TAPS", "FFT_TAPS"]
@@ -76,24 +76,32 @@ FFT_TAPS = 100
 
 
 
-def choose(w: Any) -> str:
+def choose(w: Any, integral: bool = False) -> str | None:
     """The lowering for one weight array: 'shell' (keep the shifted-slice
     lowering of :mod:`~xstencil._engine.lower`, interior and boundary shell
     apart), 'separable', 'slices' (one sum over the padded block) or 'fft'.
-    Runtime (traced) weights are chosen by their size, never 'separable'."""
+    Runtime (traced) weights are chosen by their size, never 'separable'.
+    ``integral``: the sum is in an integer dtype (exact, wrapping), so
+    never an FFT, and separable only into integer factors; ``None`` where
+    none of those is cheaper than the kernel's own lowering."""
     if not isinstance(w, np.ndarray):
         size = math.prod(w.shape)
         return "shell" if size <= SLICE_TAPS else "slices" if size <= FFT_TAPS else "fft"
     nnz = int(np.count_nonzero(w))
     if nnz <= SLICE_TAPS:
         return "shell"
-    if separable(w) is not None:
+    if separable(w, integral) is not None:
         return "separable"
+    if integral and nnz > FFT_TAPS:
+        return None
     return "slices" if nnz <= FFT_TAPS else "fft"
 
 
-def separable(w: np.ndarray) -> list[np.ndarray] | None:
-    """1-D factors whose outer product is ``w``, or ``None`` (rank > 1)."""
+def separable(w: np.ndarray, integral: bool = False) -> list[np.ndarray] | None:
+    """1-D factors whose outer product is ``w``, or ``None`` (rank > 1);
+    ``integral``: integer factors whose outer product is exactly ``w`` (an
+    integer rank-1 array is one: a primitive integer vector per axis after
+    the first, times integers), or ``None``."""
     if w.ndim < 2 or not np.all(np.isfinite(w)):  # an inf or NaN weight: not a product
         return None
     flat = np.abs(w)
@@ -112,7 +120,39 @@ def separable(w: np.ndarray) -> list[np.ndarray] | None:
         outer = np.multiply.outer(outer, f)
     if not np.allclose(outer, w, rtol=1e-12, atol=1e-14 * float(flat.max())):
         return None
+    if integral:
+        return _integer_factors(w, pivot)
     return factors
+
+
+def _integer_factors(w: np.ndarray, pivot: tuple[int, ...]) -> list[np.ndarray] | None:
+    """Integer factors of the integer rank-1 ``w`` through ``pivot``: each
+    axis's fibre after the first divided by its gcd, the first axis's fibre
+    divided by their product at the pivot; ``None`` unless exact."""
+    if not np.all(w == np.round(w)):
+        return None
+    ints = np.round(w).astype(np.int64)
+    factors: list[Any] = [None]
+    scale = 1
+    for a in range(1, w.ndim):
+        idx = list(pivot)
+        idx[a] = slice(None)
+        fibre = ints[tuple(idx)]
+        g = int(np.gcd.reduce(np.abs(fibre)))
+        factors.append(fibre // g)
+        scale *= int(factors[-1][pivot[a]])
+    idx = list(pivot)
+    idx[0] = slice(None)
+    first = ints[tuple(idx)]
+    if scale == 0 or np.any(first % scale):
+        return None
+    factors[0] = first // scale
+    outer = factors[0]
+    for f in factors[1:]:
+        outer = np.multiply.outer(outer, f)
+    if not np.array_equal(outer, ints):
+        return None
+    return [f.astype(np.float64) for f in factors]
 
 
 def correlate(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int],
@@ -120,7 +160,7 @@ def correlate(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]
     """``out[j] = sum_c w[c] * p[j * steps + c]`` for ``j < counts``, where
     ``p`` is the padded block (a 'valid' correlation)."""
     if how == "separable":
-        for a, f in enumerate(separable(w)):
+        for a, f in enumerate(separable(w, np.issubdtype(p.dtype, np.integer))):
             p = _slices(p, f.reshape([-1 if b == a else 1 for b in range(p.ndim)]),
                         [steps[b] if b == a else 1 for b in range(p.ndim)],
                         [counts[b] if b == a else p.shape[b] for b in range(p.ndim)])
@@ -318,11 +358,14 @@ def plan(closed: Any, sources: Sequence[Any], geom: Sequence[Any], dyn: Any = No
     if sum(math.prod(s) for s in shapes) <= SLICE_TAPS:
         return None
     closed = _without_unread(closed, keep, n)  # re-traced only for a window worth it
-    # integer and bool cells cast to a float before any arithmetic: read as those
-    # floats (intcells.py); the lowering casts the block to the output's dtype
-    closed = float_cells(closed, len(sources))
-    if closed is None:
-        return None
+    # integer results: integer sums, exact and wrapping (linear.integer); else integer
+    # and bool cells cast to a float before any arithmetic, read as those floats
+    # (intcells.py); the lowering casts the block to the output's dtype either way
+    integral = integer(closed) is not None
+    if not integral:
+        closed = float_cells(closed, len(sources))
+        if closed is None:
+            return None
     found = weights(closed, shapes)
     if found is None:
         if dyn is None or any(tuple(s.axes) != tuple(range(rank)) for s in sources) or all(
@@ -340,7 +383,10 @@ def plan(closed: Any, sources: Sequence[Any], geom: Sequence[Any], dyn: Any = No
             if tuple(src.axes) != tuple(range(rank)):
                 return None
             full = w.reshape([geom[a].size if a in src.cell_axes else 1 for a in range(rank)])
-            terms.append((i, src, full, choose(full)))
+            how = choose(full, integral)
+            if how is None:
+                return None
+            terms.append((i, src, full, how))
         plans.append((terms, per[-1]))
     if all(how == "shell" for terms, _ in plans for *_, how in terms):
         return None

@@ -5,9 +5,12 @@ held as its coefficients on the window cells (a sparse matrix, plus a
 constant bias), and returns those weights when the kernel is
 ``sum(w * u) + b`` with constant ``w`` and ``b``: ``(u * w).sum()``,
 ``jnp.sum(w * u)``, ``u @ v`` with a constant ``v``, sums of
-``c * u(x=i)`` terms and so on.  Anything else (a product of two window
-values, a weight that is a traced argument, a non-linear function) returns
-``None`` (:mod:`xstencil._engine.affine` then computes traced weights in the
+``c * u(x=i)`` terms and so on, and integer sums whose every operation on
+window values is in the result's integer dtype (:func:`integer`: ``u.sum()``
+over a uint8 image, which wraps modulo ``2**32`` in any order).  Anything
+else (a product of two window values, a weight that is a traced argument, a
+non-linear function, an integer division) returns ``None``
+(:mod:`xstencil._engine.affine` then computes traced weights in the
 program).  :mod:`xstencil._engine.dense` lowers such kernels by cost.
 """
 
@@ -23,7 +26,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-__all__ = ["Linear", "weights"]
+__all__ = ["Linear", "MAX_INTEGER_WEIGHT", "integer", "weights"]
 
 _LINEAR_UNARY = frozenset({"neg", "copy", "copy_p", "optimization_barrier"})
 _STRUCTURAL = frozenset({"slice", "squeeze", "reshape", "transpose", "broadcast_in_dim", "rev",
@@ -96,7 +99,8 @@ def weights(closed: Any, cell_shapes: Sequence[tuple[int, ...]]) -> list[list[np
     """The constant weights of each kernel output, per source (arrays of the
     source's cell shape), with the constant bias last; ``None`` when the
     kernel is not a constant-weight linear function of its windows with
-    scalar floating outputs."""
+    scalar floating outputs, or scalar outputs of one integer dtype whose
+    every operation on window values is in that dtype (see :func:`integer`)."""
     jaxpr = closed.jaxpr
     n = len(cell_shapes)
     args: list[Any] = []
@@ -108,8 +112,9 @@ def weights(closed: Any, cell_shapes: Sequence[tuple[int, ...]]) -> list[list[np
         offset += size
     args += [_Opaque() for _ in jaxpr.invars[n:]]
     widest = max((np.dtype(v.aval.dtype).itemsize for v in jaxpr.outvars), default=0)
+    ints = integer(closed)
     try:
-        outs = _interpret(jaxpr, closed.consts, args, widest)
+        outs = _interpret(jaxpr, closed.consts, args, widest, ints)
     except (_NotLinear, ValueError, IndexError, TypeError):
         # the reader is only an optimisation: an equation it cannot follow (say a
         # reduction over an index a scalar read does not have) is "not linear",
@@ -117,9 +122,12 @@ def weights(closed: Any, cell_shapes: Sequence[tuple[int, ...]]) -> list[list[np
         return None
     result = []
     for o, v in zip(outs, jaxpr.outvars, strict=True):
-        if v.aval.shape != () or not np.issubdtype(np.dtype(v.aval.dtype), np.floating):
+        if v.aval.shape != () or (ints is None and not np.issubdtype(np.dtype(v.aval.dtype),
+                                                                      np.floating)):
             return None
         o = o.coalesced() if isinstance(o, Linear) else _const_linear(o)
+        if ints is not None and not (_whole(o.vals) and _whole(o.bias)):
+            return None  # not an integer sum the lowering can repeat exactly
         dense = np.zeros(offset)
         np.add.at(dense, o.cols, o.vals)
         per, start = [], 0
@@ -135,8 +143,33 @@ class _Opaque:
     """A traced argument (not a constant)."""
 
 
+def integer(closed: Any) -> np.dtype | None:
+    """The integer dtype of ``closed``'s outputs where they share one, else
+    ``None``.  Such a kernel is read as an integer sum only where every
+    operation on window values is in that dtype (casts into it, sums,
+    products with constants; no division): its arithmetic wraps modulo
+    ``2**bits``, and so does the lowering's sum of the same integer weights
+    times the cells cast to it, in any order."""
+    dtypes = {np.dtype(v.aval.dtype) for v in closed.jaxpr.outvars}
+    if len(dtypes) != 1:
+        return None
+    dt = next(iter(dtypes))
+    return dt if np.issubdtype(dt, np.integer) else None
+
+
+#: The largest integer weight or bias an integer kernel may have (read in
+#: float64, exact far beyond it).
+MAX_INTEGER_WEIGHT = 2**31
+
+
+def _whole(x: np.ndarray) -> bool:
+    x = np.asarray(x)
+    return bool(np.all(np.isfinite(x)) and np.all(x == np.round(x))
+                and np.all(np.abs(x) < MAX_INTEGER_WEIGHT))
+
+
 def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
-               widest: int) -> list[Any]:
+               widest: int, ints: np.dtype | None = None) -> list[Any]:
     env: dict[Any, Any] = {}
 
     def read(v: Any) -> Any:
@@ -151,7 +184,7 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
         if any(isinstance(x, _Opaque | jax.core.Tracer) for x in invals):
             raise _NotLinear
         if any(isinstance(x, Linear) for x in invals):
-            outs = _linear_eqn(eqn, invals, widest)
+            outs = _linear_eqn(eqn, invals, widest, ints)
         else:
             params = eqn.primitive.get_bind_params(eqn.params)
             with jax.ensure_compile_time_eval():
@@ -162,18 +195,30 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
     return [read(v) for v in jaxpr.outvars]
 
 
-def _linear_eqn(eqn: Any, invals: list[Any], widest: int) -> list[Any]:
+def _linear_eqn(eqn: Any, invals: list[Any], widest: int,
+                ints: np.dtype | None = None) -> list[Any]:
     """One equation on window values; ``widest``: the itemsize of the widest
     output (a cast to a narrower float rounds, which is not linear, and the
-    dense lowering rounds the cells to the output's dtype only)."""
+    dense lowering rounds the cells to the output's dtype only); ``ints``:
+    the integer outputs' dtype, in which every operation must be (see
+    :func:`integer`)."""
     name = eqn.primitive.name
     params = eqn.params
+    if ints is not None and name not in _CALLS and name not in _STRUCTURAL:
+        if name == "div" or any(np.dtype(v.aval.dtype) != ints for v in eqn.outvars):
+            raise _NotLinear  # a division, or arithmetic that wraps at another width
+        if name == "convert_element_type":
+            src = np.dtype(eqn.invars[0].aval.dtype)
+            if not (np.issubdtype(src, np.integer) or src == np.bool_):
+                raise _NotLinear  # a float truncated to an integer
+            return [invals[0]]
     if name in _CALLS:
         for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
             if key in params:
                 j = params[key]
                 sub, consts = (j.jaxpr, j.consts) if isinstance(j, jcore.ClosedJaxpr) else (j, ())
-                return _interpret(sub, consts, invals[len(invals) - len(sub.invars):], widest)
+                return _interpret(sub, consts, invals[len(invals) - len(sub.invars):], widest,
+                                  ints)
         raise _NotLinear
     if name in _STRUCTURAL:
         return [_structural(eqn, invals)]
