@@ -139,6 +139,33 @@ def test_integer_weights_of_rank_one_with_strides(nests: list[int]) -> None:
     np.testing.assert_array_equal(got.values, want.astype(np.int32))
 
 
+def test_negative_weights_and_bias_of_an_unsigned_sum_wrap_as_the_kernel() -> None:
+    """A uint32 sum with negative integer weights (a 9 x 9 table, not rank 1:
+    one sum of shifted slices) and a negative bias: every value the kernel's
+    own modular arithmetic gives, on both backends (a negative float cast
+    to uint32 is undefined; the lowering casts through int64)."""
+    rng = np.random.default_rng(35)
+    table = rng.integers(-3, 4, (9, 9))
+    rows = tuple(tuple(int(v) for v in r) for r in table)
+
+    def kernel(u: Any) -> Any:
+        cells = u.astype(jnp.uint32)
+        return sum(rows[i][j] * cells[i, j] for i in range(9) for j in range(9)) - 7
+
+    a = rng.integers(0, 256, (30, 36)).astype(np.uint8)
+    want = (_exact(a, table, "reflect") - 7).astype(np.uint32)
+    for backend in ("loops", "xla"):
+        got = xr.DataArray(a, dims=("y", "x")).stencil.map(
+            kernel, window={"y": 9, "x": 9}, boundary="reflect", backend=backend)
+        assert got.dtype == np.uint32
+        np.testing.assert_array_equal(got.values, want)
+    box = xr.DataArray(a, dims=("y", "x")).stencil.map(
+        lambda u: 2 * u.sum() - 100000, window={"y": 15, "x": 15}, boundary="periodic",
+        backend="xla")
+    want = (2 * _exact(a, np.ones((15, 15), np.int64), "periodic") - 100000).astype(np.uint32)
+    np.testing.assert_array_equal(box.values, want)
+
+
 @pytest.mark.parametrize(("kernel", "integral"), [
     (lambda u: u.sum(), True),
     (lambda u: 3 * u.astype(jnp.int32).sum() - 7, True),

@@ -55,8 +55,8 @@ from xstencil._engine.dense_runtime import (
 from xstencil._engine.intcells import float_cells
 from xstencil._engine.linear import integer, weights
 
-__all__ = ["lower", "plan", "correlate", "choose", "separable", "fast_size", "fft_dtype",
-           "spectrum", "whole_periodic", "wrapped", "SLICE_TAPS", "FFT_TAPS"]
+__all__ = ["lower", "plan", "correlate", "choose", "constant", "separable", "fast_size",
+           "fft_dtype", "spectrum", "whole_periodic", "wrapped", "SLICE_TAPS", "FFT_TAPS"]
 
 #: Up to this many nonzero weights the shifted-slice lowering of
 #: :mod:`~xstencil._engine.lower` is kept.  Measured on 2 busy CPU cores,
@@ -184,13 +184,23 @@ def _slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
         limits = [s + st * (n - 1) + 1 for s, st, n in zip(starts, steps, counts, strict=True)]
         piece = lax.slice(p, starts, limits, tuple(steps))
         c = w[cell]
-        terms.append(piece if c == 1 else piece * np.asarray(c, p.dtype))
+        terms.append(piece if c == 1 else piece * constant(c, p.dtype))
     if not terms:
         return jnp.zeros(tuple(counts), p.dtype)
     while len(terms) > 1:  # a balanced tree, as the shifted-slice lowering
         terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
                  for i in range(0, len(terms), 2)]
     return terms[0]
+
+
+def constant(c: Any, dtype: Any) -> np.ndarray:
+    """The weight or bias ``c`` (float64) in ``dtype``; an integer dtype
+    takes it through int64, so that a negative weight of an unsigned sum
+    wraps as the kernel's own arithmetic does (``-7`` in uint32 is
+    ``2**32 - 7``; a float cast to an unsigned integer is undefined)."""
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        return np.asarray(np.round(c)).astype(np.int64).astype(dtype)
+    return np.asarray(c, dtype)
 
 
 def fast_size(n: int) -> int:
@@ -438,6 +448,6 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
         if not isinstance(bias, np.ndarray):  # runtime weights: a traced bias
             out = out + bias.astype(dtype)
         elif np.any(bias):
-            out = out + np.asarray(bias, dtype)
+            out = out + constant(bias, dtype)
         leaves.append(out.astype(dtype))
     return leaves
