@@ -37,3 +37,17 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     monkeypatch.setattr(hostfft.HostFFT, "__call__", spy_host)
     monkeypatch.setattr(hostfft.HostFFT, "_separable", spy_passes)
     return seen
+
+
+@pytest.fixture
+def nests(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per loop nest generated for a map."""
+    seen: list[int] = []
+    real = loops.generate_variants
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loops, "generate_variants", spy)
+    return seen

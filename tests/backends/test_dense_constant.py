@@ -17,23 +17,8 @@ import xarray as xr
 import xstencil  # noqa: F401 - registers the accessor
 from tests.backends.test_hostfft import _direct
 from tests.reference import extend
-from xstencil._backends import loops
 
 pytest.importorskip("numba")
-
-
-@pytest.fixture
-def nests(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """One entry per loop nest generated for a map."""
-    seen: list[int] = []
-    real = loops.generate_variants
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(loops, "generate_variants", spy)
-    return seen
 
 
 @pytest.mark.parametrize("mode", ["reflect", "periodic", "fill", "extend", "symmetric"])

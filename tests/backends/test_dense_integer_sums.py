@@ -56,22 +56,6 @@ def lowered(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-@pytest.fixture
-def nests(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """One entry per loop nest generated for a map."""
-    from xstencil._backends import loops
-
-    seen: list[int] = []
-    real = loops.generate_variants
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(loops, "generate_variants", spy)
-    return seen
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.bool_])
 def test_a_window_sum_of_an_image_is_the_exact_integer_sum(nests: list[int], lowered: list[str],
