@@ -188,6 +188,9 @@ def test_exact_in_says_which_integers_a_float_holds() -> None:
     (lambda u: u.sum(), False),  # an integer result
     (lambda u: jnp.maximum(u, 3).astype(jnp.float32).sum(), False),
     (lambda u: u.astype(jnp.float16).sum().astype(jnp.float32), True),
+    (lambda u: jax.lax.dynamic_slice(u, (u[0, 0], np.uint8(0)), (2, 2)).astype(jnp.float32)
+     .sum(),
+     False),  # a read whose position is a cell's value
 ])
 def test_float_cells_refuses_whatever_the_cast_would_change(kernel: Any, ok: bool) -> None:
     """The float kernel exists only where it computes the integer kernel's

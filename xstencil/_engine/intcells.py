@@ -90,8 +90,8 @@ def float_cells(closed: Any, n: int) -> Any:
              for i, a in enumerate(avals)]
     try:
         out = jax.make_jaxpr(kernel)(*stand)
-    except _Refused:
-        return None
+    except Exception:  # noqa: BLE001 - _Refused, or a primitive that takes no float
+        return None  # operands: the kernel's own lowering decides (and reports)
     if [v.aval.dtype for v in out.jaxpr.outvars] != [v.aval.dtype for v in jaxpr.outvars]:
         return None
     return out
@@ -126,6 +126,8 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], cast: set[
             out = jax.lax.convert_element_type(invals[0], new)
         elif name in REARRANGE:
             data = _DATA.get(name, range(len(invals)))
+            if any(hit[k] for k in range(len(invals)) if k not in data):
+                raise _Refused  # an index computed from cells (a data-dependent read)
             for k in data:
                 if not hit[k]:  # a constant among cells (a pad value): exactly a float
                     x = np.asarray(invals[k])
