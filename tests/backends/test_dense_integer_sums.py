@@ -124,10 +124,12 @@ def test_integer_weights_of_rank_one_with_strides(nests: list[int]) -> None:
 
 
 def test_negative_weights_and_bias_of_an_unsigned_sum_wrap_as_the_kernel() -> None:
-    """A uint32 sum with negative integer weights (a 9 x 9 table, not rank 1:
-    one sum of shifted slices) and a negative bias: every value the kernel's
-    own modular arithmetic gives, on both backends (a negative float cast
-    to uint32 is undefined; the lowering casts through int64)."""
+    """A uint32 sum with negative integer weights (a 9 x 9 table: JAX writes
+    ``-3 * x`` on uint32 as a product with 2**32 - 3, beyond
+    ``MAX_INTEGER_WEIGHT``, so the kernel keeps its own lowering) and a box
+    sum with a negative bias, which takes the dense passes (a negative float
+    cast to uint32 is undefined; the lowering casts through int64): every
+    value the kernel's own modular arithmetic gives, on both backends."""
     rng = np.random.default_rng(35)
     table = rng.integers(-3, 4, (9, 9))
     rows = tuple(tuple(int(v) for v in r) for r in table)
