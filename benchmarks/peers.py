@@ -299,42 +299,40 @@ def dense_cases(quick: bool, rounds: int, ks: list[int] | None = None
     if len(rows) > 2:
         text += (f"\n\n#### Dense k×k weighted sums at {n}², reflect (a padded block), "
                  "float32 (pass 1 / pass 2)\n\n" + "\n".join(rows))
+    for image in (False, True):
+        text += _gaussian_table(n, [k for k in ks if k >= 15][::2][:2], rounds, notes, image)
+    return text, notes
+
+
+def _gaussian_table(n: int, ks: list[int], rounds: int, notes: list[str], image: bool) -> str:
+    """The Gaussian (rank-1 weights) table, reflect, against scipy.ndimage's
+    two 1-D passes and ``np.pad`` + ``scipy.fft``: float32 data, or with
+    ``image`` a uint8 image (float32 out) and the first call's time."""
     gauss = ["xstencil", "scipy.ndimage 1-D passes", "np.pad + scipy.fft"]
-    rows = ["| k | " + " | ".join(gauss) + " | xstencil ÷ best |", "|---" * (len(gauss) + 2) + "|"]
-    for k in [k for k in ks if k >= 15][::2][:2]:
-        print("   gaussian reflect", k, flush=True)
-        got = {}
-        cols = P.padded_dense_columns(n, k, gaussian=True)
-        med, _ = measure({c: cols[c] for c in gauss}, rounds, repeat=DENSE_REPEAT, samples=got)
-        best = [min(gauss[1:], key=lambda p, i=i: med[p][i]) for i in (0, 1)]
-        ratio = _ratios(got, med, best, "xstencil")
-        rows.append(f"| {k} | " + " | ".join(_pair(med.get(p)) for p in gauss)
-                    + f" | {ratio[0]:.2f} / {ratio[1]:.2f} |")
-        notes.append(f"gaussian {k}x{k} reflect: {ratio[0]:.2f} / {ratio[1]:.2f} of the best "
-                     f"({best[0]} / {best[1]}; xstencil runs two 1-D passes)")
-    if len(rows) > 2:
-        text += (f"\n\n#### Gaussian k×k (rank-1 weights) at {n}², reflect, float32 "
-                 "(pass 1 / pass 2)\n\n" + "\n".join(rows))
-    rows = ["| k | xstencil first call | " + " | ".join(gauss) + " | xstencil ÷ best |",
-            "|---" * (len(gauss) + 3) + "|"]
-    for k in [k for k in ks if k >= 15][::2][:2]:
-        print("   gaussian uint8 image", k, flush=True)
-        got = {}
-        cols = P.padded_dense_columns(n, k, gaussian=True, image=True)
+    first_col = "xstencil first call | " if image else ""
+    rows = ["| k | " + first_col + " | ".join(gauss) + " | xstencil ÷ best |",
+            "|---" * (len(gauss) + 2 + bool(image)) + "|"]
+    for k in ks:
+        print("   gaussian uint8 image" if image else "   gaussian reflect", k, flush=True)
+        got: dict[str, Any] = {}
+        cols = P.padded_dense_columns(n, k, gaussian=True, image=image)
         med, first = measure({c: cols[c] for c in gauss}, rounds, repeat=DENSE_REPEAT,
                              samples=got)
         best = [min(gauss[1:], key=lambda p, i=i: med[p][i]) for i in (0, 1)]
         ratio = _ratios(got, med, best, "xstencil")
-        rows.append(f"| {k} | {H.fmt_time(first['xstencil'])} | "
-                    + " | ".join(_pair(med.get(p)) for p in gauss)
+        started = f"{H.fmt_time(first['xstencil'])} | " if image else ""
+        rows.append(f"| {k} | {started}" + " | ".join(_pair(med.get(p)) for p in gauss)
                     + f" | {ratio[0]:.2f} / {ratio[1]:.2f} |")
-        notes.append(f"gaussian {k}x{k} over a uint8 image: {ratio[0]:.2f} / {ratio[1]:.2f} "
-                     f"of the best ({best[0]} / {best[1]}), first call "
-                     f"{first['xstencil']:.2f} s")
-    if len(rows) > 2:
-        text += (f"\n\n#### Gaussian k×k over a uint8 image at {n}², reflect, float32 out "
-                 "(pass 1 / pass 2)\n\n" + "\n".join(rows))
-    return text, notes
+        what = "over a uint8 image" if image else "reflect"
+        tail = (f"first call {first['xstencil']:.2f} s" if image
+                else "xstencil runs two 1-D passes")
+        notes.append(f"gaussian {k}x{k} {what}: {ratio[0]:.2f} / {ratio[1]:.2f} of the best "
+                     f"({best[0]} / {best[1]}; {tail})")
+    if len(rows) == 2:
+        return ""
+    title = ("over a uint8 image at {n}², reflect, float32 out" if image
+             else "(rank-1 weights) at {n}², reflect, float32").format(n=n)
+    return f"\n\n#### Gaussian k×k {title} (pass 1 / pass 2)\n\n" + "\n".join(rows)
 
 
 #: Sub-rounds a round of the dense cases' fast columns (see :func:`measure`).

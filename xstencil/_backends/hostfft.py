@@ -466,8 +466,7 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     # FFTs, and constant 2-D weights of rank 1 (a box, a Gaussian in the kernel's
     # own arithmetic) over more cells than a loop nest reads cheaply, which run as
     # the separable passes: checked below
-    if plans is None or not all(how == "fft" or (how == "separable" and w.ndim == 2
-                                                 and np.count_nonzero(w) > dense.FFT_TAPS)
+    if plans is None or not all(dense.beats_cells(how, w) and (how == "fft" or w.ndim == 2)
                                 for terms, _ in plans for _, _, w, how in terms):
         return None
     counts = tuple(g.count for g in geom)

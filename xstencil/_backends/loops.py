@@ -422,9 +422,8 @@ def _dense_for_xla(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGe
         plans = dense.plan(closed, sources, geom)
     except Exception:  # noqa: BLE001 - an optimisation only: the nest decides
         return False
-    return plans is not None and any(
-        how in ("separable", "fft") and np.count_nonzero(w) > dense.FFT_TAPS
-        for terms, _ in plans for _, _, w, how in terms)
+    return plans is not None and any(dense.beats_cells(how, w)
+                                     for terms, _ in plans for _, _, w, how in terms)
 
 
 def _checking(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],

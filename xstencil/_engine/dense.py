@@ -55,8 +55,9 @@ from xstencil._engine.dense_runtime import (
 from xstencil._engine.intcells import float_cells
 from xstencil._engine.linear import integer, weights
 
-__all__ = ["lower", "plan", "correlate", "choose", "constant", "separable", "fast_size",
-           "fft_dtype", "spectrum", "whole_periodic", "wrapped", "SLICE_TAPS", "FFT_TAPS"]
+__all__ = ["lower", "plan", "correlate", "beats_cells", "choose", "constant", "separable",
+           "fast_size", "fft_dtype", "spectrum", "whole_periodic", "wrapped", "SLICE_TAPS",
+           "FFT_TAPS"]
 
 #: Up to this many nonzero weights the shifted-slice lowering of
 #: :mod:`~xstencil._engine.lower` is kept.  Measured on 2 busy CPU cores,
@@ -95,6 +96,15 @@ def choose(w: Any, integral: bool = False) -> str | None:
     if integral and nnz > FFT_TAPS:
         return None
     return "slices" if nnz <= FFT_TAPS else "fft"
+
+
+def beats_cells(how: str, w: Any) -> bool:
+    """Whether lowering ``how`` of the weights ``w`` costs less than reading
+    every window cell at every point, as a loop nest does: an FFT, or
+    separable passes over more than :data:`FFT_TAPS` cells (below that a
+    nest reads its few cells faster than passes run).  ``w`` is read only
+    for separable weights, which are constants."""
+    return how == "fft" or (how == "separable" and np.count_nonzero(w) > FFT_TAPS)
 
 
 def separable(w: np.ndarray, integral: bool = False) -> list[np.ndarray] | None:

@@ -117,8 +117,9 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], cast: set[
         invals = [read(v) for v in eqn.invars]
         hit = [not isinstance(v, jcore.Literal) and v in moved for v in eqn.invars]
         name = eqn.primitive.name
+        params = eqn.primitive.get_bind_params(eqn.params)  # as jax.core.eval_jaxpr binds
         if not any(hit):
-            out = eqn.primitive.bind(*invals, **eqn.params)
+            out = eqn.primitive.bind(*invals, **params)
         elif name == "convert_element_type":
             new = np.dtype(eqn.params["new_dtype"])
             if not exact_in(eqn.invars[0].aval.dtype, new):
@@ -135,7 +136,7 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], cast: set[
                             or not exact_in(x.dtype, fdtype):
                         raise _Refused
                     invals[k] = x.astype(fdtype)
-            out = eqn.primitive.bind(*invals, **eqn.params)
+            out = eqn.primitive.bind(*invals, **params)
         else:  # integer arithmetic on cells (it wraps) or anything else: not for floats
             raise _Refused
         outs = list(out) if eqn.primitive.multiple_results else [out]
