@@ -19,6 +19,7 @@ import xarray as xr
 
 import xstencil  # noqa: F401 - registers the accessor
 from tests.reference import extend
+from tests.spies import recorded
 from xstencil._engine import dense
 from xstencil._engine.linear import integer, weights
 
@@ -45,15 +46,7 @@ def _exact(a: np.ndarray, w: np.ndarray, mode: str, fill: int = 0,
 @pytest.fixture
 def lowered(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The dense lowerings XLA's programs were built with."""
-    seen: list[str] = []
-    real = dense.correlate
-
-    def spy(p: Any, w: Any, steps: Any, counts: Any, how: str) -> Any:
-        seen.append(how)
-        return real(p, w, steps, counts, how)
-
-    monkeypatch.setattr(dense, "correlate", spy)
-    return seen
+    return recorded(monkeypatch, dense, "correlate", keep=lambda args, out: args[-1])
 
 
 @pytest.mark.parametrize("mode", MODES)

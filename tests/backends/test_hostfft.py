@@ -20,6 +20,7 @@ import xarray as xr
 
 import xstencil  # noqa: F401 - registers the accessor
 from tests.reference import extend
+from tests.spies import count_calls
 from xstencil._backends import hostfft
 from xstencil._engine.dense_hoist import RETRY
 
@@ -449,17 +450,9 @@ def _gauss(k: int, width: float) -> np.ndarray:
 
 
 @pytest.fixture
-def passes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+def passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """One entry per call of the separable passes."""
-    seen: list[bool] = []
-    real = hostfft.HostFFT._separable
-
-    def spy(self: Any, *args: Any) -> Any:
-        seen.append(True)
-        return real(self, *args)
-
-    monkeypatch.setattr(hostfft.HostFFT, "_separable", spy)
-    return seen
+    return count_calls(monkeypatch, hostfft.HostFFT, "_separable")
 
 
 @pytest.mark.parametrize(("shape", "window", "boundary", "stride", "dtype"), [
