@@ -83,6 +83,23 @@ def extend(x: np.ndarray, pads: Sequence[tuple[int, int]], modes: Sequence[str],
     return x
 
 
+def integer_correlate(a: np.ndarray, w: np.ndarray, mode: str, fill: int = 0,
+                      stride: tuple[int, ...] | None = None) -> np.ndarray:
+    """``sum_c w[c] * a[i + c - k // 2]`` in numpy's int64 (Python ints
+    for an object array), ``a`` padded by ``mode`` (:func:`extend`), every
+    ``stride``-th point: the exact integer window sum of a kernel."""
+    pads = [(k // 2, k - 1 - k // 2) for k in w.shape]
+    p = extend(a.astype(np.int64), pads, [mode] * a.ndim, fill)
+    out = np.zeros(a.shape, np.int64)
+    for cell in np.ndindex(*w.shape):
+        if w[cell]:
+            out += int(w[cell]) * p[tuple(slice(c, c + n) for c, n in zip(cell, a.shape,
+                                                                         strict=True))]
+    if stride is not None:
+        out = out[tuple(slice(None, None, s) for s in stride)]
+    return out
+
+
 def _pair(p: Any, k: int) -> tuple[int, int]:
     if p == "same":
         return (k - 1) // 2, k // 2

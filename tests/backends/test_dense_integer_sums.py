@@ -18,7 +18,7 @@ import pytest
 import xarray as xr
 
 import xstencil  # noqa: F401 - registers the accessor
-from tests.reference import extend
+from tests.reference import integer_correlate as _exact
 from tests.spies import recorded
 from xstencil._engine import dense
 from xstencil._engine.linear import integer, weights
@@ -26,21 +26,6 @@ from xstencil._engine.linear import integer, weights
 pytest.importorskip("numba")
 
 MODES = ["periodic", "reflect", "symmetric", "extend", "fill"]
-
-
-def _exact(a: np.ndarray, w: np.ndarray, mode: str, fill: int = 0,
-           stride: tuple[int, ...] | None = None) -> np.ndarray:
-    """``sum_c w[c] * a[i + c - k // 2]`` in Python's int64, padded by ``mode``."""
-    pads = [(k // 2, k - 1 - k // 2) for k in w.shape]
-    p = extend(a.astype(np.int64), pads, [mode] * a.ndim, fill)
-    out = np.zeros(a.shape, np.int64)
-    for cell in np.ndindex(*w.shape):
-        if w[cell]:
-            out += int(w[cell]) * p[tuple(slice(c, c + n) for c, n in zip(cell, a.shape,
-                                                                         strict=True))]
-    if stride is not None:
-        out = out[tuple(slice(None, None, s) for s in stride)]
-    return out
 
 
 @pytest.fixture

@@ -65,6 +65,7 @@ from xstencil._engine import dense
 from xstencil._engine.boundary import index_runs, source_index
 from xstencil._engine.call import precision, stand_in
 from xstencil._engine.dense_hoist import RETRY
+from xstencil._engine.linear import integer
 from xstencil._engine.lower import AxisGeom, Source
 
 try:  # private: the bindings scipy.fft's functions call, which take output arrays
@@ -103,6 +104,8 @@ class _Term:
     # the padded block written by numpy (see _HostBlock), where it can be: the
     # FFT's input for a padded term, the separable passes' for every 2-D term
     host: _HostBlock | None = None
+    # an integer sum (see exact_error): the largest magnitude of the source's dtype
+    peak: float | None = None
 
 
 class HostFFT:
@@ -147,12 +150,14 @@ class HostFFT:
         for out, terms, (specs, bias, factors) in zip(outs, self.terms, spectra,
                                                       strict=True):
             acc = None
+            exact = out.dtype.kind in "iu"  # an integer sum: float64 FFTs, rounded
             for term, spec, pair in zip(terms, specs, factors, strict=True):
                 x, key = srcs[term.index], None
                 # the data as numpy writes it into the FFT's work arrays: floats of the
-                # FFT's dtype, or integers (an image) cast exactly (intcells.py)
+                # FFT's dtype, or integers (an image) cast exactly (intcells.py; an
+                # integer sum's sources are exact in float64, see host_fft)
                 cast = x.dtype == term.dtype or (x.dtype.kind in "biu"
-                                                 and out.dtype == term.dtype)
+                                                 and (exact or out.dtype == term.dtype))
                 if pair is not None and cast:  # rank-1 weights
                     one = len(terms) == 1 and bias is None and _writable(out, term.dtype)
                     part = self._separable(x, term, pair, out if one else None)
@@ -178,13 +183,15 @@ class HostFFT:
                 finally:
                     if key is not None:
                         self._give(key, x)
-                part = full[self.index].astype(out.dtype, copy=False)
+                part = full[self.index]
+                if not exact:
+                    part = part.astype(out.dtype, copy=False)
                 acc = part if acc is None else acc + part
             if acc is None:
-                acc = np.zeros(out.shape, out.dtype)
+                acc = np.zeros(out.shape, np.float64 if exact else out.dtype)
             if bias is not None:
-                acc = acc + bias.astype(out.dtype)
-            if not _copy_check(out, acc, workers):
+                acc = acc + (bias if exact else bias.astype(out.dtype))
+            if not (_round_check(out, acc, workers) if exact else _copy_check(out, acc, workers)):
                 return False
         return True
 
@@ -298,7 +305,10 @@ class HostFFT:
                 if key in self.spectra:
                     self.spectra.move_to_end(key)
                     return self.spectra[key]
-        found = [[np.asarray(w) for w in per] for per in self.weights(*values)]
+        made = self.weights(*values)
+        if made is None:  # integer weights the values no longer give (_IntegerWeights)
+            return None
+        found = [[np.asarray(w) for w in per] for per in made]
         wkey = ("weights", tuple((w.dtype.str, w.shape, w.tobytes()) for per in found
                                  for w in per))
         with self.lock:
@@ -390,19 +400,115 @@ def _copy_check(out: np.ndarray, acc: np.ndarray, workers: int) -> bool:
 
 def _make(terms: list[list[_Term]], found: list[list[np.ndarray]], field: tuple[int, ...]
           ) -> list[tuple[list[Any], Any, list[Any]]] | None:
+    """Per output, its terms' spectra, its bias (``None``: 0) and its terms'
+    rank-1 factors (``None``: an FFT), or ``None`` where a weight is not
+    finite or an integer sum's FFT could miss its exact value (see
+    :func:`exact_error`)."""
     made = []
     for per_terms, per in zip(terms, found, strict=True):
         if not all(np.all(np.isfinite(w)) for w in per):
             return None
+        if any(t.peak is not None for t in per_terms) and not _exact(per_terms, per):
+            return None
         specs, factors = [], []
         for term, w in zip(per_terms, per[:-1], strict=True):
-            factors.append(_rank_one(w, term, field))
+            factors.append(None if term.peak is not None else _rank_one(w, term, field))
             if term.lows is not None:  # the weights wrapped onto the periodic field
                 w = dense.wrapped(w, term.lows, term.shape)
             specs.append(dense.spectrum(w.astype(np.float64), term.shape, term.dtype))
         bias = per[-1]
         made.append((specs, bias if np.any(bias) else None, factors))
     return made
+
+
+#: The most an integer sum's FFT may be off, by :func:`exact_error`'s bound,
+#: for its rounded result to be taken (the exact value is then the nearest
+#: integer with a margin of 4); after the FFT, every value must also lie
+#: within this distance of an integer (:func:`_round_check`).
+ROUND_SLACK = 0.125
+
+
+def exact_error(w: np.ndarray, peak: float, shape: tuple[int, ...]) -> float:
+    """A bound on the largest error of ``irfftn(rfftn(x) * conj(rfftn(w)))``
+    over the FFT size ``shape``, computed in float64, for data ``|x| <=
+    peak`` (and the spectrum of ``w`` made in float64 by numpy).
+
+    With ``M`` the FFT's size, each transform's relative error in the
+    2-norm is at most ``e = log2(M) * eta / (1 - log2(M) * eta)`` (Higham,
+    *Accuracy and Stability of Numerical Algorithms*, 2nd ed., Theorem
+    24.2), ``eta`` about ``6.7 u`` for accurate twiddle factors (taken as
+    ``8 u``, and 4 times that where a size has a prime factor over 5, which
+    pocketfft transforms by Bluestein's algorithm).  Following the errors
+    through the forward transform of ``x`` (``||X|| = sqrt(M) ||x||``), the
+    spectrum of ``w`` (``|W_k| <= ||w||_1``, ``||dW|| <= e sqrt(M)
+    ||w||_2``), the product (``3 u``) and the inverse transform gives an
+    error of at most ``||x||_2 ((2 e + 3 u) ||w||_1 + e sqrt(M) ||w||_2)``
+    in the 2-norm, which bounds every value's, with ``||x||_2 <= peak
+    sqrt(M)``."""
+    m = math.prod(shape)
+    u = np.finfo(np.float64).eps / 2
+    eta = 8 * u * (4 if any(_rough(n) for n in shape) else 1)
+    le = max(math.log2(m), 1.0) * eta
+    e = le / (1 - le)
+    w = np.abs(np.asarray(w, np.float64))
+    l1, l2 = float(w.sum()), float(np.sqrt((w * w).sum()))
+    root = math.sqrt(m)
+    return peak * root * ((2 * e + 3 * u) * l1 + e * root * l2)
+
+
+def _rough(n: int) -> bool:
+    """Whether ``n`` has a prime factor over 5."""
+    for p in (2, 3, 5):
+        while n > 1 and n % p == 0:
+            n //= p
+    return n > 1
+
+
+def _exact(terms: list[_Term], per: list[np.ndarray]) -> bool:
+    """Whether an integer sum's FFTs give its exact value once rounded: the
+    sum's largest magnitude is exact in float64 (under ``2**52``) and the
+    FFTs' errors add up to at most :data:`ROUND_SLACK`."""
+    top = float(np.max(np.abs(per[-1]), initial=0.0))
+    err = 0.0
+    for term, w in zip(terms, per[:-1], strict=True):
+        if term.peak is None:
+            return False
+        top += term.peak * float(np.abs(np.asarray(w, np.float64)).sum())
+        err += exact_error(w, term.peak, term.shape)
+    return top < 2.0**52 and err <= ROUND_SLACK
+
+
+def _round_check(out: np.ndarray, acc: np.ndarray, workers: int) -> bool:
+    """``out[...] = acc`` rounded to the nearest integer, where every value
+    of ``acc`` lies within :data:`ROUND_SLACK` of an integer (else
+    ``False``, ``out`` unspecified: NaN fails too).  The cast goes through
+    int64, so a sum past ``out``'s range wraps modulo ``2**bits``, as the
+    kernel's own integer arithmetic does (its magnitude is under ``2**52``,
+    see :func:`_exact`).  In blocks of rows (the temporaries stay in
+    cache), in ``workers`` threads."""
+    if out.ndim == 0:
+        r = np.rint(acc)
+        if not abs(float(acc) - float(r)) <= ROUND_SLACK:
+            return False
+        np.copyto(out, r.astype(np.int64), casting="unsafe")
+        return True
+    step = max(1, ROUND_BLOCK // max(1, math.prod(out.shape[1:])))
+
+    def part(lo: int, hi: int) -> float:
+        for a in range(lo, hi, step):
+            b = min(hi, a + step)
+            v = acc[a:b]
+            r = np.rint(v)
+            if not np.all(np.abs(v - r) <= ROUND_SLACK):
+                return 1.0
+            np.copyto(out[a:b], r.astype(np.int64), casting="unsafe")
+        return 0.0
+
+    return _rows(out.shape[0], workers if out.size >= 2**16 else 1, part) == 0.0
+
+
+#: Elements per block of :func:`_round_check` (its temporaries: 4 x 256 KiB).
+ROUND_BLOCK = 2**15
 
 
 #: Weights count as rank 1 where their second singular value is at most this
@@ -437,14 +543,38 @@ def _rank_one(w: np.ndarray, term: _Term, field: tuple[int, ...]
 
 
 def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
-             params: Sequence[Any], workers: Callable[[], int]) -> HostFFT | None:
+             params: Sequence[Any], workers: Callable[[], int], small: bool = False,
+             values: Sequence[Any] | None = None) -> HostFFT | None:
     """The host FFT of a map whose kernel (``closed``: its jaxpr, the cells
     first, then ``params``) is a linear sum of its windows lowered to FFTs
-    only, or ``None``."""
+    only, or ``None``.
+
+    An integer sum (integer outputs, every operation on window values in
+    their dtype: :func:`xstencil._engine.linear.integer`) over sources
+    whose values are exact in float64 and cast into the output's dtype
+    exactly (bool, and integers of up to 32 bits) runs as float64 FFTs
+    rounded to the nearest integer, where :func:`exact_error` bounds the
+    FFTs' error well under 1/2 (else each call runs the XLA program): the
+    windows that are not separable into integer factors, over more than
+    :data:`~xstencil._engine.dense.FFT_TAPS` nonzero weights, or with
+    ``small`` over :data:`~xstencil._engine.dense.SLICE_TAPS` (for a
+    window whose loop nest is too large to compile).  Its weights are read
+    from the kernel with the parameters' ``values`` (this call's: the host
+    runs outside JAX transforms) as constants, as the integer reading needs
+    (:func:`_integer_weights`), and again whenever they change."""
     if any(v.aval.shape for v in closed.jaxpr.outvars):  # per-cell vectors: outputs of
         return None  # the field's shape are what the host writes (no broadcasting into them)
-    if not all(np.issubdtype(np.dtype(v.aval.dtype), np.floating) for v in closed.jaxpr.outvars):
-        return None  # integer sums are exact and wrap: XLA's integer passes (dense.py)
+    ints = integer(closed)
+    if ints is not None:  # an exact integer sum, where every source is exact in float64
+        if values is None or not all(_exact_source(np.dtype(sources[i].array.dtype), ints)
+                                     for i in dense.read_sources(closed, len(sources))):
+            return None
+        limit: int | None = dense.SLICE_TAPS if small else dense.FFT_TAPS
+    elif not all(np.issubdtype(np.dtype(v.aval.dtype), np.floating)
+                 for v in closed.jaxpr.outvars):
+        return None
+    else:
+        limit = None
     light = [dataclasses.replace(s, array=np.broadcast_to(np.zeros((), s.array.dtype),
                                                           np.shape(s.array)))
              for s in sources]
@@ -452,42 +582,116 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     recording = [True]
 
     def weights(*values: Any) -> Any:
-        plans = dense.plan(closed, light, geom, list(values))
+        plans = dense.plan(closed, light, geom, list(values), integer_fft=limit)
         if recording:
             seen.append(plans)
         if plans is None:
             return []
         return [[w for _, _, w, _ in terms] + [bias] for terms, bias in plans]
 
-    program = jax.jit(weights)
-    program.trace(*[stand_in(p.shape, p.dtype) for p in params])  # the first call reuses it
-    recording.clear()
-    plans = seen.pop()
+    if ints is None:
+        program: Any = jax.jit(weights)
+        program.trace(*[stand_in(p.shape, p.dtype) for p in params])  # the first call reuses it
+        recording.clear()
+        plans = seen.pop()
+    else:
+        assert values is not None
+        program = _IntegerWeights(closed, light, geom, limit)
+        plans = program.plans([np.asarray(v) for v in values])
     # FFTs, and constant 2-D weights of rank 1 (a box, a Gaussian in the kernel's
     # own arithmetic) over more cells than a loop nest reads cheaply, which run as
     # the separable passes: checked below
     if plans is None or not all(dense.beats_cells(how, w) and (how == "fft" or w.ndim == 2)
                                 for terms, _ in plans for _, _, w, how in terms):
         return None
+    if ints is not None:
+        if any(how != "fft" for terms, _ in plans for *_, how in terms):
+            return None  # integer separable passes: XLA's, in integers (dense.py)
+        program = program.of([[(i, w.shape) for i, _, w, _ in terms] for terms, _ in plans])
     counts = tuple(g.count for g in geom)
     terms = []
     for (per, _), v in zip(plans, closed.jaxpr.outvars, strict=True):
         row = []
-        dt = dense.fft_dtype(v.aval.dtype)
+        dt = dense.fft_dtype(v.aval.dtype) if ints is None else np.dtype(np.float64)
         for i, src, w, how in per:
             host = _HostBlock.of(src, geom, w.shape)
+            peak = None if ints is None else _peak(np.dtype(src.array.dtype))
             if dense.whole_periodic(src, geom):  # the FFT reads the field itself
                 row.append(_Term(i, tuple(src.array.shape), dt,
                                  tuple(lo for lo, _ in src.pads), None,
-                                 host if w.ndim == 2 else None))
+                                 host if w.ndim == 2 else None, peak))
             else:
                 sizes = tuple(dense.fast_size(g.step * (g.count - 1) + k)
                               for g, k in zip(geom, w.shape, strict=True))
-                row.append(_Term(i, sizes, dt, None, _block_fn(src, geom, w.shape), host))
+                row.append(_Term(i, sizes, dt, None, _block_fn(src, geom, w.shape), host,
+                                 peak))
             if how == "separable" and _rank_one(w, row[-1], counts) is None:
                 return None  # cheaper as XLA's separable passes than as an FFT
         terms.append(row)
     return HostFFT(terms, program, params, [g.step for g in geom], counts, workers)
+
+
+class _IntegerWeights:
+    """The weights of an integer sum for the host FFT, computed from the
+    parameters' concrete values: the kernel is traced again with them as
+    constants, so that :func:`xstencil._engine.linear.weights` reads it as
+    an integer sum (a traced weight is opaque to it).  :meth:`plans` gives
+    the dense plans (the structure, at build); :meth:`of` the function
+    :class:`HostFFT` calls as the float path's jitted weights function:
+    per output, the weights of its terms' sources (zeros for a source the
+    values no longer weigh) and the bias, or ``None`` where the values make
+    the kernel something else (the call then declines, and XLA runs it)."""
+
+    def __init__(self, closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
+                 limit: int | None, terms: list[list[tuple[int, Any]]] | None = None):
+        self.closed, self.sources, self.geom, self.limit = closed, sources, geom, limit
+        self.terms = terms
+
+    def plans(self, values: Sequence[Any]) -> Any:
+        """:func:`xstencil._engine.dense.plan` of the kernel with ``values``."""
+        jaxpr = self.closed.jaxpr
+        n = len(jaxpr.invars) - len(values)
+
+        def with_values(*cells: Any) -> Any:
+            return jax.core.eval_jaxpr(jaxpr, self.closed.consts, *cells, *values)
+
+        fixed = jax.make_jaxpr(with_values)(*[stand_in(v.aval.shape, v.aval.dtype)
+                                              for v in jaxpr.invars[:n]])
+        return dense.plan(fixed, self.sources, self.geom, None, integer_fft=self.limit)
+
+    def of(self, terms: list[list[tuple[int, Any]]]) -> _IntegerWeights:
+        """The weights function of ``terms`` (per output, each term's source
+        index and weights' shape)."""
+        return _IntegerWeights(self.closed, self.sources, self.geom, self.limit, terms)
+
+    def __call__(self, *values: Any) -> Any:
+        assert self.terms is not None, "the weights of known terms (see of)"
+        plans = self.plans(values)
+        if plans is None or len(plans) != len(self.terms):
+            return None
+        found = []
+        for (terms, bias), want in zip(plans, self.terms, strict=True):
+            got = {i: w for i, _, w, _ in terms}
+            if not set(got) <= {i for i, _ in want}:
+                return None
+            found.append([got[i] if i in got else np.zeros(shape) for i, shape in want]
+                         + [bias])
+        return found
+
+
+def _exact_source(dtype: np.dtype, out: np.dtype) -> bool:
+    """Whether an integer sum into ``out`` can read a source of ``dtype``
+    as float64: bool or integers of up to 32 bits (exact in float64) that
+    cast into ``out`` without changing a value."""
+    return dtype.kind in "biu" and dtype.itemsize <= 4 and np.can_cast(dtype, out, "safe")
+
+
+def _peak(dtype: np.dtype) -> float:
+    """The largest magnitude a value of the bool or integer ``dtype`` has."""
+    if dtype.kind == "b":
+        return 1.0
+    info = np.iinfo(dtype)
+    return float(max(abs(int(info.min)), int(info.max)))
 
 
 def _block_fn(src: Source, geom: Sequence[AxisGeom], wshape: tuple[int, ...]

@@ -369,15 +369,26 @@ class LoopOrJit:
                       for i, v in enumerate(closed.jaxpr.invars[len(sources):])]
             out_avals = [v.aval for v in closed.jaxpr.outvars]
             field = tuple(g.count for g in self.geom)
-            host = self._host_fft(closed, sources, params)
-            if host is not None:
+            values = [*jax.tree_util.tree_leaves(dyn), *leaves]  # the parameters' values
+            host = self._host_fft(closed, sources, params, values=values)
+
+            def on_host(host: HostFFT) -> tuple[_Built, Any]:
                 built = _Built(host, "host FFT (scipy.fft)", [], [], params, out_avals,
                                jax.tree_util.tree_structure(shapes), field)
                 return built, run_loops(built, arrays, coords, jax.tree_util.tree_leaves(dyn),
                                         leaves, out, fallback=fallback)
+
+            if host is not None:
+                return on_host(host)
             if self.jitted is not None and _dense_for_xla(closed, sources, self.geom):
                 return "a dense window of constant weights: XLA's separable passes or FFT", None
-            variants = generate_variants(closed, sources, self.geom, params, limit)
+            try:
+                variants = generate_variants(closed, sources, self.geom, params, limit)
+            except Unliftable:  # too large a nest: an integer window may still be exact FFTs
+                host = self._host_fft(closed, sources, params, small=True, values=values)
+                if host is None:
+                    raise
+                return on_host(host)
             omp_env()
             # runtime weights that multiply window values: an unmasked nest for
             # calls where none is 0, compiled on first use (loop_variants.py)
@@ -395,15 +406,20 @@ class LoopOrJit:
         except Exception as e:  # noqa: BLE001 - correctness first: XLA decides and reports
             return f"{type(e).__name__}: {e}", None
 
-    def _host_fft(self, closed: Any, sources: Sequence[Source], params: list[Param]
+    def _host_fft(self, closed: Any, sources: Sequence[Source], params: list[Param],
+                  small: bool = False, values: Sequence[Any] | None = None
                   ) -> HostFFT | None:
         """The map as :mod:`~xstencil._backends.hostfft`'s FFTs, where the
         kernel is a weighted sum the engine lowers to FFTs only (maps only:
-        a scan's steps have no XLA program to fall back on)."""
+        a scan's steps have no XLA program to fall back on); ``small``: an
+        integer sum over a window of more than a few weights, whose loop
+        nest is too large, read with this call's parameter ``values`` (see
+        :func:`~xstencil._backends.hostfft.host_fft`)."""
         if self.jitted is None:
             return None
         try:
-            return host_fft(closed, sources, self.geom, params, numba.get_num_threads)
+            return host_fft(closed, sources, self.geom, params, numba.get_num_threads, small,
+                            values)
         except Exception as e:  # noqa: BLE001 - not for this kernel: the loop nest decides
             _LOG.debug("no host FFT: %s: %s", type(e).__name__, e)
             return None

@@ -55,7 +55,8 @@ from xstencil._engine.dense_runtime import (
 from xstencil._engine.intcells import float_cells
 from xstencil._engine.linear import integer, weights
 
-__all__ = ["lower", "plan", "correlate", "beats_cells", "choose", "constant", "separable",
+__all__ = ["lower", "plan", "correlate", "beats_cells", "choose", "constant", "read_sources",
+           "separable",
            "fast_size", "fft_dtype", "spectrum", "whole_periodic", "wrapped", "SLICE_TAPS",
            "FFT_TAPS"]
 
@@ -77,14 +78,17 @@ FFT_TAPS = 100
 
 
 
-def choose(w: Any, integral: bool = False) -> str | None:
+def choose(w: Any, integral: bool = False, integer_fft: int | None = None) -> str | None:
     """The lowering for one weight array: 'shell' (keep the shifted-slice
     lowering of :mod:`~xstencil._engine.lower`, interior and boundary shell
     apart), 'separable', 'slices' (one sum over the padded block) or 'fft'.
     Runtime (traced) weights are chosen by their size, never 'separable'.
     ``integral``: the sum is in an integer dtype (exact, wrapping), so
-    never an FFT, and separable only into integer factors; ``None`` where
-    none of those is cheaper than the kernel's own lowering."""
+    separable only into integer factors, and never an FFT unless
+    ``integer_fft`` is given: the nonzero count above which a window that is
+    not separable is an 'fft' for the host's exact integer FFT (rounded, see
+    :mod:`~xstencil._backends.hostfft`; an XLA program never gets one);
+    ``None`` where none of those is cheaper than the kernel's own lowering."""
     if not isinstance(w, np.ndarray):
         size = math.prod(w.shape)
         return "shell" if size <= SLICE_TAPS else "slices" if size <= FFT_TAPS else "fft"
@@ -93,8 +97,10 @@ def choose(w: Any, integral: bool = False) -> str | None:
         return "shell"
     if separable(w, integral) is not None:
         return "separable"
-    if integral and nnz > FFT_TAPS:
-        return None
+    if integral:
+        if integer_fft is not None and nnz > integer_fft:
+            return "fft"
+        return None if nnz > FFT_TAPS else "slices"
     return "slices" if nnz <= FFT_TAPS else "fft"
 
 
@@ -333,7 +339,7 @@ def wrapped(w: np.ndarray, lows: Sequence[int], shape: Sequence[int]) -> np.ndar
     return out
 
 
-def _read(closed: Any, n: int) -> list[int]:
+def read_sources(closed: Any, n: int) -> list[int]:
     """The indices of the first ``n`` inputs (the window sources) the kernel
     reads.  Every labelled kernel is also handed its coordinates (packed,
     complex), which a weighted sum of the data does not read; left in, they
@@ -362,15 +368,17 @@ def _without_unread(closed: Any, keep: list[int], n: int) -> Any:
     return jax.make_jaxpr(kept)(*[stand[i] for i in keep], *stand[n:])
 
 
-def plan(closed: Any, sources: Sequence[Any], geom: Sequence[Any], dyn: Any = None
+def plan(closed: Any, sources: Sequence[Any], geom: Sequence[Any], dyn: Any = None,
+         integer_fft: int | None = None
          ) -> list[tuple[list[tuple[int, Any, Any, str]], Any]] | None:
     """Per output of the kernel, its correlation terms ``(i, source, w, how)``
     (``i``: the index into ``sources``, ``w``: the weights, reshaped to the
     field's rank, ``how``: :func:`choose`'s lowering) and its bias, or
     ``None`` when the kernel is not a linear sum of its windows or every
-    weight array is small enough for shifted slices (see :func:`lower`)."""
+    weight array is small enough for shifted slices (see :func:`lower`).
+    ``integer_fft``: see :func:`choose` (the host's exact integer FFT only)."""
     rank = len(geom)
-    keep = _read(closed, len(sources))
+    keep = read_sources(closed, len(sources))
     n, sources = len(sources), [sources[i] for i in keep]
     if not sources:
         return None
@@ -403,7 +411,7 @@ def plan(closed: Any, sources: Sequence[Any], geom: Sequence[Any], dyn: Any = No
             if tuple(src.axes) != tuple(range(rank)):
                 return None
             full = w.reshape([geom[a].size if a in src.cell_axes else 1 for a in range(rank)])
-            how = choose(full, integral)
+            how = choose(full, integral, integer_fft)
             if how is None:
                 return None
             terms.append((i, src, full, how))
