@@ -151,6 +151,7 @@ class HostFFT:
                                                       strict=True):
             acc = None
             exact = out.dtype.kind in "iu"  # an integer sum: float64 FFTs, rounded
+            held = dest = None  # the work array an integer sum's last FFT wrote
             for term, spec, pair in zip(terms, specs, factors, strict=True):
                 x, key = srcs[term.index], None
                 # the data as numpy writes it into the FFT's work arrays: floats of the
@@ -179,7 +180,11 @@ class HostFFT:
                         self._correlate(x, term, spec, workers, out)
                         acc = out  # written in place: no copy
                         break
-                    full = self._correlate(x, term, spec, workers, None)
+                    dest = None
+                    if exact:  # rounded into the output right after: a work array
+                        held = ("sum", term.shape)
+                        dest = self._take(held, lambda t=term: np.empty(t.shape, t.dtype))
+                    full = self._correlate(x, term, spec, workers, dest)
                 finally:
                     if key is not None:
                         self._give(key, x)
@@ -191,8 +196,13 @@ class HostFFT:
                 acc = np.zeros(out.shape, np.float64 if exact else out.dtype)
             if bias is not None:
                 acc = acc + (bias if exact else bias.astype(out.dtype))
-            if not (_round_check(out, acc, workers) if exact else _copy_check(out, acc, workers)):
-                return False
+            try:
+                if not (_round_check(out, acc, workers) if exact
+                        else _copy_check(out, acc, workers)):
+                    return False
+            finally:
+                if held is not None:
+                    self._give(held, dest)
         return True
 
     def _separable(self, x: np.ndarray, term: _Term, pair: tuple[np.ndarray, np.ndarray],
@@ -495,13 +505,18 @@ def _round_check(out: np.ndarray, acc: np.ndarray, workers: int) -> bool:
     step = max(1, ROUND_BLOCK // max(1, math.prod(out.shape[1:])))
 
     def part(lo: int, hi: int) -> float:
-        for a in range(lo, hi, step):
-            b = min(hi, a + step)
-            v = acc[a:b]
-            r = np.rint(v)
-            if not np.all(np.abs(v - r) <= ROUND_SLACK):
-                return 1.0
-            np.copyto(out[a:b], r.astype(np.int64), casting="unsafe")
+        shape = (min(step, hi - lo), *out.shape[1:])
+        r, d, i = np.empty(shape), np.empty(shape), np.empty(shape, np.int64)
+        with np.errstate(invalid="ignore"):  # NaN: fails the check
+            for a in range(lo, hi, step):
+                b = min(hi, a + step)
+                v, n = acc[a:b], b - a
+                np.rint(v, out=r[:n])
+                np.subtract(v, r[:n], out=d[:n])
+                if not np.abs(d[:n], out=d[:n]).max() <= ROUND_SLACK:
+                    return 1.0
+                np.copyto(i[:n], r[:n], casting="unsafe")  # exact: under 2**52
+                np.copyto(out[a:b], i[:n], casting="unsafe")  # wraps modulo 2**bits
         return 0.0
 
     return _rows(out.shape[0], workers if out.size >= 2**16 else 1, part) == 0.0
