@@ -460,3 +460,39 @@ def padded_dense_columns(n: int, k: int, gaussian: bool = False, image: bool = F
             ndi.correlate1d(a, g, axis=0, mode="mirror", output=np.float32), g, axis=1,
             mode="mirror")
     return cols
+
+
+def disk_count_columns(n: int, r: int) -> Columns:
+    """A count over a disk of radius ``r`` on an n² ``bool`` mask, zero
+    outside the field (a focal count, as rasters and images take one): the
+    kernel ``(u.astype(int32) * disk).sum()``, an exact int32 result.
+    Columns: xstencil (numpy in), ``scipy.ndimage.correlate`` of the mask as
+    int32 (the mask cast first, as a user casts it), and a hand-written
+    ``np.pad`` plus float64 ``scipy.fft`` correlation rounded back to int32,
+    with a precomputed spectrum, on numba's thread count."""
+    rng = np.random.default_rng(200 + r)
+    a = offset_array(rng.random((n, n)) < 0.3)
+    yy, xx = np.mgrid[-r:r + 1, -r:r + 1]
+    disk = (yy**2 + xx**2 <= r * r).astype(np.int32)
+    k = 2 * r + 1
+    da = xr.DataArray(a, dims=("y", "x"))
+
+    def kernel(u: Any) -> Any:
+        return (u.astype(jnp.int32) * disk).sum()
+
+    size = sfft.next_fast_len(n + k - 1, real=True)
+    flipped = np.zeros((size, size))
+    flipped[:k, :k] = disk[::-1, ::-1]
+    spec = sfft.rfft2(flipped)
+    workers = numba.get_num_threads() if numba is not None else (os.cpu_count() or 1)
+
+    def hand() -> Any:
+        big = sfft.rfft2(np.pad(a, r).astype(np.float64), s=(size, size), workers=workers)
+        big *= spec
+        full = sfft.irfft2(big, s=(size, size), workers=workers, overwrite_x=True)
+        return np.rint(full[k - 1:k - 1 + n, k - 1:k - 1 + n]).astype(np.int32)
+
+    return {"xstencil": lambda: jax.block_until_ready(da.stencil.map(
+                kernel, window={"y": k, "x": k}, boundary="fill", fill_value=False).data),
+            "scipy.ndimage": lambda: ndi.correlate(a.astype(np.int32), disk, mode="constant"),
+            "np.pad + scipy.fft": hand}

@@ -301,7 +301,37 @@ def dense_cases(quick: bool, rounds: int, ks: list[int] | None = None
                  "float32 (pass 1 / pass 2)\n\n" + "\n".join(rows))
     for image in (False, True):
         text += _gaussian_table(n, [k for k in ks if k >= 15][::2][:2], rounds, notes, image)
+    text += _disk_table(n, [5, 15] if quick else [5, 8, 15], rounds, notes)
     return text, notes
+
+
+def _disk_table(n: int, radii: list[int], rounds: int, notes: list[str]) -> str:
+    """Counts over a disk on a bool mask (an exact int32 result), against
+    scipy.ndimage's integer correlation and a hand-written float64 FFT
+    rounded back to integers, with the first call's time."""
+    cols_of = ["xstencil", "scipy.ndimage", "np.pad + scipy.fft"]
+    rows = ["| r | cells | xstencil first call | " + " | ".join(cols_of)
+            + " | xstencil ÷ best |", "|---" * (len(cols_of) + 4) + "|"]
+    for r in radii:
+        print("   disk count", r, flush=True)
+        got: dict[str, Any] = {}
+        cols = P.disk_count_columns(n, r)
+        med, first = measure(cols, rounds, repeat=DENSE_REPEAT, samples=got)
+        want = cols["scipy.ndimage"]()
+        for c in ("xstencil", "np.pad + scipy.fft"):
+            if not P.np.array_equal(P.np.asarray(cols[c]()), want):
+                raise AssertionError(f"disk count r={r}: {c} is not the exact count")
+        best = [min(cols_of[1:], key=lambda p, i=i: med[p][i]) for i in (0, 1)]
+        ratio = _ratios(got, med, best, "xstencil")
+        cells = sum(1 for i in range(-r, r + 1) for j in range(-r, r + 1) if i * i + j * j <= r * r)
+        rows.append(f"| {r} | {cells} | {H.fmt_time(first['xstencil'])} | "
+                    + " | ".join(_pair(med.get(p)) for p in cols_of)
+                    + f" | {ratio[0]:.2f} / {ratio[1]:.2f} |")
+        notes.append(f"disk count r={r} ({cells} cells) over a bool mask: {ratio[0]:.2f} / "
+                     f"{ratio[1]:.2f} of the best ({best[0]} / {best[1]}), exact, "
+                     f"first call {first['xstencil']:.2f} s")
+    return (f"\n\n#### Counts over a disk on a bool mask at {n}², zero outside, int32 out "
+            "(pass 1 / pass 2)\n\n" + "\n".join(rows))
 
 
 def _gaussian_table(n: int, ks: list[int], rounds: int, notes: list[str], image: bool) -> str:
