@@ -23,6 +23,14 @@ splits the question in two:
 Custom derivative rules (``custom_jvp``/``custom_vjp``), ``stop_gradient``
 and control flow on cell values are refused: there the derivative need not
 be the function.
+
+Integer sums (outputs of one integer dtype) have no derivative, but their
+arithmetic is exact modulo ``2**bits``: :func:`integer_affine` decides,
+from the jaxpr alone, that every operation on cell values is in the output's
+dtype (after casts into it of cells that were only rearranged, from dtypes
+that cast into it exactly), so each output is affine in the cells modulo
+``2**bits``, and :func:`runtime_weights` then reads ``W`` from the kernel at
+one-hot windows (``W[c] = f(e_c) - f(0)``, exact in that arithmetic).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
-__all__ = ["is_affine", "homogeneous", "runtime_weights", "MAX_JACFWD"]
+__all__ = ["is_affine", "integer_affine", "homogeneous", "runtime_weights", "MAX_JACFWD"]
 
 #: ``(window cells) ** 2`` above which a kernel that widens its cells' dtype
 #: (float32 cells, float64 output) is not given runtime weights (see
@@ -131,6 +139,95 @@ def _eqn(eqn: Any, ins: list[bool], widest: int) -> list[bool]:
     raise _NotAffine
 
 
+#: Primitives that only move values (an integer cell moved is still a cell:
+#: :func:`integer_affine` lets it be cast into the output's dtype afterwards).
+_MOVES = frozenset({"copy", "copy_p", "slice", "squeeze", "reshape", "transpose",
+                    "broadcast_in_dim", "rev", "expand_dims", "split", "concatenate", "pad"})
+#: Primitives that add or negate (in the output's integer dtype only).
+_SUMS = frozenset({"neg", "reduce_sum", "cumsum", "add", "sub", "add_any"})
+_RAW, _SUM = "raw", "sum"  # a cell moved only / affine in the output's dtype
+
+
+def integer_affine(closed: Any, n_cells: int) -> np.dtype | None:
+    """The integer dtype ``D`` of ``closed``'s outputs where every output
+    is a scalar of ``D`` affine in the cells modulo ``2**bits`` (see the
+    module notes), else ``None``: cells may be moved in their own dtype,
+    cast into ``D`` where that keeps every value (``np.can_cast(...,
+    "safe")``), and from then on only summed, negated, moved, multiplied by
+    or selected with values that depend on no cell, all in ``D``."""
+    jaxpr = closed.jaxpr
+    dtypes = {np.dtype(v.aval.dtype) for v in jaxpr.outvars}
+    if len(dtypes) != 1 or not np.issubdtype(next(iter(dtypes)), np.integer):
+        return None
+    dt = next(iter(dtypes))
+    if any(v.aval.shape != () for v in jaxpr.outvars):
+        return None
+    args = [_SUM if np.dtype(v.aval.dtype) == dt else _RAW for v in jaxpr.invars[:n_cells]]
+    try:
+        outs = _int_tags(jaxpr, args + [None] * (len(jaxpr.invars) - n_cells), dt)
+    except _NotAffine:
+        return None
+    return dt if all(t in (_SUM, None) for t in outs) else None
+
+
+def _int_tags(jaxpr: Any, args: Sequence[str | None], dt: np.dtype) -> list[str | None]:
+    """Per value: ``None`` (depends on no cell), :data:`_RAW` or
+    :data:`_SUM`; raises :class:`_NotAffine` where a cell value meets an
+    operation that is not affine modulo ``2**bits`` in ``dt``."""
+    env: dict[Any, str | None] = dict.fromkeys(jaxpr.constvars)
+    env.update(zip(jaxpr.invars, args, strict=True))
+
+    def read(v: Any) -> str | None:
+        return None if isinstance(v, jcore.Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        if any(t is not None for t in ins):
+            outs = _int_eqn(eqn, ins, dt)
+        else:
+            outs = [None] * len(eqn.outvars)
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _int_eqn(eqn: Any, ins: list[str | None], dt: np.dtype) -> list[str | None]:
+    name = eqn.primitive.name
+    n_out = len(eqn.outvars)
+    cells = {t for t in ins if t is not None}
+    in_dt = all(np.dtype(v.aval.dtype) == dt for v in eqn.outvars)
+    if name in _CALLS:
+        sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if sub is None:
+            raise _NotAffine
+        sub = sub.jaxpr if isinstance(sub, jcore.ClosedJaxpr) else sub
+        return _int_tags(sub, ins[len(ins) - len(sub.invars):], dt)
+    if name == "optimization_barrier":
+        return list(ins)
+    if name == "convert_element_type":
+        src = np.dtype(eqn.invars[0].aval.dtype)
+        if np.dtype(eqn.params["new_dtype"]) != dt or not np.can_cast(src, dt, "safe"):
+            raise _NotAffine  # a cast that can change a value, or out of the sum's dtype
+        return [_SUM]
+    if len(cells) != 1:
+        raise _NotAffine  # moved cells mixed with sums: a cast between them is missing
+    tag = next(iter(cells))
+    if name in _MOVES:
+        return [tag] * n_out
+    if name in _DATA_AT:
+        data = set(_DATA_AT[name](len(ins)))
+        if any(t is not None for i, t in enumerate(ins) if i not in data):
+            raise _NotAffine  # an index or predicate computed from cells
+        if "scatter" not in name:  # moves (a scatter-add adds: a sum, below)
+            return [tag] * n_out
+    if tag != _SUM or not in_dt:
+        raise _NotAffine  # arithmetic on cells outside the sum's dtype (it wraps apart)
+    if name in _SUMS or "scatter" in name:
+        return [_SUM] * n_out
+    if name in ("mul", "dot_general") and sum(t is not None for t in ins) == 1:
+        return [_SUM]
+    raise _NotAffine
+
+
 def homogeneous(closed: Any, n_cells: int) -> list[bool]:
     """For each output of an affine ``closed`` (see :func:`is_affine`),
     whether it is *linear* in the cells, with no bias: every path from a
@@ -185,7 +282,8 @@ def runtime_weights(closed: Any, shapes: Sequence[tuple[int, ...]],
     """The weights of each output, per source (traced arrays of the source's
     cell shape), with the bias last, computed in the program from the
     kernel's current inputs ``dyn``; ``None`` when the kernel is not affine
-    in its cells (see :func:`is_affine`).
+    in its cells (see :func:`is_affine`; an integer kernel, see
+    :func:`integer_affine`, gets its weights from one-hot windows).
 
     The weights come from one ``jax.vjp`` at a zero window, in the cells'
     dtype.  A kernel that computes in a wider dtype than its cells (float32
@@ -194,6 +292,8 @@ def runtime_weights(closed: Any, shapes: Sequence[tuple[int, ...]],
     to :data:`MAX_JACFWD`.
     """
     n = len(shapes)
+    if integer_affine(closed, n) is not None:
+        return _one_hot(closed, shapes, dyn)
     if not is_affine(closed, n):
         return None
     result = _weights(closed, shapes, dyn)
@@ -202,6 +302,35 @@ def runtime_weights(closed: Any, shapes: Sequence[tuple[int, ...]],
             if linear:
                 per[-1] = np.zeros(())
     return result
+
+
+def _one_hot(closed: Any, shapes: Sequence[tuple[int, ...]], dyn: Any
+             ) -> list[list[Any]] | None:
+    """The weights of an integer kernel (:func:`integer_affine`): per
+    output, ``f(e_c) - f(0)`` for every one-hot window ``e_c`` of each
+    source (``vmap``-ed, a window's cells squared values), and ``f(0)``,
+    in the outputs' integer arithmetic (up to :data:`MAX_JACFWD` values)."""
+    n = len(shapes)
+    if sum(math.prod(s) for s in shapes) ** 2 > MAX_JACFWD:
+        return None
+    fn = jcore.jaxpr_as_fun(closed)
+    leaves = jax.tree_util.tree_leaves(dyn)
+    avals = [v.aval for v in closed.jaxpr.invars[:n]]
+    zeros = [jnp.zeros(a.shape, a.dtype) for a in avals]
+    biases = list(fn(*zeros, *leaves))
+    per: list[list[Any]] = [[] for _ in biases]
+    for i, a in enumerate(avals):
+        size = math.prod(a.shape)
+        basis = jnp.eye(size, dtype=a.dtype).reshape((size, *a.shape))
+
+        def at(e: Any, i: int = i) -> list[Any]:
+            cells = list(zeros)
+            cells[i] = e
+            return list(fn(*cells, *leaves))
+
+        for k, got in enumerate(jax.vmap(at)(basis)):
+            per[k].append((got - biases[k]).reshape(a.shape))
+    return [w + [b] for w, b in zip(per, biases, strict=True)]
 
 
 def _weights(closed: Any, shapes: Sequence[tuple[int, ...]], dyn: Any) -> list[list[Any]] | None:
