@@ -103,14 +103,20 @@ def _tags(jaxpr: Any, args: Sequence[bool], widest: int) -> list[bool]:
     return [read(v) for v in jaxpr.outvars]
 
 
+def _called(eqn: Any) -> Any:
+    """The jaxpr a call equation (:data:`_CALLS`) runs; :class:`_NotAffine`
+    where it has none to read."""
+    sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+    if sub is None:
+        raise _NotAffine
+    return sub.jaxpr if isinstance(sub, jcore.ClosedJaxpr) else sub
+
+
 def _eqn(eqn: Any, ins: list[bool], widest: int) -> list[bool]:
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
     if name in _CALLS:
-        sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-        if sub is None:
-            raise _NotAffine
-        sub = sub.jaxpr if isinstance(sub, jcore.ClosedJaxpr) else sub
+        sub = _called(eqn)
         return _tags(sub, ins[len(ins) - len(sub.invars):], widest)
     if name == "optimization_barrier":
         return list(ins)
@@ -196,10 +202,7 @@ def _int_eqn(eqn: Any, ins: list[str | None], dt: np.dtype) -> list[str | None]:
     cells = {t for t in ins if t is not None}
     in_dt = all(np.dtype(v.aval.dtype) == dt for v in eqn.outvars)
     if name in _CALLS:
-        sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-        if sub is None:
-            raise _NotAffine
-        sub = sub.jaxpr if isinstance(sub, jcore.ClosedJaxpr) else sub
+        sub = _called(eqn)
         return _int_tags(sub, ins[len(ins) - len(sub.invars):], dt)
     if name == "optimization_barrier":
         return list(ins)
