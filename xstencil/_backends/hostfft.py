@@ -576,7 +576,7 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     window whose loop nest is too large to compile).  Its weights are read
     from the kernel with the parameters' ``values`` (this call's: the host
     runs outside JAX transforms) as constants, as the integer reading needs
-    (:func:`_integer_weights`), and again whenever they change."""
+    (:class:`_IntegerWeights`), and again whenever they change."""
     if any(v.aval.shape for v in closed.jaxpr.outvars):  # per-cell vectors: outputs of
         return None  # the field's shape are what the host writes (no broadcasting into them)
     ints = integer(closed)

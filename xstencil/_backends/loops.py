@@ -369,14 +369,15 @@ class LoopOrJit:
                       for i, v in enumerate(closed.jaxpr.invars[len(sources):])]
             out_avals = [v.aval for v in closed.jaxpr.outvars]
             field = tuple(g.count for g in self.geom)
-            values = [*jax.tree_util.tree_leaves(dyn), *leaves]  # the parameters' values
+            dleaves = jax.tree_util.tree_leaves(dyn)
+            values = [*dleaves, *leaves]  # the parameters' values
             host = self._host_fft(closed, sources, params, values=values)
 
             def on_host(host: HostFFT) -> tuple[_Built, Any]:
                 built = _Built(host, "host FFT (scipy.fft)", [], [], params, out_avals,
                                jax.tree_util.tree_structure(shapes), field)
-                return built, run_loops(built, arrays, coords, jax.tree_util.tree_leaves(dyn),
-                                        leaves, out, fallback=fallback)
+                return built, run_loops(built, arrays, coords, dleaves, leaves, out,
+                                        fallback=fallback)
 
             if host is not None:
                 return on_host(host)

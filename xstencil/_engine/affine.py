@@ -36,7 +36,7 @@ one-hot windows (``W[c] = f(e_c) - f(0)``, exact in that arithmetic).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -83,24 +83,33 @@ def is_affine(closed: Any, n_cells: int) -> bool:
                for v in jaxpr.outvars)
 
 
+def _walk(jaxpr: Any, args: Sequence[Any], rule: Callable[[Any, list[Any]], list[Any]],
+          none: Any) -> list[Any]:
+    """The tags of ``jaxpr``'s outputs, given its inputs' ``args``: ``none``
+    for a value that depends on no cell, else what ``rule(eqn, ins)`` gives
+    each equation's outputs from its inputs' tags (raising
+    :class:`_NotAffine` where a cell reaches an operation it refuses)."""
+    env: dict[Any, Any] = dict.fromkeys(jaxpr.constvars, none)
+    env.update(zip(jaxpr.invars, args, strict=True))
+
+    def read(v: Any) -> Any:
+        return none if isinstance(v, jcore.Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        if any(t is not none for t in ins):
+            outs = rule(eqn, ins)
+        else:
+            outs = [none] * len(eqn.outvars)
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(v) for v in jaxpr.outvars]
+
+
 def _tags(jaxpr: Any, args: Sequence[bool], widest: int) -> list[bool]:
     """Which values depend on a cell (``True``: affinely); raises
     :class:`_NotAffine` where a cell reaches a non-linear operation
     (``widest``: the itemsize of the widest output)."""
-    env: dict[Any, bool] = dict.fromkeys(jaxpr.constvars, False)
-    env.update(zip(jaxpr.invars, args, strict=True))
-
-    def read(v: Any) -> bool:
-        return False if isinstance(v, jcore.Literal) else env[v]
-
-    for eqn in jaxpr.eqns:
-        ins = [read(v) for v in eqn.invars]
-        if any(ins):
-            outs = _eqn(eqn, ins, widest)
-        else:
-            outs = [False] * len(eqn.outvars)
-        env.update(zip(eqn.outvars, outs, strict=True))
-    return [read(v) for v in jaxpr.outvars]
+    return _walk(jaxpr, args, lambda eqn, ins: _eqn(eqn, ins, widest), False)
 
 
 def _called(eqn: Any) -> Any:
@@ -180,20 +189,7 @@ def _int_tags(jaxpr: Any, args: Sequence[str | None], dt: np.dtype) -> list[str 
     """Per value: ``None`` (depends on no cell), :data:`_RAW` or
     :data:`_SUM`; raises :class:`_NotAffine` where a cell value meets an
     operation that is not affine modulo ``2**bits`` in ``dt``."""
-    env: dict[Any, str | None] = dict.fromkeys(jaxpr.constvars)
-    env.update(zip(jaxpr.invars, args, strict=True))
-
-    def read(v: Any) -> str | None:
-        return None if isinstance(v, jcore.Literal) else env[v]
-
-    for eqn in jaxpr.eqns:
-        ins = [read(v) for v in eqn.invars]
-        if any(t is not None for t in ins):
-            outs = _int_eqn(eqn, ins, dt)
-        else:
-            outs = [None] * len(eqn.outvars)
-        env.update(zip(eqn.outvars, outs, strict=True))
-    return [read(v) for v in jaxpr.outvars]
+    return _walk(jaxpr, args, lambda eqn, ins: _int_eqn(eqn, ins, dt), None)
 
 
 def _int_eqn(eqn: Any, ins: list[str | None], dt: np.dtype) -> list[str | None]:

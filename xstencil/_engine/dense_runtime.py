@@ -25,7 +25,9 @@ def runtime_slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) 
     weights: every cell is a term, times its runtime scalar.  When some
     weight is 0 and ``p`` holds a non-finite value, each slice is masked
     where its weight is 0 (a cell of weight 0 is not read, and ``0 * nan``
-    would be NaN)."""
+    would be NaN).  Integers hold no NaN: their sum is the plain one."""
+    if not jnp.issubdtype(p.dtype, jnp.inexact):
+        return _total(p, w.astype(p.dtype), tuple(steps), tuple(counts), False)
     return _runtime_sum(p, w.astype(p.dtype), tuple(steps), tuple(counts))
 
 
