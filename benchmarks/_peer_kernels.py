@@ -41,6 +41,19 @@ Columns = dict[str, Callable[[], Any]]
 HEAT_A = 0.2
 
 
+def ready(x: Any) -> Any:
+    """``x`` once computed: a JAX array's own ``block_until_ready()``, a
+    DataArray's array likewise, and a numpy array as it is (anything else,
+    say a pytree, is an error: it would not be waited for).  One call into
+    jaxlib: ``jax.block_until_ready``'s pytree walk and the duck-array checks
+    of xarray's ``.data`` property cost 50-100 µs more with the caches cold
+    after a large map, which no numpy column pays and a time loop of maps
+    never runs."""
+    if type(x) is xr.DataArray:
+        x = x.variable._data
+    return x if type(x) is np.ndarray else x.block_until_ready()
+
+
 def environment() -> str:
     v = [f"jax {jax.__version__}", f"numpy {np.__version__}"]
     for name, mod in (("numba", numba), ("pystencils", ps), ("devito", devito)):
@@ -216,11 +229,11 @@ def laplace_columns(shape: tuple[int, ...], mode: str) -> tuple[Callable[[], Any
     cols: Columns = {
         # the default backend: numba loops on numpy data this large (docs/performance.rst),
         # each call a new result array, as a user gets without out=
-        "xstencil": lambda: jax.block_until_ready(da.stencil.map(kernel, **opts).data),
+        "xstencil": lambda: ready(da.stencil.map(kernel, **opts)),
         # into a preallocated array, as every peer column below writes
         "xstencil out=": lambda: da.stencil.map(kernel, out=xout, **opts),
-        "xstencil XLA": lambda: jax.block_until_ready(
-            da.stencil.map(kernel, backend="xla", **opts).data)}
+        "xstencil XLA": lambda: ready(
+            da.stencil.map(kernel, backend="xla", **opts))}
     if numba is not None:
         if ndim == 2:
             f = _lap2_periodic if mode == "periodic" else _lap2_fill
@@ -276,9 +289,9 @@ def heat_columns(n: int, steps: int) -> Columns:
                             + u(time=-1, y=-1) - 4 * c)
 
     def run(blocking: Any) -> Any:
-        return jax.block_until_ready(xstencil.scan(
+        return ready(xstencil.scan(
             da, kernel, "time", steps=steps, save_every="last", boundary="fill",
-            fill_value=0.0, blocking=blocking).data)
+            fill_value=0.0, blocking=blocking))
 
     # the default (temporal blocking where the state is large), then each path forced
     cols: Columns = {"xstencil scan": lambda: run(None),
@@ -364,11 +377,11 @@ def dense_columns(n: int, k: int) -> tuple[Columns, str]:
     dj = xr.DataArray(x, dims=("y", "x"))
     cols: Columns = {
         # numpy in, as for scipy.ndimage, numba and the map cases
-        "xstencil": lambda: jax.block_until_ready(da.stencil.map(
-            kernel, window={"y": k, "x": k}, boundary="periodic").data),
+        "xstencil": lambda: ready(da.stencil.map(
+            kernel, window={"y": k, "x": k}, boundary="periodic")),
         # a JAX array in, as for the jnp.fft and lax.conv columns
-        "xstencil (JAX in)": lambda: jax.block_until_ready(dj.stencil.map(
-            kernel, window={"y": k, "x": k}, boundary="periodic").data)}
+        "xstencil (JAX in)": lambda: ready(dj.stencil.map(
+            kernel, window={"y": k, "x": k}, boundary="periodic"))}
     cols["scipy.ndimage"] = lambda: ndi.correlate(a, w, mode="wrap")
     kern = jnp.asarray(w)[None, None]
 
@@ -395,11 +408,11 @@ def dense_columns(n: int, k: int) -> tuple[Columns, str]:
         return sfft.irfft2(big, s=a.shape, workers=workers, overwrite_x=True)
 
     cols["scipy.fft"] = scipy_fft
-    cols["lax.conv"] = lambda: jax.block_until_ready(conv(x))
-    cols["jnp.fft"] = lambda: jax.block_until_ready(fft(x))
+    cols["lax.conv"] = lambda: ready(conv(x))
+    cols["jnp.fft"] = lambda: ready(fft(x))
     # the same program on the numpy array, copied into XLA's memory on each call as
     # the "xstencil" column's input is (XLA:CPU reads in place only 64-byte aligned data)
-    cols["jnp.fft (numpy in)"] = lambda: jax.block_until_ready(fft(a))
+    cols["jnp.fft (numpy in)"] = lambda: ready(fft(a))
     if numba is not None:
         out = np.empty_like(a)
         cols["numba prange"] = lambda: _dense(np.pad(a, h, mode="wrap"), w, out)
@@ -451,8 +464,8 @@ def padded_dense_columns(n: int, k: int, gaussian: bool = False, image: bool = F
         full = sfft.irfft2(big, s=(size, size), workers=workers, overwrite_x=True)
         return full[k - 1:k - 1 + n, k - 1:k - 1 + n]
 
-    cols: Columns = {"xstencil": lambda: jax.block_until_ready(da.stencil.map(
-                         kernel, window={"y": k, "x": k}, boundary="reflect").data),
+    cols: Columns = {"xstencil": lambda: ready(da.stencil.map(
+                         kernel, window={"y": k, "x": k}, boundary="reflect")),
                      "scipy.ndimage": lambda: ndi.correlate(a, w, mode="mirror"),
                      "np.pad + scipy.fft": hand}
     if gaussian:
@@ -492,7 +505,7 @@ def disk_count_columns(n: int, r: int) -> Columns:
         full = sfft.irfft2(big, s=(size, size), workers=workers, overwrite_x=True)
         return np.rint(full[k - 1:k - 1 + n, k - 1:k - 1 + n]).astype(np.int32)
 
-    return {"xstencil": lambda: jax.block_until_ready(da.stencil.map(
-                kernel, window={"y": k, "x": k}, boundary="fill", fill_value=False).data),
+    return {"xstencil": lambda: ready(da.stencil.map(
+                kernel, window={"y": k, "x": k}, boundary="fill", fill_value=False)),
             "scipy.ndimage": lambda: ndi.correlate(a.astype(np.int32), disk, mode="constant"),
             "np.pad + scipy.fft": hand}

@@ -275,3 +275,19 @@ def test_recycled_memory_never_leaks_into_uncovered_mesh_cells(monkeypatch: pyte
         ref[mask] = -a[mask]
         np.testing.assert_array_equal(res, ref)
     assert len(ran) == 3
+
+
+def test_near_of_answers_for_the_array_it_is_given() -> None:
+    """near_of keeps its last answer by weak reference: the same array gets
+    it back, any other array (also one made where a dead one was) its own
+    address."""
+    a = np.ones((256, 256), np.float32)
+    b = np.ones((256, 256), np.float32)
+    assert bufpool.near_of(a) == a.ctypes.data
+    assert bufpool.near_of(a) == a.ctypes.data  # the kept answer
+    assert bufpool.near_of(b) == b.ctypes.data
+    assert bufpool.near_of(a[1:]) == a[1:].ctypes.data  # a view: its own first element
+    for _ in range(20):  # a new array (often at a dead one's id) is never taken for it
+        del a
+        a = np.ones((256, 256), np.float32)
+        assert bufpool.near_of(a) == a.ctypes.data

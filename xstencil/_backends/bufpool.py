@@ -57,6 +57,7 @@ from __future__ import annotations
 import collections
 import math
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -89,6 +90,7 @@ _PAGE = 4096  # offset() places an array within this many bytes of a huge-page b
 _LOCK = threading.Lock()
 _IDLE: list[tuple[np.ndarray, int]] = []  # (raw block, aligned start) ready for reuse,
 # most recently returned last
+_NEAR: list[tuple[Any, int]] = [(None, 0)]  # near_of's last (weakref to the array, address)
 _RETURNED: collections.deque[tuple[np.ndarray, int]] = collections.deque()  # from leases
 
 
@@ -151,8 +153,22 @@ def near_of(x: np.ndarray) -> int:
     """The ``near`` of :func:`empty` for a loop's output written alongside
     ``x``: ``x``'s address (the address of its first element; for a view
     with gaps between its rows the distance varies from row to row, and this
-    places the first)."""
-    return x.__array_interface__["data"][0]
+    places the first).
+
+    The last array's answer is kept (by weak reference): a map repeated on
+    the same array reads it in a microsecond, where ``__array_interface__``
+    builds a dict, 15-50 µs with the caches cold after a nest.  The address
+    only places the output (:func:`offset`), so an answer gone stale (an
+    ``ndarray.resize`` in place) costs speed, never a wrong result."""
+    ref, near = _NEAR[0]  # one tuple: read and replaced whole, safe across threads
+    if ref is not None and ref() is x:
+        return near
+    near = x.__array_interface__["data"][0]
+    try:
+        _NEAR[0] = (weakref.ref(x), near)
+    except TypeError:  # not weakly referenceable (a subclass with __slots__)
+        pass
+    return near
 
 
 def offset(near: int) -> int:
