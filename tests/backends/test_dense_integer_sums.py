@@ -164,8 +164,12 @@ def test_integer_factors_are_exact_or_refused() -> None:
     assert dense.choose(np.ones((11, 11)), integral=True) == "separable"
     disk = np.ones((11, 11))
     disk[0, 0] = 0
-    assert dense.choose(disk, integral=True) is None  # 120 taps, not rank 1: the kernel's own
+    assert dense.choose(disk, integral=True) == "slices"  # 120 taps, not rank 1: one sum
     assert dense.choose(disk[:9, :9], integral=True) == "slices"
+    big = np.ones((23, 23))
+    big[0, 0] = 0
+    assert dense.choose(big, integral=True) == "conv"  # 528 taps: over INTEGER_SLICES
+    assert dense.choose(big, integral=True, integer_fft=dense.FFT_TAPS) == "fft"  # the host's
 
 
 def test_a_large_window_that_is_not_rank_one_keeps_the_exact_lowering() -> None:

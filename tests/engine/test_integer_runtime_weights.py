@@ -115,13 +115,60 @@ def test_a_division_keeps_the_cell_lowering(lowered: list[str]) -> None:
     assert lowered == []
 
 
-def test_a_window_over_the_slices_limit_keeps_the_cell_lowering(lowered: list[str]) -> None:
-    a = _data(np.bool_, (30, 28), 5)
-    w = _disk(11)  # 23 x 23 = 529 cells
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype, out", [(np.bool_, jnp.int32), (np.int32, jnp.int32),
+                                        (np.uint8, jnp.uint8), (np.int16, jnp.int16),
+                                        (np.uint16, jnp.uint32)])
+def test_a_window_over_the_slices_limit_is_one_integer_conv(lowered: list[str], mode: str,
+                                                            dtype: Any, out: Any) -> None:
+    """Over ``INTEGER_SLICES`` cells: one exact integer convolution (before:
+    the cell lowering, which needs every window at once, 2.3 GiB for a 25 x
+    25 window over 1000² int32 outputs, and refused).  Sums past the dtype
+    wrap (uint8, int16: random full-range data), negative weights of an
+    unsigned sum included."""
+    a = _data(dtype, (37, 41), MODES.index(mode) + 20)
+    w = _disk(11) * np.where(np.arange(23) % 3 == 0, -2, 1)[:, None]  # 529 cells, some < 0
     assert w.size > dense.INTEGER_SLICES
-    got = _map(a, lambda u: (u.astype(jnp.int32) * w).sum(), 23, "fill")
-    np.testing.assert_array_equal(got.values, integer_correlate(a, w, "fill"))
-    assert lowered == []
+    got = _map(a, lambda u: (u.astype(out) * w.astype(out)).sum(dtype=out), 23, mode)
+    assert got.dtype == np.dtype(out)
+    want = integer_correlate(a, w, mode).astype(out)
+    np.testing.assert_array_equal(got.values, want)
+    assert lowered == ["conv"]
+
+
+def test_a_large_integer_window_with_a_stride_and_weights_as_an_argument(
+        lowered: list[str]) -> None:
+    a = _data(np.int32, (61, 58), 31)
+    w = np.random.default_rng(3).integers(-3, 4, (25, 25)).astype(np.int32)
+
+    def kernel(u: Any, w: Any) -> Any:
+        return (u * w).sum()
+
+    got = _map(a, kernel, 25, "periodic", stride={"y": 3, "x": 2}, w=w)
+    np.testing.assert_array_equal(
+        got.values, integer_correlate(a, w, "periodic", stride=(3, 2)).astype(np.int32))
+    assert lowered == ["conv"]
+    w2 = w[::-1].copy()  # new runtime weights: new sums, no retrace needed
+    got = _map(a, kernel, 25, "periodic", stride={"y": 3, "x": 2}, w=w2)
+    np.testing.assert_array_equal(
+        got.values, integer_correlate(a, w2, "periodic", stride=(3, 2)).astype(np.int32))
+
+
+def test_a_large_integer_window_over_a_3d_field_in_jit(lowered: list[str]) -> None:
+    a = _data(np.uint8, (14, 15, 16), 32)
+    yy, xx, zz = np.mgrid[-4:5, -4:5, -4:5]
+    ball = (yy**2 + xx**2 + zz**2 <= 16).astype(np.int32)  # 9³ = 729 cells
+    da = xr.DataArray(jnp.asarray(a), dims=("z", "y", "x"))
+
+    @jax.jit
+    def f(u: Any) -> Any:
+        return xr.DataArray(u, dims=("z", "y", "x")).stencil.map(
+            lambda c: (c.astype(jnp.int32) * ball).sum(), window={"z": 9, "y": 9, "x": 9},
+            boundary="reflect").data
+
+    got = np.asarray(f(da.data))
+    np.testing.assert_array_equal(got, integer_correlate(a, ball, "reflect").astype(np.int32))
+    assert lowered == ["conv"]
 
 
 def test_under_jit_on_a_jax_array(lowered: list[str]) -> None:
@@ -164,3 +211,23 @@ def test_integer_affine_reads_the_kernel(kernel: Any, cell: Any, want: Any) -> N
                     jax.ShapeDtypeStruct((3, 3), np.int32))
     got = integer_affine(closed, 1)
     assert got == (None if want is None else np.dtype(want))
+
+
+@pytest.mark.parametrize("r, how", [(10, "slices"), (13, "conv")])
+def test_constant_integer_weights_over_fft_taps(lowered: list[str], r: int, how: str) -> None:
+    """Weights made inside the kernel are constants of its program: a
+    non-separable integer window of more than ``FFT_TAPS`` nonzero cells is
+    one sum of slices up to ``INTEGER_SLICES`` of them, else one integer
+    convolution (before: the cell lowering, materializing every window)."""
+    a = _data(np.int16, (33, 35), 40 + r)
+    k = 2 * r + 1
+
+    def kernel(u: Any) -> Any:
+        return (u.astype(jnp.int32) * jnp.asarray(_disk(r, np.int32))).sum()
+
+    assert dense.FFT_TAPS < np.count_nonzero(_disk(r)) and (
+        np.count_nonzero(_disk(r)) <= dense.INTEGER_SLICES) == (how == "slices")
+    got = _map(a, kernel, k, "symmetric")
+    np.testing.assert_array_equal(got.values,
+                                  integer_correlate(a, _disk(r), "symmetric").astype(np.int32))
+    assert lowered == [how]

@@ -73,16 +73,21 @@ SLICE_TAPS = 8
 #: float32 on 2 busy CPU cores: slices 2.4/4.4/6.9/7.6 ms at 3x3/7x7/9x9/11x11,
 #: the FFT 7.4-8.2 ms for all of them, and ``lax.conv_general_dilated`` 27 ms
 #: at 3x3 and 55 ms at 9x9 (XLA:CPU's convolution is not competitive, so it is
-#: never chosen; :func:`correlate` keeps it as a cross-check).
+#: never chosen for float sums; integer sums over large windows, which have no
+#: exact FFT in XLA, take it: :data:`INTEGER_SLICES`).
 FFT_TAPS = 100
 
 #: Up to this many cells a window of runtime integer weights (closed over, so
-#: traced: :func:`xstencil._engine.affine.runtime_weights`) is one fused sum of
-#: shifted slices of the padded block, each times its traced weight; above, the
-#: kernel's own cell-by-cell lowering.  Measured in XLA at 1024² int32 (2
-#: shared cores): 121 cells 3.9 ms, 289 cells 42 ms, 441 cells 64 ms, compiled
-#: in 0.2-0.8 s; cell by cell, an 81-cell disk over a bool mask took 256-277 ms
-#: and 48-53 ms over int32 data.
+#: traced: :func:`xstencil._engine.affine.runtime_weights`), or this many
+#: nonzero constant integer weights, is one fused sum of shifted slices of the
+#: padded block, each times its weight; above, one integer
+#: ``lax.conv_general_dilated`` (:func:`_conv`).  Measured in XLA at 1024²
+#: int32 (2 shared cores): slices 121 cells 3.9 ms, 289 cells 42 ms, 441
+#: cells 64 ms, compiled in 0.2-0.8 s; the convolution 119-124 ms over a 25 x
+#: 25 window and 174-184 ms over 31 x 31 (bool, uint8 or int32 data), compiled
+#: in 0.24-0.54 s.  The kernel's own cell-by-cell lowering, used above this
+#: limit before, took 209-249 ms over 25 x 25 on bool and uint8 data and
+#: refused int16 and int32 data (every window at once, 1.2-2.3 GiB).
 INTEGER_SLICES = 441
 
 
@@ -90,18 +95,22 @@ INTEGER_SLICES = 441
 def choose(w: Any, integral: bool = False, integer_fft: int | None = None) -> str | None:
     """The lowering for one weight array: 'shell' (keep the shifted-slice
     lowering of :mod:`~xstencil._engine.lower`, interior and boundary shell
-    apart), 'separable', 'slices' (one sum over the padded block) or 'fft'.
+    apart), 'separable', 'slices' (one sum over the padded block), 'fft' or
+    'conv' (integer sums only).
     Runtime (traced) weights are chosen by their size, never 'separable'.
     ``integral``: the sum is in an integer dtype (exact, wrapping), so
     separable only into integer factors, and never an FFT unless
     ``integer_fft`` is given: the nonzero count above which a window that is
     not separable is an 'fft' for the host's exact integer FFT (rounded, see
-    :mod:`~xstencil._backends.hostfft`; an XLA program never gets one);
-    ``None`` where none of those is cheaper than the kernel's own lowering."""
+    :mod:`~xstencil._backends.hostfft`; an XLA program never gets one).  An
+    integer window over :data:`INTEGER_SLICES` cells is a 'conv' (one exact
+    integer convolution); ``None`` where none of those is cheaper than the
+    kernel's own lowering."""
     if not isinstance(w, np.ndarray):
         size = math.prod(w.shape)
         if integral:  # runtime integer weights (affine.integer_affine): never an FFT
-            return "shell" if size <= SLICE_TAPS else "slices" if size <= INTEGER_SLICES else None
+            return "shell" if size <= SLICE_TAPS else "slices" if size <= INTEGER_SLICES \
+                else "conv"
         return "shell" if size <= SLICE_TAPS else "slices" if size <= FFT_TAPS else "fft"
     nnz = int(np.count_nonzero(w))
     if nnz <= SLICE_TAPS:
@@ -111,7 +120,7 @@ def choose(w: Any, integral: bool = False, integer_fft: int | None = None) -> st
     if integral:
         if integer_fft is not None and nnz > integer_fft:
             return "fft"
-        return None if nnz > FFT_TAPS else "slices"
+        return "slices" if nnz <= INTEGER_SLICES else "conv"
     return "slices" if nnz <= FFT_TAPS else "fft"
 
 
@@ -195,11 +204,28 @@ def correlate(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]
     if how in ("slices", "shell"):
         return _slices(p, w, steps, counts)
     if how == "conv":
-        kern = jnp.asarray(w, dtype=p.dtype)[None, None]
-        out = lax.conv_general_dilated(p[None, None], kern, tuple(steps), "VALID",
-                                       precision=lax.Precision.HIGHEST)
-        return out[0, 0][tuple(slice(0, n) for n in counts)]
+        return _conv(p, w, steps, counts)
     return _fft(p, w, steps, counts)
+
+
+def _conv(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
+    """The valid correlation as one ``lax.conv_general_dilated``.  Chosen for
+    integer sums over windows too large for one sum of slices
+    (:data:`INTEGER_SLICES`): XLA:CPU's integer convolution multiplies and
+    adds in the block's dtype, wrapping as the kernel's own arithmetic does
+    (exact for every integer dtype, checked against numpy in the tests), and
+    reads the block once per tap with no window materialized.  Constant
+    weights are cast to that dtype by :func:`constant` (through int64: a
+    negative weight of an unsigned sum wraps), runtime ones as
+    :func:`~xstencil._engine.dense_runtime.runtime_slices` casts them."""
+    if isinstance(w, np.ndarray):
+        kern = jnp.asarray(constant(w, p.dtype))
+    else:
+        kern = w.astype(p.dtype)
+    inexact = jnp.issubdtype(p.dtype, jnp.inexact)
+    out = lax.conv_general_dilated(p[None, None], kern[None, None], tuple(steps), "VALID",
+                                   precision=lax.Precision.HIGHEST if inexact else None)
+    return out[0, 0][tuple(slice(0, n) for n in counts)]
 
 
 def _slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
