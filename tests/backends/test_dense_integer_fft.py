@@ -159,6 +159,30 @@ def test_data_too_wide_for_the_bound_run_the_exact_xla_program(calls: dict[str, 
     assert calls["host"] == [False]  # declined: the XLA program's result
 
 
+@pytest.mark.parametrize("top, host", [(1000, True), (2**18, True), (2**26, False)])
+def test_int32_data_is_bound_by_its_own_values(calls: dict[str, list[Any]], top: int,
+                                               host: bool) -> None:
+    """The range of int32 (2**31) bounds the FFT's error far over 1/8, so
+    each call bounds it by its data's 2-norm instead (labels, counts or
+    earlier sums stored as int32 are small): the host FFT answers where that
+    bound holds, and the call runs the exact XLA program where it does not.
+    The data's values stay exact either way, negative ones and a bias
+    included; the second call repeats the first's answer."""
+    rng = np.random.default_rng(top % 1000 + 7)
+    a = rng.integers(-top, top + 1, SHAPE).astype(np.int32)
+    w = _disk(8) * np.where(np.arange(17) % 2 == 0, 3, -1)[:, None].astype(np.int32)
+    assert hostfft.exact_error(w, 2.0**31, (576, 536)) > hostfft.ROUND_SLACK  # by the dtype
+
+    def kernel(u: Any) -> Any:
+        return (u * w).sum() + 7
+
+    want = (integer_correlate(a, w, "symmetric") + 7).astype(np.int32)
+    for _ in range(2):
+        got = _map(a, kernel, 17, "symmetric")
+        np.testing.assert_array_equal(got.values, want)
+    assert calls["host"] == [host, host]
+
+
 def test_values_off_an_integer_after_the_fft_decline(monkeypatch: pytest.MonkeyPatch,
                                                      calls: dict[str, list[Any]]) -> None:
     real = hostfft.HostFFT._correlate

@@ -128,18 +128,18 @@ def test_sums_past_the_result_dtype_wrap_exactly() -> None:
 def test_int8_products_in_int8_wrap_before_the_sum() -> None:
     rng = np.random.default_rng(2)
     a = _data(np.int8, (40, 43), rng)
-    w8 = (_disk(6) * rng.integers(-3, 4, (13, 13))).astype(np.int8)
+    w8 = (_disk(4) * rng.integers(-3, 4, (9, 9))).astype(np.int8)
     want = integer_correlate(a, w8, "extend").astype(np.int8)
     for backend in ("loops", "xla"):
-        _same(_map(a, lambda u: (u * w8).sum(dtype=jnp.int8), 13, "extend", backend=backend),
+        _same(_map(a, lambda u: (u * w8).sum(dtype=jnp.int8), 9, "extend", backend=backend),
               want)
-    wu8 = (_disk(6) * rng.integers(0, 9, (13, 13))).astype(np.uint8)
+    wu8 = (_disk(4) * rng.integers(0, 9, (9, 9))).astype(np.uint8)
     b = _data(np.uint8, (40, 43), rng)
-    pad = np.pad(b.astype(np.int64), 6, mode="reflect")
+    pad = np.pad(b.astype(np.int64), 4, mode="reflect")
     want = np.zeros(b.shape, np.int64)
-    for i, j in np.ndindex(13, 13):  # each uint8 product wraps at 256 first
+    for i, j in np.ndindex(9, 9):  # each uint8 product wraps at 256 first
         want += (pad[i:i + 40, j:j + 43] * int(wu8[i, j])) % 256
-    _same(_map(b, lambda u: (u * wu8).sum(), 13, "reflect", backend="loops"),
+    _same(_map(b, lambda u: (u * wu8).sum(), 9, "reflect", backend="loops"),
           want.astype(np.uint32))
 
 
@@ -213,6 +213,37 @@ def test_under_jit_runtime_integer_weights_are_exact(k: int, dtype: Any, mode: s
     _same(got, integer_correlate(a, w, mode).astype(np.int32))
 
 
+@pytest.mark.parametrize(("dtype", "out", "mode", "r", "stride"), [
+    (np.int32, np.int32, "periodic", 11, (1, 1)),  # full-range int32: wraps, no float path
+    (np.int8, np.int8, "fill", 12, (1, 1)),  # int8 products and sums wrap at 256
+    (np.bool_, np.uint16, "symmetric", 15, (2, 3)),
+])
+def test_windows_over_441_cells_are_exact_integer_convolutions(
+        dtype: Any, out: Any, mode: str, r: int, stride: tuple[int, int]) -> None:
+    """Over 441 cells an XLA program's integer sum is one integer lax.conv."""
+    rng = np.random.default_rng(r)
+    k = 2 * r + 1
+    a = _data(dtype, (67, 73), rng)
+    w = (_disk(r) * rng.integers(-90, 91, (k, k))).astype(out)
+    jo = jnp.dtype(out)
+    fill = True if dtype == np.bool_ else -7
+
+    def kernel(u: Any) -> Any:
+        return (u.astype(jo) * w).sum(dtype=jo)
+
+    want = integer_correlate(a, w.astype(np.int64), mode, fill=int(fill),
+                             stride=stride).astype(out)
+    st = {"y": stride[0], "x": stride[1]}
+    _same(_map(a, kernel, k, mode, fill=fill, stride=st, backend="xla"), want)
+    opts: dict[str, Any] = {"fill_value": fill} if mode == "fill" else {}
+
+    def run(v: Any) -> Any:
+        return xr.DataArray(v, dims=("y", "x")).stencil.map(
+            kernel, window={"y": k, "x": k}, boundary=mode, stride=st, **opts).data
+
+    _same(np.asarray(jax.jit(run)(jnp.asarray(a))), want)
+
+
 def test_auto_backend_on_prime_fields() -> None:
     """Fields of over 512 x 512 points take the loop backend by default."""
     rng = np.random.default_rng(6)
@@ -264,27 +295,37 @@ def test_plain_sums_have_jax_dtypes_and_cast_with_dtype(dtype: Any) -> None:
     _same(got, exact.astype(expected).astype(np.int8))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "integer_affine (affine.py) treats every primitive whose name contains 'scatter' as a "
-    "sum: .at[].max/.min/.multiply on an integer window sum are read as affine and get "
-    "one-hot weights, giving sum(max(0, w) * u) for max(0, sum(w * u))"))
-def test_integer_scatter_max_is_not_a_window_sum() -> None:
+@pytest.mark.parametrize("op", ["max", "min", "multiply"])
+def test_integer_scatter_max_min_multiply_are_not_window_sums(op: str) -> None:
+    """Only a scatter-add is a sum: ``.at[].max/.min/.multiply`` of an integer
+    window sum was read as affine (one-hot weights gave ``sum(max(0, w) *
+    u)`` for ``max(0, sum(w * u))``), a silently wrong result."""
     w = np.array([[1, -1, 1], [-1, 1, -1], [1, -1, 1]], np.int32)  # closed over: runtime
 
     def kernel(u: Any) -> Any:
-        return jnp.zeros(1, jnp.int32).at[0].max((u.astype(jnp.int32) * w).sum())[0]
+        s = (u.astype(jnp.int32) * w).sum()
+        start = jnp.zeros(1, jnp.int32) if op != "multiply" else jnp.full(1, 1, jnp.int32) * s
+        return getattr(start.at[0], op)(s)[0]
 
     a = np.array([[1, 5, 1], [5, 0, 5], [1, 5, 1]], np.uint8)
-    assert int(kernel(jnp.asarray(a))) == 0  # max(0, 4 - 20)
-    got = _map(a, kernel, 3, "fill", fill=0, backend="xla")
-    assert int(got[1, 1]) == 0
+    assert int(kernel(jnp.asarray(a))) == {"max": 0, "min": -16, "multiply": 256}[op]
+    rng = np.random.default_rng(17)
+    b = _data(np.uint8, (31, 29), rng)
+    s = integer_correlate(b, w, "fill")
+    want = {"max": np.maximum(s, 0), "min": np.minimum(s, 0), "multiply": s * s}[op]
+    for data in (a, b):
+        got = _map(data, kernel, 3, "fill", fill=0, backend="xla")
+        if data is a:
+            assert int(got[1, 1]) == {"max": 0, "min": -16, "multiply": 256}[op]
+        else:
+            _same(got, want.astype(np.int32))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "linear.weights reads integer coefficients in float64: products of constants past "
-    "2**53 round, and after cancelling back under 2**31 they pass _whole, so the "
-    "dense lowering (XLA constants, the host FFT's inlined weights) uses wrong weights"))
 def test_integer_coefficients_past_2_53_are_exact_in_xla() -> None:
+    """linear.weights read integer coefficients in float64: products of
+    constants past 2**53 rounded, and once they cancelled back under 2**31
+    the dense lowering used wrong weights (27 for 36 here).  Such a kernel
+    now keeps the exact lowering."""
     a = np.arange(1, 26, dtype=np.int32).reshape(5, 5)
 
     def kernel(u: Any) -> Any:  # per cell 4 * u in int32 arithmetic (literal constants)
@@ -295,10 +336,8 @@ def test_integer_coefficients_past_2_53_are_exact_in_xla() -> None:
     _same(_map(a, kernel, 3, "periodic", backend="xla"), want)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "linear.weights reads integer coefficients in float64 (see above); the host FFT "
-    "inlines closed-over weight arrays as constants and reads them that way"))
 def test_integer_coefficients_past_2_53_are_exact_on_the_host_fft() -> None:
+    """The same on the host FFT, which reads closed-over arrays as constants."""
     rng = np.random.default_rng(9)
     a = _data(np.uint8, (40, 44), rng)
     w = _disk(8)

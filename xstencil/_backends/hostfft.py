@@ -147,12 +147,13 @@ class HostFFT:
         if spectra is None:  # a weight is NaN or inf
             return False
         workers = self.workers()
-        for out, terms, (specs, bias, factors) in zip(outs, self.terms, spectra,
-                                                      strict=True):
+        for out, terms, (specs, bias, factors, gains) in zip(outs, self.terms, spectra,
+                                                             strict=True):
             acc = None
             exact = out.dtype.kind in "iu"  # an integer sum: float64 FFTs, rounded
             held = dest = None  # the work array an integer sum's last FFT wrote
-            for term, spec, pair in zip(terms, specs, factors, strict=True):
+            err = 0.0  # the FFTs' error bound by this call's data (where gains are given)
+            for t, (term, spec, pair) in enumerate(zip(terms, specs, factors, strict=True)):
                 x, key = srcs[term.index], None
                 # the data as numpy writes it into the FFT's work arrays: floats of the
                 # FFT's dtype, or integers (an image) cast exactly (intcells.py; an
@@ -176,6 +177,12 @@ class HostFFT:
                 if x.dtype != term.dtype:  # in the output's dtype, as XLA's (no half FFTs)
                     x = x.astype(out.dtype).astype(term.dtype)
                 try:
+                    if gains is not None:  # the dtypes' range does not bound it: the data's norm
+                        err += gains[t] * _norm(x)
+                        if err > ROUND_SLACK:
+                            if held is not None:
+                                self._give(held, dest)
+                            return False
                     if len(terms) == 1 and bias is None and _direct(out, term, self.whole):
                         self._correlate(x, term, spec, workers, out)
                         acc = out  # written in place: no copy
@@ -305,9 +312,10 @@ class HostFFT:
         if len(free) < SPARE and kept + arr.nbytes <= WORK_BYTES:
             free.append(arr)
 
-    def _spectra(self, values: list[np.ndarray]) -> list[tuple[list[Any], Any]] | None:
-        """Per output, its terms' weight spectra and its bias (``None``: 0),
-        from the table or made now; ``None`` if a weight is not finite."""
+    def _spectra(self, values: list[np.ndarray]) -> list[tuple[Any, ...]] | None:
+        """Per output, what :func:`_make` makes (its terms' weight spectra,
+        its bias, ...), from the table or made now; ``None`` if a weight is
+        not finite."""
         key = None
         if sum(v.nbytes for v in values) <= KEY_BYTES:
             key = ("inputs", tuple((v.dtype.str, v.shape, v.tobytes()) for v in values))
@@ -336,7 +344,7 @@ class HostFFT:
             self.spectra.move_to_end(key)
             while len(self.spectra) > 1 and (len(self.spectra) > SPECTRA or sum(
                     s.nbytes for v in self.spectra.values() if v is not None
-                    for specs, _, _ in v for s in specs) > SPECTRA_BYTES):
+                    for specs, *_ in v for s in specs) > SPECTRA_BYTES):
                 self.spectra.popitem(last=False)
 
 
@@ -409,17 +417,26 @@ def _copy_check(out: np.ndarray, acc: np.ndarray, workers: int) -> bool:
 
 
 def _make(terms: list[list[_Term]], found: list[list[np.ndarray]], field: tuple[int, ...]
-          ) -> list[tuple[list[Any], Any, list[Any]]] | None:
-    """Per output, its terms' spectra, its bias (``None``: 0) and its terms'
-    rank-1 factors (``None``: an FFT), or ``None`` where a weight is not
-    finite or an integer sum's FFT could miss its exact value (see
-    :func:`exact_error`)."""
+          ) -> list[tuple[list[Any], Any, list[Any], list[float] | None]] | None:
+    """Per output, its terms' spectra, its bias (``None``: 0), its terms'
+    rank-1 factors (``None``: an FFT) and, for an integer sum whose FFTs'
+    error the range of its sources' dtypes does not bound under
+    :data:`ROUND_SLACK`, its terms' :func:`gain` (each call then bounds it
+    by its data, see :meth:`HostFFT._run`; else ``None``), or ``None``
+    where a weight is not finite or an integer sum's FFT could miss its
+    exact value whatever the data (see :func:`exact_error`)."""
     made = []
     for per_terms, per in zip(terms, found, strict=True):
         if not all(np.all(np.isfinite(w)) for w in per):
             return None
-        if any(t.peak is not None for t in per_terms) and not _exact(per_terms, per):
-            return None
+        gains = None
+        if any(t.peak is not None for t in per_terms):
+            gains = _gains(per_terms, per)
+            if gains is None:
+                return None
+            if sum(t.peak * math.sqrt(math.prod(t.shape)) * g  # type: ignore[operator]
+                   for t, g in zip(per_terms, gains, strict=True)) <= ROUND_SLACK:
+                gains = None  # exact for any data of the sources' dtypes: no check a call
         specs, factors = [], []
         for term, w in zip(per_terms, per[:-1], strict=True):
             factors.append(None if term.peak is not None else _rank_one(w, term, field))
@@ -427,7 +444,7 @@ def _make(terms: list[list[_Term]], found: list[list[np.ndarray]], field: tuple[
                 w = dense.wrapped(w, term.lows, term.shape)
             specs.append(dense.spectrum(w.astype(np.float64), term.shape, term.dtype))
         bias = per[-1]
-        made.append((specs, bias if np.any(bias) else None, factors))
+        made.append((specs, bias if np.any(bias) else None, factors, gains))
     return made
 
 
@@ -441,7 +458,14 @@ ROUND_SLACK = 0.125
 def exact_error(w: np.ndarray, peak: float, shape: tuple[int, ...]) -> float:
     """A bound on the largest error of ``irfftn(rfftn(x) * conj(rfftn(w)))``
     over the FFT size ``shape``, computed in float64, for data ``|x| <=
-    peak`` (and the spectrum of ``w`` made in float64 by numpy).
+    peak`` (and the spectrum of ``w`` made in float64 by numpy): ``||x||_2
+    <= peak sqrt(M)`` times :func:`gain`."""
+    return peak * math.sqrt(math.prod(shape)) * gain(w, shape)
+
+
+def gain(w: np.ndarray, shape: tuple[int, ...]) -> float:
+    """The bound of :func:`exact_error` per unit of the data's 2-norm
+    ``||x||_2`` (the FFT's input, zeros up to its size included).
 
     With ``M`` the FFT's size, each transform's relative error in the
     2-norm is at most ``e = log2(M) * eta / (1 - log2(M) * eta)`` (Higham,
@@ -453,8 +477,7 @@ def exact_error(w: np.ndarray, peak: float, shape: tuple[int, ...]) -> float:
     spectrum of ``w`` (``|W_k| <= ||w||_1``, ``||dW|| <= e sqrt(M)
     ||w||_2``), the product (``3 u``) and the inverse transform gives an
     error of at most ``||x||_2 ((2 e + 3 u) ||w||_1 + e sqrt(M) ||w||_2)``
-    in the 2-norm, which bounds every value's, with ``||x||_2 <= peak
-    sqrt(M)``."""
+    in the 2-norm, which bounds every value's."""
     m = math.prod(shape)
     u = np.finfo(np.float64).eps / 2
     eta = 8 * u * (4 if any(_rough(n) for n in shape) else 1)
@@ -462,8 +485,7 @@ def exact_error(w: np.ndarray, peak: float, shape: tuple[int, ...]) -> float:
     e = le / (1 - le)
     w = np.abs(np.asarray(w, np.float64))
     l1, l2 = float(w.sum()), float(np.sqrt((w * w).sum()))
-    root = math.sqrt(m)
-    return peak * root * ((2 * e + 3 * u) * l1 + e * root * l2)
+    return (2 * e + 3 * u) * l1 + e * math.sqrt(m) * l2
 
 
 def _rough(n: int) -> bool:
@@ -474,18 +496,27 @@ def _rough(n: int) -> bool:
     return n > 1
 
 
-def _exact(terms: list[_Term], per: list[np.ndarray]) -> bool:
-    """Whether an integer sum's FFTs give its exact value once rounded: the
-    sum's largest magnitude is exact in float64 (under ``2**52``) and the
-    FFTs' errors add up to at most :data:`ROUND_SLACK`."""
+def _gains(terms: list[_Term], per: list[np.ndarray]) -> list[float] | None:
+    """The :func:`gain` of each term of an integer sum, or ``None`` where
+    its rounded FFTs cannot give its exact value: the sum's largest
+    magnitude (by the range of the sources' dtypes) is not exact in float64
+    (``2**52`` or more), or a term is not an integer FFT."""
     top = float(np.max(np.abs(per[-1]), initial=0.0))
-    err = 0.0
+    gains = []
     for term, w in zip(terms, per[:-1], strict=True):
         if term.peak is None:
-            return False
+            return None
         top += term.peak * float(np.abs(np.asarray(w, np.float64)).sum())
-        err += exact_error(w, term.peak, term.shape)
-    return top < 2.0**52 and err <= ROUND_SLACK
+        gains.append(gain(w, term.shape))
+    return gains if top < 2.0**52 else None
+
+
+def _norm(x: np.ndarray) -> float:
+    """``||x||_2`` of a float64 FFT input, in float64 (its rounding, a
+    relative ``n u``, is far inside the bound's room: :data:`ROUND_SLACK`
+    is a quarter of the 1/2 that rounding to the nearest integer needs)."""
+    v = x.reshape(-1)
+    return math.sqrt(float(np.dot(v, v)))
 
 
 def _round_check(out: np.ndarray, acc: np.ndarray, workers: int) -> bool:
@@ -569,7 +600,9 @@ def host_fft(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
     whose values are exact in float64 and cast into the output's dtype
     exactly (bool, and integers of up to 32 bits) runs as float64 FFTs
     rounded to the nearest integer, where :func:`exact_error` bounds the
-    FFTs' error well under 1/2 (else each call runs the XLA program): the
+    FFTs' error well under 1/2 by the range of the sources' dtypes, or
+    each call's data bound it by their 2-norm (else the call runs the XLA
+    program): the
     windows that are not separable into integer factors, over more than
     :data:`~xstencil._engine.dense.FFT_TAPS` nonzero weights, or with
     ``small`` over :data:`~xstencil._engine.dense.SLICE_TAPS` (for a

@@ -62,6 +62,7 @@ _DATA_AT = {"select_n": lambda n: range(1, n), "gather": lambda n: (0,),
             "dynamic_slice": lambda n: (0,), "dynamic_update_slice": lambda n: (0, 1),
             "scatter-add": lambda n: (0, 2), "scatter_add": lambda n: (0, 2)}
 _CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint"})
+_SCATTER_ADD = frozenset({"scatter-add", "scatter_add"})  # the one scatter that is a sum
 
 
 class _NotAffine(Exception):
@@ -216,11 +217,11 @@ def _int_eqn(eqn: Any, ins: list[str | None], dt: np.dtype) -> list[str | None]:
         data = set(_DATA_AT[name](len(ins)))
         if any(t is not None for i, t in enumerate(ins) if i not in data):
             raise _NotAffine  # an index or predicate computed from cells
-        if "scatter" not in name:  # moves (a scatter-add adds: a sum, below)
+        if name not in _SCATTER_ADD:  # moves (a scatter-add adds: a sum, below)
             return [tag] * n_out
     if tag != _SUM or not in_dt:
         raise _NotAffine  # arithmetic on cells outside the sum's dtype (it wraps apart)
-    if name in _SUMS or "scatter" in name:
+    if name in _SUMS or name in _SCATTER_ADD:  # not scatter-mul, -max, -min: not affine
         return [_SUM] * n_out
     if name in ("mul", "dot_general") and sum(t is not None for t in ins) == 1:
         return [_SUM]

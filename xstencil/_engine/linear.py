@@ -168,6 +168,17 @@ def _whole(x: np.ndarray) -> bool:
                 and np.all(np.abs(x) < MAX_INTEGER_WEIGHT))
 
 
+def _exact_in_f64(x: Any) -> bool:
+    """Whether an integer kernel's value read so far holds only coefficients
+    and a bias under ``2**53``: the float64 arithmetic that made them from
+    integers is then exact, step by step (a product or sum whose exact
+    value reached ``2**53`` rounds to at least ``2**53``, and is refused
+    here even where a later step brings it back under ``2**31``)."""
+    if not isinstance(x, Linear):
+        return True
+    return bool(np.all(np.abs(x.vals) < 2.0**53) and np.all(np.abs(x.bias) < 2.0**53))
+
+
 def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
                widest: int, ints: np.dtype | None = None) -> list[Any]:
     env: dict[Any, Any] = {}
@@ -185,6 +196,8 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
             raise _NotLinear
         if any(isinstance(x, Linear) for x in invals):
             outs = _linear_eqn(eqn, invals, widest, ints)
+            if ints is not None and not all(_exact_in_f64(x) for x in outs):
+                raise _NotLinear  # a coefficient float64 may have rounded
         else:
             params = eqn.primitive.get_bind_params(eqn.params)
             with jax.ensure_compile_time_eval():
