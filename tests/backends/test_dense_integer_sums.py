@@ -186,3 +186,17 @@ def test_a_large_window_that_is_not_rank_one_keeps_the_exact_lowering() -> None:
         count, window={"y": 13, "x": 13}, boundary="fill", fill_value=False)
     disk = (yy**2 + xx**2 <= 36).astype(np.int64)
     np.testing.assert_array_equal(got.values, _exact(a, disk, "fill", 0))
+
+
+def test_the_integer_conv_is_for_the_cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """XLA:CPU's integer convolution is checked exact; a GPU's (cuDNN's) is
+    not, so there a large integer window keeps the kernel's own lowering."""
+    big = np.ones((23, 23))
+    big[0, 0] = 0
+    runtime = jax.ShapeDtypeStruct((23, 23), np.int32)
+    assert dense.choose(big, integral=True) == "conv"
+    assert dense.choose(runtime, integral=True) == "conv"
+    monkeypatch.setattr(dense.jax, "default_backend", lambda: "gpu")
+    assert dense.choose(big, integral=True) is None
+    assert dense.choose(runtime, integral=True) is None
+    assert dense.choose(big) == "fft"  # float sums are unchanged

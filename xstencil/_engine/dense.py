@@ -110,7 +110,7 @@ def choose(w: Any, integral: bool = False, integer_fft: int | None = None) -> st
         size = math.prod(w.shape)
         if integral:  # runtime integer weights (affine.integer_affine): never an FFT
             return "shell" if size <= SLICE_TAPS else "slices" if size <= INTEGER_SLICES \
-                else "conv"
+                else _integer_conv()
         return "shell" if size <= SLICE_TAPS else "slices" if size <= FFT_TAPS else "fft"
     nnz = int(np.count_nonzero(w))
     if nnz <= SLICE_TAPS:
@@ -120,8 +120,17 @@ def choose(w: Any, integral: bool = False, integer_fft: int | None = None) -> st
     if integral:
         if integer_fft is not None and nnz > integer_fft:
             return "fft"
-        return "slices" if nnz <= INTEGER_SLICES else "conv"
+        return "slices" if nnz <= INTEGER_SLICES else _integer_conv()
     return "slices" if nnz <= FFT_TAPS else "fft"
+
+
+def _integer_conv() -> str | None:
+    """'conv' for an integer window over :data:`INTEGER_SLICES` cells where
+    XLA compiles for the CPU, whose integer convolution is exact (checked
+    against numpy in the tests); elsewhere ``None`` (the kernel's own
+    lowering): a GPU's convolutions are cuDNN's, which take integers only in
+    some layouts and have not been checked for exact integer sums."""
+    return "conv" if jax.default_backend() == "cpu" else None
 
 
 def beats_cells(how: str, w: Any) -> bool:
