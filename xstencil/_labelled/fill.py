@@ -92,7 +92,11 @@ def _approx(v: Any) -> Any:
 
 
 def fits(value: Any, dtype: Any) -> bool:
-    """Whether the scalar ``value`` can be stored in ``dtype`` without changing."""
+    """Whether the scalar ``value`` can be stored in ``dtype`` without changing:
+    in a float dtype an integer exactly, any other value to within the
+    dtype's rounding (``0.1`` in float32), never flushed to 0 or to a
+    subnormal's few bits (``1e-50`` in float32: a boundary silently 0)
+    nor beyond the largest finite value (``1e300`` in float32: inf)."""
     dt = np.dtype(dtype)
     v = value.item() if isinstance(value, np.generic) else value
     if isinstance(v, complex) and dt.kind != "c":
@@ -104,8 +108,19 @@ def fits(value: Any, dtype: Any) -> bool:
         return bool(info.min <= v <= info.max)
     if dt.kind == "b":
         return v in (0, 1)
-    if dtype_kind(dt) in "fc":  # a finite value beyond the dtype's range would become inf
-        big = float(jnp.finfo(dt).max)
+    if dtype_kind(dt) in "fc":
+        info = jnp.finfo(dt)
+        big, eps = float(info.max), float(info.eps)
         parts = (v.real, v.imag) if isinstance(v, complex) else (v,)
-        return all(not math.isfinite(p) or abs(p) <= big for p in parts)
+        part = dt if dt.kind != "c" else np.dtype(np.float32 if dt.itemsize == 8 else np.float64)
+        for p in parts:
+            if not math.isfinite(p):
+                continue
+            if abs(p) > big:  # it would become inf
+                return False
+            stored = float(np.asarray(p).astype(part).astype(np.float64))
+            if isinstance(p, int) and stored != p:
+                return False  # an integer the dtype cannot hold (2**24 + 1 in float32)
+            if abs(stored - p) > eps * abs(p):
+                return False  # more than rounding: flushed to 0, or a subnormal's few bits
     return True
