@@ -200,21 +200,25 @@ class CodeAlgebra:
                                                            "or", "xor", "rem"):
             dt = next((t for t, e in zip(typed, es, strict=True) if not e.const), typed[0])
             a, b = (cast(e, dt) for e in es)
+            other = es[1] if es[0].pred else es[0]
+            if name == "mul" and dt.kind == "f" and (es[0].pred or es[1].pred) and (
+                    other.const or other.pred or other.expr in self.cells):
+                # XLA rewrites convert(pred) * x to select(pred, x, 0): 0, not
+                # NaN, where x is inf or NaN, and +0.0 for a negative x; for x a
+                # window value or a constant (inf, NaN, -2.0), but not a runtime
+                # weight (XLA multiplies: 0 * inf is NaN), which _weighted takes
+                p, x = (es[0].pred, b) if es[0].pred else (es[1].pred, a)
+                return self._new(f"({x} if {p} else {literal(0, dt)})", dt)
             if name == "mul" and dt.kind == "f" and (es[0].expr in self.cells) != (
                     es[1].expr in self.cells):
                 first = es[0].expr in self.cells
                 x, w, weight = (a, b, es[1]) if first else (b, a, es[0])
                 return self._weighted(x, w, weight, dt, first)
-            if name == "mul" and dt.kind == "f" and (es[0].pred or es[1].pred):
-                # XLA rewrites convert(pred) * x to select(pred, x, 0): 0, not
-                # NaN, where x is inf or NaN, and +0.0 for a negative x
-                p, x = (es[0].pred, b) if es[0].pred else (es[1].pred, a)
-                return self._new(f"({x} if {p} else {literal(0, dt)})", dt)
             if name in _ARITH:
                 if dt.kind == "f":  # numba keeps float32 arithmetic in float32
                     return self._new(f"{a} {_ARITH[name]} {b}", dt)
                 square = name == "mul" and not (es[0].const ^ es[1].const)
-                return self._new(f"np.{dt.name}({a} {_ARITH[name]} {b})" if dt.kind != "b"
+                return self._new(_int_arith(a, _ARITH[name], b, dt) if dt.kind != "b"
                                  else _bool_arith(name, a, b), dt, square)
             if name in _COMPARE:
                 return self._new(f"({a} {_COMPARE[name]} {b})", np.dtype(bool))
@@ -241,7 +245,7 @@ class CodeAlgebra:
                 raise Unliftable("neg on bool")
             if dt.kind == "f":
                 return self._new(f"-{cast(e, dt)}", dt)
-            return self._new(f"np.{dt.name}(-{cast(e, dt)})", dt)
+            return self._new(_int_arith("0", "-", cast(e, dt), dt), dt)
         if name == "abs":
             dt = typed[0]
             if dt.kind == "b":
@@ -252,6 +256,9 @@ class CodeAlgebra:
                 # result would depend on the array's size under "auto"
                 raise Unliftable("abs of an integer product (XLA drops it even where "
                                  "the product wraps negative)")
+            if dt == np.int64:  # abs(INT64_MIN) wraps to itself, as in XLA (see _int_arith)
+                x = self._new(cast(es[0], dt), dt).expr
+                return self._new(f"({_int_arith('0', '-', x, dt)} if {x} < 0 else {x})", dt)
             return self._new(f"np.{dt.name}(abs({cast(es[0], dt)}))", dt)
         if name == "not":
             dt = typed[0]
@@ -333,7 +340,19 @@ class CodeAlgebra:
 
 
 def _mul(a: str, b: str, dt: np.dtype) -> str:
-    return f"{a} * {b}" if dt.kind == "f" else f"np.{dt.name}({a} * {b})"
+    return f"{a} * {b}" if dt.kind == "f" else _int_arith(a, "*", b, dt)
+
+
+def _int_arith(a: str, op: str, b: str, dt: np.dtype) -> str:
+    """``a op b`` (``+``, ``-``, ``*``) in the integer ``dt``, wrapping as
+    XLA does.  numba computes narrower integers in 64 bits, where they
+    cannot overflow, and casts back (which wraps); but its signed 64-bit
+    arithmetic is LLVM's ``nsw`` (overflow is undefined), so LLVM folds
+    ``x + 1 > x`` to ``True`` and drops the sign of a wrapped ``abs``: int64
+    is computed in uint64, which wraps, and cast back."""
+    if dt == np.int64:
+        return f"np.int64(np.uint64({a}) {op} np.uint64({b}))"
+    return f"np.{dt.name}({a} {op} {b})"
 
 
 def _bool_arith(name: str, a: str, b: str) -> str:

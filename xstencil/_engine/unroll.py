@@ -133,6 +133,14 @@ def merge_network(n: int) -> list[tuple[int, int]]:
 
 
 def sort(eqn: Any, invals: list[Any], table: Table) -> list[Lifted]:
+    """``lax.sort`` over a few window values as a comparator network, in
+    ``lax.sort``'s order: floats by the total order of its comparator
+    (-0.0 equals 0.0, every NaN equal and after +inf), and ties kept in
+    their first order (a stable sort).  Batcher's network is not stable, so
+    where a tie can show (float keys, whose ±0 and NaNs differ in their
+    bits, or operands that are not keys: an argsort's indices) the original
+    position is the last key: every item is then distinct, and the network
+    gives the one stable order."""
     dim = eqn.params["dimension"]
     num_keys = eqn.params["num_keys"]
     dtypes = [v.aval.dtype for v in eqn.outvars]
@@ -140,27 +148,54 @@ def sort(eqn: Any, invals: list[Any], table: Table) -> list[Lifted]:
     outs = [np.empty_like(g) for g in grids]
     alg = table.algebra
     n = grids[0].shape[-1]
+    floats = [np.issubdtype(np.dtype(dtypes[k]), np.inexact) for k in range(num_keys)]
+    ranked = len(grids) > num_keys or any(floats)
+    keys = list(range(num_keys)) + ([len(grids)] if ranked else [])
+    kdt = dtypes + [np.dtype(np.int32)]
     network = merge_network(n)
-    table.count_op(grids[0].size // max(n, 1) * len(network) * (2 * len(grids) + 2 * num_keys))
+    table.count_op(grids[0].size // max(n, 1) * len(network)
+                   * (2 * (len(grids) + ranked) + 6 * len(keys)))
+
+    def nan(x: Any, dt: Any) -> Any:
+        return alg.apply(lax.ne_p, [x, x], {}, [dt, dt])
+
+    def both(p: Any, q: Any) -> Any:
+        return alg.apply(lax.and_p, [p, q], {}, [bool, bool])
+
+    def either(p: Any, q: Any) -> Any:
+        return alg.apply(lax.or_p, [p, q], {}, [bool, bool])
+
+    def less(x: Any, y: Any, dt: Any, total: bool) -> Any:
+        """``x < y`` (in the total order of floats where ``total``)."""
+        lt = alg.apply(lax.lt_p, [x, y], {}, [dt, dt])
+        if not total:
+            return lt
+        return either(lt, both(nan(y, dt), alg.apply(lax.not_p, [nan(x, dt)], {}, [bool])))
+
+    def same(x: Any, y: Any, dt: Any, total: bool) -> Any:
+        eq = alg.apply(lax.eq_p, [x, y], {}, [dt, dt])
+        return either(eq, both(nan(x, dt), nan(y, dt))) if total else eq
+
     for idx in np.ndindex(*grids[0].shape[:-1]):
         cols = [[table.get(int(i)) for i in g[idx]] for g in grids]
+        if ranked:
+            cols.append([alg.constant(np.asarray(i, np.int32), ()) for i in range(n)])
         for a, b in network:
             # swap when (key_b, ...) < (key_a, ...), lexicographically on the keys
             swap, tie = None, None
-            for k in range(num_keys):
-                dt = dtypes[k]
-                lt = alg.apply(lax.lt_p, [cols[k][b], cols[k][a]], {}, [dt, dt])
-                term = lt if tie is None else alg.apply(lax.and_p, [tie, lt], {}, [bool, bool])
-                swap = term if swap is None else alg.apply(lax.or_p, [swap, term], {},
-                                                           [bool, bool])
-                if k + 1 < num_keys:
-                    eq = alg.apply(lax.eq_p, [cols[k][b], cols[k][a]], {}, [dt, dt])
-                    tie = eq if tie is None else alg.apply(lax.and_p, [tie, eq], {}, [bool, bool])
-            for c, dt in zip(cols, dtypes, strict=True):
+            for j, k in enumerate(keys):
+                total = k < num_keys and floats[k]
+                lt = less(cols[k][b], cols[k][a], kdt[k], total)
+                term = lt if tie is None else both(tie, lt)
+                swap = term if swap is None else either(swap, term)
+                if j + 1 < len(keys):
+                    eq = same(cols[k][b], cols[k][a], kdt[k], total)
+                    tie = eq if tie is None else both(tie, eq)
+            for c, dt in zip(cols, kdt, strict=False):
                 ea, eb = c[a], c[b]
                 c[a] = alg.apply(lax.select_n_p, [swap, ea, eb], {}, [bool, dt, dt])
                 c[b] = alg.apply(lax.select_n_p, [swap, eb, ea], {}, [bool, dt, dt])
-        for c, o in zip(cols, outs, strict=True):
+        for c, o in zip(cols, outs, strict=False):
             for k, e in enumerate(c):
                 o[idx + (k,)] = table.add(e)
     return [Lifted(np.moveaxis(o, -1, dim), dt) for o, dt in zip(outs, dtypes, strict=True)]
