@@ -376,3 +376,20 @@ def test_xla_integer_sign_folds_are_documented(kernel: Callable[..., Any],
     a = np.array([[-(2**31), 2**31 - 1, 46341, -7, 65536, 3]], np.int32)
     got, _ = run_one(a, kernel, ran, boundary="periodic")
     assert_same(got, _eager(a, kernel))
+
+
+@pytest.mark.parametrize("backend", ["loops", "xla"])
+def test_window_sort_with_infinities_and_several_nans(backend: str) -> None:
+    """NaNs are read as +inf through the network and written back into as
+    many last places: a real +inf stays before them, -inf first."""
+    a = np.array([[np.inf, np.nan, -np.inf, np.nan, 2.0, np.inf, np.nan, -1.0, 0.5, np.nan,
+                   np.nan, 3.0, -np.inf]], np.float32)
+    for j in range(5):
+        got = np.asarray(_da(a).stencil.map(lambda u, j=j: jnp.sort(u.array)[j],
+                                            window={"x": 5}, boundary="periodic",
+                                            backend=backend))
+        assert_same(got, _by_hand(a, lambda w, j=j: jnp.sort(w, axis=-1)[..., j], 5),
+                    what=f"sort()[{j}]")
+    med = np.asarray(_da(a).stencil.map(lambda u: jnp.median(u.array), window={"x": 5},
+                                        boundary="periodic", backend=backend))
+    assert_same(med, _by_hand(a, lambda w: jnp.median(w, axis=-1), 5), what="median")
