@@ -305,24 +305,24 @@ def _by_hand(a: np.ndarray, fn: Callable[[Any], Any], n: int) -> np.ndarray:
 def test_window_sort_puts_nan_last(backend: str) -> None:
     """The unrolled sort compared with lax.lt, so a NaN stayed where it was."""
     a = np.array([[1.0, np.nan, 0.0, -0.0, 2.0, -1.0, np.nan, 3.0, 5.0]], np.float32)
-    for j in range(3):
-        got = np.asarray(_da(a).stencil.map(lambda u, j=j: jnp.sort(u.array)[j],
-                                            window={"x": 3}, boundary="periodic",
-                                            backend=backend))
-        assert_same(got, _by_hand(a, lambda w, j=j: jnp.sort(w, axis=-1)[..., j], 3),
-                    what=f"sort()[{j}]")
+    _same_places(a, jnp.sort, 3, backend)
+
+
+def _same_places(a: np.ndarray, op: Callable[..., Any], n: int, backend: str) -> None:
+    """Every place of ``op`` (``jnp.sort``, ``jnp.argsort``) over a periodic
+    window of ``n`` along x, mapped on ``backend``, as jnp gives it."""
+    for j in range(n):
+        got = np.asarray(_da(a).stencil.map(lambda u, j=j: op(u.array)[j], window={"x": n},
+                                            boundary="periodic", backend=backend))
+        assert_same(got, _by_hand(a, lambda w, j=j: op(w, axis=-1)[..., j], n),
+                    what=f"{op.__name__}()[{j}]")
 
 
 @pytest.mark.parametrize("backend", ["loops", "xla"])
 def test_window_argsort_of_ties_is_stable(backend: str) -> None:
     """Batcher's network is not stable: argsort of ties gave other indices."""
     a = np.random.default_rng(0).integers(0, 3, (1, 20)).astype(np.int32)
-    for j in range(5):
-        got = np.asarray(_da(a).stencil.map(lambda u, j=j: jnp.argsort(u.array)[j],
-                                            window={"x": 5}, boundary="periodic",
-                                            backend=backend))
-        assert_same(got, _by_hand(a, lambda w, j=j: jnp.argsort(w, axis=-1)[..., j], 5),
-                    what=f"argsort()[{j}]")
+    _same_places(a, jnp.argsort, 5, backend)
 
 
 class _Rolled:
@@ -384,12 +384,7 @@ def test_window_sort_with_infinities_and_several_nans(backend: str) -> None:
     many last places: a real +inf stays before them, -inf first."""
     a = np.array([[np.inf, np.nan, -np.inf, np.nan, 2.0, np.inf, np.nan, -1.0, 0.5, np.nan,
                    np.nan, 3.0, -np.inf]], np.float32)
-    for j in range(5):
-        got = np.asarray(_da(a).stencil.map(lambda u, j=j: jnp.sort(u.array)[j],
-                                            window={"x": 5}, boundary="periodic",
-                                            backend=backend))
-        assert_same(got, _by_hand(a, lambda w, j=j: jnp.sort(w, axis=-1)[..., j], 5),
-                    what=f"sort()[{j}]")
+    _same_places(a, jnp.sort, 5, backend)
     med = np.asarray(_da(a).stencil.map(lambda u: jnp.median(u.array), window={"x": 5},
                                         boundary="periodic", backend=backend))
     assert_same(med, _by_hand(a, lambda w: jnp.median(w, axis=-1), 5), what="median")

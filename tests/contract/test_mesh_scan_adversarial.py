@@ -477,18 +477,13 @@ def test_integer_and_float16_states_round_and_wrap_like_numpy() -> None:
         sf = q[1:-1, 1:-1] * np.float16(0.3) + q[1:-1, 2:] * np.float16(0.7)
     for backend in BACKENDS:
         for blocking in (None, {"tile": 2, "steps": 2}):
-            with _quiet():
-                got = xr.DataArray(a, dims=("y", "x")).stencil.scan(
-                    ku, dim="time", steps=5, boundary="reflect", backend=backend,
-                    blocking=blocking, save_every="last")
-            assert got.dtype == np.uint8
-            np.testing.assert_array_equal(np.asarray(got.values), su)
-            with _quiet():
-                got = xr.DataArray(f, dims=("y", "x")).stencil.scan(
-                    kf, dim="time", steps=5, boundary="periodic", backend=backend,
-                    blocking=blocking, save_every="last")
-            assert got.dtype == np.float16
-            np.testing.assert_array_equal(np.asarray(got.values), sf)
+            for data, kernel, mode, want in ((a, ku, "reflect", su), (f, kf, "periodic", sf)):
+                with _quiet():
+                    got = xr.DataArray(data, dims=("y", "x")).stencil.scan(
+                        kernel, dim="time", steps=5, boundary=mode, backend=backend,
+                        blocking=blocking, save_every="last")
+                assert got.dtype == want.dtype
+                np.testing.assert_array_equal(np.asarray(got.values), want)
 
 
 @pytest.mark.parametrize("n", [2, 3])
