@@ -84,7 +84,7 @@ FFT_TAPS = 100
 #: ``lax.conv_general_dilated`` (:func:`_conv`).  Measured in XLA at 1024²
 #: int32 (2 shared cores): slices 121 cells 3.9 ms, 289 cells 42 ms, 441
 #: cells 64 ms, compiled in 0.2-0.8 s; the convolution 119-124 ms over a 25 x
-#: 25 window and 174-184 ms over 31 x 31 (bool, uint8 or int32 data), compiled
+#: 25 window and 174-213 ms over 31 x 31 (bool, uint8, int16 or int32 data), compiled
 #: in 0.24-0.54 s.  The kernel's own cell-by-cell lowering, used above this
 #: limit before, took 209-249 ms over 25 x 25 on bool and uint8 data and
 #: refused int16 and int32 data (every window at once, 1.2-2.3 GiB).

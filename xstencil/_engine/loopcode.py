@@ -200,13 +200,17 @@ class CodeAlgebra:
                                                            "or", "xor", "rem"):
             dt = next((t for t, e in zip(typed, es, strict=True) if not e.const), typed[0])
             a, b = (cast(e, dt) for e in es)
-            other = es[1] if es[0].pred else es[0]
-            if name == "mul" and dt.kind == "f" and (es[0].pred or es[1].pred) and (
-                    other.const or other.pred or other.expr in self.cells):
+            masked, other = (es[0], es[1]) if es[0].pred else (es[1], es[0])
+            if name == "mul" and dt.kind == "f" and masked.pred and (
+                    (es[0].expr in self.cells) == (es[1].expr in self.cells)
+                    or (masked.expr in self.cells and other.const)):
                 # XLA rewrites convert(pred) * x to select(pred, x, 0): 0, not
-                # NaN, where x is inf or NaN, and +0.0 for a negative x; for x a
-                # window value or a constant (inf, NaN, -2.0), but not a runtime
-                # weight (XLA multiplies: 0 * inf is NaN), which _weighted takes
+                # NaN, where x is inf or NaN, and +0.0 for a negative x, where
+                # the mask and x are both window values (or neither is), and
+                # for a window mask times a constant (inf, NaN, -2.0); a mask
+                # or a weight from a runtime argument it multiplies (0 * inf is
+                # NaN), as _weighted does (tests/contract/test_hunt_s6.py and
+                # test_loops_semantics_adversarial.py check all four)
                 p, x = (es[0].pred, b) if es[0].pred else (es[1].pred, a)
                 return self._new(f"({x} if {p} else {literal(0, dt)})", dt)
             if name == "mul" and dt.kind == "f" and (es[0].expr in self.cells) != (
