@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+from numpy.lib.stride_tricks import sliding_window_view
 
 import xstencil  # noqa: F401 - registers the accessor
 
@@ -182,7 +183,6 @@ def test_window_array_kernels_with_stride_and_valid(boundary: str, stride: dict[
     """Kernels that use the window as an array (``(u * w).sum()``, ``u.max()``,
     ``u[0, 0]``) per region, subsampled by ``stride`` and trimmed by
     ``valid``: the cells of the full-resolution numpy mesh."""
-    from numpy.lib.stride_tricks import sliding_window_view
     ny, nx, wy, wx = 7, 8, 5, 3
     rng = np.random.default_rng(3)
     a = rng.integers(-5, 6, (ny, nx)).astype(float)
