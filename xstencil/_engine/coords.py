@@ -141,12 +141,24 @@ def coord_period(call: str, dim: str, c: np.ndarray, period: float | None) -> fl
         warn_repeated_endpoint(call, dim, c, period)
         return period
     d = np.diff(c)
-    if len(d) and not np.allclose(d, d[0], rtol=1e-6, atol=0):
-        raise XStencilError(
-            f"{call}: coordinate {dim!r} is not uniformly spaced, so its period across "
-            f"the periodic boundary cannot be inferred; pass period={{{dim!r}: ...}}"
-        )
-    return float(len(c) * d[0]) if len(d) else float("nan")  # one position: no period
+    if not len(d):
+        return float("nan")  # one position: no period
+    if np.allclose(d, d[0], rtol=1e-6, atol=0):
+        return float(len(c) * d[0])
+    # a uniform grid stored in float32 (a 0.1 degree longitude read from a file)
+    # is uniform only to float32's rounding of its values: accept that, and fit
+    # the spacing by least squares (d[0] is off by the rounding of c[0], which
+    # the period multiplies by the length: 0.027 degrees for 0.1 from -180)
+    if np.array_equal(c.astype(np.float32), c):
+        i = np.arange(len(c)) - (len(c) - 1) / 2
+        spacing = float(np.dot(i, c - c.mean()) / np.dot(i, i))
+        rounding = 4 * float(np.finfo(np.float32).eps) * float(np.abs(c).max())
+        if spacing and np.all(np.abs(d - spacing) <= 1e-6 * abs(spacing) + rounding):
+            return float(len(c) * spacing)
+    raise XStencilError(
+        f"{call}: coordinate {dim!r} is not uniformly spaced, so its period across "
+        f"the periodic boundary cannot be inferred; pass period={{{dim!r}: ...}}"
+    )
 
 
 def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,

@@ -146,12 +146,19 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
     _output_dims_free(call, output_dims, odims, f.obj)
     cdims = coord_dims(f)
     order: tuple[str, ...] = ()  # the dims of window= as written (Plan.window_order)
+    read = cdims  # the coordinates the kernels may read with u.coord
     if window is None:
         reach: dict[str, tuple[int, int]] = {}
+        named: set[str] = set()
         for k in kernels:
-            for d, (lo, hi) in _inferred(call, k, f, cdims, args, kwargs).items():
+            inferred, names = _inferred(call, k, f, cdims, args, kwargs)
+            named |= names
+            for d, (lo, hi) in inferred.items():
                 a, b = reach.get(d, (0, 0))
                 reach[d] = (max(a, lo), max(b, hi))
+        # the probe saw every u.coord the kernels make: the others are neither
+        # padded nor passed (nor need a period; a read left out fails loudly)
+        read = tuple(d for d in cdims if d in named)
     else:
         reach = parse_window(call, window, f.dims, dict(zip(f.dims, f.shape, strict=True)))
         order = tuple(reach)
@@ -161,7 +168,7 @@ def prepare(call: str, f: Fields, kernels: Sequence[Callable[..., Any]], *, wind
     plan = make_plan(call, dims=f.dims, shape=f.shape, window=reach, window_arg=window,
                      boundary=boundary, fill_value=fill_value, stride=stride,
                      var_names=f.names, var_dims=f.var_dims, var_dtypes=f.dtypes,
-                     coord_dims=cdims, output_dims=odims,
+                     coord_dims=read, output_dims=odims,
                      window_order=order)
     for d, s in zip(plan.dims, plan.specs, strict=True):  # a grid repeating its endpoint
         if s.mode == "periodic" and (s.pad_lo > 0 or s.pad_hi > 0) and d in cdims \
@@ -211,14 +218,21 @@ def _output_dims_free(call: str, output_dims: Any, odims: tuple[str, ...],
 
 
 def _inferred(call: str, kernel: Callable[..., Any], f: Fields, cdims: tuple[str, ...],
-              args: Any, kwargs: Any) -> dict[str, tuple[int, int]]:
-    """The kernel's window, inferred once per kernel and data layout."""
+              args: Any, kwargs: Any) -> tuple[dict[str, tuple[int, int]], frozenset[str]]:
+    """The kernel's window, inferred once per kernel and data layout, and the
+    coordinates it reads with ``u.coord``."""
     dyn, static = split_static(call, (args, kwargs))
     key = ("window", describe([kernel]).key, f.dims, f.names, f.var_dims,
            tuple(map(str, f.dtypes)), cdims, static,
            tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in dyn))
-    return cached(key, lambda: infer_window(
-        call, kernel, f.dims, f.names, f.var_dims, f.dtypes, cdims, args, kwargs))
+
+    def infer() -> tuple[dict[str, tuple[int, int]], frozenset[str]]:
+        names: set[str] = set()
+        reach = infer_window(call, kernel, f.dims, f.names, f.var_dims, f.dtypes, cdims, args,
+                             kwargs, coords_read=names)
+        return reach, frozenset(names)
+
+    return cached(key, infer)
 
 
 def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> list[Any]:

@@ -199,6 +199,7 @@ class _Probe:
     def __init__(self, dims: tuple[str, ...]):
         self.dims = dims
         self.reads: dict[str, set[int]] = {d: {0} for d in dims}
+        self.coords: set[str] = set()  # the names the kernel passed to u.coord
 
 
 class _ProbeWindow(Window):
@@ -231,6 +232,10 @@ class _ProbeWindow(Window):
     def __getitem__(self, key: Any) -> Any:
         raise _ArrayUse(self._label)
 
+    def coord(self, name: str) -> Window:
+        self._probe.coords.add(name)
+        return super().coord(name)
+
 
 class _ArrayUse(Exception):
     pass
@@ -239,8 +244,10 @@ class _ArrayUse(Exception):
 def infer_window(call: str, kernel: Callable[..., Any], plan_dims: tuple[str, ...],
                  var_names: tuple[str, ...] | None, var_dims: Sequence[tuple[str, ...]],
                  dtypes: Sequence[Any], coord_dims: Sequence[str],
-                 args: Any, kwargs: Any) -> dict[str, tuple[int, int]]:
-    """Trace the kernel once on probe windows and collect the offsets it reads."""
+                 args: Any, kwargs: Any, coords_read: set[str] | None = None
+                 ) -> dict[str, tuple[int, int]]:
+    """Trace the kernel once on probe windows and collect the offsets it reads
+    (and, into ``coords_read``, the coordinates it reads with ``u.coord``)."""
     probe = _Probe(plan_dims)
 
     def run(*scalars: Any) -> Any:
@@ -273,6 +280,8 @@ def infer_window(call: str, kernel: Callable[..., Any], plan_dims: tuple[str, ..
         raise KernelError(
             f"{call}: kernel {name!r} failed while its window was being inferred "
             f"({type(e).__name__}: {e})") from e
+    if coords_read is not None:
+        coords_read |= probe.coords
     return {d: (max(0, -min(r)), max(0, max(r))) for d, r in probe.reads.items()
             if min(r) < 0 or max(r) > 0}
 
