@@ -198,7 +198,7 @@ def _reads_input(u: Any) -> Any:
     return u(time=-1) + u(x=1)
 
 
-@pytest.mark.parametrize("case", ["coord", "xla", "checkpoint", "dask", "blocking"])
+@pytest.mark.parametrize("case", ["coord", "xla", "checkpoint", "dask"])
 def test_fallbacks_run_xla(ran: list[int], case: str) -> None:
     u0 = _field((10, 8))
     kernel, opts = heat2, dict(steps=4, boundary="periodic")
@@ -212,13 +212,23 @@ def test_fallbacks_run_xla(ran: list[int], case: str) -> None:
         opts["checkpoint"] = True
     elif case == "dask":
         obj = u0.copy(data=dask.array.from_array(u0.values, chunks=5))
-    elif case == "blocking":
-        opts["blocking"] = False  # the whole-array XLA loop, as before
     got = obj.stencil.scan(kernel, backend=backend, **opts)
     assert ran == []
     want = obj.stencil.scan(kernel, backend="xla", **{**opts, "blocking": False}) \
         if case != "dask" else u0.stencil.scan(kernel, backend="xla", **opts)
     xr.testing.assert_allclose(got.compute(), want)
+
+
+@pytest.mark.parametrize("backend", ["loops", "auto"])
+def test_blocking_false_runs_the_loops(ran: list[int], backend: str) -> None:
+    """``blocking=False`` never blocks; it used to run XLA's scan, even for
+    ``backend="loops"``, where the loops' scan is not blocked either."""
+    u0 = _field((10, 8))
+    got = u0.stencil.scan(heat2, steps=4, boundary="periodic", blocking=False,
+                          backend=backend)
+    assert ran == ([1] if backend == "loops" else [])  # auto: a small field stays on XLA
+    want = u0.stencil.scan(heat2, steps=4, boundary="periodic", backend="xla")
+    xr.testing.assert_allclose(got, want)
 
 
 def test_reads_ahead_still_raise(ran: list[int]) -> None:

@@ -237,12 +237,19 @@ def test_inside_jit_runs_xla_after_a_loop_entry(counts):
     np.testing.assert_allclose(np.asarray(got), np_heat(da.values, 4), rtol=1e-12)
 
 
-def test_blocking_false_is_not_served_by_a_loop_entry(counts):
+def test_blocking_false_runs_the_loops_under_its_own_entry(counts):
+    """``blocking=False`` (never block) runs the unblocked loop scan, as the
+    default does (it ran XLA, also under ``backend="loops"``), under an entry
+    of its own: the default may block a large scan that the loops decline."""
     da = _da()
-    da.stencil.scan(heat, **OPTS)
+    first = da.stencil.scan(heat, **OPTS)
     out = da.stencil.scan(heat, blocking=False, **OPTS)
-    assert counts["loops"] == 1 and counts["xla_full"] == 1  # blocking=False: XLA
+    assert counts["loop_full"] == 2 and counts["xla_full"] == 0 and counts["fast"] == 0
+    again = da.stencil.scan(heat, blocking=False, **OPTS)
+    assert counts["fast"] == 1 and counts["loops"] == 3 and counts["xla_full"] == 0
     np.testing.assert_allclose(out.values, np_heat(da.values, 4), rtol=1e-12)
+    np.testing.assert_array_equal(out.values, first.values)
+    np.testing.assert_array_equal(again.values, first.values)
 
 
 def test_freeze_keeps_apart_what_compares_equal():

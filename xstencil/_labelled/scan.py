@@ -182,8 +182,8 @@ def scan(
         reads only the previous position (``u(time=-1, ...)``; for a
         Dataset, ``s["u"](time=-1, ...)`` of every advanced variable, with
         variables without ``dim`` read as constants) runs as numba loops when
-        ``blocking`` is ``None``, one loop nest per step over all advanced
-        variables, with or without ``progress`` and ``check_finite``, and
+        ``blocking`` is ``None`` or ``False``, one loop nest per step over all
+        advanced variables, with or without ``progress`` and ``check_finite``, and
         without ``checkpoint`` or ``period`` (see :doc:`/performance`); every other
         scan, and one the loops cannot express, runs on XLA (silently, also
         for ``"loops"``).
@@ -289,7 +289,7 @@ def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], a
         scan_fast.remember(lifted, sig, obj, cast, sp, fn, coords, tcoord, (args, kwargs),
                            outs, res, masks)
 
-    if blocking is None and devices is None and halo_every is None:
+    if (blocking is None or blocking is False) and devices is None and halo_every is None:
         out = loop_scan(cast, kernel, o, args, kwargs, backend,
                         loop_keeper(lifted, sig, obj, cast, args, kwargs))
         if out is not None:  # numba loops: a grown DataArray or Dataset on numpy data

@@ -34,7 +34,11 @@ def repeat_entry(obj: Any, kernel: Any, options: tuple[Any, ...], args: Any, kwa
     them (``None`` when there is none yet).  ``options`` as
     :class:`~xstencil._labelled.scan_plan.ScanPlan` takes them after
     ``call``."""
-    return _entry(obj, [kernel], options, args, kwargs, dtype, blocking is None, backend, ())
+    # blocking=False (never block) runs the loops unblocked, as None does for a
+    # loop scan; keyed apart, as None may block a large scan the loops decline
+    return _entry(obj, [kernel], options, args, kwargs, dtype,
+                  blocking is None or blocking is False, backend,
+                  (("unblocked",),) if blocking is False else ())
 
 
 def mesh_repeat_entry(m: Any, kernels: Any, options: tuple[Any, ...], args: Any, kwargs: Any,
