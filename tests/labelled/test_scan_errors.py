@@ -206,3 +206,19 @@ def test_step_returning_wrong_thing(da):
 def test_out_of_window_read_raises_index_error(da):
     with pytest.raises(IndexError, match=r"outside the window"):
         da.stencil.scan(lambda u: u(time=-2), dim="time", steps=2, window={"time": (1, 0)})
+
+
+def test_coord_error_says_how_many_values_when_the_input_has_no_labels():
+    """Without a coordinate along dim, "4 values or 4 values for the new ones"
+    named the same count twice; the message says why the initial positions
+    must be labelled too, and how to pass only the new ones."""
+    da = xr.DataArray(np.zeros((1, 4)), dims=("time", "x"))
+    with pytest.raises(XStencilError, match=r"shape \(3,\); give 4 values: the 1 initial "
+                       r"position\(s\) have no 'time' coordinate.*pass 3 values"):
+        da.stencil.scan(lambda u: u(time=-1), dim="time", steps=3, coord=[1.0, 2.0, 3.0])
+    labelled = da.assign_coords(time=[0.0])
+    with pytest.raises(XStencilError, match=r"give 4 values .* or 3 values for the new"):
+        labelled.stencil.scan(lambda u: u(time=-1), dim="time", steps=3, coord=[1.0, 2.0])
+    out = labelled.stencil.scan(lambda u: u(time=-1), dim="time", steps=3,
+                                coord=[1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(out.time.values, [0.0, 1.0, 2.0, 3.0])

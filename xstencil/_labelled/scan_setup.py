@@ -64,9 +64,16 @@ def grown_coord(call: str, obj: Any, dim: str, coord: Any, dt: Any, steps: int, 
         c = np.asarray(coord)
         if c.ndim != 1 or len(c) not in (total, total - n_have) or (
                 len(c) == total - n0 and n0 and have is None):
-            raise XStencilError(
-                f"{call}: coord= has shape {c.shape}; give {total} values (the initial "
-                f"position(s) and steps={steps}) or {total - n_have} values for the new ones")
+            if n_have:
+                want = (f"give {total} values (the {n0} initial position(s) and steps={steps})"
+                        f" or {total - n_have} values for the new positions (the initial ones "
+                        f"keep their {dim!r} labels)")
+            else:
+                want = (f"give {total} values: the {max(n0, 1)} initial position(s) have no "
+                        f"{dim!r} coordinate, so label them too (or assign one first with "
+                        f"obj.assign_coords({dim}=...) and pass {total - max(n0, 1)} values "
+                        f"for the steps={steps} new positions)")
+            raise XStencilError(f"{call}: coord= has shape {c.shape}; {want}")
         return c if len(c) == total else np.concatenate([have, c]) if n_have else c
     if dim in obj.coords and _tz_aware(obj[dim]):
         fix = (f"obj.assign_coords({dim}=obj.indexes[{dim!r}].tz_convert(None))"
