@@ -17,6 +17,8 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from xstencil._engine.elements import linear_mode
+
 __all__ = ["runtime_slices", "runtime_spectrum", "wrapped_runtime_spectrum"]
 
 
@@ -25,8 +27,12 @@ def runtime_slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) 
     weights: every cell is a term, times its runtime scalar.  When some
     weight is 0 and ``p`` holds a non-finite value, each slice is masked
     where its weight is 0 (a cell of weight 0 is not read, and ``0 * nan``
-    would be NaN).  Integers hold no NaN: their sum is the plain one."""
-    if not jnp.issubdtype(p.dtype, jnp.inexact):
+    would be NaN).  Integers hold no NaN: their sum is the plain one, and so
+    is the operator of a linear solve (:func:`~xstencil._engine.elements.
+    linear_operator`), whose branch on ``p`` (the unknown) JAX cannot
+    transpose: bicgstab's and gmres's gradients to a traced coefficient
+    failed with a bare ``AssertionError``."""
+    if not jnp.issubdtype(p.dtype, jnp.inexact) or linear_mode():
         return _total(p, w.astype(p.dtype), tuple(steps), tuple(counts), False)
     return _runtime_sum(p, w.astype(p.dtype), tuple(steps), tuple(counts))
 

@@ -136,11 +136,13 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
             _check_linear(call, matvec, b, boundary, fill_value)
         op = _poisson(call, matvec, b, operator, boundary, fill_value,
                                      tuple(map(str, state.dims))) if method == "multigrid" else None
+        null = op is None and _constants_in_null(matvec, b)
         owner, bkey, resolve = cached_body(operator)
-        key = ("solve", method, op, int(maxiter), int(restart), state.key(), static,
+        key = ("solve", method, op, null, int(maxiter), int(restart), state.key(), static,
                bkey, tuple(sorted((k, repr(v)) for k, v in options.items())))
         fn = compiled(owner, key, lambda: _build(call, resolve, state, options, static,
-                                                 method, op, int(maxiter), int(restart)))
+                                                 method, op, int(maxiter), int(restart),
+                                                 null))
         x, i, r, ok = settled(fn(b, guess, dyn, jnp.asarray(tol, jnp.real(b).dtype)),
                               (b, guess, dyn))
     field = own_order(state.wrap([host64(x)]), given)
@@ -148,8 +150,17 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
 
 
 def _build(call: str, resolve: Callable[[], Any], state: State, options: Mapping[str, Any],
-           static: Any, method: str, op: mg.Poisson | None, maxiter: int, restart: int
-           ) -> Callable[..., Any]:
+           static: Any, method: str, op: mg.Poisson | None, maxiter: int, restart: int,
+           null: bool = False) -> Callable[..., Any]:
+    """The jitted solve.  The gradient solves the transposed system: with A
+    itself only for multigrid's fitted operator, which is symmetric by
+    construction (a Krylov operator may not be: ``reflect`` boundaries and
+    variable coefficients are not, and CG converges on some such systems).
+    ``null``: A annihilates constants (a periodic or Neumann Laplacian), so
+    the forward solve gives the solution orthogonal to them, and the
+    transposed solve takes its right-hand side's mean out (its part along
+    the null space, where Aᵀ y = w has no solution and the iteration would
+    diverge)."""
     def run(b: Any, x0: Any, dyn: Any, tol: Any) -> Any:
         a, kw = merge_static(dyn, static)
         step = step_function(call, resolve(), state, options)
@@ -168,11 +179,14 @@ def _build(call: str, resolve: Callable[[], Any], state: State, options: Mapping
                 x, i, r = KRYLOV[method](mv, rhs, start, tol, maxiter)
             return x, (i, r)
 
-        symmetric = method in ("cg", "multigrid")
+        def transposed(mv: Any, rhs: Any) -> tuple[Any, Any]:
+            if null:
+                rhs = rhs - jnp.mean(rhs)
+            return method_fn(mv, rhs, jnp.zeros_like(rhs))
+
         x, (i, r) = jax.lax.custom_linear_solve(
-            matvec, b, lambda mv, rhs: method_fn(mv, rhs, x0),
-            transpose_solve=lambda mv, rhs: method_fn(mv, rhs, jnp.zeros_like(rhs)),
-            symmetric=symmetric, has_aux=True)
+            matvec, b, lambda mv, rhs: method_fn(mv, rhs, x0), transpose_solve=transposed,
+            symmetric=op is not None, has_aux=True)
         return x, i, r, r <= tol
 
     return jax.jit(run)
@@ -219,6 +233,20 @@ def _check_linear(call: str, matvec: Callable[..., Any], b: Any, boundary: Any,
     if not np.allclose(a2v, 2 * av, rtol=eps, atol=eps * scale):
         raise XStencilError(f"{call}: the operator is not linear: A(2v) != 2 A(v); solve "
                             f"linear problems only (Newton iterations can call solve per step)")
+
+
+def _constants_in_null(matvec: Callable[..., Any], b: Any) -> bool:
+    """Whether ``A 1 == 0`` to rounding (a periodic or Neumann Laplacian);
+    False where the operator cannot be evaluated now (traced arguments)."""
+    with jax.ensure_compile_time_eval():
+        a1 = matvec(jnp.ones(b.shape, b.dtype))
+        if not _concrete(a1) or jnp.iscomplexobj(a1):
+            return False
+        v = jnp.asarray(np.random.default_rng(2).random(b.shape) - 0.5, b.dtype)
+        av = np.asarray(matvec(v))
+    a1 = np.asarray(a1)
+    eps = float(np.finfo(a1.dtype).eps)
+    return bool(a1.size) and bool(np.abs(a1).max() <= 64 * eps * max(np.abs(av).max(), 1e-30))
 
 
 _apply = jax.jit(mg.apply, static_argnums=0)
@@ -271,6 +299,11 @@ def _poisson(call: str, matvec: Callable[..., Any], b: Any, operator: Any,
             hi[ax] += 1
             coef.append(0.5 * (resp[tuple(lo)] + resp[tuple(hi)]))
         c = float(resp[centre] + 2 * sum(coef))
+        # c is 0 for a Neumann or periodic Laplacian, but in float32 its fit
+        # rounds (a_x != a_y: -1.5e-5), and a non-zero c hides the singularity
+        if abs(c) <= 16 * float(np.finfo(b.dtype).eps) * (abs(resp[centre]) + 2 * sum(
+                abs(x) for x in coef)):
+            c = 0.0
         op = mg.Poisson(tuple(float(x) for x in coef), c, tuple(modes), shape)
         v = jnp.asarray(np.random.default_rng(1).random(shape) - 0.5, b.dtype)
         want = np.asarray(matvec(v))
