@@ -283,8 +283,7 @@ def _array_window(s: Any) -> Any:
     return {"u": s["u"](time=-1), "v": s["v"][-1, 0, 1]}
 
 
-@pytest.mark.parametrize("case", ["two_back", "coord", "array", "checkpoint", "xla",
-                                  "blocking"])
+@pytest.mark.parametrize("case", ["two_back", "coord", "array", "checkpoint", "xla"])
 def test_unsupported_scans_fall_back_to_xla(ran: list[int], case: str) -> None:
     """As for DataArrays, ``backend="loops"`` falls back silently (the
     ``xstencil.loops`` logger says why) with XLA's result.  (dask-backed
@@ -303,8 +302,6 @@ def test_unsupported_scans_fall_back_to_xla(ran: list[int], case: str) -> None:
         opts["checkpoint"] = True
     elif case == "xla":
         backend = "xla"
-    elif case == "blocking":
-        opts["blocking"] = False
     got = ds.stencil.scan(kernel, "time", backend=backend, **opts)
     assert ran == []
     want = ds.compute().stencil.scan(kernel, "time", backend="xla",
