@@ -27,7 +27,8 @@ _ARITH = {"add": "+", "sub": "-", "mul": "*"}
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _FLOAT_FUNCS = {"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt", "tanh": "np.tanh",
                 "sin": "np.sin", "cos": "np.cos", "log1p": "np.log1p", "expm1": "np.expm1",
-                "floor": "np.floor", "ceil": "np.ceil", "exp2": "np.exp2"}
+                "floor": "np.floor", "ceil": "np.ceil", "exp2": "np.exp2",
+                "atan": "np.arctan", "asin": "np.arcsin", "acos": "np.arccos"}
 _IDENTITY = ("stop_gradient", "copy", "copy_p", "reduce_precision_identity")
 
 
@@ -59,6 +60,17 @@ def dtype_of(dtype: Any) -> np.dtype:
     if dt.kind not in _KINDS or (dt.kind == "f" and dt.itemsize not in (4, 8)):
         raise Unliftable(f"dtype {dt} is not supported by the loop backend")
     return dt
+
+
+def source_dtype(dtype: Any) -> np.dtype:
+    """The dtype of a window source's cells: a loop dtype, or the complex
+    float pair of a coordinate (:func:`~xstencil._engine.coords.pack_coord`),
+    which the kernel reads only through ``real`` and ``imag``
+    (:meth:`CodeAlgebra.apply` refuses any other use)."""
+    dt = np.dtype(dtype)
+    if dt in (np.complex64, np.complex128):
+        return dt
+    return dtype_of(dt)
 
 
 def literal(value: Any, dtype: Any) -> str:
@@ -193,11 +205,17 @@ class CodeAlgebra:
     def _apply(self, prim: Any, elems: Sequence[Any], params: dict[str, Any],
                dtypes: Sequence[Any]) -> Code:
         name = prim.name
+        if any(isinstance(e, Code) and e.dtype.kind == "c" for e in elems):
+            # a coordinate's float pair, hi + 1j * lo: its parts, as XLA reads them
+            if name not in ("real", "imag"):
+                raise Unliftable(f"primitive {name!r} on a complex value")
+            part = np.dtype(np.float32 if elems[0].dtype == np.complex64 else np.float64)
+            return self._new(f"{elems[0].expr}.{name}", part)
         es = [e if isinstance(e, Code) else self.constant(e, ()) for e in elems]
         # binary ops: the operands share one dtype (a literal may be declared wider)
         typed = [dtype_of(d) if d is not None else e.dtype for e, d in zip(es, dtypes, strict=True)]
         if name in _ARITH or name in _COMPARE or name in ("div", "max", "min", "pow", "and",
-                                                           "or", "xor", "rem"):
+                                                           "or", "xor", "rem", "atan2"):
             dt = next((t for t, e in zip(typed, es, strict=True) if not e.const), typed[0])
             a, b = (cast(e, dt) for e in es)
             masked, other = (es[0], es[1]) if es[0].pred else (es[1], es[0])
@@ -230,6 +248,10 @@ class CodeAlgebra:
                 if dt.kind != "f":
                     raise Unliftable("integer division")
                 return self._new(f"{a} / {b}", dt)
+            if name == "atan2":
+                if dt.kind != "f":
+                    raise Unliftable("atan2 on ints")
+                return self._new(f"np.{dt.name}(np.arctan2({a}, {b}))", dt)
             if name == "pow":
                 if dt.kind != "f":
                     raise Unliftable("integer pow")

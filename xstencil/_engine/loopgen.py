@@ -35,7 +35,15 @@ import numpy as np
 
 from xstencil._engine.boundary import source_index
 from xstencil._engine.lift import Lifted, Table, Unliftable, cell_grid, interpret
-from xstencil._engine.loopcode import Code, CodeAlgebra, Param, cast, dtype_of, literal
+from xstencil._engine.loopcode import (
+    Code,
+    CodeAlgebra,
+    Param,
+    cast,
+    dtype_of,
+    literal,
+    source_dtype,
+)
 from xstencil._engine.loopnest import outline, render
 from xstencil._engine.lower import AxisGeom, Source
 
@@ -97,12 +105,13 @@ def scalar_program(algebra: CodeAlgebra, closed: Any, sources: Sequence[Source],
         name = f"r{k}_{'_'.join(map(str, idx))}"
         reads.append((k, idx, name))
         algebra.cells.add(name)
-        return Code(name, dtype_of(dt))
+        return Code(name, source_dtype(dt))
 
     cells = []
     for k, s in enumerate(sources):
-        # checked when read: an unread source of another dtype (a float32
-        # kernel's coordinates, packed in complex64) does not stop the loops
+        # checked when read: an unread source of another dtype does not stop
+        # the loops (a float32 kernel's coordinates, packed in complex64, are
+        # read through their real and imaginary parts: source_dtype)
         dt = np.dtype(s.array.dtype)
         shape = tuple(geom[a].size for a in s.cell_axes)
         cells.append(cell_grid(table, shape, lambda idx, k=k, dt=dt: read(k, idx, dt), dt))
