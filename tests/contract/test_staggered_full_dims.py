@@ -32,7 +32,9 @@ def test_coordinate_only_result_gets_the_full_output_dims() -> None:
     assert out["dx"].dims == ("y_c", "x_g")
     np.testing.assert_array_equal(out["x"].values, np.broadcast_to(ds.x_g.values, (4, 6)))
     x_c = ds.x_c.values
-    dx = np.concatenate([[0.0], np.diff(x_c)])  # extend: the first face reads x_c[0] twice
+    # past the edge the coordinate continues linearly (as a plain map's u.coord does):
+    # the first face's x_c(X=-0.5) is x_c[0] - (x_c[1] - x_c[0]), not x_c[0] again
+    dx = np.concatenate([[x_c[1] - x_c[0]], np.diff(x_c)])
     np.testing.assert_allclose(out["dx"].values, np.broadcast_to(dx, (4, 6)), rtol=1e-12)
     out["x"].values[0, 0] = -1.0  # a result of its own, not a read-only broadcast view
     assert out["x"].values[1, 0] == ds.x_g.values[0]

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import jax.numpy as jnp
+
 from xstencil._engine.window import Window
 from xstencil._errors import XStencilError
 
@@ -114,8 +116,8 @@ class StaggeredWindow:
             raise XStencilError(
                 f"{self._label}.coord({axis!r}): this variable's dim along {axis!r} has no "
                 f"numeric coordinate; assign one, e.g. ds.assign_coords(x_c=...)")
-        cw, iw = self._coords[axis]
-        return _CoordWindow(cw, iw, {axis: self._deltas[axis]}, self._axes,
+        cw, iw, edges = self._coords[axis]
+        return _CoordWindow(cw, iw, edges, {axis: self._deltas[axis]}, self._axes,
                             label=f"{self._label}.coord({axis!r})")
 
     @property
@@ -125,10 +127,17 @@ class StaggeredWindow:
 
 
 class _CoordWindow(StaggeredWindow):
-    def __init__(self, cw: Window, iw: Window | None, deltas: Mapping[str, tuple[str, float]],
-                 axes: Axes, label: str):
+    """A coordinate read like its variable.  Across a periodic seam it
+    continues by one period; past a ``fill`` or ``extend`` edge it continues
+    linearly with the edge's spacing, as a plain map's ``u.coord`` does
+    (``edges``: the first value and spacing at each end, read at the output
+    point; the padded value itself would be the fill value or the edge's)."""
+
+    def __init__(self, cw: Window, iw: Window | None, edges: tuple[Any, ...] | None,
+                 deltas: Mapping[str, tuple[str, float]], axes: Axes, label: str):
         super().__init__(cw, deltas, axes, label=label)
         self._iw = iw
+        self._edges = edges
 
     def __call__(self, **offsets: Any) -> Any:
         off = self.offsets(offsets)
@@ -137,13 +146,20 @@ class _CoordWindow(StaggeredWindow):
             return val
         (axis,) = self._deltas
         dim = dict(self._axes.index)[axis]
+        n = dict(self._axes.size)[axis]
+        k = off[dim]
+        if axis not in dict(self._axes.period):
+            if k == 0 or self._edges is None:
+                return val
+            j = self._iw(**{dim: 0}) + k  # the index read, past an edge or not
+            lo0, lod, hi0, hid = (e(**{dim: 0}) for e in self._edges)
+            return jnp.where(j < 0, lo0 + j * lod,
+                             jnp.where(j > n - 1, hi0 + (j - (n - 1)) * hid, val))
         period = dict(self._axes.period).get(axis)
         if period is None:
             raise XStencilError(
                 f"{self._label}: axis {axis!r} is periodic and its coordinate is not uniformly "
                 f"spaced, so its period is unknown; pass period={{{axis!r}: ...}}")
-        n = dict(self._axes.size)[axis]
-        k = off[dim]
         wraps = (self._iw(**{dim: 0}) + k - self._iw(**{dim: k})) / n
         return val + wraps * period
 

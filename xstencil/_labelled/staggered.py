@@ -52,7 +52,7 @@ class Spec:
     axes: Axes
     variables: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # name -> (axis, pos)
     coords: tuple[tuple[str, str, str], ...]  # (axis, pos, hidden name)
-    index_vars: tuple[tuple[str, str], ...]  # periodic axis -> hidden index variable
+    index_vars: tuple[tuple[str, str], ...]  # axis -> hidden index variable
     metrics: tuple[tuple[frozenset[str], str, tuple[tuple[str, str], ...]], ...]
     single: str | None  # a DataArray's variable: the kernel gets its window
 

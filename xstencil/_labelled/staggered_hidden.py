@@ -13,7 +13,7 @@ import xarray as xr
 from xstencil._engine.coords import coord_values, numeric_coord
 from xstencil._labelled.grid import Grid
 
-__all__ = ["HIDDEN", "POS", "translate"]
+__all__ = ["EDGE", "HIDDEN", "POS", "translate"]
 
 HIDDEN = "__xs_"
 POS = ("center", "left", "right")
@@ -47,10 +47,13 @@ def translate(call: str, ds: xr.Dataset, g: Grid, positions: Mapping[str, Mappin
             name = f"{HIDDEN}c_{d}"
             variables[name] = xr.Variable((idim,), c.astype(hdt))
             coords.append((a, p, name))
+            if bmodes.get(idim) != "periodic":  # past an edge: extended linearly
+                variables.update(_edge_lines(name, idim, c, hdt))
+        # the hidden index: the cell a read lands on (a wrap, or past an edge)
+        name = f"{HIDDEN}i_{a}"
+        variables[name] = xr.Variable((idim,), np.arange(n, dtype=hdt))
+        index_vars.append((a, name))
         if bmodes.get(idim) == "periodic":
-            name = f"{HIDDEN}i_{a}"
-            variables[name] = xr.Variable((idim,), np.arange(n, dtype=hdt))
-            index_vars.append((a, name))
             periods.append((a, _period(a, ax.positions, ds, g, uperiod)))
             cv = _coord(ds, g, idim)
             if cv is not None and cv.dims == (idim,):
@@ -90,6 +93,24 @@ def translate(call: str, ds: xr.Dataset, g: Grid, positions: Mapping[str, Mappin
                  tuple(coords), tuple(index_vars), tuple(metrics)),
     }
     return variables, keep, spec_base, pperiod
+
+
+#: The suffixes of a coordinate's edge lines (:func:`_edge_lines`).
+EDGE = ("_lo0", "_lod", "_hi0", "_hid")
+
+
+def _edge_lines(name: str, idim: str, c: np.ndarray, dtype: Any) -> dict[str, xr.Variable]:
+    """The first value and spacing at each end of coordinate ``c``, as
+    constant hidden variables read at the output point (always inside the
+    field), so that a read past a ``fill`` or ``extend`` edge continues the
+    coordinate linearly, as a plain map's ``u.coord`` does
+    (:func:`~xstencil._engine.coords.pad_coord`), not padded like data
+    (the fill value, or the edge value repeated)."""
+    n = len(c)
+    d_lo = c[1] - c[0] if n > 1 else np.nan  # one position: no spacing
+    d_hi = c[-1] - c[-2] if n > 1 else np.nan
+    return {name + sfx: xr.Variable((idim,), np.full(n, v, dtype))
+            for sfx, v in zip(EDGE, (c[0], d_lo, c[-1], d_hi), strict=True)}
 
 
 def _coord(ds: xr.Dataset, g: Grid, name: str) -> xr.Variable | None:

@@ -14,6 +14,7 @@ from xstencil._errors import XStencilError
 from xstencil._labelled.grid import OFFSET, Grid
 from xstencil._labelled.grid_window import Axes, StaggeredSet, StaggeredWindow
 from xstencil._labelled.staggered import HIDDEN, Layout, Spec
+from xstencil._labelled.staggered_hidden import EDGE
 
 __all__ = ["windows", "wrap", "wrap_each", "recording", "restore"]
 
@@ -45,10 +46,14 @@ def windows(s: Any, spec: Spec, used: set[str] | None = None) -> Any:
     used = set() if used is None else used
     at = dict(spec.axes.at)
     iv = {a: _Lazy(s, n, used) for a, n in spec.index_vars}
-    cw: dict[tuple[str, str], Any] = {(a, p): _Lazy(s, n, used) for a, p, n in spec.coords}
+    periodic = dict(spec.axes.period)
+    cw: dict[tuple[str, str], Any] = {
+        (a, p): (_Lazy(s, n, used), iv.get(a),
+                 None if a in periodic else tuple(_Lazy(s, n + e, used) for e in EDGE))
+        for a, p, n in spec.coords}
 
-    def coords_of(pos: Mapping[str, str]) -> dict[str, tuple[Any, Any]]:
-        return {a: (cw[(a, p)], iv.get(a)) for a, p in pos.items() if (a, p) in cw}
+    def coords_of(pos: Mapping[str, str]) -> dict[str, tuple[Any, Any, Any]]:
+        return {a: cw[(a, p)] for a, p in pos.items() if (a, p) in cw}
 
     def deltas(pos: Mapping[str, str]) -> dict[str, tuple[str, float]]:
         return {a: (p, OFFSET[at[a]] - OFFSET[p]) for a, p in pos.items() if a in at}
@@ -65,7 +70,7 @@ def windows(s: Any, spec: Spec, used: set[str] | None = None) -> Any:
         metrics.setdefault(axes, []).append(
             StaggeredWindow(_Lazy(s, name, used), deltas(dict(pos)), spec.axes,  # type: ignore[arg-type]
                             label=f"metric {name[len(HIDDEN):]}"))
-    here = {a: (cw[(a, p)], iv.get(a)) for a, p in at.items() if (a, p) in cw}
+    here = {a: cw[(a, p)] for a, p in at.items() if (a, p) in cw}
     coords = {a: _at_coord(here[a], a, spec.axes) for a in here}
     ss = StaggeredSet(wins, metrics, coords)
     if spec.single is not None:
@@ -73,7 +78,7 @@ def windows(s: Any, spec: Spec, used: set[str] | None = None) -> Any:
     return ss
 
 
-def _at_coord(cwiw: tuple[Any, Any], a: str, axes: Axes) -> Any:
+def _at_coord(cwiw: tuple[Any, Any, Any], a: str, axes: Axes) -> Any:
     w = StaggeredWindow(cwiw[0], {a: (dict(axes.at)[a], 0.0)}, axes, {a: cwiw}, label="s")
     return w.coord(a)
 
