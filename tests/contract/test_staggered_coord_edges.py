@@ -69,3 +69,28 @@ def test_periodic_coordinate_still_wraps_by_the_period():
     got = ds.stencil.map(lambda s: s.h.coord("X")(X=-0.5), grid=GRID, at={"X": "left"},
                          boundary={"X": "periodic"}, period={"X": 3.0})
     np.testing.assert_allclose(got.values, np.concatenate([[x_c[-1] - 3.0], x_c[:-1]]))
+
+
+def test_a_mesh_mask_on_another_position_is_refused():
+    """A mask on the centres of an axis whose output is on its faces selected
+    the face with the same index, half a cell away; the output's own dims
+    work."""
+    from xstencil import XStencilError
+
+    nx, ny = 6, 2
+    ds = xr.Dataset({"u": (("y_c", "x_g"), np.ones((ny, nx)))},
+                    coords={"x_c": np.arange(nx) + 0.5, "x_g": np.arange(nx) * 1.0,
+                            "y_c": np.arange(ny) + 0.5})
+    grid = {"X": {"center": "x_c", "left": "x_g"}, "Y": {"center": "y_c"}}
+    m = ds.stencil.mesh(grid=grid, at={"X": "left", "Y": "center"}, boundary="extend")
+    m[...] = lambda s: s.u()
+    land = xr.DataArray(np.zeros((ny, nx), bool), dims=("y_c", "x_c"))
+    land[:, 2] = True
+    with pytest.raises(XStencilError, match=r"dim 'x_c' .* output at 'left'.*\('x_g'\)"):
+        m[land] = lambda s: 0.0
+    m[land.rename(x_c="x_g")] = lambda s: 0.0
+    out = m.map()
+    want = np.ones((ny, nx))
+    want[:, 2] = 0.0
+    np.testing.assert_array_equal(out.values, want)
+    assert out.dims == ("y_c", "x_g")

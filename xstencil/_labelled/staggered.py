@@ -90,12 +90,26 @@ class Layout:
         axes = Axes(**{**self.spec_base["axes"], "at": tuple(sorted(at.items()))})
         return Spec(axes, *self.spec_base["rest"], self.single)
 
-    def rename_key(self, key: Any) -> Any:
-        """A mesh selector: axis names become index dims."""
+    def rename_key(self, key: Any, at: Mapping[str, str] | None = None) -> Any:
+        """A mesh selector: axis names become index dims.  A mask's dims
+        must be the output's (at ``at``): a mask on the centres of an axis
+        whose output is on its faces would select the face with the same
+        index, half a cell away (it did, silently)."""
         if isinstance(key, Mapping):
             return {self.index.get(k, k): v for k, v in key.items()}
         if isinstance(key, xr.DataArray):
             where = self.grid.where
+            for d in key.dims:
+                if at is not None and d in where and where[d][0] in at \
+                        and where[d][1] != at[where[d][0]]:
+                    a, p = where[d]
+                    want = next((dd for dd, (aa, pp) in where.items()
+                                 if aa == a and pp == at[a]), None)
+                    raise XStencilError(
+                        f"{self.call}: a mask with dim {d!r} (the {p!r} points of axis {a!r}) "
+                        f"selects cells of an output at {at[a]!r} along {a!r}; give the mask "
+                        f"the output's dims ({want!r}), e.g. interpolate it there first, or "
+                        f"build the mesh with at={{{a!r}: {p!r}}}")
             return key.rename({d: self.index[where[d][0]] for d in key.dims
                                if d in where and where[d][0] in self.index})
         return key

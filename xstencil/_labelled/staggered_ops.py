@@ -247,7 +247,7 @@ class GridMesh:
 
     def _assign(self, by_label: bool, key: Any, kernel: Any) -> None:
         _check_kernel(self._lay.call, kernel)
-        self._assigned.append((by_label, self._lay.rename_key(key), kernel))
+        self._assigned.append((by_label, self._lay.rename_key(key, self._at), kernel))
         self._build(probe=False)  # check the selector now, as a plain mesh does
 
     def _build(self, probe: bool = True, args: Any = (), kwargs: Any = None,
