@@ -84,9 +84,15 @@ def report(call: str, res: Converged, tol: Any) -> Converged:
         return res
     it, r, ok = int(res.iterations), float(res.residual), bool(res.converged)
     if not ok:
-        warnings.warn(f"{call}: not converged after {it} iterations: the residual is {r:.3g}, "
-                      f"above tol={tol!r}; raise max_steps/maxiter or loosen tol "
-                      f"(the result holds the last iterate)", ConvergenceWarning, stacklevel=3)
+        knob = "maxiter" if call.startswith("xstencil.solve") else "max_steps"
+        after = f"after {it} iterations" if it >= 0 else "(GMRES reports no iteration count)"
+        if np.isfinite(r):
+            why = f"the residual is {r:.3g}, above tol={tol!r}; raise {knob} or loosen tol"
+        else:  # more iterations will not help
+            why = (f"the residual is {r}: the iteration diverged (a NaN or inf in the input, "
+                   f"or an operator the method does not fit)")
+        warnings.warn(f"{call}: not converged {after}: {why} (the result holds the last "
+                      f"iterate)", ConvergenceWarning, stacklevel=3)
     return Converged(res.field, it, r, ok)
 
 

@@ -32,6 +32,7 @@ from jax.extend.core import Literal
 from xstencil._engine.call import precision, stand_in
 from xstencil._errors import XStencilError
 from xstencil._labelled.plan import Plan
+from xstencil._labelled.staggered_hidden import HIDDEN
 
 __all__ = ["check_new_vars", "kernel_cells", "result_dims", "result_reads", "to_dims"]
 
@@ -127,8 +128,8 @@ def result_dims(plan: Plan, obj: xr.Dataset, callers: Sequence[Callable[..., Any
         if n not in plan.var_names and n not in new_vars:
             raise XStencilError(
                 f"{call}: the kernel returned {n!r}, which is not a data variable of the "
-                f"Dataset {plan.var_names!r}; fix the name, or declare a new variable with "
-                f"new_vars=({n!r},)")
+                f"Dataset {tuple(v for v in plan.var_names if not v.startswith(HIDDEN))!r}; "
+                f"fix the name, or declare a new variable with new_vars=({n!r},)")
     var_dims = dict(zip(plan.var_names, plan.var_dims, strict=True))
     out: dict[str | None, tuple[str, ...]] = {}
     for n, (read, vars_read) in reads.items():
@@ -147,9 +148,10 @@ def result_dims(plan: Plan, obj: xr.Dataset, callers: Sequence[Callable[..., Any
             raise XStencilError(
                 f"{call}: the kernel's result{'' if n is None else f' {n!r}'} combines "
                 f"variables on different dims {tuple(dict.fromkeys(own))!r}; it would "
-                f"broadcast to an outer product over {got!r}. Staggered grids need the grid "
-                f"support; until then rename dims so that the variables share them (e.g. "
-                f"ds.rename(x_g='x'), after interpolating to common points)")
+                f"broadcast to an outer product over {got!r}. Combine variables that share "
+                f"their dims: interpolate to common points first (on a staggered grid, "
+                f"grid= and at= read each variable at the output's points: "
+                f"docs/staggered.rst), or reduce over the extra dims in the kernel")
         if n is not None and n in var_dims:
             if not read <= set(var_dims[n]):
                 extra = tuple(d for d in plan.dims if d in read and d not in var_dims[n])

@@ -318,4 +318,11 @@ def _poisson(call: str, matvec: Callable[..., Any], b: Any, operator: Any,
     if any(a == 0 for a in op.a):
         raise XStencilError(f"{call}: method='multigrid': the operator does not couple "
                             f"neighbours along every dim (a={op.a!r}); use method='cg'")
+    sign = np.sign(op.a[0])
+    if any(np.sign(a) != sign for a in op.a) or np.sign(op.c) == sign:
+        raise XStencilError(
+            f"{call}: method='multigrid' needs a definite operator: coefficients a_d of one "
+            f"sign and c of the other sign or 0 (fitted a={op.a!r}, c={op.c!r}); this one is "
+            f"indefinite (a Helmholtz-type c, or a_d of mixed signs), where the V-cycles "
+            f"diverge; use method='gmres' or 'bicgstab'")
     return op

@@ -329,7 +329,10 @@ def _static(call: str, ds: xr.Dataset, grid: Any, at: Any, boundary: Any, fill_v
             f"dims are {tuple(map(str, ds.dims))!r}; check the grid's dim names")
     out_at = {} if own_positions else _resolve_at(call, g, at, positions)
     index = {a: g.axis(a).positions[out_at.get(a, "center")] for a in used}
-    other = tuple(str(d) for d in ds.dims if str(d) not in g.where)
+    # dims outside the grid that data variables have (a coordinate-only dim, such
+    # as y_c of a 1-D slice, is not a dim of the plain call: no mode for it)
+    held = {str(d) for n in ds.data_vars for d in ds[n].dims}
+    other = tuple(str(d) for d in ds.dims if str(d) not in g.where and str(d) in held)
     bmodes, fv = _boundary(call, g, index, other, boundary, fill_value)
     hidden, keep, spec_base, pperiod = translate(call, ds, g, positions, index, bmodes,
                                                  dict(period or {}))
