@@ -82,6 +82,15 @@ def precision(*xs: Any) -> Iterator[None]:
         yield
 
 
+def native(x: Any) -> Any:
+    """Numpy data in native byte order: a big-endian ``'>f4'`` array (read
+    from a netCDF or HDF5 file) is converted, as JAX and numba take native
+    data only; anything else is returned as it is."""
+    if isinstance(x, np.ndarray | np.generic) and not x.dtype.isnative:
+        return x.astype(x.dtype.newbyteorder("="))
+    return x
+
+
 def as_array(call: str, arg: str, x: Any) -> Any:
     """A JAX array (or tracer) with the input's dtype; no copy of JAX arrays."""
     if isinstance(x, jax.Array | jax.core.Tracer):
@@ -92,7 +101,7 @@ def as_array(call: str, arg: str, x: Any) -> Any:
                 f"{call}: {arg} has dtype {x.dtype}, which is not numeric; stencils run on "
                 f"bool, int, float or complex data (convert with .astype(float))"
             )
-        return jnp.asarray(x)
+        return jnp.asarray(native(x))
     raise XStencilError(
         f"{call}: {arg} must be an array (numpy or JAX), got {type(x).__name__}: {x!r:.80}; "
         f"wrap it with numpy.asarray"
@@ -116,7 +125,7 @@ def split_static(call: str, tree: Any) -> tuple[list[Any], Any]:
     dyn, template = [], []
     for leaf in leaves:
         if isinstance(leaf, jax.Array | jax.core.Tracer | np.ndarray | np.generic):
-            dyn.append(leaf)
+            dyn.append(native(leaf))
             template.append(DYNAMIC)
             continue
         try:

@@ -37,7 +37,8 @@ from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
 __all__ = ["coord_digest", "coord_values", "numeric_coord", "coord_period", "pad_coord",
-           "read_dtype", "pack_coord", "padded", "repeated_period", "warn_repeated_endpoint"]
+           "read_coord", "read_dtype", "pack_coord", "padded", "repeated_period",
+           "warn_repeated_endpoint"]
 
 #: spans that are a full period on their own: a periodic coordinate spanning
 #: one of these from its first to its last label repeats its endpoint
@@ -110,6 +111,24 @@ def numeric_coord(call: str, dim: str, values: np.ndarray) -> np.ndarray | None:
     if values.dtype.kind in "iuf":
         return values.astype(np.float64)
     return None
+
+
+def read_coord(call: str, dim: str, values: np.ndarray) -> np.ndarray | None:
+    """:func:`numeric_coord` for a coordinate a kernel reads: integers that
+    float64 cannot hold exactly (beyond 2**53: epoch nanoseconds) are
+    refused, since the differences of their reads would be rounded to the
+    float64 spacing there (256 at 1.7e18: 2048 for a step of 2000)."""
+    values = np.asarray(values)
+    c = numeric_coord(call, dim, values)
+    if values.dtype.kind in "iu" and c is not None and values.size \
+            and not np.array_equal(c.astype(values.dtype), values):
+        raise XStencilError(
+            f"{call}: coordinate {dim!r} holds integers beyond 2**53 ({int(values.flat[0])}), "
+            f"which float64 cannot hold exactly, so differences of its reads (u.coord"
+            f"({dim!r})) would be rounded; convert it, to datetime64 if it counts time "
+            f"(obj.assign_coords({dim}=obj[{dim!r}].astype('datetime64[ns]'))), or "
+            f"subtract an origin (obj.assign_coords({dim}=obj[{dim!r}] - obj[{dim!r}][0]))")
+    return c
 
 
 def _seconds_since_first(values: np.ndarray) -> np.ndarray:

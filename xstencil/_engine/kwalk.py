@@ -149,7 +149,10 @@ class Walk:
             return (type(v), self.value(v.item(), names)[0]), v
         if is_array(v):
             if lift and not self.fixed:
-                self.leaves.append(v)
+                # in native byte order (weights read from a file may be '>f4'),
+                # keyed by the array's own dtype
+                self.leaves.append(v.astype(v.dtype.newbyteorder("="))
+                                   if isinstance(v, np.ndarray) and not v.dtype.isnative else v)
                 new = next(self.subst) if self.subst is not None else v
                 return ("leaf", tuple(np.shape(v)), str(v.dtype)), new
             if isinstance(v, np.ndarray):  # read through an attribute: by content

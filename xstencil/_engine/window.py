@@ -258,7 +258,7 @@ class Window:
         cell = lax.slice(self._data, start, [i + 1 for i in start])
         return lax.squeeze(cell, tuple(range(len(start))))
 
-    def __call__(self, *positional: Any, **offsets: int) -> Any:
+    def __call__(self, /, *positional: Any, **offsets: int) -> Any:
         """Read a cell by dim name, relative to the centre: ``u(x=1, y=-1)``."""
         if positional:
             raise XStencilError(positional_read(self._label, positional, self._dims))

@@ -18,6 +18,7 @@ import xarray as xr
 from xstencil._engine.call import (
     as_array,
     dtype_kind,
+    native,
     precision,
     settled,
     split_static,
@@ -27,6 +28,7 @@ from xstencil._engine.coords import (
     numeric_coord,
     pack_coord,
     pad_coord,
+    read_coord,
     read_dtype,
     warn_repeated_endpoint,
 )
@@ -75,6 +77,13 @@ class Fields:
 
 
 def _check_dtype(call: str, name: str, dtype: Any) -> None:
+    try:
+        np.dtype(dtype)
+    except TypeError:  # a pandas extension dtype (Float64, Int64, ...): not a numpy one
+        raise XStencilError(
+            f"{call}: {name} has dtype {dtype} (a pandas extension type), which JAX cannot "
+            f"read; convert it with .astype(float) (missing values become NaN) or "
+            f".astype(int)") from None
     if dtype_kind(dtype) not in "biufc":
         raise XStencilError(
             f"{call}: {name} has dtype {np.dtype(dtype)}, which is not numeric; stencils run "
@@ -83,10 +92,13 @@ def _check_dtype(call: str, name: str, dtype: Any) -> None:
 
 
 def _native(x: Any) -> Any:
-    """Numpy data in native byte order (a big-endian ``'>f4'`` array, read
-    from a file, is converted; JAX and numba take native data only)."""
-    if isinstance(x, np.ndarray) and not x.dtype.isnative:
-        return x.astype(x.dtype.newbyteorder("="))
+    """Data in native byte order (:func:`~xstencil._engine.call.native`),
+    numpy or dask (a big-endian dask array is converted lazily, per block)."""
+    if isinstance(x, np.ndarray):
+        return native(x)
+    dt = getattr(x, "dtype", None)
+    if isinstance(dt, np.dtype) and not dt.isnative and hasattr(x, "map_blocks"):
+        return x.astype(dt.newbyteorder("="))
     return x
 
 
@@ -243,7 +255,7 @@ def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> l
     variables = f.obj.coords.variables
     for d in plan.coord_dims:
         s = plan.specs[plan.axis(d)]
-        c = numeric_coord(plan.call, d, coord_values(variables[d]))
+        c = read_coord(plan.call, d, coord_values(variables[d]))
         p = pad_coord(plan.call, d, c, s.pad_lo, s.pad_hi, s.mode,
                       None if period is None else period.get(d))
         out.append(pack_coord(p, cdt))

@@ -17,7 +17,7 @@ from xstencil._backends.dask import map_dask
 from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._backends.shard import map_sharded, prepared
 from xstencil._engine.call import precision
-from xstencil._engine.coords import coord_values, numeric_coord
+from xstencil._engine.coords import coord_values, read_coord
 from xstencil._engine.kcache import compiled
 from xstencil._errors import XStencilError
 from xstencil._labelled.core import (
@@ -58,7 +58,7 @@ def map_job(plan: Any, f: Fields, kernels: Sequence[Callable[..., Any]], owner: 
     """The map of ``f`` reduced to raw arrays and numeric coordinates."""
     check_period(plan.call, period, plan.dims)
     variables = f.obj.coords.variables
-    coords = {d: numeric_coord(plan.call, d, coord_values(variables[d]))
+    coords = {d: read_coord(plan.call, d, coord_values(variables[d]))
               for d in plan.coord_dims}
     return MapJob(plan, HOOKS, tuple(kernels), owner, list(f.arrays), f.var_dims, f.names,
                   coords, period, tuple(args), dict(kwargs),

@@ -55,7 +55,7 @@ def out_dtype(call: str, dtype: Any) -> Any:
             f"{call}: dtype={dtype!r:.60} is not a numeric dtype; pass e.g. dtype='float32', "
             f"dtype=numpy.int32 or dtype=bool, or leave it out to keep the dtype the kernel "
             f"returns")
-    return dt
+    return dt.newbyteorder("=") if not dt.isnative else dt  # '>f8': a native result
 
 
 def carry_dtypes(call: str, plan: Plan, kernels: Sequence[Any], args: Any, kwargs: Any,

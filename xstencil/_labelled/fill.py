@@ -57,8 +57,11 @@ def check_fill(call: str, fill_value: Any) -> None:
     """``fill_value`` is None or a number (not a bool-like string, list, ...)."""
     if fill_value is not None and (isinstance(fill_value, str) or not isinstance(
             fill_value, numbers.Number | np.generic) or np.ndim(fill_value) != 0):
+        hint = (" (a 0-d array: pass fill_value=x.item())"
+                if hasattr(fill_value, "shape") and np.ndim(fill_value) == 0 else "")
         raise XStencilError(
-            f"{call}: fill_value={fill_value!r:.60} must be a number, such as fill_value=0.0")
+            f"{call}: fill_value={fill_value!r:.60} must be a number, such as "
+            f"fill_value=0.0{hint}")
     exact_fill(call, fill_value)
 
 

@@ -103,7 +103,7 @@ class StaggeredWindow:
                 out[index[a]] = _land(self._label, a, 0, delta, pos, at[a])
         return out
 
-    def __call__(self, **offsets: Any) -> Any:
+    def __call__(self, /, **offsets: Any) -> Any:
         """Read by axis name, in cells from the output point: ``u(X=0.5)``."""
         return self._win(**self.offsets(offsets))
 
@@ -139,7 +139,7 @@ class _CoordWindow(StaggeredWindow):
         self._iw = iw
         self._edges = edges
 
-    def __call__(self, **offsets: Any) -> Any:
+    def __call__(self, /, **offsets: Any) -> Any:
         off = self.offsets(offsets)
         val = self._win(**off)
         if self._iw is None:
@@ -174,7 +174,7 @@ class MetricWindow:
         self._candidates = candidates
         self._label = label
 
-    def __call__(self, **offsets: Any) -> Any:
+    def __call__(self, /, **offsets: Any) -> Any:
         for c in self._candidates:
             try:
                 off = c.offsets(offsets)

@@ -28,7 +28,7 @@ class _Previous:
     def __init__(self, w: Any, dim: str):
         self._w, self._dim = w, dim
 
-    def __call__(self, *positional: Any, **offsets: Any) -> Any:
+    def __call__(self, /, *positional: Any, **offsets: Any) -> Any:
         if positional or offsets.pop(self._dim, None) != -1:
             raise NotPrevious("reads other than the previous position")
         return self._w(**offsets)
@@ -47,7 +47,7 @@ class _Constant:
     def __init__(self, w: Any, dim: str):
         self._w, self._dim = w, dim
 
-    def __call__(self, *positional: Any, **offsets: Any) -> Any:
+    def __call__(self, /, *positional: Any, **offsets: Any) -> Any:
         if positional or offsets.pop(self._dim, 0) not in (0, -1):
             raise NotPrevious("reads of a constant other than by name")
         return self._w(**offsets)

@@ -179,10 +179,11 @@ def deliver(call: str, target: Target | None, res: Any) -> Any:
             f"{res.shape!r} (dims {res.dims!r}); allocate np.empty({res.shape!r}, "
             f"{str(res.dtype)!r}), or {_FIX}")
     if buf.dtype != res.dtype:
+        cast = (f"pass dtype={str(buf.dtype)!r} to the map to cast the result, "
+                if buf.dtype.isnative else "")  # results are in native byte order
         raise XStencilError(
             f"{call}: out={_show(buf)} has dtype {str(buf.dtype)!r}, but the result has dtype "
             f"{str(res.dtype)!r} (no silent cast); allocate it with dtype "
-            f"{str(res.dtype)!r}, pass dtype={str(buf.dtype)!r} to the map to cast the "
-            f"result, or {_FIX}")
+            f"{str(res.dtype)!r}, {cast}or {_FIX}")
     np.copyto(buf, np.asarray(res.variable._data), casting="no")
     return replace_data(res, buf)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from xstencil._engine.call import native
 from xstencil._engine.coords import coord_digest
 from xstencil._engine.kcache import canonical, values_key
 from xstencil._errors import XStencilError
@@ -38,12 +39,12 @@ class State:
     def __init__(self, call: str, obj: Any):
         if isinstance(obj, xr.DataArray):
             self.names: tuple[str, ...] | None = None
-            self.arrays = [obj.data]
+            self.arrays = [native(obj.data)]
         elif isinstance(obj, xr.Dataset):
             self.names = tuple(str(n) for n in obj.data_vars)
             if not self.names:
                 raise XStencilError(f"{call}: the Dataset has no data variables")
-            self.arrays = [obj[n].data for n in self.names]
+            self.arrays = [native(obj[n].data) for n in self.names]
         else:
             raise XStencilError(
                 f"{call}: expected an xarray DataArray or Dataset, got {type(obj).__name__}: "

@@ -213,7 +213,7 @@ class _ProbeWindow(Window):
     def array(self) -> Any:
         raise _ArrayUse(self._label)
 
-    def __call__(self, *positional: Any, **offsets: int) -> Any:
+    def __call__(self, /, *positional: Any, **offsets: int) -> Any:
         if positional:
             raise XStencilError(positional_read(self._label, positional, self._probe.dims))
         for d, o in offsets.items():

@@ -26,7 +26,7 @@ from xstencil._backends.blockmesh import block_mesh
 from xstencil._backends.dask import is_dask, with_progress
 from xstencil._backends.halo import BlockJob
 from xstencil._engine.call import precision, split_static
-from xstencil._engine.coords import coord_values, numeric_coord
+from xstencil._engine.coords import coord_values, read_coord
 from xstencil._errors import XStencilError
 from xstencil._labelled.blockprep import block_arrays, block_spec, rewrap, setup, time_input
 from xstencil._labelled.core import Fields
@@ -79,7 +79,7 @@ def block_job(call: str, sp: ScanPlan, f: Fields, obj: Any, kernels: tuple[Calla
     if function_mesh is not None:
         regions, gmasks = function_mesh.regions(plan, spec.dim)
         bmesh, masks = block_mesh(regions, gmasks, plan, spec.total)
-    coords = {d: numeric_coord(call, d, coord_values(obj[d])) for d in spec.space_coords}
+    coords = {d: read_coord(call, d, coord_values(obj[d])) for d in spec.space_coords}
     finite = functools.partial(not_finite, call, spec.dim, sp.tvals) \
         if sp.check_finite else None
     a = block_arrays(sp, f)

@@ -257,6 +257,12 @@ def scan(
         if entry is not None:
             return scan_fast.run(entry, obj, args, kwargs, lifted)
     o = ScanPlan(call, *options)
+    empty = [str(d) for d, n in obj.sizes.items() if n == 0 and d != dim]
+    if empty:
+        raise XStencilError(
+            f"{call}: dim {empty[0]!r} has size 0, so there is nothing to step; scan data "
+            f"with at least one point along every dim (select it with .isel or check the "
+            f"selection that emptied it)")
     if step is not None:
         if kernel is not None:
             raise XStencilError(f"{call}: pass a kernel or step=, not both")

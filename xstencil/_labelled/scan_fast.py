@@ -369,8 +369,11 @@ def _warns(sp: ScanPlan, obj: Any) -> bool:
     plan = sp.plan
     assert plan is not None
     for d, s in zip(plan.dims, plan.specs, strict=True):
+        # any numeric coordinate of the dim, read by the kernel or not (the
+        # plan's coord_dims hold only the coordinates the kernel reads)
         if d != sp.dim and s.mode == "periodic" and (s.pad_lo or s.pad_hi) \
-                and d in plan.coord_dims and d in obj.coords:
+                and d in obj.coords and obj.coords[d].dims == (d,) \
+                and obj.coords[d].dtype.kind in "iuf":
             c = numeric_coord(sp.call, d, coord_values(obj.coords[d].variable))
             period = None if sp.period is None else sp.period.get(d)
             if repeated_period(c) is not None or repeated_period(c, period) is not None:

@@ -22,6 +22,7 @@ from xstencil._engine.coords import (
     numeric_coord,
     pack_coord,
     pad_coord,
+    read_coord,
     read_dtype,
 )
 from xstencil._engine.kcache import cached
@@ -383,7 +384,7 @@ def padded_time(call: str, plan: Plan, dim: str, values: Any, lo: int, hi: int,
     """The coordinate along ``dim`` as a kernel reads it (``u.coord(dim)``):
     numeric, in the variables' float dtype, padded by ``(lo, hi)`` positions
     (extended linearly unless the dim's boundary is ``fill``)."""
-    c = numeric_coord(call, dim, np.asarray(values))
+    c = read_coord(call, dim, np.asarray(values))
     mode = tmode if tmode in ("fill", "extend") else "extend"
     return pack_coord(pad_coord(call, dim, c, lo, hi, mode), coord_dtype(plan))
 

@@ -30,7 +30,7 @@ class _Lazy:
     def __init__(self, s: Any, name: str, used: set[str]):
         self._s, self._name, self._used = s, name, used
 
-    def __call__(self, **offsets: Any) -> Any:
+    def __call__(self, /, **offsets: Any) -> Any:
         self._used.add(self._name)
         if self._name not in self._s:
             raise XStencilError(
