@@ -257,12 +257,7 @@ def scan(
         if entry is not None:
             return scan_fast.run(entry, obj, args, kwargs, lifted)
     o = ScanPlan(call, *options)
-    empty = [str(d) for d, n in obj.sizes.items() if n == 0 and d != dim]
-    if empty:
-        raise XStencilError(
-            f"{call}: dim {empty[0]!r} has size 0, so there is nothing to step; scan data "
-            f"with at least one point along every dim (select it with .isel or check the "
-            f"selection that emptied it)")
+    _not_empty(call, obj, dim)
     if step is not None:
         if kernel is not None:
             raise XStencilError(f"{call}: pass a kernel or step=, not both")
@@ -274,6 +269,15 @@ def scan(
                             f"of one window, e.g. lambda u: u(time=-1) + ..., or step=fn")
     return _scan_kernel(obj, kernel, o, options, args, kwargs, dtype, devices, halo_every,
                         (lifted, sig), blocking, backend)
+
+
+def _not_empty(call: str, obj: Any, dim: str) -> None:
+    empty = [str(d) for d, n in obj.sizes.items() if n == 0 and d != dim]
+    if empty:
+        raise XStencilError(
+            f"{call}: dim {empty[0]!r} has size 0, so there is nothing to step; scan data "
+            f"with at least one point along every dim (select it with .isel or check the "
+            f"selection that emptied it)")
 
 
 def _scan_kernel(obj: Any, kernel: Any, o: ScanPlan, options: tuple[Any, ...], args: Any,
