@@ -136,13 +136,11 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
             _check_linear(call, matvec, b, boundary, fill_value)
         op = _poisson(call, matvec, b, operator, boundary, fill_value,
                                      tuple(map(str, state.dims))) if method == "multigrid" else None
-        null = op is None and _constants_in_null(matvec, b)
         owner, bkey, resolve = cached_body(operator)
-        key = ("solve", method, op, null, int(maxiter), int(restart), state.key(), static,
+        key = ("solve", method, op, int(maxiter), int(restart), state.key(), static,
                bkey, tuple(sorted((k, repr(v)) for k, v in options.items())))
         fn = compiled(owner, key, lambda: _build(call, resolve, state, options, static,
-                                                 method, op, int(maxiter), int(restart),
-                                                 null))
+                                                 method, op, int(maxiter), int(restart)))
         x, i, r, ok = settled(fn(b, guess, dyn, jnp.asarray(tol, jnp.real(b).dtype)),
                               (b, guess, dyn))
     field = own_order(state.wrap([host64(x)]), given)
@@ -150,17 +148,17 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
 
 
 def _build(call: str, resolve: Callable[[], Any], state: State, options: Mapping[str, Any],
-           static: Any, method: str, op: mg.Poisson | None, maxiter: int, restart: int,
-           null: bool = False) -> Callable[..., Any]:
+           static: Any, method: str, op: mg.Poisson | None, maxiter: int, restart: int
+           ) -> Callable[..., Any]:
     """The jitted solve.  The gradient solves the transposed system: with A
     itself only for multigrid's fitted operator, which is symmetric by
     construction (a Krylov operator may not be: ``reflect`` boundaries and
     variable coefficients are not, and CG converges on some such systems).
-    ``null``: A annihilates constants (a periodic or Neumann Laplacian), so
-    the forward solve gives the solution orthogonal to them, and the
-    transposed solve takes its right-hand side's mean out (its part along
-    the null space, where Aᵀ y = w has no solution and the iteration would
-    diverge)."""
+    Where A annihilates constants (a periodic or Neumann Laplacian, checked
+    in the program when the gradient is taken), the forward solve gives the
+    solution orthogonal to them, and the transposed solve takes its
+    right-hand side's mean out (its part along the null space, where
+    Aᵀ y = w has no solution and the iteration would diverge)."""
     def run(b: Any, x0: Any, dyn: Any, tol: Any) -> Any:
         a, kw = merge_static(dyn, static)
         step = step_function(call, resolve(), state, options)
@@ -180,8 +178,8 @@ def _build(call: str, resolve: Callable[[], Any], state: State, options: Mapping
             return x, (i, r)
 
         def transposed(mv: Any, rhs: Any) -> tuple[Any, Any]:
-            if null:
-                rhs = rhs - jnp.mean(rhs)
+            if op is None:
+                rhs = jnp.where(_constants_in_null(matvec, rhs), rhs - jnp.mean(rhs), rhs)
             return method_fn(mv, rhs, jnp.zeros_like(rhs))
 
         x, (i, r) = jax.lax.custom_linear_solve(
@@ -235,18 +233,18 @@ def _check_linear(call: str, matvec: Callable[..., Any], b: Any, boundary: Any,
                             f"linear problems only (Newton iterations can call solve per step)")
 
 
-def _constants_in_null(matvec: Callable[..., Any], b: Any) -> bool:
-    """Whether ``A 1 == 0`` to rounding (a periodic or Neumann Laplacian);
-    False where the operator cannot be evaluated now (traced arguments)."""
-    with jax.ensure_compile_time_eval():
-        a1 = matvec(jnp.ones(b.shape, b.dtype))
-        if not _concrete(a1) or jnp.iscomplexobj(a1):
-            return False
-        v = jnp.asarray(np.random.default_rng(2).random(b.shape) - 0.5, b.dtype)
-        av = np.asarray(matvec(v))
-    a1 = np.asarray(a1)
-    eps = float(np.finfo(a1.dtype).eps)
-    return bool(a1.size) and bool(np.abs(a1).max() <= 64 * eps * max(np.abs(av).max(), 1e-30))
+def _constants_in_null(matvec: Callable[..., Any], like: Any) -> Any:
+    """Whether ``A 1 == 0`` to rounding (a periodic or Neumann Laplacian), in
+    the program: ``|A 1|`` against ``|A v|`` for a fixed pseudo-random ``v``
+    (no eager evaluation per call, and traced coefficients work too)."""
+    if jnp.iscomplexobj(like):
+        return jnp.asarray(False)
+    real = jnp.real(like).dtype
+    idx = jnp.arange(like.size, dtype=real).reshape(like.shape)
+    v = jnp.sin(idx * 12.9898 + 0.5)
+    a1 = jnp.max(jnp.abs(matvec(jnp.ones_like(like))))
+    av = jnp.max(jnp.abs(matvec(v.astype(like.dtype))))
+    return a1 <= 64 * jnp.finfo(real).eps * av
 
 
 _apply = jax.jit(mg.apply, static_argnums=0)
