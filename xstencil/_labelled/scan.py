@@ -31,7 +31,7 @@ from typing import Any
 import jax.numpy as jnp
 import xarray as xr
 
-from xstencil._backends.loops import backend_arg
+from xstencil._backends.loops import backend_arg, resolve_mode
 from xstencil._engine.call import precision, split_static
 from xstencil._engine.kcache import cached, describe, settle
 from xstencil._engine.mesh import Slab
@@ -231,8 +231,11 @@ def scan(
                             progress=progress, checkpoint=checkpoint,
                             check_finite=check_finite, period=period, step=step,
                             devices=devices, halo_every=halo_every, grid=grid, at=at,
-                            mesh=mesh, dtype=dtype), store=store, resume=resume,
-                        segment=segment)
+                            mesh=mesh, dtype=dtype, blocking=blocking,
+                            # resolved, so that a resume under another XSTENCIL_BACKEND
+                            # is refused (the fingerprint holds it), not mixed
+                            backend=resolve_mode(backend_arg("scan", backend))),
+                        store=store, resume=resume, segment=segment)
     if grid is not None or at is not None:  # staggered: translated into a plain scan
         if step is not None:
             raise XStencilError("ds.stencil.scan(..., grid=...): grid= goes to the maps inside "

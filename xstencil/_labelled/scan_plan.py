@@ -44,6 +44,11 @@ MAX_STEPS = 2**31 - 2**16
 def check_dt(call: str, dt: Any) -> None:
     """``dt=`` must be one positive, finite real number or timedelta."""
     ok = False
+    if isinstance(dt, np.timedelta64) and np.datetime_data(dt.dtype)[0] in ("Y", "M"):
+        raise XStencilError(
+            f"{call}: dt={dt!r:.60} counts months or years, whose lengths vary, so it is no "
+            f"fixed spacing; pass the positions with coord= (e.g. coord=pd.date_range(start, "
+            f"periods=steps + 1, freq='MS').values) or a fixed dt (np.timedelta64(30, 'D'))")
     if isinstance(dt, np.timedelta64 | datetime.timedelta):
         td = np.timedelta64(dt)
         ok = not np.isnat(td) and td > np.timedelta64(0, td.dtype.str[-2:-1] or "s")

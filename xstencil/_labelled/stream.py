@@ -94,7 +94,10 @@ class _Run:
     tvals: np.ndarray  # the whole trajectory's dim coordinate (all positions)
     saves: int  # saved positions in all, the k initial ones included
     segment: int  # saved positions per segment
-    chunks: dict[str, int] | None = None  # dask-backed: the input's chunk size per dim
+    chunks: dict[str, int] | None = None  # dask-backed: the store's chunk size per dim
+    # dask-backed: the input's own chunks per dim, which each segment's input keeps
+    # (the store's uniform ones, the largest, could leave a last chunk under the halo)
+    state_chunks: dict[str, tuple[int, ...]] | None = None
     layout: Layout | None = None  # sharded over devices: the input's layout
     together: bool = False  # global arrays over several processes: collective store access
 
@@ -112,6 +115,8 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
     meta = {"version": 1, **fingerprint(obj, kernel, dim, args, kwargs, options, run.layout),
             "kind": "DataArray" if isinstance(obj, xr.DataArray) else "Dataset",
             "name": None if isinstance(obj, xr.Dataset) else _name(obj.name),
+            "taken": [] if isinstance(obj, xr.Dataset) else sorted(
+                {str(n) for n in obj.coords} | {str(d) for d in obj.dims} | {dim}),
             "dim": dim, "saves": run.saves, "complete": 0}
     # over several processes, process 0 alone looks at and changes the store's metadata
     # (another process could see what process 0 has just written), and tells the others
@@ -191,9 +196,10 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
         else [obj.data]
     layout = layout_of(call, obj)
     together = layout is not None and spans_processes(obj)
-    chunks = None
+    chunks = state_chunks = None
     if any_dask(datas):
         chunks = {str(d): max(c) for d, c in obj.chunksizes.items() if d != dim}
+        state_chunks = {str(d): tuple(c) for d, c in obj.chunksizes.items() if d != dim}
     k = obj.sizes[dim] if dim in obj.dims else 1
     if k > 1 and every > 1:
         raise XStencilError(
@@ -218,8 +224,8 @@ def _plan(call: str, obj: Any, dim: str, options: Mapping[str, Any], store: Any,
     elif isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
         raise XStencilError(f"{call}: segment={segment!r} must be an int >= 1 (saved "
                             f"positions per segment written to the store)")
-    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment, chunks, layout,
-                together)
+    return _Run(call, dim, k, steps, every, np.asarray(tvals), saves, segment, chunks,
+                state_chunks, layout, together)
 
 
 def _evolving(obj: Any, dim: str) -> list[Any]:
@@ -249,8 +255,10 @@ def _segment(scan: Callable[..., Any], run: _Run, state: Any, kernel: Any,
     try:
         out = scan(state, kernel, dim, *args, **opts, **kwargs)
     except XStencilError as e:
-        raise XStencilError(f"{e} (store=: in the segment starting at position {p0} along "
-                            f"{dim!r})") from e
+        raise XStencilError(
+            f"{e} (store=: in the segment starting at position {p0} along {dim!r}, "
+            f"{dim}={run.tvals[p0]}; positions and {dim!r} values above count from that "
+            f"segment's start)") from e
     pos = [_position(run, i) for i in range(first, b)]
     assert out.sizes[dim] == len(pos), (out.sizes[dim], pos)
     return out.assign_coords({dim: xr.Variable(dim, run.tvals[pos])})
@@ -282,11 +290,12 @@ def _next_state(out: Any, path: str, meta: dict[str, Any], run: _Run, done: int)
         return reshard(state, run.layout)
     if run.chunks is None:
         return state.load()
-    return state.chunk({d: c for d, c in run.chunks.items() if d in state.dims})
+    return state.chunk({d: c for d, c in (run.state_chunks or run.chunks).items()
+                        if d in state.dims})
 
 
 def _encode(out: Any, meta: dict[str, Any], run: _Run) -> xr.Dataset:
-    ds = out.to_dataset(name=meta["name"] or _DA) if isinstance(out, xr.DataArray) else out
+    ds = out.to_dataset(name=_stored_name(meta)) if isinstance(out, xr.DataArray) else out
     return ds.assign_attrs({STORE_KEY: meta})
 
 
@@ -303,10 +312,34 @@ def _write(ds: xr.Dataset, path: str, run: _Run, first: bool) -> None:
         enc = {n: {"chunks": tuple(along if d == dim else (run.chunks or {}).get(d, s)
                                    for d, s in zip(v.dims, v.shape, strict=True))}
                for n, v in ds.variables.items() if dim in v.dims}
+        enc.setdefault(dim, {}).update(_time_encoding(run.tvals))
         ds.to_zarr(path, mode="w-", encoding=enc, consolidated=False)
     else:
         keep = [n for n, v in ds.variables.items() if dim not in v.dims]
         ds.drop_vars(keep).to_zarr(path, append_dim=dim, consolidated=False)
+
+
+_UNITS = {"D": "days", "h": "hours", "m": "minutes", "s": "seconds", "ms": "milliseconds",
+          "us": "microseconds", "ns": "nanoseconds"}
+
+
+def _time_encoding(tvals: np.ndarray) -> dict[str, Any]:
+    """CF units for the ``dim`` coordinate that hold every position of the
+    run exactly, fixed by the first segment's write: xarray picks units from
+    the first segment's values alone (days for steps of a day), and appended
+    positions that need finer ones (60 hours) were read back in those units
+    (60 days), silently."""
+    if tvals.dtype.kind not in "Mm":
+        return {}
+    unit, count = np.datetime_data(tvals.dtype)
+    if unit not in _UNITS or count != 1:
+        return {}
+    if tvals.dtype.kind == "m":
+        return {"units": _UNITS[unit], "dtype": "int64"}
+    first = np.datetime_as_string(tvals[~np.isnat(tvals)][0], unit=unit) if (
+        ~np.isnat(tvals)).any() else "1970-01-01"
+    return {"units": f"{_UNITS[unit]} since {first}", "calendar": "proleptic_gregorian",
+            "dtype": "int64"}
 
 
 def _datas(obj: Any) -> list[Any]:
@@ -399,13 +432,19 @@ def _open(path: str, meta: dict[str, Any], run: _Run) -> Any:
     ds = xr.open_zarr(path, consolidated=False, chunks=chunks)
     attrs = {n: v for n, v in ds.attrs.items() if n != STORE_KEY}
     if meta["kind"] == "DataArray":
-        name = meta["name"] or _DA
-        da = ds[name]
-        if meta["name"] is None:
-            da.name = None
+        da = ds[_stored_name(meta)]
+        da.name = meta["name"]
         return da
     ds.attrs = attrs  # the marker stays in the store only
     return ds
+
+
+def _stored_name(meta: dict[str, Any]) -> str:
+    """The store's variable of a DataArray: its name, or xarray's own for an
+    unnamed one, and also for one named like a coordinate or dim (``x``),
+    which a Dataset cannot hold next to that coordinate."""
+    return _DA if meta["name"] is None or meta["name"] in meta.get("taken", ()) \
+        else meta["name"]
 
 
 def _name(name: Any) -> str | None:

@@ -30,7 +30,7 @@ __all__ = ["fingerprint"]
 
 _DA = "__xarray_dataarray_variable__"
 #: Options that do not change the numbers (left out of the fingerprint).
-_FREE = ("progress", "checkpoint")
+_FREE = ("progress", "checkpoint", "blocking")  # the same numbers either way
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
