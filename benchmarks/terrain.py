@@ -83,7 +83,9 @@ def columns(n: int) -> dict[str, Any]:
         got = np.asarray(getattr(r, "values", r), np.float64)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         err = np.nanmax(np.abs(got - want))
-        if not err <= 1e-3:
+        # xrspatial sums in float64 (numba promotes 2 * f), the others in float32:
+        # a few thousand metres of relief round to about 1e-3 degrees of slope
+        if not err <= 5e-3:
             raise AssertionError(f"{name}: slope differs from xrspatial's by {err} degrees")
     return cols
 
