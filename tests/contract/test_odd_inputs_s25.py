@@ -141,3 +141,12 @@ def test_a_zero_d_array_fill_value_gets_a_hint():
         da.stencil.map(lambda u: u(x=1), fill_value=da.min().values)
     out = da.stencil.map(lambda u: u(x=1), fill_value=da.min().values.item())
     np.testing.assert_array_equal(out.values, [1.0, 2.0, 3.0, 0.0])
+
+
+@pytest.mark.parametrize("bad", [0, 2.5, True, "2"])
+def test_halo_every_must_be_a_positive_int(bad):
+    """In memory, halo_every was taken as given (0, 2.5, True, "2")."""
+    u = xr.DataArray(np.zeros(8), dims="x")
+    with pytest.raises(XStencilError, match=r"halo_every=.* must be an int >= 1"):
+        u.stencil.scan(lambda u: u(time=-1, x=1), dim="time", steps=2, halo_every=bad,
+                       boundary="periodic")

@@ -172,3 +172,25 @@ def test_gradient_to_a_traced_coefficient_with_a_transposed_solve(method):
         h = 1e-6
         fd = (float(loss(kap + h, "cg")) - float(loss(kap - h, "cg"))) / (2 * h)
     np.testing.assert_allclose(g, fd, rtol=1e-6)
+
+
+def test_cg_restarts_when_its_recursive_residual_drifts():
+    """In float32, CG's recursive residual fell below tol while the true one
+    was 3.4e-5 (tol 1e-5): it stopped, then warned to raise maxiter.  It
+    restarts from its iterate now, and the reported residual is the true one."""
+    n = 200
+    b = np.random.default_rng(0).standard_normal((n, n)).astype("f4")
+
+    def k(u):
+        return u(x=1) + u(x=-1) + u(y=1) + u(y=-1) - 4 * u()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = xstencil.solve(k, xr.DataArray(b, dims=("y", "x")), boundary="fill",
+                           fill_value=0.0, tol=1e-5)
+    assert bool(r.converged) and r.residual <= 1e-5
+    x = r.field.values.astype(np.float64)
+    p = np.pad(x, 1)
+    ax = p[2:, 1:-1] + p[:-2, 1:-1] + p[1:-1, 2:] + p[1:-1, :-2] - 4 * x
+    true = np.linalg.norm(b - ax) / np.linalg.norm(b.astype(np.float64))
+    assert true <= 1.5e-5  # the float32 residual's own rounding aside

@@ -25,6 +25,7 @@ position, timedeltas as seconds.  It must increase strictly when read.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -260,7 +261,7 @@ def scan(
         if entry is not None:
             return scan_fast.run(entry, obj, args, kwargs, lifted)
     o = ScanPlan(call, *options)
-    _not_empty(call, obj, dim)
+    _check_extent(call, obj, dim, halo_every)
     if step is not None:
         if kernel is not None:
             raise XStencilError(f"{call}: pass a kernel or step=, not both")
@@ -274,7 +275,14 @@ def scan(
                         (lifted, sig), blocking, backend)
 
 
-def _not_empty(call: str, obj: Any, dim: str) -> None:
+def _check_extent(call: str, obj: Any, dim: str, halo_every: Any) -> None:
+    """No dim of size 0, and ``halo_every`` an int >= 1 (in memory too, where
+    it was taken as given: 0, 2.5 or True)."""
+    if halo_every is not None and (isinstance(halo_every, bool) or not isinstance(
+            halo_every, numbers.Integral) or halo_every < 1):
+        raise XStencilError(
+            f"{call}: halo_every={halo_every!r} must be an int >= 1 (steps per halo "
+            f"exchange of dask-backed or sharded data), or None")
     empty = [str(d) for d, n in obj.sizes.items() if n == 0 and d != dim]
     if empty:
         raise XStencilError(
