@@ -419,8 +419,11 @@ def test_scan_check_finite(save_every):
     out = u0.chunk({"x": 10}).stencil.scan(unstable, "time", halo_every=4, **kw)
     assert isinstance(out.data, dsa.Array)  # nothing runs before compute()
     with pytest.raises(XStencilError, match=rf"position {first} along 'time' \(time={first}\) "
-                                            rf"in the chunk at x\[\d+:\]; check the time step"):
+                                            rf"in the chunk at x\[(\d+):(\d+)\]; check the "
+                                            rf"time step") as e:
         out.compute()
+    a, b = map(int, re.search(r"x\[(\d+):(\d+)\]", str(e.value)).groups())
+    assert b - a == 10 and a % 10 == 0  # a whole chunk, named by its start and stop
     # fill with NaN (the default fill_value) only ever reaches the halo's outer cells
     ok = u0.chunk({"x": 10}).stencil.scan(heat, "time", steps=20, check_finite=True,
                                           boundary={"x": "fill", "y": "periodic"},

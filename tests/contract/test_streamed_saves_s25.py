@@ -88,3 +88,19 @@ def test_months_are_no_fixed_spacing():
     with pytest.raises(XStencilError, match="counts months or years.*coord="):
         u.stencil.scan(heat, dim="time", steps=3, dt=np.timedelta64(1, "M"),
                        boundary="periodic")
+
+
+def test_a_dataset_keeps_its_variable_order(tmp_path):
+    """The store lists its variables in no fixed order; the result has the input's."""
+    rng = np.random.default_rng(4)
+    ds = xr.Dataset({n: ("x", rng.random(8)) for n in ("h", "c", "b", "u")})
+
+    def k(s):
+        return {n: s[n](time=-1, x=1) for n in ("h", "c", "b", "u")}
+
+    got = ds.stencil.scan(k, dim="time", steps=3, boundary="periodic",
+                          store=tmp_path / "o.zarr")
+    assert list(got.data_vars) == ["h", "c", "b", "u"]
+    want = ds.stencil.scan(k, dim="time", steps=3, boundary="periodic")
+    for n in ds.data_vars:
+        np.testing.assert_array_equal(got[n].values, want[n].values)

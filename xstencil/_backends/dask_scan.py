@@ -106,10 +106,16 @@ class BlockScan:
             out, bad = fn(pieces, edges, coords, list(self.dyn), np.int32(self.t),
                           np.int32(self.n), origin, self.tcoord)
         if self.finite is not None and int(bad) >= 0:
-            first = ", ".join(f"{d}[{self.starts[a][loc[a]]}:]" for a, d in
-                              enumerate(spec.plan.dims) if a and len(self.starts[a]) > 1)
+            first = ", ".join(f"{d}[{self.starts[a][loc[a]]}:{self._end(a, loc[a])}]"
+                              for a, d in enumerate(spec.plan.dims)
+                              if a and len(self.starts[a]) > 1)
             raise self.finite(int(bad), f" in the chunk at {first}" if first else "")
         return np.asarray(out)
+
+    def _end(self, a: int, k: int) -> int:
+        """The stop of chunk ``k`` along axis ``a`` (the next chunk's start)."""
+        starts = self.starts[a]
+        return starts[k + 1] if k + 1 < len(starts) else int(self.spec.plan.shape[a])
 
     def _loops_apply(self, pieces: list[Any]) -> bool:
         """Whether the task may run the loop scan: one initial position, no

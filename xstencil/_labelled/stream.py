@@ -115,6 +115,7 @@ def streamed(scan: Callable[..., Any], call: str, obj: Any, kernel: Any, dim: st
     meta = {"version": 1, **fingerprint(obj, kernel, dim, args, kwargs, options, run.layout),
             "kind": "DataArray" if isinstance(obj, xr.DataArray) else "Dataset",
             "name": None if isinstance(obj, xr.Dataset) else _name(obj.name),
+            "order": [str(n) for n in obj.data_vars] if isinstance(obj, xr.Dataset) else [],
             "taken": [] if isinstance(obj, xr.Dataset) else sorted(
                 {str(n) for n in obj.coords} | {str(d) for d in obj.dims} | {dim}),
             "dim": dim, "saves": run.saves, "complete": 0}
@@ -436,7 +437,9 @@ def _open(path: str, meta: dict[str, Any], run: _Run) -> Any:
         da.name = meta["name"]
         return da
     ds.attrs = attrs  # the marker stays in the store only
-    return ds
+    order = [n for n in meta.get("order", ()) if n in ds.data_vars]  # the input's order (the
+    # store lists its variables in no fixed order)
+    return ds[order + [n for n in ds.data_vars if n not in order]]
 
 
 def _stored_name(meta: dict[str, Any]) -> str:
