@@ -94,3 +94,15 @@ def test_a_mesh_mask_on_another_position_is_refused():
     want[:, 2] = 0.0
     np.testing.assert_array_equal(out.values, want)
     assert out.dims == ("y_c", "x_g")
+
+
+def test_integer_coordinates_beyond_2_53_are_refused_on_a_grid():
+    """As in a plain map (read_coord): their differences would be rounded to 256."""
+    from xstencil import XStencilError
+
+    big = 1_700_000_000_000_000_000 + 1000 * np.arange(6, dtype=np.int64)
+    ds = xr.Dataset({"h": ("x_c", np.arange(6.0)), "u": ("x_g", np.zeros(6))},
+                    coords={"x_c": big + 500, "x_g": big})
+    with pytest.raises(XStencilError, match=r"'x_c' holds integers beyond 2\*\*53"):
+        ds.stencil.map(lambda s: s.h.coord("X")(X=0.5) - s.h.coord("X")(X=-0.5), grid=GRID,
+                       at={"X": "left"}, boundary={"X": "extend"})

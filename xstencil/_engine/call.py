@@ -83,11 +83,13 @@ def precision(*xs: Any) -> Iterator[None]:
 
 
 def native(x: Any) -> Any:
-    """Numpy data in native byte order: a big-endian ``'>f4'`` array (read
-    from a netCDF or HDF5 file) is converted, as JAX and numba take native
-    data only; anything else is returned as it is."""
-    if isinstance(x, np.ndarray | np.generic) and not x.dtype.isnative:
-        return x.astype(x.dtype.newbyteorder("="))
+    """Data in native byte order: a big-endian ``'>f4'`` array (read from a
+    netCDF or HDF5 file; numpy, a numpy scalar, or dask, converted lazily per
+    block) is converted, as JAX and numba take native data only; anything
+    else is returned as it is."""
+    dt = getattr(x, "dtype", None)
+    if isinstance(dt, np.dtype) and not dt.isnative and hasattr(x, "astype"):
+        return x.astype(dt.newbyteorder("="))
     return x
 
 

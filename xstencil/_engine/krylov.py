@@ -30,8 +30,10 @@ def _nrm(a: Any) -> Any:
 
 def relres(matvec: Matvec, b: Any, x: Any) -> Any:
     """``|b - A x| / |b|`` (``|b - A x|`` when ``b`` is zero)."""
-    nb = _nrm(b)
-    r = _nrm(b - matvec(x))
+    return _relative(_nrm(b - matvec(x)), _nrm(b))
+
+
+def _relative(r: Any, nb: Any) -> Any:
     return jnp.where(nb > 0, r / jnp.where(nb > 0, nb, 1), r)
 
 
@@ -73,9 +75,9 @@ def cg(matvec: Matvec, b: Any, x0: Any, tol: Any, maxiter: Any) -> tuple[Any, An
         return (k <= RESTARTS) & (i < maxiter) & (_nrm(r) > stop)
 
     r0 = b - matvec(x0)
-    _, i, x, _ = jax.lax.while_loop(again, run, (jnp.asarray(0, jnp.int32),
+    _, i, x, r = jax.lax.while_loop(again, run, (jnp.asarray(0, jnp.int32),
                                                  jnp.asarray(0, jnp.int32), x0, r0))
-    return x, i, relres(matvec, b, x)
+    return x, i, _relative(_nrm(r), nb)  # r is b - A x: the true residual
 
 
 def bicgstab(matvec: Matvec, b: Any, x0: Any, tol: Any, maxiter: Any) -> tuple[Any, Any, Any]:

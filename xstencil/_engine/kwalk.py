@@ -22,6 +22,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from xstencil._engine.call import native
+
 __all__ = ["freeze", "Identity", "Opaque", "Walk", "code_names", "is_library", "is_array",
            "instance_key", "BUDGET", "SINKS", "LOCK"]
 
@@ -151,8 +153,7 @@ class Walk:
             if lift and not self.fixed:
                 # in native byte order (weights read from a file may be '>f4'),
                 # keyed by the array's own dtype
-                self.leaves.append(v.astype(v.dtype.newbyteorder("="))
-                                   if isinstance(v, np.ndarray) and not v.dtype.isnative else v)
+                self.leaves.append(native(v))
                 new = next(self.subst) if self.subst is not None else v
                 return ("leaf", tuple(np.shape(v)), str(v.dtype)), new
             if isinstance(v, np.ndarray):  # read through an attribute: by content

@@ -63,10 +63,10 @@ def dtype_of(dtype: Any) -> np.dtype:
 
 
 def source_dtype(dtype: Any) -> np.dtype:
-    """The dtype of a window source's cells: a loop dtype, or the complex
-    float pair of a coordinate (:func:`~xstencil._engine.coords.pack_coord`),
-    which the kernel reads only through ``real`` and ``imag``
-    (:meth:`CodeAlgebra.apply` refuses any other use)."""
+    """The dtype of a window source's cells: a loop dtype, or complex (a
+    float32 coordinate's float pair, :func:`~xstencil._engine.coords.
+    pack_coord`, or complex data), read only through ``real`` and ``imag``:
+    :meth:`CodeAlgebra.apply` refuses any other use of a complex value."""
     dt = np.dtype(dtype)
     if dt in (np.complex64, np.complex128):
         return dt

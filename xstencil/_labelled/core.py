@@ -91,24 +91,13 @@ def _check_dtype(call: str, name: str, dtype: Any) -> None:
         )
 
 
-def _native(x: Any) -> Any:
-    """Data in native byte order (:func:`~xstencil._engine.call.native`),
-    numpy or dask (a big-endian dask array is converted lazily, per block)."""
-    if isinstance(x, np.ndarray):
-        return native(x)
-    dt = getattr(x, "dtype", None)
-    if isinstance(dt, np.dtype) and not dt.isnative and hasattr(x, "map_blocks"):
-        return x.astype(dt.newbyteorder("="))
-    return x
-
-
 def unwrap(call: str, obj: Any, *, skip: Sequence[str] = ()) -> Fields:
     """Check and unwrap a DataArray or Dataset (no copy of JAX data)."""
     if isinstance(obj, xr.DataArray):
         _check_dtype(call, "the data", obj.dtype)
         if obj.ndim == 0:
             raise XStencilError(f"{call}: the DataArray is a scalar; stencils need dims")
-        data = _native(obj.data)
+        data = native(obj.data)
         return Fields(obj, tuple(map(str, obj.dims)), tuple(obj.shape), None, [data],
                       (tuple(map(str, obj.dims)),), (data.dtype,))
     if isinstance(obj, xr.Dataset):
@@ -123,7 +112,7 @@ def unwrap(call: str, obj: Any, *, skip: Sequence[str] = ()) -> Fields:
         for n in names:
             v = obj[n]
             order = tuple(d for d in dims if d in v.dims)
-            arrays.append(_native(v.transpose(*order).data))
+            arrays.append(native(v.transpose(*order).data))
             var_dims.append(order)
         shape = tuple(obj.sizes[d] for d in dims)
         return Fields(obj, tuple(dims), shape, names, arrays, tuple(var_dims),

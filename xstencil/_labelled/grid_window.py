@@ -128,8 +128,9 @@ class StaggeredWindow:
 
 class _CoordWindow(StaggeredWindow):
     """A coordinate read like its variable.  Across a periodic seam it
-    continues by one period; past a ``fill`` or ``extend`` edge it continues
-    linearly with the edge's spacing, as a plain map's ``u.coord`` does
+    continues by one period; past any other edge it continues linearly with
+    the edge's spacing, as a plain map's ``u.coord`` does under ``fill`` and
+    ``extend``
     (``edges``: the first value and spacing at each end, read at the output
     point; the padded value itself would be the fill value or the edge's)."""
 

@@ -225,8 +225,8 @@ def scan(
     1.0
     """
     if store is not None or resume or segment is not None:  # streamed saves (Zarr)
-        return streamed(scan, f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil."
-                        f"scan(..., store=...)", obj, kernel, dim, args, kwargs, dict(
+        scall = f"{'da' if isinstance(obj, xr.DataArray) else 'ds'}.stencil.scan(..., store=...)"
+        return streamed(scan, scall, obj, kernel, dim, args, kwargs, dict(
                             window=window, boundary=boundary, fill_value=fill_value,
                             steps=steps, dt=dt, coord=coord, save_every=save_every,
                             progress=progress, checkpoint=checkpoint,
@@ -235,7 +235,7 @@ def scan(
                             mesh=mesh, dtype=dtype, blocking=blocking,
                             # resolved, so that a resume under another XSTENCIL_BACKEND
                             # is refused (the fingerprint holds it), not mixed
-                            backend=resolve_mode(backend_arg("scan", backend))),
+                            backend=resolve_mode(backend_arg(scall, backend))),
                         store=store, resume=resume, segment=segment)
     if grid is not None or at is not None:  # staggered: translated into a plain scan
         if step is not None:

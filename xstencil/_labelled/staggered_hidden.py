@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.coords import coord_values, numeric_coord
+from xstencil._engine.coords import coord_values, numeric_coord, read_coord
 from xstencil._labelled.grid import Grid
 
 __all__ = ["EDGE", "HIDDEN", "POS", "translate"]
@@ -41,7 +41,7 @@ def translate(call: str, ds: xr.Dataset, g: Grid, positions: Mapping[str, Mappin
             cv = _coord(ds, g, d)
             if p not in POS or cv is None or cv.dims != (d,):
                 continue
-            c = numeric_coord(call, d, coord_values(cv))
+            c = read_coord(call, d, coord_values(cv))
             if c is None:
                 continue
             name = f"{HIDDEN}c_{d}"
