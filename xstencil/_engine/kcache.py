@@ -155,7 +155,7 @@ def settle(lifted: Lifted) -> None:
     (``calls.append(1)`` in a kernel) becomes a sink, keyed by identity from
     now on, so that the write does not make every later call a miss."""
     for v, items in lifted.containers:
-        now = list(v.items()) if type(v) is dict else list(enumerate(v))
+        now = list(v.items()) if isinstance(v, dict) else list(enumerate(v))
         if len(now) != len(items) or any(
                 a != c or b is not d for (a, b), (c, d) in zip(now, items, strict=True)):
             with _LOCK:

@@ -10,6 +10,9 @@ object by identity while keeping it alive.
 
 from __future__ import annotations
 
+import array
+import collections
+import copy
 import functools
 import hashlib
 import sys
@@ -25,7 +28,7 @@ import numpy as np
 from xstencil._engine.call import native
 
 __all__ = ["freeze", "Identity", "Opaque", "Walk", "code_names", "is_library", "is_array",
-           "instance_key", "BUDGET", "SINKS", "LOCK"]
+           "instance_key", "BUDGET", "SINKS", "LOCK", "VALUE_KEYS", "digest"]
 
 #: Lists and dicts a trace wrote to, by id: keyed by identity from then on
 #: (:func:`xstencil._engine.kcache.settle` adds them, under :data:`LOCK`).
@@ -33,10 +36,18 @@ SINKS: OrderedDict[int, tuple[Any]] = OrderedDict()
 LOCK = threading.Lock()
 
 _SCALARS = (bool, int, str, bytes, type(None), type(Ellipsis))
+_SEQUENCES = (collections.deque, array.array, bytearray, set, frozenset)
 _LIBRARIES = frozenset({"numpy", "jax", "jaxlib", "scipy", "xarray", "xstencil", "pandas",
                         "dask", "equinox", "optax", "builtins"}) | frozenset(
     getattr(sys, "stdlib_module_names", ()))
 BUDGET = 400  # values visited per kernel before it is treated as opaque
+#: Keyers for library containers that can change in place (a DataArray, a
+#: pandas Series): each takes a value and returns a hashable key of its whole
+#: content, or ``None`` for a value it does not know (or cannot read: a
+#: tracer).  The layer that knows a type registers its keyer at import (the
+#: engine never imports xarray).  Such values stay in the kernel as they are,
+#: baked into the compiled code, so a key by content is what makes reuse safe.
+VALUE_KEYS: list[Any] = []
 _ATOMS = frozenset({type(None), str, int, bool})  # keyed as they are by freeze()
 
 
@@ -113,7 +124,17 @@ def is_library(module: str | None) -> bool:
 def is_array(v: Any) -> bool:
     if isinstance(v, jax.Array):
         return True
-    return isinstance(v, np.ndarray) and v.dtype.kind in "biufc"
+    # a masked array is not a JAX input: keyed by content instead (``Walk.value``)
+    return isinstance(v, np.ndarray) and v.dtype.kind in "biufc" \
+        and not isinstance(v, np.ma.MaskedArray)
+
+
+def digest(a: np.ndarray) -> Hashable:
+    """An array by content: shape, dtype and a digest of its bytes (of the
+    ``repr`` of its items for object arrays), the same in every process."""
+    a = np.asarray(a)
+    raw = a.tobytes() if a.dtype.kind != "O" else repr(a.tolist()).encode()
+    return (a.shape, str(a.dtype), hashlib.blake2b(raw, digest_size=16).hexdigest())
 
 
 def _float(v: float) -> Hashable:
@@ -161,14 +182,21 @@ class Walk:
                 return ("array", Identity(v), v.shape, str(v.dtype),
                         hashlib.blake2b(v.tobytes(), digest_size=16).hexdigest()), v
             return ("array", Identity(v)), v
+        if isinstance(v, np.ma.MaskedArray):
+            return ("masked", digest(v.data), digest(np.ma.getmaskarray(v)),
+                    repr(v.fill_value)), v
         if type(v) is tuple:
             before = len(self.leaves)
             parts = [self.value(x, names, lift) for x in v]
             new = tuple(p[1] for p in parts) \
                 if self.subst is not None and len(self.leaves) > before else v
             return ("tuple", tuple(p[0] for p in parts)), new
-        if type(v) in (list, dict):
+        if type(v) in (list, dict) or isinstance(v, list | dict) and is_library(
+                type(v).__module__):  # OrderedDict, defaultdict, Counter too
             return self.mutable(v, names, lift)
+        if isinstance(v, _SEQUENCES):  # changes in place: by content
+            items = sorted(v, key=repr) if isinstance(v, set | frozenset) else tuple(v)
+            return (type(v).__name__, self.value(tuple(items), names, lift=False)[0]), v
         if type(v) is types.FunctionType:
             if is_library(v.__module__):
                 return ("id", Identity(v)), v
@@ -190,6 +218,10 @@ class Walk:
                         self.value(dict(v.keywords), own, lift=False)[0]), v
             finally:
                 self.fixed -= 1
+        for keyer in VALUE_KEYS:
+            k = keyer(v)
+            if k is not None:
+                return ("content", type(v).__module__, type(v).__qualname__, k), v
         return self.obj(v, names), v
 
     def mutable(self, v: list[Any] | dict[Any, Any], names: tuple[str, ...],
@@ -198,18 +230,18 @@ class Walk:
         wrote to it (a trace counter, see :func:`settle`): such a *sink* is
         keyed by identity.  Arrays in it are dynamic inputs either way."""
         sink = SINKS.get(id(v), (None,))[0] is v
-        items = list(v.items()) if type(v) is dict else list(enumerate(v))
+        items = list(v.items()) if isinstance(v, dict) else list(enumerate(v))
         if sink:
             items = [(k, x) for k, x in items if is_array(x) and lift]
         before = len(self.leaves)
         parts = [(k, self.value(k, ())[0], self.value(x, names, lift)) for k, x in items]
-        key = (type(v).__name__, Identity(v) if sink else None,
+        key = (type(v).__qualname__, Identity(v) if sink else None,
                tuple((kk, p[0]) for _, kk, p in parts))
         if not sink:
             self.containers.append((v, tuple(items)))
         if self.subst is None or len(self.leaves) == before:
             return key, v
-        new = type(v)(v)
+        new = copy.copy(v)  # keeps a defaultdict's factory
         for k, _, p in parts:
             new[k] = p[1]
         return key, new

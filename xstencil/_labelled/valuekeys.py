@@ -1,0 +1,89 @@
+"""Compile-cache keys by content for xarray and pandas objects that kernels
+and step functions read (see :data:`xstencil._engine.kwalk.VALUE_KEYS`).
+
+A step function that closes over the image it denoises, or a kernel that
+reads a coefficient DataArray as a global, bakes that object's values into
+the compiled code.  Keyed by identity, as any other library object was, the
+cache went stale when the object was changed in place (``coef[...] = 2``
+kept the old values) and compiled again for an equal object built anew (a
+step function written inside the function that calls ``scan``: about a
+second per call).  Keyed by content (data, dims, coords, attrs, name), an
+equal object reuses the compiled code and a changed one compiles again.
+
+A value whose content cannot be read without running something is not
+keyed here: a tracer (it cannot change), or data of another array type.
+dask-backed data is keyed by the dask array's name, which changes whenever
+its content could.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from xstencil._engine.kwalk import VALUE_KEYS, digest
+
+__all__ = ["content_key"]
+
+
+class _Unreadable(Exception):
+    """Content that cannot be read here (a tracer, an unknown array type)."""
+
+
+def _data(a: Any) -> Hashable:
+    if isinstance(a, np.ndarray):
+        return digest(a)
+    if isinstance(a, jax.core.Tracer):
+        raise _Unreadable
+    if isinstance(a, jax.Array):
+        return digest(np.asarray(a))
+    name = getattr(a, "name", None)
+    if type(a).__module__.startswith("dask.") and isinstance(name, str):
+        return ("dask", name, tuple(a.shape), str(a.dtype))
+    raise _Unreadable
+
+
+def _attrs(attrs: Mapping[Any, Any]) -> Hashable:
+    # arrays in attrs by content: a repr elides the middle of a long one
+    return tuple((repr(k), _data(v) if isinstance(v, np.ndarray) else repr(v))
+                 for k, v in attrs.items())
+
+
+def _variable(v: xr.Variable) -> Hashable:
+    return (tuple(map(str, v.dims)), _data(v.data), _attrs(v.attrs))
+
+
+def _coords(obj: xr.DataArray | xr.Dataset) -> Hashable:
+    return tuple((repr(n), _variable(c.variable)) for n, c in obj.coords.items())
+
+
+def content_key(v: Any) -> Hashable | None:
+    """``v`` by content, or ``None`` for a value this module does not key."""
+    try:
+        if isinstance(v, xr.DataArray):
+            return ("DataArray", repr(v.name), _variable(v.variable), _coords(v))
+        if isinstance(v, xr.Dataset):
+            return ("Dataset", tuple((repr(n), _variable(x.variable))
+                                     for n, x in v.data_vars.items()),
+                    _coords(v), _attrs(v.attrs))
+        if isinstance(v, xr.Variable):
+            return ("Variable", _variable(v))
+        if isinstance(v, pd.Index):
+            return ("Index", repr(v.name), str(v.dtype), _data(np.asarray(v)))
+        if isinstance(v, pd.Series):
+            return ("Series", repr(v.name), content_key(v.index), str(v.dtype),
+                    _data(np.asarray(v)))
+        if isinstance(v, pd.DataFrame):
+            return ("DataFrame", content_key(v.index), content_key(v.columns),
+                    tuple(content_key(v[c]) for c in v.columns))
+    except _Unreadable:
+        return None
+    return None
+
+
+VALUE_KEYS.append(content_key)
