@@ -101,6 +101,10 @@ def _containers() -> list[tuple[str, Any, Callable[[Any], None], Callable[[Any],
          lambda c: lambda u: u() + c[0]),
         ("masked", np.ma.array([1.0, 2.0], mask=[False, True]),
          lambda c: c.__setitem__(0, 5.0), lambda c: lambda u: u() + c[0]),
+        ("datetimes", np.array(["2000-01-01", "2000-01-02"], dtype="datetime64[D]"),
+         lambda c: c.__setitem__(1, np.datetime64("2000-01-05")),
+         lambda c: lambda u: u() + 1 + (float((c[1] - c[0]) / np.timedelta64(1, "D")) - 1)
+         * 4 / 3),
         ("namespace", types.SimpleNamespace(nu=1.0), lambda c: setattr(c, "nu", 5.0),
          lambda c: lambda u: u() + c.nu),
     ]

@@ -185,6 +185,8 @@ class Walk:
         if isinstance(v, np.ma.MaskedArray):
             return ("masked", digest(v.data), digest(np.ma.getmaskarray(v)),
                     repr(v.fill_value)), v
+        if isinstance(v, np.ndarray):  # datetimes, strings, objects: not JAX inputs
+            return ("ndarray", digest(v)), v
         if type(v) is tuple:
             before = len(self.leaves)
             parts = [self.value(x, names, lift) for x in v]
