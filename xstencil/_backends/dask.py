@@ -312,7 +312,9 @@ def _stack(out: Any, nfield: int) -> Any:
 
     leaves = jax.tree_util.tree_leaves(out)
     dt = np.result_type(*[x.dtype for x in leaves])
-    flat = [x.reshape(x.shape[:nfield] + (-1,)).astype(dt) for x in leaves]
+    # the trailing size spelled out: -1 is ambiguous in a block with no points
+    flat = [x.reshape(x.shape[:nfield] + (int(np.prod(x.shape[nfield:])),)).astype(dt)
+            for x in leaves]
     return jnp.concatenate(flat, axis=-1)
 
 

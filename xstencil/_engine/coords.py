@@ -36,8 +36,8 @@ import pandas as pd
 from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
-__all__ = ["coord_digest", "coord_values", "numeric_coord", "coord_period", "pad_coord",
-           "read_coord", "read_dtype", "pack_coord", "padded", "repeated_period",
+__all__ = ["coord_digest", "coord_values", "is_cftime", "numeric_coord", "coord_period",
+           "pad_coord", "read_coord", "read_dtype", "pack_coord", "padded", "repeated_period",
            "warn_repeated_endpoint"]
 
 #: spans that are a full period on their own: a periodic coordinate spanning
@@ -97,9 +97,22 @@ def coord_digest(name: Any, v: Any) -> tuple[Any, ...]:
             hashlib.blake2b(raw, digest_size=16).hexdigest())
 
 
+def is_cftime(values: Any) -> bool:
+    """Labels of a non-standard calendar (cftime objects, held as objects)."""
+    v = np.asarray(values).ravel()
+    return v.dtype.kind == "O" and bool(v.size) and all(
+        hasattr(x, "calendar") and hasattr(x, "timetuple") for x in v)
+
+
 def numeric_coord(call: str, dim: str, values: np.ndarray) -> np.ndarray | None:
     """The coordinate as float64, or ``None`` if it is not numeric."""
     values = np.asarray(values)
+    if is_cftime(values):
+        # cftime labels (a non-standard calendar): seconds since the first, by
+        # the calendar's own arithmetic (a difference is a datetime.timedelta)
+        flat = values.ravel()
+        return np.array([(v - flat[0]).total_seconds() for v in flat],
+                        dtype=np.float64).reshape(values.shape)
     if values.dtype.kind == "O" and values.size and all(
             isinstance(v, datetime.datetime) for v in values.ravel()):
         # a timezone-aware index: xarray gives naive UTC datetimes

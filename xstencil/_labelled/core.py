@@ -5,6 +5,7 @@ its coords."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from xstencil._engine.call import (
 )
 from xstencil._engine.coords import (
     coord_values,
+    is_cftime,
     numeric_coord,
     pack_coord,
     pad_coord,
@@ -131,7 +133,8 @@ def coord_dims(f: Fields) -> tuple[str, ...]:
     out = []
     for d in f.dims:
         v = variables.get(d)
-        if v is not None and v.dims == (d,) and v.dtype.kind in "iufMm":
+        if v is not None and v.dims == (d,) and (v.dtype.kind in "iufMm" or (
+                v.dtype.kind == "O" and is_cftime(coord_values(v)))):
             out.append(d)
     return tuple(out)
 
@@ -251,6 +254,12 @@ def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> l
     return out
 
 
+def _seconds(p: np.timedelta64 | datetime.timedelta) -> float:
+    if isinstance(p, np.timedelta64):
+        return float(p / np.timedelta64(1, "s")) if not np.isnat(p) else 86400.0
+    return p.total_seconds()
+
+
 def check_period(call: str, period: Any, dims: tuple[str, ...]) -> None:
     if period is None:
         return
@@ -263,6 +272,12 @@ def check_period(call: str, period: Any, dims: tuple[str, ...]) -> None:
             raise XStencilError(
                 f"{call}: period={dict(period)!r}: dimension {d!r} not found; available dims "
                 f"are {dims!r}")
+        if isinstance(p, np.timedelta64 | datetime.timedelta):
+            # np.timedelta64 is an np.integer: without this it reached np.isclose
+            raise XStencilError(
+                f"{call}: period={dict(period)!r}: give the period of {d!r} in seconds, as "
+                f"datetime and timedelta coordinates are read in kernels (seconds since "
+                f"the first label), e.g. {{{d!r}: {_seconds(p)!r}}}")
         if isinstance(p, bool) or not isinstance(p, int | float | np.integer | np.floating) \
                 or not np.isfinite(p) or p <= 0:
             raise XStencilError(

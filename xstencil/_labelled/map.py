@@ -191,7 +191,9 @@ def map(  # noqa: A001 - the contract's name
                                  **kwargs))
     devices = devices_arg(call, devices, mesh)
     backend = backend_arg(call, backend)
-    target = out_target(call, obj, out, devices=devices, grid=grid, at=at)
+    target = out_target(call, obj, out, devices=devices, grid=grid, at=at, trims=stride is not None
+                        or "valid" in (boundary.values() if isinstance(boundary, dict)
+                                       else (boundary,)))
     if grid is not None or at is not None:  # staggered: translated into a plain call
         res = map_grid(map, obj, kernel, args, kwargs, grid=grid, at=at, window=window,
                        boundary=boundary, fill_value=fill_value, stride=stride,

@@ -37,10 +37,12 @@ _FIX = "pass out=None to get a new array"
 
 
 class Target(NamedTuple):
-    """The checked ``out=``: the numpy buffer, and the dims of a DataArray ``out``."""
+    """The checked ``out=``: the numpy buffer, the dims of a DataArray ``out``,
+    and that DataArray (its labels are checked against the result's)."""
 
     buf: np.ndarray
     dims: tuple[str, ...] | None
+    labelled: xr.DataArray | None = None
 
 
 def _show(x: Any) -> str:
@@ -51,11 +53,27 @@ def _show(x: Any) -> str:
     return f"{type(x).__module__}.{type(x).__qualname__}(shape={shape!r}, dtype={str(dtype)!r})"
 
 
-def out_target(call: str, obj: Any, out: Any, *, devices: Any, grid: Any, at: Any
-               ) -> Target | None:
+def same_labels(call: str, out: xr.DataArray, like: Any) -> None:
+    """Refuse a DataArray ``out`` whose labels differ from ``like``'s (the
+    data's, or the result's): the result is written by position, so the
+    ``out`` the caller holds would show each value under another label."""
+    for d, want in like.indexes.items():
+        got = out.indexes.get(d)
+        if got is not None and not got.equals(want):
+            raise XStencilError(
+                f"{call}: out= has {d!r} labels {list(got[:4])!r}..., but the result's are "
+                f"{list(want[:4])!r}...; the result is written by position, so out= would "
+                f"label it wrongly. Pass a DataArray with the result's labels "
+                f"(xr.zeros_like(da)), or its numpy array (out=buf.values), or {_FIX}")
+
+
+def out_target(call: str, obj: Any, out: Any, *, devices: Any, grid: Any, at: Any,
+               trims: bool = False) -> Target | None:
     """Check ``out=`` before the run: a writeable, C-contiguous numpy array
     (or a DataArray holding one), for a DataArray map on in-memory data
-    outside JAX transforms.  ``None`` when ``out`` is ``None``."""
+    outside JAX transforms.  ``None`` when ``out`` is ``None``.  ``trims``:
+    the map trims or subsamples the labels (``valid``, ``stride``), so they
+    are checked against the result's afterwards instead (:func:`deliver`)."""
     if out is None:
         return None
     if not isinstance(obj, xr.DataArray):
@@ -87,6 +105,8 @@ def out_target(call: str, obj: Any, out: Any, *, devices: Any, grid: Any, at: An
                 f"{call}: out= has dims {dims!r}, but the result's dims start with the data's "
                 f"{tuple(obj.dims)!r}; pass a DataArray with the result's dims (transpose it "
                 f"with out.transpose(...) only if its memory is laid out that way), or {_FIX}")
+        if not trims:
+            same_labels(call, out, obj)
     if not isinstance(buf, np.ndarray) or isinstance(buf, np.ma.MaskedArray | np.matrix):
         raise XStencilError(
             f"{call}: out={_show(buf)} is not a numpy array; out= takes a numpy.ndarray (or a "
@@ -113,7 +133,7 @@ def out_target(call: str, obj: Any, out: Any, *, devices: Any, grid: Any, at: An
             f"{call}: out= needs in-memory data on one device, but the data is "
             f"{_show(data)}; a dask or sharded map returns a lazy or distributed result. "
             f"Load the data first (da.load()), or {_FIX}")
-    return Target(buf, dims)
+    return Target(buf, dims, out if isinstance(out, xr.DataArray) else None)
 
 
 def _arrays(values: Iterable[Any]) -> list[Any]:
@@ -167,6 +187,8 @@ def deliver(call: str, target: Target | None, res: Any) -> Any:
     if target is None:
         return res
     buf = target.buf
+    if target.labelled is not None:
+        same_labels(call, target.labelled, res)
     if res.variable._data is buf:
         return res
     if target.dims is not None and target.dims != tuple(str(d) for d in res.dims):

@@ -141,10 +141,13 @@ class Mesh(MeshRepr):
             or self._indexes.keys() != self._obj.indexes.keys() \
             or any(not v.equals(self._obj.indexes[k]) for k, v in self._indexes.items())
         if changed:
+            what = (f"Dataset's data variables changed after the mesh was created "
+                    f"({old.names!r} then, {f.names!r} now)" if f.names != old.names else
+                    f"data's dims, sizes or coordinate labels changed after the mesh was "
+                    f"created (was {dict(zip(old.dims, old.shape, strict=True))!r})")
             raise XStencilError(
-                f"{self._call}: the data's dims, sizes or coordinate labels changed after the "
-                f"mesh was created (was {dict(zip(old.dims, old.shape, strict=True))!r}); the "
-                f"regions were chosen on the old ones, so create the mesh again")
+                f"{self._call}: the {what}; the regions were chosen on the old ones, so "
+                f"create the mesh again")
         self._fields = f
         if hasattr(self._obj, "_indexes"):
             self._seen = dict(self._obj._indexes)

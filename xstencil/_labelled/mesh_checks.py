@@ -47,6 +47,23 @@ def warn_empty(call: str, obj: xr.DataArray | xr.Dataset, region: Any, key: Any,
                   f"{tuple(empty)!r}, so this kernel never runs{hint}", stacklevel=4)
 
 
+def _label_difference(mine: Any, theirs: Any) -> str:
+    """What differs between the data's labels and the mask's, in words."""
+    extra, missing = theirs.difference(mine), mine.difference(theirs)
+    parts = []
+    if len(extra):
+        parts.append(f"the mask has {extra[:3].tolist()!r}{'...' if len(extra) > 3 else ''} "
+                     f"that the data lacks")
+    if len(missing):
+        parts.append(f"the data has {missing[:3].tolist()!r}"
+                     f"{'...' if len(missing) > 3 else ''} that the mask lacks")
+    if not parts:  # equal sets: repeated (or NaN) labels, or another count
+        parts.append(f"the same labels, but {len(theirs)} in the mask against {len(mine)} in "
+                     f"the data, or some repeated (unique: mask {theirs.is_unique}, data "
+                     f"{mine.is_unique}), so they cannot be matched one to one")
+    return "; ".join(parts)
+
+
 def align_mask(call: str, obj: xr.DataArray | xr.Dataset, mask: xr.DataArray) -> xr.DataArray:
     """The mask reordered to the data's labels, as xarray aligns by label;
     labels that differ as sets raise.  Dims without an index on either side
@@ -58,9 +75,8 @@ def align_mask(call: str, obj: xr.DataArray | xr.Dataset, mask: xr.DataArray) ->
         if not (mine.is_unique and theirs.is_unique and len(mine) == len(theirs)
                 and mine.isin(theirs).all()):
             raise XStencilError(
-                f"{call}: m[mask] = ...: the mask's coordinate {d!r} has labels "
-                f"{theirs[:3].tolist()!r}... that do not match the data's "
-                f"{mine[:3].tolist()!r}...; build the mask from the data (e.g. m[da > 0]) or "
-                f"align it with mask.reindex_like(data)")
+                f"{call}: m[mask] = ...: the mask's coordinate {d!r} does not match the "
+                f"data's: {_label_difference(mine, theirs)}; build the mask from the data "
+                f"(e.g. m[da > 0]) or align it with mask.reindex_like(data)")
         mask = mask.reindex({d: mine})
     return mask

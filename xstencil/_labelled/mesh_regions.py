@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,6 +151,36 @@ def _quick(index: pd.Index, sel: Any) -> np.ndarray | None:
     return None
 
 
+def _levels(call: str, key: Mapping[Any, Any], indexes: Mapping[Any, pd.Index],
+            dims: Sequence[str], method: Any) -> tuple[dict[Any, Any], dict[str, np.ndarray]]:
+    """``key`` without the levels of MultiIndex dims (``m.loc[{"a": 1}]`` for a
+    dim ``z`` indexed by levels ``a`` and ``b``), and the positions those
+    select, by xarray's own ``.sel`` (as ``md.sel(a=1)`` selects)."""
+    rest, by_dim = {}, {}
+    for k, sel in key.items():
+        owner = next((d for d in dims if isinstance(indexes.get(d), pd.MultiIndex)
+                      and k not in dims and k in indexes[d].names), None)
+        if owner is None:
+            rest[k] = sel
+        else:
+            by_dim.setdefault(owner, {})[k] = sel
+    out = {}
+    for d, levels in by_dim.items():
+        if d in rest or method is not None:
+            raise XStencilError(
+                f"{call}: m.loc[{dict(key)!r:.80}]: select {d!r} either by its levels "
+                f"{list(levels)!r} or by whole labels, not both, and without nearest")
+        pos = xr.DataArray(np.arange(len(indexes[d])), dims=d,
+                           coords=xr.Coordinates.from_pandas_multiindex(indexes[d], d))
+        try:
+            out[d] = np.atleast_1d(np.asarray(pos.sel(levels).values))
+        except KeyError:
+            raise LabelError(
+                f"{call}: m.loc[{levels!r:.80}]: no label of {d!r} has those level values; "
+                f"its levels are {list(indexes[d].names)!r}") from None
+    return rest, out
+
+
 def by_label(call: str, obj: xr.DataArray | xr.Dataset, f: Fields, key: Any,
              indexes: Mapping[Any, pd.Index] | None = None) -> dict[str, np.ndarray]:
     """``m.loc[{dim: labels}]``: ``.sel`` semantics (``nearest`` snaps);
@@ -164,8 +194,8 @@ def by_label(call: str, obj: xr.DataArray | xr.Dataset, f: Fields, key: Any,
             f"{call}: m.loc[{key!r:.60}]: select with a dict of labels such as {{'x': 0.0}} or "
             f"{{'x': slice(1.5, None)}}"
         )
+    key, out = _levels(call, key, indexes, f.dims, method)
     _check_dims(call, f, key, loc=True)
-    out = {}
     for d, sel in key.items():
         if d not in indexes:
             raise XStencilError(

@@ -25,6 +25,7 @@ from xstencil._engine.kcache import canonical, values_key
 from xstencil._errors import XStencilError
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
+from xstencil._labelled.step_labels import by_label
 
 __all__ = ["State", "state_of", "step_function", "body_key", "cached_body", "weak",
            "mesh_order", "own_order"]
@@ -37,6 +38,7 @@ class State:
     to wrap arrays back into labelled objects."""
 
     def __init__(self, call: str, obj: Any):
+        self.call = call
         if isinstance(obj, xr.DataArray):
             self.names: tuple[str, ...] | None = None
             self.arrays = [native(obj.data)]
@@ -77,10 +79,13 @@ class State:
 
     def unwrap(self, obj: Any) -> list[Any]:
         """The arrays of a map's result, in the state's order and dtypes."""
+        indexes = self.coords.indexes
         if self.names is None:
+            obj = by_label(self.call, obj, indexes, "step= returned the state")
             return [jnp.asarray(obj.transpose(*self.dims).data).astype(self.dtypes[0])]
-        return [jnp.asarray(obj[n].transpose(*self.var[n][0]).data).astype(dt)
-                for n, dt in zip(self.names, self.dtypes, strict=True)]
+        return [jnp.asarray(by_label(self.call, obj[n], indexes, f"step= returned {n!r}").transpose(
+            *self.var[n][0]).data).astype(dt)
+            for n, dt in zip(self.names, self.dtypes, strict=True)]
 
     def key(self) -> Any:
         """What decides a trace: names, dims, shapes, dtypes, coordinate values

@@ -104,8 +104,11 @@ class _DatasetRecipe(NamedTuple):
 
 
 def _local(data: Any) -> bool:
-    """In memory on one device (or a tracer): the in-memory scan's data."""
-    if isinstance(data, np.ndarray | jax.core.Tracer):
+    """In memory on one device (or a tracer): the in-memory scan's data, in
+    native byte order (the full path converts a big-endian array)."""
+    if isinstance(data, np.ndarray):
+        return data.dtype.isnative
+    if isinstance(data, jax.core.Tracer):
         return True
     return isinstance(data, jax.Array) and len(data.sharding.device_set) == 1
 

@@ -19,6 +19,7 @@ import xarray as xr
 from xstencil._engine.call import precision
 from xstencil._engine.coords import (
     coord_values,
+    is_cftime,
     numeric_coord,
     pack_coord,
     pad_coord,
@@ -56,10 +57,52 @@ def grown_coord(call: str, obj: Any, dim: str, coord: Any, dt: Any, steps: int, 
     ``coord=``, from ``dt=``, continuing the input's spacing, or positions.
 
     A scalar coordinate ``dim`` (as left by ``obj.isel(time=-1)``) labels the
-    initial position, so the new positions continue from it."""
+    initial position, so the new positions continue from it.  New positions
+    that turn back on the input's (``dt=1`` after labels 10, 9) are refused:
+    they would repeat labels."""
     have = coord_values(obj[dim].variable) if n0 and dim in obj.coords else None
     if not n0 and dim in obj.coords and obj[dim].ndim == 0:
         have = np.asarray(coord_values(obj[dim].variable))[None]
+    if have is not None and coord is None and is_cftime(have):
+        out = _cftime_grown(call, dim, have, dt, total)
+    else:
+        out = _grown(call, obj, dim, coord, dt, steps, n0, total, have)
+    if have is not None and coord is None and len(have) >= 2:
+        _same_direction(call, dim, have, out, dt)
+    return out
+
+
+def _cftime_grown(call: str, dim: str, have: np.ndarray, dt: Any, total: int) -> np.ndarray:
+    """cftime labels continued by a timedelta ``dt`` (or the last spacing)."""
+    if dt is None:
+        if len(have) < 2:
+            raise XStencilError(
+                f"{call}: the {dim!r} coordinate is a cftime calendar; pass dt= (a timedelta, "
+                f"e.g. dt=datetime.timedelta(days=1)) or coord= to continue it")
+        dt = have[-1] - have[-2]
+    if isinstance(dt, np.timedelta64):
+        dt = pd.Timedelta(dt).to_pytimedelta()
+    if not isinstance(dt, datetime.timedelta):
+        raise XStencilError(
+            f"{call}: dt={dt!r:.60} does not fit the {dim!r} coordinate, a cftime calendar "
+            f"({have[-1].calendar}); pass a timedelta, e.g. dt=datetime.timedelta(days=1)")
+    new = [have[-1] + k * dt for k in range(1, total - len(have) + 1)]
+    return np.concatenate([have, np.array(new, dtype=object)])
+
+
+def _same_direction(call: str, dim: str, have: np.ndarray, out: np.ndarray, dt: Any) -> None:
+    """Refuse a positive ``dt`` after labels that run down (``dt`` is a spacing,
+    always positive, so it continues upward and would repeat labels)."""
+    if dt is None or not all(a > b for a, b in zip(have[:-1], have[1:], strict=True)):
+        return
+    raise XStencilError(
+        f"{call}: the {dim!r} coordinate runs down ({have[0]} ... {have[-1]}), but dt={dt!r:.40} "
+        f"(a positive spacing) continues it upward, which repeats labels; leave dt= out to "
+        f"continue the input's own spacing, or pass coord= with the new labels")
+
+
+def _grown(call: str, obj: Any, dim: str, coord: Any, dt: Any, steps: int, n0: int,
+           total: int, have: np.ndarray | None) -> np.ndarray:
     n_have = 0 if have is None else len(have)
     if coord is not None:
         c = np.asarray(coord)
@@ -145,8 +188,8 @@ def _fields(call: str, obj: Any, o: ScanPlan, evolve: Sequence[str] | None,
         coords[dim] = tvals
     else:
         tvals = grown_coord(call, obj, dim, o.coord, o.dt, o.steps, n0, total)
-        if tvals is not None:
-            coords[dim] = xr.Variable(dim, tvals)
+        if tvals is not None:  # with the input's attrs (units, standard_name)
+            coords[dim] = xr.Variable(dim, tvals, obj[dim].attrs if dim in obj.coords else None)
     template = xr.Dataset(coords=coords)
     if dim in f.dims:
         shape = tuple(total if d == dim else n for d, n in zip(f.dims, f.shape, strict=True))

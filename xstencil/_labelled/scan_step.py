@@ -24,6 +24,7 @@ from xstencil._labelled.result import host64
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite
 from xstencil._labelled.scan_setup import grown_coord
+from xstencil._labelled.step_labels import by_label
 
 __all__ = ["run_step"]
 
@@ -96,6 +97,8 @@ def _state(call: str, obj: Any, fn: Any, o: ScanPlan
         state0, n0 = obj, 0
     state0 = state0.drop_vars([n for n, v in state0.coords.items() if dim in v.dims or n == dim])
     tvals = grown_coord(call, obj, dim, o.coord, o.dt, o.steps, n0, 1 + o.steps)
+    if tvals is not None:  # with the input's attrs (units, standard_name)
+        tvals = xr.Variable(dim, tvals, obj[dim].attrs if dim in obj.coords else None)
     if isinstance(state0, xr.DataArray):
         names: tuple[str, ...] | None = None
         arrays = [state0.data]
@@ -170,7 +173,7 @@ def _trajectory(o: ScanPlan, template: Any, names: tuple[str, ...] | None,
     dim = o.dim
     pos = (np.array([o.steps]) if o.every == 0 else
            np.concatenate([[0], o.every * np.arange(1, o.steps // o.every + 1)]))
-    tc = {} if tvals is None else {dim: (dim, np.asarray(tvals)[pos])}
+    tc = {} if tvals is None else {dim: (dim, np.asarray(tvals)[pos], tvals.attrs)}
     if names is None:
         out: Any = xr.DataArray(outs[0], dims=(dim,) + tuple(template.dims),
                                 coords={**template.coords, **tc}, name=template.name,
@@ -191,7 +194,8 @@ def _step_result(call: str, new: Any, names: tuple[str, ...] | None, template: A
         if not isinstance(new, xr.DataArray):
             raise XStencilError(f"{call}: step= returned {type(new).__name__}; return a "
                                 f"DataArray like the state, e.g. state.copy(data=new_values)")
-        return [_dims_like(call, new, template.dims, "the state", template.shape)]
+        return [_dims_like(call, by_label(call, new, template.indexes, "step= returned the state"),
+                           template.dims, "the state", template.shape)]
     if isinstance(new, Mapping) and not isinstance(new, xr.Dataset):
         new = dict(new)
     elif isinstance(new, xr.Dataset):
@@ -203,9 +207,11 @@ def _step_result(call: str, new: Any, names: tuple[str, ...] | None, template: A
     if unknown:
         raise XStencilError(f"{call}: step= returned {unknown!r}, which are not data "
                             f"variables; available are {names!r}")
-    return [None if n not in new else _dims_like(call, new[n], template[n].dims, repr(n),
-                                                 template[n].shape)
-            for n in names]
+    return [None if n not in new else _dims_like(
+        call, by_label(call, new[n], template.indexes,
+                     f"step= returned {n!r}") if isinstance(
+            new[n], xr.DataArray) else new[n], template[n].dims, repr(n), template[n].shape)
+        for n in names]
 
 
 def _dims_like(call: str, new: Any, dims: Sequence[Any], what: str,

@@ -20,6 +20,7 @@ from xstencil._labelled.iterate import Converged, report
 from xstencil._labelled.mesh import Mesh
 from xstencil._labelled.operator import State, cached_body, mesh_order, own_order, step_function
 from xstencil._labelled.result import host64
+from xstencil._labelled.step_labels import by_label
 
 __all__ = ["solve"]
 
@@ -197,7 +198,7 @@ def _guess(call: str, x0: Any, rhs: xr.DataArray) -> Any:
         if set(x0.dims) != set(rhs.dims):
             raise XStencilError(f"{call}: x0 has dims {tuple(x0.dims)!r} but rhs has "
                                 f"{tuple(rhs.dims)!r}; pass an initial guess like rhs")
-        x0 = x0.transpose(*rhs.dims).data
+        x0 = by_label(call, x0, rhs.indexes, "x0", "rhs").transpose(*rhs.dims).data
     if tuple(np.shape(x0)) != tuple(rhs.shape):
         raise XStencilError(f"{call}: x0 has shape {tuple(np.shape(x0))!r} but rhs has "
                             f"{tuple(rhs.shape)!r}; pass an initial guess like rhs")
