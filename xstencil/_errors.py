@@ -17,6 +17,7 @@ __all__ = [
     "LabelError",
     "KernelError",
     "ConvergenceWarning",
+    "PrecisionWarning",
     "raised_here",
 ]
 
@@ -26,6 +27,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 class XStencilError(ValueError):
     """Bad arguments to an xstencil call: the message names the call, the
     argument, the bad value and the fix."""
+
+
+class PrecisionWarning(UserWarning):
+    """64-bit data became 32-bit because JAX's x64 flag is off inside a JAX
+    transform (``jax.jit``, ``lax.fori_loop``, ``lax.while_loop``, ...)."""
 
 
 class WindowIndexError(IndexError):

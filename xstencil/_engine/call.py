@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -18,10 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xstencil._errors import XStencilError
+from xstencil._errors import PrecisionWarning, XStencilError
 
 __all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static", "promote",
-           "dtype_kind", "is_weak", "settled", "stand_in", "outside_transforms"]
+           "dtype_kind", "is_weak", "settled", "stand_in", "outside_transforms",
+           "narrowed_here"]
 
 
 def stand_in(shape: tuple[int, ...], dtype: Any, weak_type: bool = False) -> Any:
@@ -74,12 +76,40 @@ def is_wide(*xs: Any) -> bool:
 
 @contextlib.contextmanager
 def precision(*xs: Any) -> Iterator[None]:
-    """Run the block with x64 enabled if the inputs are 64-bit."""
+    """Run the block with x64 enabled if the inputs are 64-bit.
+
+    Not inside a JAX transform of the caller's (a trace in progress, x64
+    off): float64 tracers handed back into a 32-bit trace broke ``jacrev``,
+    ``hessian`` and ``jvp`` with dtype errors from deep inside JAX, and the
+    numpy constants JAX converted meanwhile stayed 64-bit in its caches, so
+    later plain JAX calls on them failed.  There the block runs in 32 bits,
+    as the same code written in JAX would, and says so once."""
     if is_wide(*xs) and not jax.config.read("jax_enable_x64"):
+        if not outside_transforms(()):
+            warn_transform_narrows()
+            yield
+            return
         with jax.enable_x64(True):
             yield
     else:
         yield
+
+
+def narrowed_here() -> bool:
+    """Inside a JAX transform of the caller's with x64 off: 64-bit data is
+    computed in 32 bits here (:func:`precision`), so a repeat-call fast path
+    recorded for 64-bit data outside must not run (it would switch x64 on)."""
+    return not jax.config.read("jax_enable_x64") and not outside_transforms(())
+
+
+def warn_transform_narrows() -> None:
+    warnings.warn(
+        "xstencil: 64-bit data inside a JAX transform (jax.jit, grad, vmap, jacrev, "
+        "lax loops, ...) is computed in 32 bits, because JAX's x64 flag is off and a "
+        "64-bit result cannot enter a 32-bit trace. To keep float64, enable x64: "
+        "jax.config.update('jax_enable_x64', True), or run the transform inside "
+        "`with jax.enable_x64(True):`; or call the stencil outside the transform "
+        "(xstencil keeps float64 there)", PrecisionWarning, stacklevel=4)
 
 
 def native(x: Any) -> Any:
@@ -162,7 +192,11 @@ def merge_static(dyn: list[Any], static: Any) -> Any:
 def promote(*xs: Any) -> Any:
     """JAX's standard promotion of dtypes/values, whatever the user's
     ``jax_numpy_dtype_promotion`` setting (library-internal merging only)."""
-    with jax.numpy_dtype_promotion("standard"):
+    with jax.numpy_dtype_promotion("standard"), warnings.catch_warnings():
+        # inside a caller's transform with x64 off, 64-bit inputs are computed in
+        # 32 bits (``precision``, which warns once); JAX's own warning about the
+        # 64-bit dtype it cannot give would repeat that for every merge
+        warnings.filterwarnings("ignore", message="Explicitly requested dtype")
         return jnp.result_type(*xs)
 
 

@@ -195,19 +195,25 @@ def lru_get(table: OrderedDict[Any, Any], lock: Any, size: int, key: Hashable,
 
 
 def cached(key: Hashable, build: Callable[[], Any]) -> Any:
-    """The entry for ``key`` in the shared LRU table, built on a miss."""
-    return lru_get(_TABLE, _LOCK, SIZE, key, build)
+    """The entry for ``key`` in the shared LRU table, built on a miss.  JAX's
+    x64 flag is part of every key: an entry traced with it off (inside a
+    caller's transform) holds 32-bit traces that a 64-bit call must not reuse."""
+    return lru_get(_TABLE, _LOCK, SIZE, (key, _x64()), build)
+
+
+def _x64() -> bool:
+    return bool(jax.config.read("jax_enable_x64"))
 
 
 def peek(key: Hashable) -> Any:
     """The entry for ``key``, or ``None``."""
     with _LOCK:
-        return _TABLE.get(key)
+        return _TABLE.get((key, _x64()))
 
 
 def put(key: Hashable, value: Any) -> None:
     with _LOCK:
-        _TABLE[key] = value
+        _TABLE[(key, _x64())] = value
         while len(_TABLE) > SIZE:
             _TABLE.popitem(last=False)
 
@@ -245,6 +251,7 @@ def compiled(owner: Any, key: Any, build: Callable[[], Callable[..., Any]]) -> C
     """A function cached per ``owner`` (a kernel or a mesh) and ``key``."""
     table = table_of(owner, create=True)
     assert table is not None
+    key = (key, _x64())
     fn = table.get(key)
     if fn is None:
         fn = table[key] = build()

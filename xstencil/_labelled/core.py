@@ -20,6 +20,7 @@ from xstencil._engine.call import (
     as_array,
     dtype_kind,
     native,
+    outside_transforms,
     precision,
     settled,
     split_static,
@@ -326,6 +327,8 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
         # numpy data goes to the compiled function as it is (jit moves it once)
         arrays = [x if isinstance(x, np.ndarray) and x.dtype.kind in "biufc"
                   else as_array(plan.call, "the data", x) for x in f.arrays]
+        if not outside_transforms(()):
+            arrays = [x.view() if isinstance(x, np.ndarray) else x for x in arrays]
         coords = _device_coords(plan, f, period)
         dyn, static = split_static(plan.call, (args, kwargs))
         # the lowering inside a solve's operator differs (elements.linear_mode)

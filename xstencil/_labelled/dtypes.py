@@ -25,7 +25,7 @@ import xarray as xr
 
 from xstencil._engine.call import dtype_kind, is_weak, precision, promote, split_static
 from xstencil._engine.kcache import compiled, freeze
-from xstencil._errors import XStencilError
+from xstencil._errors import PrecisionWarning, XStencilError
 from xstencil._labelled.core import kernel_caller
 from xstencil._labelled.plan import Plan
 from xstencil._labelled.returns import kernel_cells
@@ -34,11 +34,6 @@ from xstencil._labelled.scan_setup import coord_dtype, setup
 
 __all__ = ["out_dtype", "carry_dtypes", "cast_state", "state_dtype", "state_casts",
            "PrecisionWarning", "warn_narrowed"]
-
-
-class PrecisionWarning(UserWarning):
-    """64-bit data became 32-bit because JAX's x64 flag is off inside a JAX
-    transform (``jax.jit``, ``lax.fori_loop``, ``lax.while_loop``, ...)."""
 
 
 def out_dtype(call: str, dtype: Any) -> Any:

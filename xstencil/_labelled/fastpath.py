@@ -27,7 +27,7 @@ import jax
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.call import is_wide, precision, settled, split_static
+from xstencil._engine.call import is_wide, narrowed_here, precision, settled, split_static
 from xstencil._engine.coords import coord_values
 from xstencil._engine.elements import linear_mode
 from xstencil._engine.kcache import Lifted, freeze_each, peek, put
@@ -67,7 +67,7 @@ def arg_key(args: Any, kwargs: Any) -> Hashable:
 def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Hashable | None:
     """The call's signature, or None where the fast path does not apply
     (also inside a solve's operator, whose lowering differs: elements.linear_mode)."""
-    if type(obj) is not xr.DataArray or linear_mode():
+    if type(obj) is not xr.DataArray or linear_mode() or narrowed_here():
         return None
     data = obj.variable._data
     if isinstance(data, np.ndarray):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.call import is_wide, settled, split_static
+from xstencil._engine.call import is_wide, narrowed_here, settled, split_static
 from xstencil._engine.coords import coord_values
 from xstencil._engine.elements import linear_mode
 from xstencil._engine.kcache import Lifted, freeze
@@ -71,7 +71,7 @@ def ds_signature(obj: Any, options: tuple[Any, ...], args: Any,
                  kwargs: Any) -> Hashable | None:
     """The signature of a Dataset mesh call, or ``None`` where the fast path
     does not apply (also inside a solve's operator: elements.linear_mode)."""
-    if type(obj) is not xr.Dataset or not obj.data_vars or linear_mode():
+    if type(obj) is not xr.Dataset or not obj.data_vars or linear_mode() or narrowed_here():
         return None
     variables = obj._variables
     layout = []

@@ -18,6 +18,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import xarray as xr
+from jax.dtypes import canonicalize_dtype
 
 from xstencil._engine.call import native
 from xstencil._engine.coords import coord_digest
@@ -82,10 +83,11 @@ class State:
         indexes = self.coords.indexes
         if self.names is None:
             obj = by_label(self.call, obj, indexes, "step= returned the state")
-            return [jnp.asarray(obj.transpose(*self.dims).data).astype(self.dtypes[0])]
-        return [jnp.asarray(by_label(self.call, obj[n], indexes, f"step= returned {n!r}").transpose(
-            *self.var[n][0]).data).astype(dt)
-            for n, dt in zip(self.names, self.dtypes, strict=True)]
+            return [jnp.asarray(obj.transpose(*self.dims).data).astype(
+                canonicalize_dtype(self.dtypes[0]))]
+        return [jnp.asarray(by_label(self.call, obj[n], indexes, f"step= returned {n!r}")
+                            .transpose(*self.var[n][0]).data).astype(canonicalize_dtype(dt))
+                for n, dt in zip(self.names, self.dtypes, strict=True)]
 
     def key(self) -> Any:
         """What decides a trace: names, dims, shapes, dtypes, coordinate values

@@ -45,6 +45,11 @@ __all__ = ["LabelledStatic", "PytreeRegistrationWarning", "register"]
 
 _LEAF = "__xstencil_pytree_leaf__"  # where a non-array leaf waits for the next flatten
 
+try:  # the tracer vmap hands the function: its batch_dim says which axis it maps
+    from jax._src.interpreters.batching import BatchTracer as _BatchTracer
+except ImportError:  # pragma: no cover - JAX moved it: the leading-axis rule
+    _BatchTracer = None
+
 
 class PytreeRegistrationWarning(UserWarning):
     """xarray types were registered as JAX pytrees by another library first."""
@@ -79,7 +84,7 @@ class LabelledStatic:
     """
 
     __slots__ = ("kind", "names", "dims", "attrs", "obj_attrs", "name", "coords", "indexes",
-                 "_hash", "wide")
+                 "_hash", "wide", "shapes")
 
     def __init__(self, kind: str, names: tuple[Hashable, ...], dims: tuple[tuple[Any, ...], ...],
                  attrs: tuple[dict[Any, Any], ...], obj_attrs: dict[Any, Any], name: Hashable,
@@ -88,6 +93,7 @@ class LabelledStatic:
         self.obj_attrs, self.name = obj_attrs, name
         self.coords, self.indexes = coords, indexes
         self.wide: tuple[Any, ...] = ()  # per leaf: its dtype if 64-bit (not compared)
+        self.shapes: tuple[Any, ...] = ()  # per leaf: its shape when flattened (not compared)
         shapes = tuple((k, v.dims, v.shape) for k, v in coords.items())
         self._hash = hash((kind, names, dims, name, shapes))
 
@@ -116,16 +122,60 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | jax.core.Tracer | np.ndarray | np.generic)
 
 
-def _variable(leaf: Any, dims: tuple[Any, ...], attrs: dict[Any, Any]) -> xr.Variable:
-    """A Variable holding ``leaf``.  Extra leading dims (vmap's batch axis on
-    the way out) are named batch, batch_1, ...; missing leading dims (inside
-    vmap, which maps over the leading axis) are dropped."""
+def _mapped_away(leaf: Any, dims: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The dims ``leaf`` still has inside ``vmap``: JAX hands the function a
+    tracer per vmap level whose ``batch_dim`` says which axis of the level
+    below it maps over (``in_axes=1`` maps over the second dim, not the
+    first).  ``None`` where that cannot be read."""
+    chain = []
+    x = leaf
+    # down to the level the object was flattened at (an outer vmap's object
+    # has already lost its own mapped dims)
+    while _BatchTracer is not None and isinstance(x, _BatchTracer) and np.ndim(x) < len(dims):
+        chain.append(getattr(x, "batch_dim", None))
+        x = getattr(x, "val", None)
+    if not chain or np.ndim(x) != len(dims):
+        return None
+    kept = list(dims)
+    for axis in reversed(chain):  # the outermost vmap first
+        if axis is None:
+            continue
+        if not isinstance(axis, int) or not 0 <= axis < len(kept):
+            return None
+        del kept[axis]
+    return tuple(kept) if len(kept) == np.ndim(leaf) else None
+
+
+def _batch_at(leaf: Any, dims: tuple[Any, ...], shape: tuple[int, ...] | None) -> int:
+    """Where vmap put the batch axis of ``leaf`` on the way out: first (its
+    default), unless the per-example ``shape`` recorded inside shows that
+    ``out_axes`` put it elsewhere (a batch of equal size elsewhere cannot be
+    told apart from the first: see the pytree notes)."""
+    full = tuple(np.shape(leaf))
+    if shape is None or full[1:] == tuple(shape):
+        return 0
+    spots = [p for p in range(len(full)) if full[:p] + full[p + 1:] == tuple(shape)]
+    return spots[0] if len(spots) == 1 else 0
+
+
+def _variable(leaf: Any, dims: tuple[Any, ...], attrs: dict[Any, Any],
+              shape: tuple[int, ...] | None = None) -> xr.Variable:
+    """A Variable holding ``leaf``.  An extra dim (vmap's batch axis on the
+    way out) is named batch, batch_1, ... (where ``out_axes`` put it, if the
+    per-example ``shape`` shows it); missing dims (inside vmap) are the ones
+    vmap maps over (``in_axes``), else the leading ones."""
     if _is_array(leaf):
         extra = np.ndim(leaf) - len(dims)
+        if extra == 1:
+            at = _batch_at(leaf, dims, shape)
+            names = tuple(dims[:at]) + _batch_names(1, dims) + tuple(dims[at:])
+            return xr.Variable(names, leaf, dict(attrs), fastpath=True)
         if extra >= 0:
             names = _batch_names(extra, dims)
             return xr.Variable(names + tuple(dims), leaf, dict(attrs), fastpath=True)
-        return xr.Variable(tuple(dims)[-extra:], leaf, dict(attrs), fastpath=True)
+        kept = _mapped_away(leaf, tuple(dims))
+        return xr.Variable(kept if kept is not None else tuple(dims)[-extra:], leaf,
+                           dict(attrs), fastpath=True)
     # not an array (a JAX placeholder, a ShapeDtypeStruct, ...): a stand-in of
     # the right shape if known, with the leaf kept for the next flatten
     shape = tuple(getattr(leaf, "shape", ()))
@@ -175,6 +225,11 @@ def _leaf(var: xr.Variable) -> tuple[Any, dict[Any, Any]]:
     return var.data, attrs
 
 
+def _shape(leaf: Any) -> tuple[int, ...] | None:
+    shape = getattr(leaf, "shape", None)
+    return tuple(shape) if shape is not None else None
+
+
 def _wide(leaf: Any) -> Any:
     """The leaf's dtype if it is a concrete 64-bit array, else None."""
     if isinstance(leaf, np.ndarray | np.generic | jax.Array) \
@@ -194,6 +249,7 @@ def flatten_dataarray(da: xr.DataArray) -> tuple[tuple[Any], LabelledStatic]:
     static = LabelledStatic("DataArray", (), (tuple(da.dims),), (attrs,), {}, da.name,
                             *_static_coords(da))
     static.wide = (_wide(leaf),)
+    static.shapes = (_shape(leaf),)
     return (leaf,), static
 
 
@@ -201,7 +257,8 @@ def unflatten_dataarray(static: LabelledStatic, leaves: Any) -> xr.DataArray:
     (leaf,) = leaves
     if static.wide:
         warn_narrowed(static.wide[0], leaf)
-    var = _variable(leaf, static.dims[0], static.attrs[0])
+    var = _variable(leaf, static.dims[0], static.attrs[0],
+                    static.shapes[0] if static.shapes else None)
     coords, indexes, consistent = _coords_for(static, dict(zip(var.dims, var.shape,
                                                                strict=True)))
     if consistent:
@@ -225,14 +282,16 @@ def flatten_dataset(ds: xr.Dataset) -> tuple[tuple[Any, ...], LabelledStatic]:
     static = LabelledStatic("Dataset", names, tuple(dims), tuple(attrs), dict(ds.attrs), None,
                             *_static_coords(ds))
     static.wide = tuple(_wide(leaf) for leaf in leaves)
+    static.shapes = tuple(_shape(leaf) for leaf in leaves)
     return tuple(leaves), static
 
 
 def unflatten_dataset(static: LabelledStatic, leaves: Any) -> xr.Dataset:
     for dt, leaf in zip(static.wide, leaves, strict=False):
         warn_narrowed(dt, leaf)
-    variables = {n: _variable(leaf, d, a) for n, leaf, d, a in
-                 zip(static.names, leaves, static.dims, static.attrs, strict=True)}
+    shapes = static.shapes or (None,) * len(static.names)
+    variables = {n: _variable(leaf, d, a, sh) for n, leaf, d, a, sh in
+                 zip(static.names, leaves, static.dims, static.attrs, shapes, strict=True)}
     sizes: dict[Any, int] = {}
     for v in variables.values():
         sizes.update(zip(v.dims, v.shape, strict=True))

@@ -55,7 +55,7 @@ import numpy as np
 import xarray as xr
 from xarray.core.utils import dict_equiv
 
-from xstencil._engine.call import is_weak, is_wide, precision, settled, split_static
+from xstencil._engine.call import is_weak, is_wide, narrowed_here, precision, settled, split_static
 from xstencil._engine.coords import coord_values, numeric_coord, repeated_period
 from xstencil._engine.kcache import Lifted, freeze_each, peek, put
 from xstencil._errors import XStencilError
@@ -123,6 +123,8 @@ def _coord_vars(obj: Any) -> dict[Hashable, Any]:
 
 def signature(obj: Any, options: tuple[Any, ...], args: Any, kwargs: Any) -> Hashable | None:
     """The call's signature, or None where the fast path does not apply."""
+    if narrowed_here():
+        return None
     if type(obj) is xr.DataArray:
         variables = [(None, obj.variable)]
     elif type(obj) is xr.Dataset:
