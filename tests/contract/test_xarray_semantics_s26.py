@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-import xstencil
 from xstencil import LabelError, XStencilError
 
 # -- big-endian data (netCDF3 files): the repeated call took the fast path raw --

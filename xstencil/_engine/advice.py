@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import jax
 
-__all__ = ["TRACED_ADVICE", "is_traced_error"]
+__all__ = ["TRACED_ADVICE", "WINDOW_ADVICE", "is_traced_error", "advice_for"]
 
 #: What a user must know when a kernel needs a concrete value.
 TRACED_ADVICE = (
@@ -15,6 +15,13 @@ TRACED_ADVICE = (
     "jnp.where(cond, a, b) for branches, e.g. `jnp.where(u() > 5, u(x=1), u(x=-1))` "
     "instead of `u(x=1) if u() > 5 else u(x=-1)`")
 
+#: What a user must know when a lax function or a transform got the window object.
+WINDOW_ADVICE = (
+    "lax functions (lax.rev, lax.slice, lax.sort, ...) and JAX transforms of the window "
+    "(jax.grad, jax.hessian, jax.vmap of a function of u) take arrays, not the window "
+    "object: pass u.array, the window as a JAX array, e.g. lax.rev(u.array, (0,)) or "
+    "jax.hessian(g)(u.array); jax.numpy functions (jnp.sum(u), u * w) take the window as it is")
+
 _TRACED = (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError,
            jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError)
 
@@ -22,3 +29,12 @@ _TRACED = (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeE
 def is_traced_error(e: BaseException) -> bool:
     """Whether ``e`` is JAX refusing to turn a traced value into a concrete one."""
     return isinstance(e, _TRACED)
+
+
+def advice_for(e: BaseException) -> str:
+    """``"; <what to do>"`` for a kernel failure JAX explains badly, else ``""``."""
+    if is_traced_error(e):
+        return f"; {TRACED_ADVICE}"
+    if "__jax_array__" in str(e) or getattr(e, "window_transform", False):
+        return f"; {WINDOW_ADVICE}"
+    return ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -108,6 +109,8 @@ class ArrayAlgebra:
                 arrays.append(np.asarray(e, dtype=dt))
         if prim is lax.mul_p:
             arrays = unread_zero_weight(arrays)
+            if not params:  # a product the engine makes (dot, prod, cumprod): JAX's params
+                params = _mul_params()
         shapes = [np.shape(a) for a in arrays]
         if len(set(shapes)) > 1:
             target = np.broadcast_shapes(*shapes)
@@ -115,6 +118,13 @@ class ArrayAlgebra:
                       if np.shape(a) != target else a for a in arrays]
         out = prim.bind(*arrays, **params)
         return out
+
+
+@functools.cache
+def _mul_params() -> dict[str, Any]:
+    """The params JAX gives ``a * b`` (jax 0.10's ``out_dtype=None``): its
+    transpose rule needs them, so a bare ``mul_p.bind`` broke ``jax.grad``."""
+    return dict(jax.make_jaxpr(lambda a, b: a * b)(1.0, 2.0).eqns[0].params)
 
 
 _LINEAR: contextvars.ContextVar[bool] = contextvars.ContextVar("xstencil_linear_operator",

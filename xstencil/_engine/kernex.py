@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from xstencil._engine.advice import TRACED_ADVICE, is_traced_error
+from xstencil._engine.advice import advice_for
 from xstencil._engine.call import (
     as_array,
     is_weak,
@@ -203,19 +203,25 @@ class KernelMesh:
                     raise type(e)(f"{call}: kernel {name!r}: {msg}") from None
                 except Exception as e:  # a bug in the user's kernel
                     name = getattr(func, "__name__", repr(func))
-                    detail, advice = str(e), ""
-                    if is_traced_error(e):  # JAX's long note hides what to do
+                    detail, advice = str(e), advice_for(e)
+                    if advice:  # JAX's long note hides what to do
                         detail = (detail.strip().splitlines() or [""])[0]
-                        advice = f"; {TRACED_ADVICE}"
                     raise KernelError(
                         f"{call}: kernel {name!r} failed on a window of shape "
                         f"{tuple(cell.shape)} ({type(e).__name__}: {detail}){advice}"
                     ) from e
-                out = jax.numpy.asarray(out)
-                if scanning and out.shape != ():
+                try:
+                    out = jax.numpy.asarray(out)
+                except (TypeError, ValueError):
                     name = getattr(func, "__name__", repr(func))
                     raise XStencilError(
-                        f"{call}: kernel {name!r} returned shape {out.shape}; a scan writes "
+                        f"{call}: kernel {name!r} returned {type(out).__name__} "
+                        f"({out!r:.60}); return a number or an array of numbers") from None
+                if (scanning or self._kind == "smap") and out.shape != ():
+                    name = getattr(func, "__name__", repr(func))
+                    what = "a scan" if scanning else "smap (its output keeps the input's shape)"
+                    raise XStencilError(
+                        f"{call}: kernel {name!r} returned shape {out.shape}; {what} writes "
                         f"each result back into the array, so the kernel must return a scalar"
                     )
                 if scanning or self._kind == "smap":

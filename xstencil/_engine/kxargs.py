@@ -68,9 +68,9 @@ def parse_strides(call: str, strides: Any, ndim: int) -> tuple[int, ...]:
 
 def pair(call: str, arg: str, value: Any, k: int, whole: Any) -> tuple[int, int]:
     if isinstance(value, str):
-        if value == "same":
+        if value.lower() == "same":  # kernex takes 'SAME' and 'VALID' too
             return (k - 1) // 2, k // 2
-        if value == "valid":
+        if value.lower() == "valid":
             return 0, 0
         raise XStencilError(
             f"{call}: {arg}={whole!r} holds {value!r}; use 'same', 'valid', an int or a "

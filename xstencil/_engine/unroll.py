@@ -16,8 +16,29 @@ from xstencil._engine.elements import Lifted, Table, ids_of
 __all__ = ["combine", "reduce", "cumulative", "dot_general", "argminmax", "sort"]
 
 
+def _identity(prim: Any, dtype: Any) -> np.ndarray:
+    """What a reduction over nothing gives (``x[1:1].sum()`` is 0, ``.prod()``
+    1, ``max`` the lowest value), as numpy and JAX give it."""
+    dt = np.dtype(dtype)
+    if prim in (lax.max_p, lax.min_p):
+        low = prim is lax.max_p
+        if dt.kind == "f":
+            return np.asarray(-np.inf if low else np.inf, dt)
+        if dt.kind == "b":
+            return np.asarray(not low, dt)
+        info = np.iinfo(dt)
+        return np.asarray(info.min if low else info.max, dt)
+    if prim is lax.mul_p:
+        return np.asarray(1, dt)
+    if prim is lax.and_p:
+        return np.asarray(True if dt.kind == "b" else -1, dt)
+    return np.asarray(0, dt)  # add, or, xor
+
+
 def combine(prim: Any, elems: list[Any], dtype: Any, table: Table) -> Any:
     """Balanced tree of a binary associative primitive."""
+    if not elems:  # an empty slice of the window
+        return _identity(prim, dtype)
     table.count_op(max(len(elems) - 1, 0))
     while len(elems) > 1:
         nxt = [table.algebra.apply(prim, [elems[i], elems[i + 1]], {}, [dtype, dtype])

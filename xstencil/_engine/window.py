@@ -4,7 +4,11 @@ A :class:`Window` wraps one per-cell array of the window's shape.  Reads by
 dim name (``u(x=1)``), by relative position (``u[1, -1]``) or by kernex-style
 axis names (``u["i+1", "j"]``) become static slices of that array, and the
 window also behaves as the array itself (``u * w``, ``u.sum()``,
-``jnp.mean(u)``).  It is a pytree, so JAX functions accept it directly.
+``jnp.mean(u)``): jax.numpy functions accept it directly.  lax functions
+and JAX transforms of a function of the window take ``u.array`` (JAX no
+longer converts objects with ``__jax_array__`` there); a transform whose
+result does not have the window's shape (``jax.hessian``, ``jax.vmap``) is
+refused where the window is rebuilt, rather than read in the wrong order.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from xstencil._engine.advice import WINDOW_ADVICE
 from xstencil._errors import WindowIndexError, XStencilError
 
 __all__ = ["Window", "parse_axis_name"]
@@ -145,6 +150,16 @@ class Window:
     def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> Window:
         dims, centre, rolled, absolute, field, label = aux
         data, coords = children
+        ndim = getattr(data, "ndim", None)
+        if isinstance(ndim, int) and ndim != len(dims):
+            # a transform's result (a Hessian is n x n, vmap drops an axis): read
+            # as a window it would be rolled and indexed as the window was
+            e = XStencilError(
+                f"a JAX transform of a function of the window {label!r} gave an array of "
+                f"shape {tuple(data.shape)}, which is not a window of {len(dims)} dims; "
+                f"{WINDOW_ADVICE}")
+            e.window_transform = True  # type: ignore[attr-defined]
+            raise e
         return cls(data, dims, centre, rolled=rolled, absolute=absolute, field=field,
                    coords=coords, label=label)
 
@@ -249,8 +264,8 @@ class Window:
                 name = repr(dim) if dim is not None else f"axis {ax}"
                 raise WindowIndexError(
                     f"{self._label} read at offset {o} along {name} is outside the window, "
-                    f"which reaches offsets {-c}..{n - 1 - c}; widen the window (window=...) "
-                    f"or read a closer cell"
+                    f"which reaches offsets {-c}..{n - 1 - c}; widen the window (window=... in "
+                    f"map and scan, kernel_size=... in kmap and kscan) or read a closer cell"
                 )
             start.append(i)
         if not start:

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xstencil._engine.advice import advice_for
 from xstencil._engine.call import is_weak, merge_static, promote
 from xstencil._engine.coords import read_dtype
 from xstencil._engine.coordwindow import CoordWindow
@@ -95,9 +96,12 @@ def kernel_caller(plan: Plan, kernel: Callable[..., Any], static: Any) -> Callab
             if typo is not None:
                 raise typo from e
             shape = {d: plan.specs[plan.axis(d)].size for d in plan.window_axes(plan.dims)}
+            detail, advice = str(e), advice_for(e)
+            if advice:  # JAX's long note hides what to do
+                detail = (detail.strip().splitlines() or [""])[0]
             raise KernelError(
                 f"{plan.call}: kernel {name!r} failed on a window {shape} "
-                f"({type(e).__name__}: {e})") from e
+                f"({type(e).__name__}: {detail}){advice}") from e
         check_returned(plan.call, kernel, out, plan.var_names is not None)
         return normalize(plan, name, out)
 
