@@ -13,7 +13,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import as_array, merge_static, precision, settled, split_static
-from xstencil._engine.kcache import canonical, compiled
+from xstencil._engine.kcache import canonical, compiled, settle
 from xstencil._errors import ConvergenceWarning, XStencilError
 from xstencil._labelled.mesh import Mesh
 from xstencil._labelled.operator import (
@@ -192,7 +192,7 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
     with precision(data, args, kwargs):
         arrays = [as_array(call, "the data", x) for x in data]
         dyn, static = split_static(call, (args, kwargs))
-        owner, bkey, resolve = cached_body(body)
+        owner, bkey, resolve, lifted = cached_body(body)
         key = ("iterate", free, fixed, state.key(), static, bkey,
                canonical(norm) if callable(norm) else (norm, relative),
                tuple(sorted((k, repr(v)) for k, v in options.items())))
@@ -204,6 +204,7 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
         lim = jnp.asarray([min_steps, max_steps], jnp.int32)
         xs, i, r, ok = settled(fn(arrays, dyn, jnp.asarray(tol, jnp.real(arrays[0]).dtype), lim),
                                (arrays, dyn))
+        settle(lifted)
     xs = host64(xs)
     field = own_order(state.wrap(xs), given)
     return report(call, Converged(field, i, r, ok), None if fixed else tol)

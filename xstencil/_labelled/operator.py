@@ -22,7 +22,7 @@ from jax.dtypes import canonicalize_dtype
 
 from xstencil._engine.call import native
 from xstencil._engine.coords import coord_digest
-from xstencil._engine.kcache import canonical, values_key
+from xstencil._engine.kcache import Lifted, canonical, describe, values_key
 from xstencil._errors import XStencilError
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
@@ -161,15 +161,20 @@ def own_order(field: Any, like: Any) -> Any:
     return field.assign(new) if new else field
 
 
-def cached_body(body: Any) -> tuple[Any, Any, Callable[[], Any]]:
-    """``(owner, key, resolve)`` for the compile cache: the owner of the cache
-    entry, what else identifies the body, and a function returning the body
-    (a kernel or a :class:`MeshSpec`) at trace time without keeping it alive."""
+def cached_body(body: Any) -> tuple[Any, Any, Callable[[], Any], Lifted]:
+    """``(owner, key, resolve, lifted)`` for the compile cache: the owner of
+    the cache entry, what else identifies the body, a function returning the
+    body (a kernel or a :class:`MeshSpec`) at trace time without keeping it
+    alive, and what the key was read from (to :func:`settle` after the call:
+    a list the trace wrote to is a counter, keyed by identity from then on)."""
     if isinstance(body, Mesh) and body._regions:
         spec = MeshSpec(body)
-        return spec.owner, (body_key(body), values_key([k for _, k in body._regions])), \
-            lambda: spec
-    return body, values_key([body]), weak(canonical(body))
+        kernels = [k for _, k in body._regions]
+        lifted = describe(kernels)
+        return spec.owner, (body_key(body), values_key(kernels, lifted)), \
+            lambda: spec, lifted
+    lifted = describe([body])
+    return body, values_key([body], lifted), weak(canonical(body)), lifted
 
 
 def body_key(body: Any) -> Any:

@@ -17,7 +17,7 @@ from xstencil._backends.dask import any_dask
 from xstencil._backends.shard import is_sharded
 from xstencil._engine.call import as_array, merge_static, precision, promote, split_static
 from xstencil._engine.coords import coord_digest
-from xstencil._engine.kcache import compiled, values_key
+from xstencil._engine.kcache import compiled, describe, settle, values_key
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
 from xstencil._labelled.result import host64
@@ -47,18 +47,24 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
             new = fn(_wrap(template, names, datas), *a, **kw)
             return _step_result(call, new, names, template, datas)
 
-        arrays, evolving = _widened(call, apply, arrays, udyn, dtype)
+        # what the step reads, by value; with the layout, it decides the state's
+        # dtypes, found by tracing the step once (not again on every call)
+        lifted = describe([fn])
+        reads, labels = values_key([fn], lifted), _labels(template)
+        layout = ("step-dtypes", static, names, _avals(arrays), _avals(udyn), labels, reads,
+                  None if dtype is None else str(np.dtype(dtype)))
+        wide, evolving = compiled(fn, layout, lambda: _widened(call, apply, arrays, udyn, dtype))
+        arrays = [x if x.dtype == w else x.astype(w) for x, w in zip(arrays, wide, strict=True)]
         loop = Loop(1, o.steps, o.every, 1, 0, 0, "fill", o.checkpoint,
                     _progress.check_every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
                     if o.progress else 0, o.check_finite)
-        key = ("step", static, loop, names, tuple(evolving), tuple(
-            (tuple(x.shape), str(x.dtype)) for x in arrays), _labels(template),
-            values_key([fn]))
+        key = ("step", static, loop, names, tuple(evolving), _avals(arrays), labels, reads)
         if o.check_finite:
             initial_finite(call, [[arrays[i]] for i in evolving], dim, 1)
         run = compiled(fn, key, lambda: _build(apply, loop, evolving))
         outs, bad = call_with_progress(run, (arrays, udyn), loop.progress_every,
                                        loop.steps, call)
+        settle(lifted)  # a list the trace wrote to is a counter: keyed by identity now
     outs = host64(outs)
     finite(call, bad, tvals, dim)
     return _trajectory(o, template, names, evolving, outs, tvals)
@@ -128,10 +134,15 @@ def _wrap(template: Any, names: tuple[str, ...] | None, datas: Sequence[Any]) ->
                       coords=template.coords, attrs=template.attrs)
 
 
+def _avals(xs: Any) -> tuple[tuple[tuple[int, ...], str], ...]:
+    return tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__)))
+                 for x in jax.tree_util.tree_leaves(xs))
+
+
 def _widened(call: str, apply: Callable[..., Any], arrays: list[Any], udyn: Any,
-             dtype: Any) -> tuple[list[Any], list[int]]:
-    """The state in the promoted dtype of the input and the step's result
-    (unless ``dtype`` fixed it), and the variables the step returns."""
+             dtype: Any) -> tuple[tuple[Any, ...], tuple[int, ...]]:
+    """The state's dtypes: the promoted dtype of the input and the step's
+    result (unless ``dtype`` fixed it); and the variables the step returns."""
     shapes = jax.eval_shape(apply, arrays, udyn)
     for _ in range(4):  # the state takes the promoted dtype of input and result
         wider = [promote(x.dtype, sd.dtype) if sd is not None and dtype is None
@@ -143,7 +154,8 @@ def _widened(call: str, apply: Callable[..., Any], arrays: list[Any], udyn: Any,
     else:
         raise XStencilError(f"{call}: the step's result dtype keeps widening from step "
                             f"to step; pass dtype=... to fix the state's dtype")
-    return arrays, [i for i, sd in enumerate(shapes) if sd is not None]
+    return (tuple(x.dtype for x in arrays),
+            tuple(i for i, sd in enumerate(shapes) if sd is not None))
 
 
 def _build(apply: Callable[..., Any], loop: Loop, evolving: Sequence[int]) -> Callable[..., Any]:

@@ -13,7 +13,7 @@ import xarray as xr
 from xstencil._engine import multigrid as mg
 from xstencil._engine.call import as_array, merge_static, precision, settled, split_static
 from xstencil._engine.elements import linear_operator
-from xstencil._engine.kcache import compiled
+from xstencil._engine.kcache import compiled, settle
 from xstencil._engine.krylov import KRYLOV
 from xstencil._errors import XStencilError
 from xstencil._labelled.iterate import Converged, report
@@ -137,13 +137,14 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
             _check_linear(call, matvec, b, boundary, fill_value)
         op = _poisson(call, matvec, b, operator, boundary, fill_value,
                                      tuple(map(str, state.dims))) if method == "multigrid" else None
-        owner, bkey, resolve = cached_body(operator)
+        owner, bkey, resolve, lifted = cached_body(operator)
         key = ("solve", method, op, int(maxiter), int(restart), state.key(), static,
                bkey, tuple(sorted((k, repr(v)) for k, v in options.items())))
         fn = compiled(owner, key, lambda: _build(call, resolve, state, options, static,
                                                  method, op, int(maxiter), int(restart)))
         x, i, r, ok = settled(fn(b, guess, dyn, jnp.asarray(tol, jnp.real(b).dtype)),
                               (b, guess, dyn))
+        settle(lifted)
     field = own_order(state.wrap([host64(x)]), given)
     return report(call, Converged(field, i, r, ok), tol)
 
