@@ -162,7 +162,7 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("map-read-unknown-dim", lambda: DA.stencil.map(lambda u: u(z=1)), XStencilError,
      E(f"{M}: kernel '<lambda>': u(z=...): dimension 'z' not found; available dims are")),
     ("map-read-float-offset", lambda: DA.stencil.map(lambda u: u(x=1.0)), XStencilError,
-     E(f"{M}: kernel '<lambda>': u(x=1.0): offsets must be Python ints")),
+     E(f"{M}: kernel '<lambda>': u(x=1.0): offsets must be integers")),
     ("map-coord-missing", lambda: DA.stencil.map(lambda u: u() + u.coord("t")(x=1)),
      XStencilError, E(f"{M}: kernel '<lambda>': u.coord('t'): no coordinate 't' is available")),
     ("map-returns-array", lambda: DA.stencil.map(lambda u: u.array, window={"x": 3}),

@@ -47,6 +47,7 @@ import numpy as np
 
 from xstencil._backends.dask_base import (
     any_dask,
+    avals,
     cached,
     clear_cache,
     compile_count,
@@ -154,6 +155,10 @@ class BlockMap:
     backend: str | None = None  # backend= of the map: its blocks may run as CPU loops
     out_dtype: str | None = None  # a plain map's one scalar result per point: its dtype
     scalar: bool = False  # every result is one value per point (a mesh may run as loops)
+    # the compile cache's key: ``token`` less what the block gets as arguments (the
+    # data's graph name, the values of array arguments and coordinates), so that a
+    # new field of the same layout reuses the compiled block on every worker
+    code: str = ""
 
     def __call__(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any]
                  ) -> np.ndarray:
@@ -176,7 +181,7 @@ class BlockMap:
             spans = [ax.out[c] for ax, c in zip(self.axes, loc, strict=True)]
             regions = [_local(r, spans) for r in self.regions]
         leaves = jax.tree_util.tree_leaves(pieces)
-        key = (self.token, tuple(geom), tuple(regions),
+        key = (self.code or self.token, tuple(geom), tuple(regions),
                tuple((x.shape, str(x.dtype)) for x in leaves))
         if all(type(x) is np.ndarray for x in leaves):
             res = None
@@ -396,6 +401,9 @@ def map_dask(job: MapJob) -> Any:
     tok = token(plan.call, "xstencil-map", tuple(kernels), plan, static,
                 tuple(regions or ()), [x.name for x in arrays], dyn, coords,
                 resolve_mode(job.backend))
+    code = token(plan.call, "xstencil-map-code", tuple(kernels), plan, static,
+                 tuple(regions or ()), [str(x.dtype) for x in arrays], avals(dyn),
+                 avals(coords), resolve_mode(job.backend))
     fn = BlockMap(tok, plan, job.hooks, tuple(kernels),
                   None if regions is None else tuple(regions), static, dyn, coords,
                   tuple(axes), len(arrays), stacked, packed,
@@ -403,7 +411,7 @@ def map_dask(job: MapJob) -> Any:
                   job.backend,
                   str(leaves[0].dtype) if regions is None and not stacked
                   and leaves[0].shape == () else None,
-                  all(v.shape == () for v in leaves))
+                  all(v.shape == () for v in leaves), code)
     depth = tuple(ax.depth for ax in axes)
     inputs = [Overlap(x, depth) for x in arrays] + [
         Overlap(dsa.from_array(np.asarray(m), chunks=out_chunks), (0,) * nfield)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xstencil._backends.blockmesh import BlockMesh, local_regions
-from xstencil._backends.dask_base import cached, is_dask, merged, note_trace, token
+from xstencil._backends.dask_base import avals, cached, is_dask, merged, note_trace, token
 from xstencil._backends.dask_halo import Overlap, assemble, halo_array
 from xstencil._backends.dask_loops import join_host
 from xstencil._backends.edges import repad as halo_repad
@@ -75,6 +75,9 @@ class BlockScan:
     # constants, n, a mesh's regions over the block or None) -> the last state's rows,
     # or None where the loops do not apply
     loops: Callable[..., np.ndarray | None] | None = None
+    # the compile cache's key: ``token`` less what the task gets as arguments (the
+    # data's graph name, argument and coordinate values), as for maps (dask.py)
+    code: str = ""
 
     def __call__(self, loc: tuple[int, ...], edges: np.ndarray, pieces: list[Any]
                  ) -> np.ndarray:
@@ -99,8 +102,8 @@ class BlockScan:
         # the global index of the block's first cell, halo included, per spatial axis
         origin = np.array([self.starts[a][loc[a]] - cores[a - 1][0]
                            for a in range(1, len(shape))], np.int32)
-        key = (self.token, tuple((x.shape, str(x.dtype)) for x in jax.tree_util.tree_leaves(
-            pieces)), tuple(cores))
+        key = (self.code or self.token, tuple(
+            (x.shape, str(x.dtype)) for x in jax.tree_util.tree_leaves(pieces)), tuple(cores))
         fn = cached(key, lambda: self._build(tuple(cores)))
         with precision([own[0]], self.dyn):
             out, bad = fn(pieces, edges, coords, list(self.dyn), np.int32(self.t),
@@ -315,6 +318,10 @@ def scan_dask(job: BlockJob, halo_every: int | None = None,
     tok = token(call, "xstencil-scan", job.kernels, bmesh, masks, spec, job.static, dyn,
                 tuple(coords), depth, data.name, job.evolving, job.finite is not None,
                 None if loops is None else getattr(loops, "route", "loops"))
+    code = token(call, "xstencil-scan-code", job.kernels, bmesh, avals(masks), spec,
+                 job.static, avals(dyn), avals(coords), periods, depth, str(data.dtype),
+                 job.evolving, job.finite is not None,
+                 None if loops is None else getattr(loops, "route", "loops"))
     state = data[:spec.k * V].rechunk({0: -1})
     inp = None if spec.grown else _interleave([time_padded(spec, f) for f in fields])
     F = len(job.forced)
@@ -327,7 +334,7 @@ def scan_dask(job: BlockJob, halo_every: int | None = None,
         fn = BlockScan(tok, spec, job.hooks, job.kernels, bmesh, job.static, dyn,
                        tuple(coords), periods, width, depth, periodic, starts, t, n,
                        inp is not None, F, len(dmasks), job.evolving, job.forced, job.finite,
-                       job.tcoord, loops)
+                       job.tcoord, loops, code)
         # every segment reads K steps of input (zeros past the end): one block shape
         ins = [Overlap(state, depth)]
         if inp is not None:

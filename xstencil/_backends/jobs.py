@@ -96,5 +96,6 @@ class MapJob:
             if vdims != dims:
                 raise XStencilError(
                     f"{self.plan.call}: variable {name!r} has dims {vdims!r} but the "
-                    f"Dataset's field has {dims!r}; {what} every variable must span every dim "
-                    f"(broadcast them first, e.g. ds = xr.broadcast(ds)[0])")
+                    f"Dataset's field has {dims!r}; {what}, every variable must span every "
+                    f"dim (broadcast them first, e.g. ds = xr.broadcast(ds)[0]; in memory, "
+                    f"variables may lack dims)")

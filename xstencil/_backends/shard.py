@@ -311,7 +311,7 @@ def prepared(job: MapJob) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """The compiled ``shard_map`` function of a map and its inputs (call it
     under ``precision``); its ``.lower(*inputs)`` gives the HLO."""
     plan, regions = job.plan, job.regions
-    job.check_full("sharded Datasets need")
+    job.check_full("on sharded devices")
     lay = layout(plan.call, plan.dims, job.arrays, job.devices)
     _check(plan, lay)
     is_mesh = regions is not None

@@ -13,7 +13,9 @@ TRACED_ADVICE = (
     "functions (np.sin, np.where), the math module, float()/int()/bool() and a Python "
     "`if` on a window value cannot work; use jax.numpy (jnp.sin, jnp.exp, ...) and "
     "jnp.where(cond, a, b) for branches, e.g. `jnp.where(u() > 5, u(x=1), u(x=-1))` "
-    "instead of `u(x=1) if u() > 5 else u(x=-1)`")
+    "instead of `u(x=1) if u() > 5 else u(x=-1)`. numpy arrays the kernel closes over "
+    "(a footprint, weights) are traced too, as inputs of the compiled code: use "
+    "jnp.where(fp, u.array, fill) instead of u.array[fp] or `if fp[0, 1]`")
 
 #: What a user must know when a lax function or a transform got the window object.
 WINDOW_ADVICE = (
@@ -23,7 +25,8 @@ WINDOW_ADVICE = (
     "jax.hessian(g)(u.array); jax.numpy functions (jnp.sum(u), u * w) take the window as it is")
 
 _TRACED = (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError,
-           jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError)
+           jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError,
+           jax.errors.NonConcreteBooleanIndexError)
 
 
 def is_traced_error(e: BaseException) -> bool:

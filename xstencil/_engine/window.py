@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from xstencil._engine.advice import WINDOW_ADVICE
@@ -40,6 +41,11 @@ def parse_axis_name(text: str) -> tuple[str, int]:
     name, sign, num = m.groups()
     off = int(num) if num else 0
     return name, -off if sign == "-" else off
+
+
+def _whole(k: Any) -> bool:
+    """A Python or numpy integer (not a bool): an offset."""
+    return isinstance(k, int | np.integer) and not isinstance(k, bool | np.bool_)
 
 
 def _binary(op: Any, reflected: bool = False) -> Any:
@@ -279,10 +285,11 @@ class Window:
             raise XStencilError(positional_read(self._label, positional, self._dims))
         field = dict(self._field)
         rel = [0] * self.ndim
+        offsets = {d: int(o) if _whole(o) else o for d, o in offsets.items()}
         for dim, off in offsets.items():
             if not isinstance(off, int) or isinstance(off, bool):
                 raise XStencilError(
-                    f"{self._label}({dim}={off!r}): offsets must be Python ints, relative to "
+                    f"{self._label}({dim}={off!r}): offsets must be integers, relative to "
                     f"the centre"
                 )
             if dim in self._dims:
@@ -313,10 +320,10 @@ class Window:
         if self._absolute:
             self._check_absolute(items)
             return self.array[key]
-        if len(items) == self.ndim and all(
-            isinstance(k, int) and not isinstance(k, bool) for k in items
-        ):
-            return self._cell(tuple(items))
+        if len(items) == self.ndim and all(_whole(k) for k in items):
+            # numpy integers too (offsets from np.nonzero): they read the array
+            # from its first cell, one window half away, with no warning
+            return self._cell(tuple(int(k) for k in items))
         return self.array[key]
 
     def _check_absolute(self, items: tuple[Any, ...]) -> None:

@@ -29,8 +29,9 @@ def traced_error(call: str, kernel: Callable[..., Any], e: Exception) -> KernelE
         return None
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return KernelError(
-        f"{call}: kernel {_name(kernel)!r} used a window value where Python needs a "
-        f"concrete number ({type(e).__name__}: {first:.120}); {TRACED_ADVICE}")
+        f"{call}: kernel {_name(kernel)!r} used a traced value (a window value, or an "
+        f"array it closes over) where Python needs a concrete one ({type(e).__name__}: "
+        f"{first:.120}); {TRACED_ADVICE}")
 
 
 def check_returned(call: str, kernel: Callable[..., Any], out: Any, dataset: bool) -> None:

@@ -222,9 +222,11 @@ class _ProbeWindow(Window):
                     f"{self._label}({d}=...): dimension {d!r} not found; available dims are "
                     f"{self._probe.dims!r}"
                 )
+            if isinstance(o, np.integer) and not isinstance(o, np.bool_):
+                o = int(o)  # an offset from np.nonzero reads as the int it is
             if not isinstance(o, int) or isinstance(o, bool):
                 raise XStencilError(
-                    f"{self._label}({d}={o!r}): offsets must be Python ints, relative to the "
+                    f"{self._label}({d}={o!r}): offsets must be integers, relative to the "
                     f"centre")
             self._probe.reads[d].add(o)
         return self._data

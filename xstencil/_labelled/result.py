@@ -82,7 +82,9 @@ def rewrap(plan: Plan, f: Fields, out: Any,
     attrs = f.obj.attrs
     name = f.obj.name if isinstance(f.obj, xr.DataArray) else None
     out, dims, coords = _own_dims(plan, coords_ds, out, dims, leaf_dims, None)
-    return xr.DataArray(out, dims=dims, coords=coords, attrs=dict(attrs), name=name)
+    res = xr.DataArray(out, dims=dims, coords=coords, attrs=dict(attrs))
+    res.name = name  # not name=: a None there takes a dask array's graph name
+    return res
 
 
 def _own_dims(plan: Plan, coords_ds: xr.Dataset, v: Any, dims: tuple[str, ...],
