@@ -67,8 +67,9 @@ class Window:
 
     ``u(x=1, y=-1)``
         The cell at these offsets from the centre, by dim name; ``u()`` is
-        the centre.  Offsets are Python ints within the window (the default
-        window reaches as far as the kernel reads; ``window=`` sets it).  In
+        the centre.  Offsets are integers (Python or numpy) within the window
+        (the default window reaches as far as the kernel reads; ``window=``
+        sets it).  In
         :func:`~xstencil.scan`, ``u(time=-1)`` is the previous step.
     ``u[1, -1]``
         The same by position: one offset per window axis, in the window's

@@ -82,10 +82,10 @@ class State:
         """The arrays of a map's result, in the state's order and dtypes."""
         indexes = self.coords.indexes
         if self.names is None:
-            obj = by_label(self.call, obj, indexes, "step= returned the state")
+            obj = by_label(self.call, obj, indexes, "step= returned the state with")
             return [jnp.asarray(obj.transpose(*self.dims).data).astype(
                 canonicalize_dtype(self.dtypes[0]))]
-        return [jnp.asarray(by_label(self.call, obj[n], indexes, f"step= returned {n!r}")
+        return [jnp.asarray(by_label(self.call, obj[n], indexes, f"step= returned {n!r} with")
                             .transpose(*self.var[n][0]).data).astype(canonicalize_dtype(dt))
                 for n, dt in zip(self.names, self.dtypes, strict=True)]
 

@@ -206,8 +206,8 @@ def _step_result(call: str, new: Any, names: tuple[str, ...] | None, template: A
         if not isinstance(new, xr.DataArray):
             raise XStencilError(f"{call}: step= returned {type(new).__name__}; return a "
                                 f"DataArray like the state, e.g. state.copy(data=new_values)")
-        return [_dims_like(call, by_label(call, new, template.indexes, "step= returned the state"),
-                           template.dims, "the state", template.shape)]
+        new = by_label(call, new, template.indexes, "step= returned the state with")
+        return [_dims_like(call, new, template.dims, "the state", template.shape)]
     if isinstance(new, Mapping) and not isinstance(new, xr.Dataset):
         new = dict(new)
     elif isinstance(new, xr.Dataset):
@@ -221,7 +221,7 @@ def _step_result(call: str, new: Any, names: tuple[str, ...] | None, template: A
                             f"variables; available are {names!r}")
     return [None if n not in new else _dims_like(
         call, by_label(call, new[n], template.indexes,
-                     f"step= returned {n!r}") if isinstance(
+                     f"step= returned {n!r} with") if isinstance(
             new[n], xr.DataArray) else new[n], template[n].dims, repr(n), template[n].shape)
         for n in names]
 

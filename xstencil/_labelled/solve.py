@@ -199,7 +199,7 @@ def _guess(call: str, x0: Any, rhs: xr.DataArray) -> Any:
         if set(x0.dims) != set(rhs.dims):
             raise XStencilError(f"{call}: x0 has dims {tuple(x0.dims)!r} but rhs has "
                                 f"{tuple(rhs.dims)!r}; pass an initial guess like rhs")
-        x0 = by_label(call, x0, rhs.indexes, "x0", "rhs").transpose(*rhs.dims).data
+        x0 = by_label(call, x0, rhs.indexes, "x0 has", "rhs").transpose(*rhs.dims).data
     if tuple(np.shape(x0)) != tuple(rhs.shape):
         raise XStencilError(f"{call}: x0 has shape {tuple(np.shape(x0))!r} but rhs has "
                             f"{tuple(rhs.shape)!r}; pass an initial guess like rhs")

@@ -35,17 +35,17 @@ def by_label(call: str, new: xr.DataArray, indexes: Mapping[Any, pd.Index],
     for d in new.dims:
         want = indexes.get(d)
         got = new.indexes.get(d)
-        if want is None or got is None or got.equals(want):
-            continue
+        if want is None or got is None or got.equals(want) or len(got) != len(want):
+            continue  # another length: the caller's shape check says what is wrong
         if len(got) == len(want) and got.is_unique and want.is_unique:
             order = got.get_indexer(want)
             if (order >= 0).all():
                 new = new.isel({d: np.asarray(order)})
                 continue
         differ = got.difference(want)
+        new = f" ({_show(differ)} are new)" if len(differ) else " (some repeat)"
         raise XStencilError(
-            f"{call}: {what} has {d!r} labels {_show(got)}, which are not the {whose}'s "
-            f"{_show(want)} (for example {_show(differ)} are new); keep the {whose}'s "
-            f"labels, or relabel by position with .assign_coords({d}={whose}.{d}) if that is "
-            f"what you mean")
+            f"{call}: {what} {d!r} labels {_show(got)}, which are not the {whose}'s "
+            f"{_show(want)}{new}; keep the {whose}'s labels, or relabel by position with "
+            f".assign_coords({d}={whose}.{d}) if that is what you mean")
     return new
