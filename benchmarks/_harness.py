@@ -279,6 +279,23 @@ def publish(name: str, text: str, args: Any, log: Callable[[str], None] = print,
         log(f"wrote {RESULTS}")
 
 
+def sized_main(argv: list[str] | None, doc: str, name: str, title: str,
+               table: Callable[[list[int], int], str], environment: Callable[[], str],
+               sizes: tuple[list[int], list[int]], rounds: tuple[int, int]) -> None:
+    """The command line of a script that times a table over image sizes:
+    ``sizes`` and ``rounds`` are (full run, ``--quick``)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add_output_flags(p, ", ".join(f"{n}²" for n in sizes[1]) + " only, fewer rounds; "
+                     "print only")
+    args = p.parse_args(argv)
+    quick = int(bool(args.quick))
+    body = (f"### {title} (`benchmarks/{name}.py`)\n\n" + environment() + "\n\n"
+            + table(sizes[quick], rounds[quick]))
+    publish(name, body, args)
+
+
 def convection_rows(x: Any, r: float) -> Any:
     """The hand-written baseline for the kernex README's linear convection,
     shared by ``engine.py`` and ``scan.py``: a ``lax.scan`` over time rows

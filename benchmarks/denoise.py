@@ -24,7 +24,6 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -125,13 +124,8 @@ def table(sizes: list[int], rounds: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    H.add_output_flags(p, "256² only, fewer rounds; print only")
-    args = p.parse_args(argv)
-    sizes = [256] if args.quick else [512, 1024]
-    body = ("### Total-variation denoising against scikit-image (`benchmarks/denoise.py`)\n\n"
-            + P.environment() + "\n\n" + table(sizes, 3 if args.quick else 5))
-    H.publish("denoise", body, args)
+    H.sized_main(argv, __doc__, "denoise", "Total-variation denoising against scikit-image",
+                 table, P.environment, ([512, 1024], [256]), (5, 3))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -108,13 +107,8 @@ def table(sizes: list[int], rounds: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    H.add_output_flags(p, "1024² only, fewer rounds; print only")
-    args = p.parse_args(argv)
-    sizes = [1024] if args.quick else [2048, 4096]
-    body = ("### Terrain slope against xarray-spatial (`benchmarks/terrain.py`)\n\n"
-            + P.environment() + "\n\n" + table(sizes, 5 if args.quick else 9))
-    H.publish("terrain", body, args)
+    H.sized_main(argv, __doc__, "terrain", "Terrain slope against xarray-spatial",
+                 table, P.environment, ([2048, 4096], [1024]), (9, 5))
 
 
 if __name__ == "__main__":

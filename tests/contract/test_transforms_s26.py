@@ -26,15 +26,22 @@ def _x64_off():
 # -- vmap: in_axes and out_axes other than 0 --
 
 
-def test_vmap_in_axes_removes_the_mapped_dim() -> None:
-    a = np.random.default_rng(0).uniform(size=(4, 5, 6)).astype(np.float32)
-    da = xr.DataArray(a, dims=("t", "y", "x"))
-    seen = []
+def _recording(dim: str) -> tuple[list, object]:
+    """A function of a DataArray that differences along ``dim`` and records
+    the dims it was given."""
+    seen: list = []
 
     def f(d: xr.DataArray) -> xr.DataArray:
         seen.append(d.dims)
-        return d.stencil.map(lambda u: u(t=1) - u(), boundary="periodic")
+        return d.stencil.map(lambda u: u(**{dim: 1}) - u(), boundary="periodic")
 
+    return seen, f
+
+
+def test_vmap_in_axes_removes_the_mapped_dim() -> None:
+    a = np.random.default_rng(0).uniform(size=(4, 5, 6)).astype(np.float32)
+    da = xr.DataArray(a, dims=("t", "y", "x"))
+    seen, f = _recording("t")
     out = jax.vmap(f, in_axes=1)(da)  # maps over y
     assert seen[-1] == ("t", "x")
     want = np.moveaxis(np.roll(a, -1, 0) - a, 1, 0)
@@ -47,12 +54,7 @@ def test_vmap_in_axes_removes_the_mapped_dim() -> None:
 def test_nested_vmap_removes_both_mapped_dims() -> None:
     a = np.random.default_rng(1).uniform(size=(3, 4, 5)).astype(np.float32)
     da = xr.DataArray(a, dims=("a", "b", "c"))
-    seen = []
-
-    def f(d: xr.DataArray) -> xr.DataArray:
-        seen.append(d.dims)
-        return d.stencil.map(lambda u: u(a=1) - u(), boundary="periodic")
-
+    seen, f = _recording("a")
     jax.vmap(jax.vmap(f, in_axes=1), in_axes=2)(da)
     assert seen[-1] == ("a",)
 
