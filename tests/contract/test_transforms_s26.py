@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import xstencil
 from xstencil import PrecisionWarning, XStencilError
 
 
@@ -202,3 +203,22 @@ def test_eager_float64_after_a_transform_of_the_same_array(name: str) -> None:
     eager = fn(da, 1.0)
     assert eager.dtype == np.float64
     assert float(traced) == pytest.approx(float(eager.sum()), rel=1e-5)
+
+
+def test_float64_map_inside_our_own_loops_keeps_float64() -> None:
+    """xstencil's own scan(step=)/iterate trace is not the caller's transform:
+    a map on float64 data inside the step keeps float64 (a first version of
+    the change computed it in float32, and 1e8 + k lost its k)."""
+    c64 = xr.DataArray(1e8 + np.arange(8.0), dims="x")
+    s0 = xr.DataArray(np.zeros(8, np.float32), dims="x")
+
+    def step(s):
+        return s + c64.stencil.map(lambda u: u(x=1) - u(), boundary="extend").astype(np.float32)
+
+    want = [3.0] * 7 + [0.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrecisionWarning)
+        got = s0.stencil.scan(step=step, dim="time", steps=3)[-1]
+        it = xstencil.iterate(s0, step=step, tol=None, max_steps=3)
+    np.testing.assert_array_equal(got.values, want)
+    np.testing.assert_array_equal(it.field.values, want)

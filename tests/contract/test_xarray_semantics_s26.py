@@ -194,3 +194,18 @@ def test_added_variable_message_names_the_variables() -> None:
     ds["b"] = ("x", np.ones(6))
     with pytest.raises(XStencilError, match=r"data variables changed .*\('a', 'b'\) now"):
         m.map()
+
+
+def test_repeated_cftime_map_with_another_calendar() -> None:
+    """The repeat-call check compared the stored labels with the new ones, and
+    cftime refuses to compare two calendars: a TypeError, not a miss."""
+    pytest.importorskip("cftime")
+
+    def step(u):
+        t = u.coord("time")
+        return t() - t(time=-1) + 0 * u()
+
+    for cal in ("360_day", "noleap", "360_day"):
+        tc = xr.date_range("2000-01-01", periods=5, calendar=cal, use_cftime=True)
+        u = xr.DataArray(np.zeros(5), dims="time", coords={"time": tc})
+        np.testing.assert_array_equal(u.stencil.map(step, boundary="extend").values, 86400.0)

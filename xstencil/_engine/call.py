@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from xstencil._errors import PrecisionWarning, XStencilError
 
 __all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static", "promote",
            "dtype_kind", "is_weak", "settled", "stand_in", "outside_transforms",
-           "narrowed_here"]
+           "narrowed_here", "own_trace"]
 
 
 def stand_in(shape: tuple[int, ...], dtype: Any, weak_type: bool = False) -> Any:
@@ -85,7 +86,7 @@ def precision(*xs: Any) -> Iterator[None]:
     later plain JAX calls on them failed.  There the block runs in 32 bits,
     as the same code written in JAX would, and says so once."""
     if is_wide(*xs) and not jax.config.read("jax_enable_x64"):
-        if not outside_transforms(()):
+        if not outside_transforms(()) and not _OWN.get():
             warn_transform_narrows()
             yield
             return
@@ -95,11 +96,30 @@ def precision(*xs: Any) -> Iterator[None]:
         yield
 
 
+#: True while xstencil traces a compiled loop of its own (``scan(step=)``,
+#: ``iterate``, ``solve``) that was called outside any JAX transform: maps the
+#: step calls are then not inside a caller's transform, and keep float64.
+_OWN: contextvars.ContextVar[bool] = contextvars.ContextVar("xstencil_own_trace",
+                                                             default=False)
+
+
+@contextlib.contextmanager
+def own_trace() -> Iterator[None]:
+    """Mark the block as xstencil tracing its own loop (see :data:`_OWN`),
+    unless the loop itself runs inside a caller's transform."""
+    token = _OWN.set(_OWN.get() or outside_transforms(()))
+    try:
+        yield
+    finally:
+        _OWN.reset(token)
+
+
 def narrowed_here() -> bool:
     """Inside a JAX transform of the caller's with x64 off: 64-bit data is
     computed in 32 bits here (:func:`precision`), so a repeat-call fast path
     recorded for 64-bit data outside must not run (it would switch x64 on)."""
-    return not jax.config.read("jax_enable_x64") and not outside_transforms(())
+    return not jax.config.read("jax_enable_x64") and not outside_transforms(()) \
+        and not _OWN.get()
 
 
 def warn_transform_narrows() -> None:

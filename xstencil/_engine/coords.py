@@ -36,9 +36,9 @@ import pandas as pd
 from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
-__all__ = ["coord_digest", "coord_values", "is_cftime", "numeric_coord", "coord_period",
-           "pad_coord", "read_coord", "read_dtype", "pack_coord", "padded", "repeated_period",
-           "warn_repeated_endpoint"]
+__all__ = ["coord_digest", "coord_values", "is_cftime", "same_values", "numeric_coord",
+           "coord_period", "pad_coord", "read_coord", "read_dtype", "pack_coord", "padded",
+           "repeated_period", "warn_repeated_endpoint"]
 
 #: spans that are a full period on their own: a periodic coordinate spanning
 #: one of these from its first to its last label repeats its endpoint
@@ -95,6 +95,15 @@ def coord_digest(name: Any, v: Any) -> tuple[Any, ...]:
         else repr(a.tolist()).encode()
     return (str(name), tuple(v.dims), a.shape, str(v.dtype), repr(v.attrs),
             hashlib.blake2b(raw, digest_size=16).hexdigest())
+
+
+def same_values(a: Any, b: Any) -> bool:
+    """Whether two coordinates hold equal labels; labels that do not compare
+    (cftime dates of two calendars) are not equal."""
+    try:
+        return bool(np.array_equal(a, b))
+    except (TypeError, ValueError):
+        return False
 
 
 def is_cftime(values: Any) -> bool:

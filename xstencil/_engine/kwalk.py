@@ -133,7 +133,10 @@ def digest(a: np.ndarray) -> Hashable:
     """An array by content: shape, dtype and a digest of its bytes (of the
     ``repr`` of its items for object arrays), the same in every process."""
     a = np.asarray(a)
-    raw = a.tobytes() if a.dtype.kind != "O" else repr(a.tolist()).encode()
+    if a.dtype.kind == "O":  # objects: arrays among them by content, not by repr
+        return (a.shape, "O", tuple(digest(x) if isinstance(x, np.ndarray) else
+                                    ("v", repr(x)) for x in a.ravel()))
+    raw = a.tobytes()
     return (a.shape, str(a.dtype), hashlib.blake2b(raw, digest_size=16).hexdigest())
 
 

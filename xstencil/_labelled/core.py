@@ -33,6 +33,7 @@ from xstencil._engine.coords import (
     pad_coord,
     read_coord,
     read_dtype,
+    same_values,
     warn_repeated_endpoint,
 )
 from xstencil._engine.dense_hoist import Staged
@@ -372,7 +373,7 @@ def _device_coords(plan: Plan, f: Fields, period: Mapping[str, float] | None) ->
     if got is not None:
         old_sources, values, coords = got
         if all(a is b and a is not None for a, b in zip(sources, old_sources, strict=True)) \
-                or all(np.array_equal(coord_values(variables[d]), v)
+                or all(same_values(coord_values(variables[d]), v)
                        for d, v in zip(plan.coord_dims, values, strict=True)):
             return coords
     coords = [jnp.asarray(c) for c in coord_arrays(plan, f, period)]

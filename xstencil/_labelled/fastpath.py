@@ -28,7 +28,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import is_wide, narrowed_here, precision, settled, split_static
-from xstencil._engine.coords import coord_values
+from xstencil._engine.coords import coord_values, same_values
 from xstencil._engine.elements import linear_mode
 from xstencil._engine.kcache import Lifted, freeze_each, peek, put
 from xstencil._engine.x64flag import x64
@@ -113,7 +113,7 @@ def checked(key: Hashable, obj: xr.DataArray) -> Any:
             variables = obj.coords.variables
             for d, old in zip(entry.plan.coord_dims, entry.values, strict=True):
                 v = variables.get(d)
-                if v is None or v.dims != (d,) or not np.array_equal(coord_values(v), old):
+                if v is None or v.dims != (d,) or not same_values(coord_values(v), old):
                     return None
             entry = entry._replace(sources=now)
             put(key, entry)

@@ -12,7 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.call import as_array, merge_static, precision, settled, split_static
+from xstencil._engine.call import (
+    as_array,
+    merge_static,
+    own_trace,
+    precision,
+    settled,
+    split_static,
+)
 from xstencil._engine.kcache import canonical, compiled, settle
 from xstencil._errors import ConvergenceWarning, XStencilError
 from xstencil._labelled.mesh import Mesh
@@ -189,7 +196,7 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
     options = {"window": window, "boundary": boundary, "fill_value": fill_value,
                "period": period}
     step_function(call, body, state, options, free)  # validates body and options now
-    with precision(data, args, kwargs):
+    with precision(data, args, kwargs), own_trace():
         arrays = [as_array(call, "the data", x) for x in data]
         dyn, static = split_static(call, (args, kwargs))
         owner, bkey, resolve, lifted = cached_body(body)

@@ -15,7 +15,14 @@ import xarray as xr
 from xstencil import _progress
 from xstencil._backends.dask import any_dask
 from xstencil._backends.shard import is_sharded
-from xstencil._engine.call import as_array, merge_static, precision, promote, split_static
+from xstencil._engine.call import (
+    as_array,
+    merge_static,
+    own_trace,
+    precision,
+    promote,
+    split_static,
+)
 from xstencil._engine.coords import coord_digest
 from xstencil._engine.kcache import compiled, describe, settle, values_key
 from xstencil._engine.tscan import Loop, run_loop
@@ -37,7 +44,7 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
     ``dtype`` (already applied to ``obj``), to which each result is cast."""
     dim = o.dim
     state0, names, arrays, tvals = _state(call, obj, fn, o)
-    with precision(arrays, args, kwargs):
+    with precision(arrays, args, kwargs), own_trace():
         arrays = [as_array(call, "the data", x) for x in arrays]
         udyn, static = split_static(call, (args, kwargs))
         template = state0.copy(deep=False)

@@ -37,6 +37,8 @@ class _Unreadable(Exception):
 
 def _data(a: Any) -> Hashable:
     if isinstance(a, np.ndarray):
+        if a.dtype.kind == "O":  # objects (arrays among them) by content, not repr
+            return ("objects", a.shape, tuple(_value(x) for x in a.ravel()))
         return digest(a)
     if isinstance(a, jax.core.Tracer):
         raise _Unreadable
@@ -48,10 +50,21 @@ def _data(a: Any) -> Hashable:
     raise _Unreadable
 
 
+def _value(v: Any) -> Hashable:
+    """An attribute's value by content, arrays in it too (inside dicts,
+    lists and tuples): a ``repr`` elides the middle of a long array."""
+    if isinstance(v, np.ndarray | jax.Array):
+        return _data(v)
+    if isinstance(v, Mapping):
+        return ("map", tuple((repr(k), _value(x)) for k, x in v.items()))
+    if isinstance(v, list | tuple):
+        return (type(v).__name__, tuple(_value(x) for x in v))
+    got = content_key(v)
+    return got if got is not None else repr(v)
+
+
 def _attrs(attrs: Mapping[Any, Any]) -> Hashable:
-    # arrays in attrs by content: a repr elides the middle of a long one
-    return tuple((repr(k), _data(v) if isinstance(v, np.ndarray) else repr(v))
-                 for k, v in attrs.items())
+    return tuple((repr(k), _value(v)) for k, v in attrs.items())
 
 
 def _variable(v: xr.Variable) -> Hashable:
@@ -77,7 +90,7 @@ def content_key(v: Any) -> Hashable | None:
             return ("Index", repr(v.name), str(v.dtype), _data(np.asarray(v)))
         if isinstance(v, pd.Series):
             return ("Series", repr(v.name), content_key(v.index), str(v.dtype),
-                    _data(np.asarray(v)))
+                    _data(np.asarray(v)), _attrs(v.attrs))
         if isinstance(v, pd.DataFrame):
             return ("DataFrame", content_key(v.index), content_key(v.columns),
                     tuple(content_key(v[c]) for c in v.columns))
