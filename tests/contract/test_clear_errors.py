@@ -37,7 +37,7 @@ TRACED = r"kernels are traced by JAX.*jnp\.where\(cond, a, b\) for branches"
 ], ids=["np.sin", "np.where", "float", "math.sin", "if"])
 def test_numpy_math_or_if_on_traced_values(kernel):
     with pytest.raises(KernelError, match=r"da\.stencil\.map\(\.\.\.\): kernel '<lambda>' "
-                                          r"used a window value .*" + TRACED):
+                                          r"used a traced value .*" + TRACED):
         DA.stencil.map(kernel, boundary="extend")
 
 
