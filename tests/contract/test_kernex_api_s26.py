@@ -104,3 +104,13 @@ def test_upper_case_padding_names(upper: str, lower: str) -> None:
     np.testing.assert_array_equal(
         np.asarray(xstencil.kmap(kernel_size=(3,), padding=upper)(k)(A)),
         np.asarray(xstencil.kmap(kernel_size=(3,), padding=lower)(k)(A)))
+
+
+def test_numpy_integer_outside_an_absolute_window_raises() -> None:
+    """relative=False: a Python int past the window raised, a numpy integer
+    was left to JAX's indexing, which clamps to the last cell."""
+    f = xstencil.kmap(kernel_size=(3,), relative=False)(lambda x: x[np.int64(5)])
+    with pytest.raises(IndexError, match="outside the window"):
+        f(A)
+    inside = xstencil.kmap(kernel_size=(3,), relative=False)(lambda x: x[np.int64(2)])(A)
+    np.testing.assert_array_equal(np.asarray(inside), np.asarray(A)[2:])

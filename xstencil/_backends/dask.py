@@ -47,7 +47,6 @@ import numpy as np
 
 from xstencil._backends.dask_base import (
     any_dask,
-    avals,
     cached,
     clear_cache,
     compile_count,
@@ -70,7 +69,7 @@ from xstencil._backends.dask_pack import byte_width, pack, unpack
 from xstencil._backends.jobs import Hooks, MapJob
 from xstencil._backends.loops import resolve_mode
 from xstencil._backends.loops_mesh import covered
-from xstencil._engine.call import precision, promote, split_static, stand_in
+from xstencil._engine.call import avals, precision, promote, split_static, stand_in
 from xstencil._engine.coords import padded, read_dtype
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._engine.mesh import Slab, branches, mesh_evaluate

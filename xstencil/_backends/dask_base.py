@@ -17,13 +17,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from xstencil._engine.kcache import lru_get
 from xstencil._engine.ktoken import token_parts
 from xstencil._errors import XStencilError
 
-__all__ = ["any_dask", "avals", "cached", "clear_cache", "compile_count", "is_dask", "merged",
+__all__ = ["any_dask", "cached", "clear_cache", "compile_count", "is_dask", "merged",
            "note_trace", "token", "with_progress"]
 
 # The per-process compile cache: token -> jitted block function.  It is the one
@@ -75,11 +73,6 @@ def cached(key: Any, build: Callable[[], Callable[..., Any]]) -> Callable[..., A
     """The compiled block function for ``key``, built on a miss."""
     fn: Callable[..., Any] = lru_get(_cache, _lock, _CACHE_SIZE, key, build)
     return fn
-
-
-def avals(xs: Any) -> tuple[tuple[tuple[int, ...], str], ...]:
-    """Shapes and dtypes: what a compiled function's array arguments fix."""
-    return tuple((tuple(np.shape(x)), str(np.asarray(x).dtype)) for x in xs)
 
 
 def token(call: str, *parts: Any) -> str:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xstencil._backends.blockmesh import BlockMesh, local_regions
-from xstencil._backends.dask_base import avals, cached, is_dask, merged, note_trace, token
+from xstencil._backends.dask_base import cached, is_dask, merged, note_trace, token
 from xstencil._backends.dask_halo import Overlap, assemble, halo_array
 from xstencil._backends.dask_loops import join_host
 from xstencil._backends.edges import repad as halo_repad
@@ -39,7 +39,7 @@ from xstencil._backends.halo import (
     time_padded,
 )
 from xstencil._backends.jobs import Hooks
-from xstencil._engine.call import precision
+from xstencil._engine.call import avals, precision
 from xstencil._errors import XStencilError
 
 __all__ = ["BlockScan", "default_halo_every", "scan_dask"]

@@ -20,11 +20,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xstencil._engine.x64flag import x64
 from xstencil._errors import PrecisionWarning, XStencilError
 
 __all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static", "promote",
            "dtype_kind", "is_weak", "settled", "stand_in", "outside_transforms",
-           "narrowed_here", "own_trace"]
+           "narrowed_here", "own_trace", "avals"]
+
+
+def avals(xs: Any) -> tuple[tuple[tuple[int, ...], str], ...]:
+    """The shapes and dtypes of the array leaves of ``xs``: what a compiled
+    function's array arguments fix (their values do not)."""
+    return tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__)))
+                 for x in jax.tree_util.tree_leaves(xs))
 
 
 def stand_in(shape: tuple[int, ...], dtype: Any, weak_type: bool = False) -> Any:
@@ -85,7 +93,7 @@ def precision(*xs: Any) -> Iterator[None]:
     numpy constants JAX converted meanwhile stayed 64-bit in its caches, so
     later plain JAX calls on them failed.  There the block runs in 32 bits,
     as the same code written in JAX would, and says so once."""
-    if is_wide(*xs) and not jax.config.read("jax_enable_x64"):
+    if is_wide(*xs) and not x64():
         if not outside_transforms(()) and not _OWN.get():
             warn_transform_narrows()
             yield
@@ -118,8 +126,7 @@ def narrowed_here() -> bool:
     """Inside a JAX transform of the caller's with x64 off: 64-bit data is
     computed in 32 bits here (:func:`precision`), so a repeat-call fast path
     recorded for 64-bit data outside must not run (it would switch x64 on)."""
-    return not jax.config.read("jax_enable_x64") and not outside_transforms(()) \
-        and not _OWN.get()
+    return not x64() and not _OWN.get() and not outside_transforms(())
 
 
 def warn_transform_narrows() -> None:

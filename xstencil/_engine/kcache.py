@@ -47,7 +47,6 @@ Compiled functions live in one bounded LRU table (:data:`SIZE` entries);
 
 from __future__ import annotations
 
-import hashlib
 import types
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -55,7 +54,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
 
 from xstencil._engine.kmemo import Memo
 from xstencil._engine.kwalk import (
@@ -66,12 +64,14 @@ from xstencil._engine.kwalk import (
     Opaque,
     Walk,
     code_names,
+    digest,
     freeze,
     freeze_each,
     instance_key,
     is_array,
     is_library,
 )
+from xstencil._engine.x64flag import x64
 
 __all__ = ["Lifted", "freeze", "freeze_each", "describe", "rebuild", "cached", "lru_get", "peek",
            "put", "compiled", "table_of", "canonical", "clear", "settle", "SIZE", "SHARED"]
@@ -198,22 +198,18 @@ def cached(key: Hashable, build: Callable[[], Any]) -> Any:
     """The entry for ``key`` in the shared LRU table, built on a miss.  JAX's
     x64 flag is part of every key: an entry traced with it off (inside a
     caller's transform) holds 32-bit traces that a 64-bit call must not reuse."""
-    return lru_get(_TABLE, _LOCK, SIZE, (key, _x64()), build)
-
-
-def _x64() -> bool:
-    return bool(jax.config.read("jax_enable_x64"))
+    return lru_get(_TABLE, _LOCK, SIZE, (key, x64()), build)
 
 
 def peek(key: Hashable) -> Any:
     """The entry for ``key``, or ``None``."""
     with _LOCK:
-        return _TABLE.get((key, _x64()))
+        return _TABLE.get((key, x64()))
 
 
 def put(key: Hashable, value: Any) -> None:
     with _LOCK:
-        _TABLE[(key, _x64())] = value
+        _TABLE[(key, x64())] = value
         while len(_TABLE) > SIZE:
             _TABLE.popitem(last=False)
 
@@ -251,7 +247,7 @@ def compiled(owner: Any, key: Any, build: Callable[[], Callable[..., Any]]) -> C
     """A function cached per ``owner`` (a kernel or a mesh) and ``key``."""
     table = table_of(owner, create=True)
     assert table is not None
-    key = (key, _x64())
+    key = (key, x64())
     fn = table.get(key)
     if fn is None:
         fn = table[key] = build()
@@ -273,7 +269,5 @@ def values_key(kernels: Sequence[Any], lifted: Lifted | None = None) -> Any:
         if isinstance(v, jax.core.Tracer):
             leaves.append(Identity(v))
             continue
-        a = np.asarray(v)
-        leaves.append((a.shape, str(a.dtype),
-                       hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest()))
+        leaves.append(digest(v))
     return lifted.key, tuple(leaves)

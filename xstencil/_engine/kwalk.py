@@ -182,8 +182,7 @@ class Walk:
                 return ("leaf", tuple(np.shape(v)), str(v.dtype)), new
             if isinstance(v, np.ndarray):  # read through an attribute: by content
                 # a digest, not hash(): the same in every process (a stored fingerprint)
-                return ("array", Identity(v), v.shape, str(v.dtype),
-                        hashlib.blake2b(v.tobytes(), digest_size=16).hexdigest()), v
+                return ("array", Identity(v), digest(v)), v
             return ("array", Identity(v)), v
         if isinstance(v, np.ma.MaskedArray):
             return ("masked", digest(v.data), digest(np.ma.getmaskarray(v)),

@@ -25,7 +25,7 @@ from jax import lax
 from xstencil._engine.advice import WINDOW_ADVICE
 from xstencil._errors import WindowIndexError, XStencilError
 
-__all__ = ["Window", "parse_axis_name"]
+__all__ = ["Window", "parse_axis_name", "whole"]
 
 _NAME = re.compile(r"^\s*([^\W\d]\w*)\s*(?:([+-])\s*(\d+))?\s*$")
 
@@ -43,7 +43,7 @@ def parse_axis_name(text: str) -> tuple[str, int]:
     return name, -off if sign == "-" else off
 
 
-def _whole(k: Any) -> bool:
+def whole(k: Any) -> bool:
     """A Python or numpy integer (not a bool): an offset."""
     return isinstance(k, int | np.integer) and not isinstance(k, bool | np.bool_)
 
@@ -286,7 +286,7 @@ class Window:
             raise XStencilError(positional_read(self._label, positional, self._dims))
         field = dict(self._field)
         rel = [0] * self.ndim
-        offsets = {d: int(o) if _whole(o) else o for d, o in offsets.items()}
+        offsets = {d: int(o) if whole(o) else o for d, o in offsets.items()}
         for dim, off in offsets.items():
             if not isinstance(off, int) or isinstance(off, bool):
                 raise XStencilError(
@@ -321,7 +321,7 @@ class Window:
         if self._absolute:
             self._check_absolute(items)
             return self.array[key]
-        if len(items) == self.ndim and all(_whole(k) for k in items):
+        if len(items) == self.ndim and all(whole(k) for k in items):
             # numpy integers too (offsets from np.nonzero): they read the array
             # from its first cell, one window half away, with no warning
             return self._cell(tuple(int(k) for k in items))
@@ -332,7 +332,7 @@ class Window:
         if any(k is None or k is Ellipsis for k in items):
             return
         for ax, k in enumerate(items[: self.ndim]):
-            if isinstance(k, int) and not isinstance(k, bool):
+            if whole(k):
                 n = self.shape[ax]
                 if not -n <= k < n:
                     raise WindowIndexError(

@@ -20,6 +20,7 @@ from xstencil._engine.coordwindow import CoordWindow
 from xstencil._engine.kcache import describe, rebuild
 from xstencil._engine.window import Window
 from xstencil._engine.windowset import WindowSet
+from xstencil._engine.x64flag import x64
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.kernel_checks import check_returned, traced_error
 from xstencil._labelled.plan import Plan, unknown_keyword, with_call
@@ -91,11 +92,11 @@ def _fresh_constants(kernel: Callable[..., Any]) -> Callable[..., Any]:
     ``_canonicalize_ndarray_dtype``): after ``w[:] = 1`` the next trace read
     the old copy, so the dask result kept the old weights.  A view is a new
     object with the same memory: the conversion is made afresh."""
-    if jax.config.read("jax_enable_x64"):
+    if x64():
         return kernel
     lifted = describe([kernel])
-    if not any(isinstance(v, np.ndarray) and v.dtype.itemsize == 8
-               or isinstance(v, np.ndarray) and v.dtype.kind == "c" for v in lifted.leaves):
+    if not any(isinstance(v, np.ndarray) and jax.dtypes.canonicalize_dtype(v.dtype) != v.dtype
+               for v in lifted.leaves):  # only a converted copy can be a stale one
         return kernel
     try:
         return rebuild(lifted, [v.view() if isinstance(v, np.ndarray) else v

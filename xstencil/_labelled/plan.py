@@ -23,7 +23,7 @@ from xstencil._engine.call import stand_in
 from xstencil._engine.coords import read_dtype
 from xstencil._engine.lower import AxisGeom
 from xstencil._engine.spec import AxisSpec, geometry
-from xstencil._engine.window import Window, positional_read
+from xstencil._engine.window import Window, positional_read, whole
 from xstencil._engine.windowset import WindowSet
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.fill import check_fill, fill_for
@@ -222,8 +222,8 @@ class _ProbeWindow(Window):
                     f"{self._label}({d}=...): dimension {d!r} not found; available dims are "
                     f"{self._probe.dims!r}"
                 )
-            if isinstance(o, np.integer) and not isinstance(o, np.bool_):
-                o = int(o)  # an offset from np.nonzero reads as the int it is
+            if whole(o):
+                o = int(o)  # a numpy integer (from np.nonzero) reads as the int it is
             if not isinstance(o, int) or isinstance(o, bool):
                 raise XStencilError(
                     f"{self._label}({d}={o!r}): offsets must be integers, relative to the "

@@ -17,6 +17,7 @@ from xstencil._backends.dask import any_dask
 from xstencil._backends.shard import is_sharded
 from xstencil._engine.call import (
     as_array,
+    avals,
     merge_static,
     own_trace,
     precision,
@@ -58,14 +59,14 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
         # dtypes, found by tracing the step once (not again on every call)
         lifted = describe([fn])
         reads, labels = values_key([fn], lifted), _labels(template)
-        layout = ("step-dtypes", static, names, _avals(arrays), _avals(udyn), labels, reads,
+        layout = ("step-dtypes", static, names, avals(arrays), avals(udyn), labels, reads,
                   None if dtype is None else str(np.dtype(dtype)))
         wide, evolving = compiled(fn, layout, lambda: _widened(call, apply, arrays, udyn, dtype))
         arrays = [x if x.dtype == w else x.astype(w) for x, w in zip(arrays, wide, strict=True)]
         loop = Loop(1, o.steps, o.every, 1, 0, 0, "fill", o.checkpoint,
                     _progress.check_every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
                     if o.progress else 0, o.check_finite)
-        key = ("step", static, loop, names, tuple(evolving), _avals(arrays), labels, reads)
+        key = ("step", static, loop, names, tuple(evolving), avals(arrays), labels, reads)
         if o.check_finite:
             initial_finite(call, [[arrays[i]] for i in evolving], dim, 1)
         run = compiled(fn, key, lambda: _build(apply, loop, evolving))
@@ -139,11 +140,6 @@ def _wrap(template: Any, names: tuple[str, ...] | None, datas: Sequence[Any]) ->
     return xr.Dataset({n: (template[n].dims, d, template[n].attrs)
                        for n, d in zip(names, datas, strict=True)},
                       coords=template.coords, attrs=template.attrs)
-
-
-def _avals(xs: Any) -> tuple[tuple[tuple[int, ...], str], ...]:
-    return tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__)))
-                 for x in jax.tree_util.tree_leaves(xs))
 
 
 def _widened(call: str, apply: Callable[..., Any], arrays: list[Any], udyn: Any,
@@ -226,11 +222,14 @@ def _step_result(call: str, new: Any, names: tuple[str, ...] | None, template: A
     if unknown:
         raise XStencilError(f"{call}: step= returned {unknown!r}, which are not data "
                             f"variables; available are {names!r}")
-    return [None if n not in new else _dims_like(
-        call, by_label(call, new[n], template.indexes,
-                     f"step= returned {n!r} with") if isinstance(
-            new[n], xr.DataArray) else new[n], template[n].dims, repr(n), template[n].shape)
-        for n in names]
+    out = []
+    for n in names:
+        v = new.get(n)
+        if isinstance(v, xr.DataArray):
+            v = by_label(call, v, template.indexes, f"step= returned {n!r} with")
+        out.append(None if n not in new else
+                   _dims_like(call, v, template[n].dims, repr(n), template[n].shape))
+    return out
 
 
 def _dims_like(call: str, new: Any, dims: Sequence[Any], what: str,
