@@ -152,16 +152,41 @@ def _leaf(plan: Plan, name: str, v: Any, var: str | None) -> Any:
     v = jnp.asarray(v)
     if v.ndim != len(plan.output_dims):
         if not plan.output_dims:
+            names = tuple(f'k{i}' for i in range(v.ndim))
+            field = _field_dims(plan, v.shape)
+            if field is not None:  # output_dims would make an outer product of it
+                raise XStencilError(
+                    f"{plan.call}: kernel {name!r} returned an array of shape {v.shape} per "
+                    f"point, the data's own sizes along {field!r}: an array of the field's "
+                    f"shape that the kernel closes over is read whole at every point, not at "
+                    f"the point. For a coefficient field on the same grid, put it in a Dataset "
+                    f"with the data, e.g. ds = xr.Dataset({{'u': da, 'c': c}}), and read it in "
+                    f"the kernel as s['c']() (s['u'](x=1) for the data); only if the kernel "
+                    f"really returns an array per point, name its dims with "
+                    f"output_dims={names!r}")
             raise XStencilError(
                 f"{plan.call}: kernel {name!r} returned an array of shape {v.shape} per point; "
                 f"name its dims with output_dims=(...), e.g. output_dims="
-                f"{tuple(f'k{i}' for i in range(v.ndim))!r}, or return a scalar"
+                f"{names!r}, or return a scalar"
             )
         raise XStencilError(
             f"{plan.call}: kernel {name!r} returned shape {v.shape} per point, which does not "
             f"match output_dims={plan.output_dims!r}"
         )
     return v.astype(result_dtype(plan, var, v))
+
+
+def _field_dims(plan: Plan, shape: tuple[int, ...]) -> tuple[str, ...] | None:
+    """The data's dims, in order, whose sizes are ``shape`` (one dim at
+    least, all of size 2 or more), or ``None``: a per-point result of the
+    field's own shape is most likely a whole field closed over."""
+    sizes = dict(zip(plan.dims, plan.shape, strict=True))
+    for start in range(len(plan.dims)):
+        for stop in range(start + 1, len(plan.dims) + 1):
+            dims = plan.dims[start:stop]
+            if tuple(sizes[d] for d in dims) == tuple(shape) and min(shape) > 1:
+                return dims
+    return None
 
 
 def identity_caller(plan: Plan, like: Callable[..., Any]) -> Callable[..., Any]:
