@@ -52,3 +52,14 @@ def test_a_per_point_array_of_other_sizes_keeps_the_output_dims_advice():
         da.stencil.map(lambda u: np.arange(3.0) * u(), boundary="periodic")
     assert "output_dims=('k0',)" in str(err.value)
     assert "Dataset" not in str(err.value)
+
+
+def test_closed_over_numpy_offsets_are_told_to_be_lists_and_lists_work():
+    # scikit-image's local_binary_pattern samples at offsets computed with numpy
+    da = xr.DataArray(np.random.default_rng(1).random((6, 7)), dims=("y", "x"))
+    rr = np.array([1, -1])
+    with pytest.raises(xstencil.KernelError, match=r"rr = rr\.tolist\(\)"):
+        da.stencil.map(lambda u: sum(u(y=int(rr[i])) for i in range(2)), boundary="periodic")
+    rl = rr.tolist()
+    out = da.stencil.map(lambda u: sum(u(y=rl[i]) for i in range(2)), boundary="periodic")
+    np.testing.assert_allclose(out.values, np.roll(da.values, -1, 0) + np.roll(da.values, 1, 0))

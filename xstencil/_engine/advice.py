@@ -15,7 +15,9 @@ TRACED_ADVICE = (
     "jnp.where(cond, a, b) for branches, e.g. `jnp.where(u() > 5, u(x=1), u(x=-1))` "
     "instead of `u(x=1) if u() > 5 else u(x=-1)`. numpy arrays the kernel closes over "
     "(a footprint, weights) are traced too, as inputs of the compiled code: use "
-    "jnp.where(fp, u.array, fill) instead of u.array[fp] or `if fp[0, 1]`")
+    "jnp.where(fp, u.array, fill) instead of u.array[fp] or `if fp[0, 1]`; where the "
+    "kernel needs their values as Python numbers (offsets such as u(y=rr[i]), or skipping "
+    "zero weights), close over Python lists instead: rr = rr.tolist()")
 
 #: What a user must know when a lax function or a transform got the window object.
 WINDOW_ADVICE = (
