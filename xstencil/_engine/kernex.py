@@ -32,6 +32,7 @@ from xstencil._engine.call import (
     promote,
     split_static,
 )
+from xstencil._engine.fresh import fresh
 from xstencil._engine.kcache import describe, new_memo, settle, values_key
 from xstencil._engine.kscan import kscan_array
 from xstencil._engine.kxargs import (
@@ -194,7 +195,7 @@ class KernelMesh:
                 win = Window(cell, names, centre, rolled=relative, absolute=not relative,
                              label="x")
                 try:
-                    out = func(win, *a, **kw)
+                    out = fresh(func)(win, *a, **kw)
                 except (XStencilError, WindowIndexError) as e:
                     msg = str(e)
                     if msg.startswith(call):

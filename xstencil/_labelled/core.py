@@ -328,8 +328,14 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
         # numpy data goes to the compiled function as it is (jit moves it once)
         arrays = [x if isinstance(x, np.ndarray) and x.dtype.kind in "biufc"
                   else as_array(plan.call, "the data", x) for x in f.arrays]
+        leaves = list(lifted.leaves)
         if not outside_transforms(()):
+            # inside a trace (a caller's, or iterate/solve/scan(step=)'s own) numpy
+            # arrays become constants, which JAX 0.10 converts to 32 bits (x64 off)
+            # through a cache keyed by the array object: a closed-over float64 array
+            # changed in place read the old copy (views are new objects)
             arrays = [x.view() if isinstance(x, np.ndarray) else x for x in arrays]
+            leaves = [v.view() if isinstance(v, np.ndarray) else v for v in leaves]
         coords = _device_coords(plan, f, period)
         dyn, static = split_static(plan.call, (args, kwargs))
         # the lowering inside a solve's operator differs (elements.linear_mode)
@@ -349,8 +355,8 @@ def call_engine(plan: Plan, f: Fields, kernels: Sequence[Callable[..., Any]] | L
         if used is not None:
             used.update(fn=fn, coords=coords, lifted=lifted)
         into = {} if out is None else {"out": out}
-        out = settled(fn(arrays, coords, dyn, list(dynamic), list(lifted.leaves), **into),
-                      (arrays, dyn, list(dynamic), list(lifted.leaves)))
+        out = settled(fn(arrays, coords, dyn, list(dynamic), leaves, **into),
+                      (arrays, dyn, list(dynamic), leaves))
         settle(lifted)  # lists the trace wrote to (trace counters) stop being keyed
         return out
 

@@ -17,10 +17,9 @@ from xstencil._engine.advice import advice_for
 from xstencil._engine.call import is_weak, merge_static, promote
 from xstencil._engine.coords import read_dtype
 from xstencil._engine.coordwindow import CoordWindow
-from xstencil._engine.kcache import describe, rebuild
+from xstencil._engine.fresh import fresh
 from xstencil._engine.window import Window
 from xstencil._engine.windowset import WindowSet
-from xstencil._engine.x64flag import x64
 from xstencil._errors import KernelError, WindowIndexError, XStencilError
 from xstencil._labelled.kernel_checks import check_returned, traced_error
 from xstencil._labelled.plan import Plan, unknown_keyword, with_call
@@ -82,29 +81,6 @@ def windows(plan: Plan, cells: Sequence[Any]) -> Any:
     return WindowSet(dict(zip(plan.var_names, wins, strict=True)))
 
 
-def _fresh_constants(kernel: Callable[..., Any]) -> Callable[..., Any]:
-    """``kernel`` reading fresh views of the 64-bit numpy arrays it closes over,
-    when JAX's x64 flag is off.
-
-    Where a kernel is traced with its arrays as constants (the blocks of a
-    dask or sharded map), JAX converts a float64 array to float32 and keeps
-    that copy in a cache keyed by the array object (jax 0.10's
-    ``_canonicalize_ndarray_dtype``): after ``w[:] = 1`` the next trace read
-    the old copy, so the dask result kept the old weights.  A view is a new
-    object with the same memory: the conversion is made afresh."""
-    if x64():
-        return kernel
-    lifted = describe([kernel])
-    if not any(isinstance(v, np.ndarray) and jax.dtypes.canonicalize_dtype(v.dtype) != v.dtype
-               for v in lifted.leaves):  # only a converted copy can be a stale one
-        return kernel
-    try:
-        return rebuild(lifted, [v.view() if isinstance(v, np.ndarray) else v
-                                for v in lifted.leaves])[0]
-    except Exception:  # noqa: BLE001 - a kernel the walk cannot copy: as it is
-        return kernel
-
-
 def kernel_caller(plan: Plan, kernel: Callable[..., Any], static: Any) -> Callable[..., Any]:
     """The engine-facing kernel: cells in, normalized outputs out."""
     name = getattr(kernel, "__name__", repr(kernel))
@@ -113,7 +89,7 @@ def kernel_caller(plan: Plan, kernel: Callable[..., Any], static: Any) -> Callab
         a, kw = merge_static(dyn, static)
         arg = windows(plan, cells)
         try:
-            out = _fresh_constants(kernel)(arg, *a, **kw)
+            out = fresh(kernel)(arg, *a, **kw)
         except (XStencilError, WindowIndexError) as e:
             raise with_call(plan.call, kernel, e) from None
         except Exception as e:

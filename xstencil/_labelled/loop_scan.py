@@ -99,6 +99,7 @@ from xstencil._backends.loops import (
 )
 from xstencil._backends.tiered import eager
 from xstencil._engine.call import outside_transforms, precision, split_static
+from xstencil._engine.fresh import fresh
 from xstencil._engine.kcache import describe, rebuild
 from xstencil._labelled import loop_scan_steps
 from xstencil._labelled.core import kernel_caller, prepare, sources, unwrap
@@ -380,7 +381,7 @@ def _build(plan: Any, lifted: Any, static: Any, dim: str, kept: frozenset[str] |
     """The compiled loop of one step (``loops._Built``), or why not (a string)."""
 
     def kern(cells: Any, dyn: Any, lv: Any) -> Any:
-        k = previous_kernel(rebuild(lifted, lv)[0], dim, kept)
+        k = previous_kernel(fresh(rebuild(lifted, lv)[0]), dim, kept)  # before wrapping it
         return kernel_caller(plan, k, static)(cells, dyn)
 
     lj = LoopOrJit(None, kern, lambda arrays, coords: sources(plan, arrays, coords), plan.geom,

@@ -22,6 +22,7 @@ from jax.dtypes import canonicalize_dtype
 
 from xstencil._engine.call import native
 from xstencil._engine.coords import coord_digest
+from xstencil._engine.fresh import fresh
 from xstencil._engine.kcache import Lifted, canonical, describe, values_key
 from xstencil._errors import XStencilError
 from xstencil._labelled.map import map as _map
@@ -204,7 +205,7 @@ def step_function(call: str, body: Any, state: State, options: Mapping[str, Any]
                                 f"of the state returning the next state")
 
         def free_step(datas: Sequence[Any], args: Any, kwargs: Any) -> list[Any]:
-            new = body(state.wrap(datas), *args, **kwargs)
+            new = fresh(body)(state.wrap(datas), *args, **kwargs)
             if state.names is None and not isinstance(new, xr.DataArray) or \
                     state.names is not None and not isinstance(new, xr.Dataset):
                 raise XStencilError(f"{call}: step= returned {type(new).__name__}; return "

@@ -25,6 +25,7 @@ from xstencil._engine.call import (
     split_static,
 )
 from xstencil._engine.coords import coord_digest
+from xstencil._engine.fresh import fresh
 from xstencil._engine.kcache import compiled, describe, settle, values_key
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import XStencilError
@@ -52,7 +53,7 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
 
         def apply(datas: Sequence[Any], udyn: Any) -> list[Any]:
             a, kw = merge_static(udyn, static)
-            new = fn(_wrap(template, names, datas), *a, **kw)
+            new = fresh(fn)(_wrap(template, names, datas), *a, **kw)
             return _step_result(call, new, names, template, datas)
 
         # what the step reads, by value; with the layout, it decides the state's
