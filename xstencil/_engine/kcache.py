@@ -28,11 +28,14 @@ among those, recursively):
   read without running descriptors and keyed by value (arrays read this way
   are keyed by identity and content).  Library modules, functions and classes
   (numpy, jax, the standard library...) are constants.
-* What cannot be seen (a property, an unhashable library object, a walk that
-  grows too large, a callable that is not a plain function) makes the kernel
+* What cannot be seen (a library's descriptor, an unhashable library
+  object, a callable that is not a plain function) makes the kernel
   *opaque*: its key then holds the kernel object itself, so no other kernel
   object shares its code (a fresh lambda compiles again), while the values
-  that could be seen are still keyed for the same object.  An instance of a
+  that could be seen are still keyed for the same object.  A walk that
+  grows too large (:data:`~xstencil._engine.kwalk.BUDGET` values) or too
+  deep keys the kernel as *uncached*: every call traces afresh, since a
+  value it reads that the walk did not reach may have changed.  An instance of a
   user class with a ``__call__`` method is keyed by identity and by the
   attributes its class's methods name, by value (``k.nu = 0.1`` is seen);
   so are a bound method (``model.step``: the attributes its code names) and
@@ -70,6 +73,7 @@ from xstencil._engine.kwalk import (
     instance_key,
     is_array,
     is_library,
+    uncached,
 )
 from xstencil._engine.x64flag import x64
 
@@ -138,7 +142,7 @@ def _describe(kernels: Sequence[Any]) -> Lifted:
             key, _ = w.function(k)
         except (Opaque, TypeError, RecursionError):
             del w.leaves[start:]
-            key = ("callable", Identity(k))
+            key = uncached(k)
         if w.opaque:
             key = ("opaque", Identity(k), key)
         keys.append(key)

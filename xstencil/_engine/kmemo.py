@@ -124,7 +124,7 @@ class Memo:
             budget[0] -= 1
             if budget[0] < 0:
                 raise _Refuse
-            if isinstance(v, _IMMUTABLE):
+            if type(v) in _IMMUTABLE:  # a subclass (``class Cint(int)``) may carry attributes
                 return
             if isinstance(v, np.generic) and v.dtype.kind in "biufc":
                 return

@@ -13,6 +13,7 @@ from __future__ import annotations
 import array
 import collections
 import copy
+import enum
 import functools
 import hashlib
 import sys
@@ -28,7 +29,7 @@ import numpy as np
 from xstencil._engine.call import native
 
 __all__ = ["freeze", "Identity", "Opaque", "Walk", "code_names", "is_library", "is_array",
-           "instance_key", "BUDGET", "SINKS", "LOCK", "VALUE_KEYS", "digest"]
+           "instance_key", "uncached", "BUDGET", "SINKS", "LOCK", "VALUE_KEYS", "digest"]
 
 #: Lists and dicts a trace wrote to, by id: keyed by identity from then on
 #: (:func:`xstencil._engine.kcache.settle` adds them, under :data:`LOCK`).
@@ -40,7 +41,7 @@ _SEQUENCES = (collections.deque, array.array, bytearray, set, frozenset)
 _LIBRARIES = frozenset({"numpy", "jax", "jaxlib", "scipy", "xarray", "xstencil", "pandas",
                         "dask", "equinox", "optax", "builtins"}) | frozenset(
     getattr(sys, "stdlib_module_names", ()))
-BUDGET = 400  # values visited per kernel before it is treated as opaque
+BUDGET = 400  # values visited per kernel before it is keyed as uncached (see uncached)
 #: Keyers for library containers that can change in place (a DataArray, a
 #: pandas Series): each takes a value and returns a hashable key of its whole
 #: content, or ``None`` for a value it does not know (or cannot read: a
@@ -166,11 +167,11 @@ class Walk:
         if self.budget < 0:
             raise Opaque
         if isinstance(v, _SCALARS):
-            return (type(v), v), v
+            return self.attrs((type(v), v), v, names), v
         if isinstance(v, float):
-            return (type(v), _float(v)), v
+            return self.attrs((type(v), _float(v)), v, names), v
         if isinstance(v, complex):
-            return (complex, _float(v.real), _float(v.imag)), v
+            return self.attrs((type(v), _float(v.real), _float(v.imag)), v, names), v
         if isinstance(v, np.generic) and v.dtype.kind in "biufc":
             return (type(v), self.value(v.item(), names)[0]), v
         if is_array(v):
@@ -189,12 +190,8 @@ class Walk:
                     repr(v.fill_value)), v
         if isinstance(v, np.ndarray):  # datetimes, strings, objects: not JAX inputs
             return ("ndarray", digest(v)), v
-        if type(v) is tuple:
-            before = len(self.leaves)
-            parts = [self.value(x, names, lift) for x in v]
-            new = tuple(p[1] for p in parts) \
-                if self.subst is not None and len(self.leaves) > before else v
-            return ("tuple", tuple(p[0] for p in parts)), new
+        if isinstance(v, tuple):  # a NamedTuple too: by its items and its type
+            return self.tup(v, names, lift)
         if type(v) in (list, dict) or isinstance(v, list | dict) and is_library(
                 type(v).__module__):  # OrderedDict, defaultdict, Counter too
             return self.mutable(v, names, lift)
@@ -226,7 +223,55 @@ class Walk:
             k = keyer(v)
             if k is not None:
                 return ("content", type(v).__module__, type(v).__qualname__, k), v
+        if isinstance(v, range):  # range(0) == range(3, 3): by what it is made of
+            return ("range", v.start, v.stop, v.step), v
+        if _by_items(v):  # ChainMap, UserDict, UserList, MappingProxyType: by content
+            return self.items(v, names), v
         return self.obj(v, names), v
+
+    def tup(self, v: tuple[Any, ...], names: tuple[str, ...],
+              lift: bool) -> tuple[Hashable, Any]:
+        """A tuple by its items; a subclass (a NamedTuple) with its type, its
+        arrays lifted only where it can be rebuilt (``_make``)."""
+        t = type(v)
+        sub = t is not tuple
+        if sub and not hasattr(t, "_make"):
+            lift = False
+        before = len(self.leaves)
+        parts = [self.value(x, names, lift) for x in v]
+        key = ("tuple", tuple(p[0] for p in parts))
+        if sub:
+            key = self.attrs(key + (t,), v, names)
+        if self.subst is None or len(self.leaves) == before:
+            return key, v
+        items = [p[1] for p in parts]
+        return key, (t._make(items) if sub else tuple(items))  # type: ignore[attr-defined]
+
+    def attrs(self, key: Hashable, v: Any, names: tuple[str, ...]) -> Hashable:
+        """``key``, and for an instance of a subclass of a builtin value type
+        (``class Cint(int)``) with an instance dict, that dict's items by value."""
+        d = getattr(v, "__dict__", None)
+        if not d or type(v) in _ATOMS or isinstance(v, enum.Enum) or not isinstance(d, dict):
+            return key
+        self.fixed += 1
+        try:
+            return (key, "dict", self.value(dict(d), names, lift=False)[0])
+        finally:
+            self.fixed -= 1
+
+    def items(self, v: Any, names: tuple[str, ...]) -> Hashable:
+        """A mapping or sequence that is not a list or dict (ChainMap,
+        UserDict, MappingProxyType, UserList) by its items, arrays by
+        content; a user subclass also by identity and its attributes."""
+        pairs = list(v.items()) if isinstance(v, Mapping) else list(enumerate(v))
+        self.fixed += 1
+        try:
+            parts = tuple((self.value(k, ())[0], self.value(x, names, lift=False)[0])
+                          for k, x in pairs)
+        finally:
+            self.fixed -= 1
+        mine = None if is_library(type(v).__module__) else self.obj(v, names)
+        return ("items", type(v), parts, mine)
 
     def mutable(self, v: list[Any] | dict[Any, Any], names: tuple[str, ...],
                 lift: bool) -> tuple[Hashable, Any]:
@@ -269,7 +314,9 @@ class Walk:
             if type(v).__hash__ is object.__hash__:
                 self.opaque = True
                 return ("opaque", Identity(v))
-            return ("value", type(v), v)
+            # and by repr: equal is not the same (aware datetimes of one instant
+            # in two time zones, a datetime's fold, Decimal("1.0") and ("1.00"))
+            return ("value", type(v), v, repr(v))
         if id(v) in self.seen:
             return ("cycle", self.seen[id(v)])
         self.seen[id(v)] = len(self.seen)
@@ -323,17 +370,45 @@ class Walk:
         return key, new
 
 
+def _by_items(v: Any) -> bool:
+    """Whether ``v`` is a mapping or sequence keyed by its items: a library's
+    (ChainMap, MappingProxyType) or a UserDict, UserList, ChainMap subclass."""
+    if isinstance(v, collections.UserDict | collections.UserList | collections.ChainMap):
+        return True
+    return isinstance(v, Mapping) and is_library(type(v).__module__)
+
+
+def _functions(a: Any) -> tuple[types.FunctionType, ...]:
+    """The plain functions behind a class attribute: itself, a static or class
+    method's, a property's getter, setter and deleter, a cached property's."""
+    if isinstance(a, staticmethod | classmethod):
+        a = a.__func__
+    if isinstance(a, property):
+        fns: tuple[Any, ...] = (a.fget, a.fset, a.fdel)
+    elif isinstance(a, functools.cached_property):
+        fns = (a.func,)
+    else:
+        fns = (a,)
+    return tuple(f for f in fns if type(f) is types.FunctionType)
+
+
+def _class_names(klass: type) -> frozenset[str]:
+    return frozenset(n for a in list(klass.__dict__.values()) for f in _functions(a)
+                     for n in code_names(f.__code__))
+
+
 def _method_names(klass: type) -> set[str]:
-    """The names read by the plain functions of a user class and its bases."""
+    """The names read by the plain functions of a user class and its bases
+    (methods, static and class methods, properties' functions)."""
     return {n for c in klass.__mro__ if not is_library(c.__module__)
-            for f in c.__dict__.values() if type(f) is types.FunctionType
-            for n in code_names(f.__code__)}
+            for n in _class_names(c)}
 
 
 def _static_attr(v: Any, name: str) -> tuple[bool | None, Any]:
     """``v.name`` where it is stored plainly (no descriptor runs): ``(True,
     value)``, ``(False, None)`` when absent, ``(None, None)`` when it cannot be
-    seen (a property or a computed attribute: the kernel is then opaque)."""
+    seen (a library's descriptor or a computed attribute: the kernel is then
+    opaque).  A user property stands for its functions, walked like methods."""
     d = getattr(v, "__dict__", None)
     if not isinstance(v, type) and isinstance(d, dict) and name in d:
         return True, d[name]
@@ -347,9 +422,12 @@ def _static_attr(v: Any, name: str) -> tuple[bool | None, Any]:
                     return True, a.__get__(v, type(v))
                 except AttributeError:
                     return False, None
-            if isinstance(a, property) or (hasattr(type(a), "__get__")
-                                            and not isinstance(a, types.FunctionType)
-                                            and not isinstance(a, type)):
+            fns = _functions(a) if isinstance(a, property | functools.cached_property) else ()
+            if fns and not any(is_library(f.__module__) for f in fns):
+                # keyed by what its functions read (their names are in _method_names)
+                return True, ("descriptor", type(a), fns)
+            if hasattr(type(a), "__get__") and not isinstance(a, types.FunctionType) \
+                    and not isinstance(a, type):
                 return None, None
             return True, a
     if isinstance(v, types.ModuleType) and isinstance(d, dict):
@@ -357,6 +435,14 @@ def _static_attr(v: Any, name: str) -> tuple[bool | None, Any]:
     if hasattr(type(v), "__getattr__"):
         return None, None
     return False, None
+
+
+def uncached(k: Any) -> Hashable:
+    """The key of a kernel whose walk failed (it grew past :data:`BUDGET`,
+    recursed too deep, met an empty cell): what it reads was not all seen,
+    so no call may reuse another's code.  The key is the kernel's and a
+    marker new on every call: each call traces afresh (slower, never stale)."""
+    return ("callable", Identity(k), ("uncached", Identity(object())))
 
 
 def instance_key(w: Walk, k: Any) -> Hashable:
@@ -379,7 +465,7 @@ def instance_key(w: Walk, k: Any) -> Hashable:
     try:
         key = w.value(types.MethodType(call, k), tuple(names), lift=False)[0]
     except (Opaque, TypeError, RecursionError):
-        return ("callable", Identity(k))
+        return uncached(k)
     return ("callable", Identity(k), key)
 
 
@@ -402,7 +488,7 @@ def _wrapped(w: Walk, k: types.MethodType | functools.partial) -> Hashable:
                    w.value(k.args, names, lift=False)[0],
                    w.value(dict(k.keywords), names, lift=False)[0])
     except (Opaque, TypeError, RecursionError):
-        return ("callable", Identity(k))
+        return uncached(k)
     finally:
         w.fixed -= 1
     return ("callable", Identity(k), key)
