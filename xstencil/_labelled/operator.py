@@ -116,10 +116,12 @@ class MeshSpec:
     others strongly (they live as long as the entry, so their ids stay theirs).
     """
 
-    def __init__(self, mesh: Mesh):
+    def __init__(self, mesh: Mesh, shared: bool = False):
         kernels = [canonical(k) for _, k in mesh._regions]
         self.owner = kernels[0]
-        self._ref = weak(self.owner)
+        # shared (rebuilt meshes of equal kernels reuse the loop, see cached_body):
+        # the entry may outlive this mesh, so it holds its first kernel too
+        self._ref = (lambda: kernels[0]) if shared else weak(self.owner)
         self._regions = [(r, None if k is self.owner else k)
                          for (r, _), k in zip(mesh._regions, kernels, strict=True)]
         self._options = dict(mesh._options)
@@ -169,17 +171,22 @@ def cached_body(body: Any) -> tuple[Any, Any, Callable[[], Any], Lifted]:
     alive, and what the key was read from (to :func:`settle` after the call:
     a list the trace wrote to is a counter, keyed by identity from then on)."""
     if isinstance(body, Mesh) and body._regions:
-        spec = MeshSpec(body)
         kernels = [k for _, k in body._regions]
         lifted = describe(kernels)
-        return spec.owner, (body_key(body), values_key(kernels, lifted)), \
+        # kernels that close over no arrays are keyed by what they read, so a
+        # mesh rebuilt with equal kernels (new lambdas) reuses the compiled loop;
+        # a kernel's own arrays are baked into the loop: those stay by identity
+        shared = not lifted.leaves
+        spec = MeshSpec(body, shared)
+        return spec.owner, (body_key(body, shared), values_key(kernels, lifted)), \
             lambda: spec, lifted
     lifted = describe([body])
     return body, values_key([body], lifted), weak(canonical(body)), lifted
 
 
-def body_key(body: Any) -> Any:
-    """A mesh's kernels and regions (a mesh may be changed after a call)."""
+def body_key(body: Any, shared: bool = False) -> Any:
+    """A mesh's kernels and regions (a mesh may be changed after a call);
+    ``shared``: kernels by their :func:`describe` keys, else by identity."""
     if not isinstance(body, Mesh):
         return None
     out = []
@@ -190,7 +197,7 @@ def body_key(body: Any) -> Any:
             r = hashlib.blake2b(np.packbits(region).tobytes(), digest_size=16).hexdigest()
         else:
             r = tuple((d, tuple(v.tolist())) for d, v in region.items())
-        out.append((id(canonical(k)), r))
+        out.append((describe([k]).key if shared else id(canonical(k)), r))
     return (tuple(out), tuple(sorted((k, repr(v)) for k, v in body._options.items())))
 
 
