@@ -75,6 +75,8 @@ def _norm(call: str, norm: Any, relative: bool) -> Callable[..., Any]:
     def builtin(new: Any, old: Any) -> Any:
         news = [new] if not isinstance(new, Mapping) else list(new.values())
         olds = [old] if not isinstance(old, Mapping) else list(old.values())
+        if any(_discrete(a) for a in news):  # a bool or integer state: cells that changed
+            return size([(a != b).astype(np.float32) for a, b in zip(news, olds, strict=True)])
         change = size([a - b for a, b in zip(news, olds, strict=True)])
         if not relative:
             return change
@@ -82,6 +84,17 @@ def _norm(call: str, norm: Any, relative: bool) -> Callable[..., Any]:
         return jnp.where(ref > 0, change / jnp.where(ref > 0, ref, 1), change)
 
     return builtin
+
+
+def _discrete(x: Any) -> bool:
+    return np.dtype(x.dtype).kind in "biu"
+
+
+def residual_dtype(arrays: Any) -> Any:
+    """The dtype of the change and of ``tol``: the state's real float dtype,
+    float32 for a bool or integer state."""
+    return jnp.result_type(*[jnp.real(x).dtype if not _discrete(x) else np.float32
+                             for x in arrays])
 
 
 def report(call: str, res: Converged, tol: Any) -> Converged:
@@ -144,7 +157,13 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
     relative
         Divide the built-in norms by the same norm of the old field (when it
         is non-zero): ``"l1"`` is then CFD Python's
-        ``sum|p - pn| / sum|pn|``.
+        ``sum|p - pn| / sum|pn|``.  A bool or integer state (a flood fill,
+        hysteresis, labels spreading) changes by whole cells: its built-in
+        norm is the number of cells that changed (``"l2"``: its square root,
+        ``"max"``: 1 if any did), never relative, and each step must return
+        values of the state's dtype (a comparison for bool; a result that
+        would be truncated or wrapped, such as a uint32 sum for a uint8 state,
+        is refused).
     max_steps
         Stop after this many steps even if not converged; the result then has
         ``converged=False``, and outside a transform a
@@ -190,7 +209,7 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
     tol = -1.0 if fixed else tol
     obj = _checked(call, obj, body, max_steps, min_steps, tol)
     given, obj = obj, mesh_order(obj, body)  # runs in the mesh's dim order, returns in obj's
-    state = State(call, obj)
+    state = State(call, obj, discrete=True)
     data, state.arrays = state.arrays, []  # the compiled loop keeps the layout, not the data
     fnorm = _norm(call, norm, relative)
     options = {"window": window, "boundary": boundary, "fill_value": fill_value,
@@ -209,7 +228,7 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
 
         fn = compiled(owner, key, build)
         lim = jnp.asarray([min_steps, max_steps], jnp.int32)
-        xs, i, r, ok = settled(fn(arrays, dyn, jnp.asarray(tol, jnp.real(arrays[0]).dtype), lim),
+        xs, i, r, ok = settled(fn(arrays, dyn, jnp.asarray(tol, residual_dtype(arrays)), lim),
                                (arrays, dyn))
         settle(lifted)
     xs = host64(xs)
@@ -268,7 +287,7 @@ def _loop(call: str, state: Any, options: dict[str, Any], free: bool, fixed: boo
             r = jnp.asarray(f(as_norm_arg(new), as_norm_arg(xs)))
             return i + 1, new, r.astype(rdt)
 
-        rdt = jnp.result_type(*[jnp.real(x).dtype for x in arrays])
+        rdt = residual_dtype(arrays)
         init = (jnp.asarray(0, jnp.int32), list(arrays), jnp.asarray(jnp.inf, rdt))
         i, xs, r = jax.lax.while_loop(cond, body_fn, init)
         return xs, i, r, (r <= tol) | fixed

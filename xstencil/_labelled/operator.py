@@ -39,7 +39,7 @@ class State:
     """The layout of a DataArray or Dataset state: names, dims and a template
     to wrap arrays back into labelled objects."""
 
-    def __init__(self, call: str, obj: Any):
+    def __init__(self, call: str, obj: Any, discrete: bool = False):
         self.call = call
         if isinstance(obj, xr.DataArray):
             self.names: tuple[str, ...] | None = None
@@ -54,10 +54,11 @@ class State:
                 f"{call}: expected an xarray DataArray or Dataset, got {type(obj).__name__}: "
                 f"{obj!r:.60}; wrap it with xarray.DataArray(..., dims=...)")
         for x in self.arrays:
-            if np.dtype(x.dtype).kind not in "fc":
+            if np.dtype(x.dtype).kind not in ("fcbiu" if discrete else "fc"):
+                kinds = "floating point, integer or bool" if discrete else "floating point"
                 raise XStencilError(
-                    f"{call}: the data has dtype {x.dtype}; iterative solves need floating "
-                    f"point data (convert with .astype(float))")
+                    f"{call}: the data has dtype {x.dtype}; {kinds} data is needed here "
+                    f"(convert with .astype(float))")
         # the layout only: no reference to the data (compiled loops keep the State)
         self.dims = tuple(obj.dims)
         self.coords = obj.coords.to_dataset().coords
@@ -84,11 +85,23 @@ class State:
         indexes = self.coords.indexes
         if self.names is None:
             obj = by_label(self.call, obj, indexes, "step= returned the state with")
-            return [jnp.asarray(obj.transpose(*self.dims).data).astype(
-                canonicalize_dtype(self.dtypes[0]))]
-        return [jnp.asarray(by_label(self.call, obj[n], indexes, f"step= returned {n!r} with")
-                            .transpose(*self.var[n][0]).data).astype(canonicalize_dtype(dt))
+            return [self._cast(jnp.asarray(obj.transpose(*self.dims).data), self.dtypes[0],
+                               "the state")]
+        return [self._cast(jnp.asarray(by_label(self.call, obj[n], indexes,
+                                                f"step= returned {n!r} with")
+                                       .transpose(*self.var[n][0]).data), dt, repr(n))
                 for n, dt in zip(self.names, self.dtypes, strict=True)]
+
+    def _cast(self, x: Any, dt: np.dtype, what: str) -> Any:
+        """``x`` in the state's dtype ``dt``.  A bool or integer state takes only
+        results that fit it exactly: a float result would be truncated (0.4 to
+        False) and a wider integer wrapped (a uint32 count into uint8)."""
+        if dt.kind in "biu" and not np.can_cast(x.dtype, dt, "safe"):
+            raise XStencilError(
+                f"{self.call}: the step returned {what} as {x.dtype}, which does not fit the "
+                f"state's {dt} exactly; return {dt} values (a comparison for bool, or "
+                f".astype({dt.name!r}) where the values fit)")
+        return x.astype(canonicalize_dtype(dt))
 
     def key(self) -> Any:
         """What decides a trace: names, dims, shapes, dtypes, coordinate values
