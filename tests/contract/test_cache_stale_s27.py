@@ -12,7 +12,9 @@ warning, before the fixes it names.
 * ChainMap, UserDict, UserList and MappingProxyType were keyed by identity;
 * an int subclass's instance attributes were not keyed;
 * values that compare equal but differ shared a key (aware datetimes of one
-  instant in two time zones, ``range(0)`` and ``range(3, 3)``).
+  instant in two time zones, ``range(0)`` and ``range(3, 3)``);
+* a table of numbers (a list or tuple of more than 16) is keyed as one
+  digest, so it no longer runs the walk past its budget (a compile per call).
 
 Every result is checked against numpy arithmetic on the current values.
 """
@@ -282,3 +284,34 @@ def test_equal_ranges_with_other_start() -> None:
         _twice(lambda u: u() * (R.start + 1), other, X, 4.0 * X)
     finally:
         R = range(0)
+
+
+TABLE = [0.5] * 600  # a table of coefficients: keyed as one value, not 600
+ROWS = tuple(range(500))
+
+
+def test_number_tables_are_keyed_whole_compile_once_and_see_changes():
+    from tests.compiles import compiles
+
+    def k(u):
+        return u(x=1) * TABLE[3] + 0 * ROWS[1]
+
+    np.testing.assert_allclose(D.stencil.map(k, boundary="extend").values, NEXT * 0.5)
+    with compiles() as got:
+        again = D.stencil.map(k, boundary="extend")
+    assert got["compiles"] == 0  # over the walk's budget item by item, it compiled each call
+    np.testing.assert_allclose(again.values, NEXT * 0.5)
+    TABLE[3] = 2.0
+    try:
+        np.testing.assert_allclose(D.stencil.map(k, boundary="extend").values, NEXT * 2.0)
+    finally:
+        TABLE[3] = 0.5
+    # -0.0 and 0.0, True and 1 are told apart
+    tab = [0.0] * 20
+
+    def inv(u):
+        return u(x=1) + 1.0 / jnp.float32(tab[0])
+
+    assert np.isposinf(D.stencil.map(inv, boundary="extend").values).all()
+    tab[0] = -0.0
+    assert np.isneginf(D.stencil.map(inv, boundary="extend").values).all()

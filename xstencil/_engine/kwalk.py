@@ -190,6 +190,8 @@ class Walk:
                     repr(v.fill_value)), v
         if isinstance(v, np.ndarray):  # datetimes, strings, objects: not JAX inputs
             return ("ndarray", digest(v)), v
+        if type(v) in (tuple, list) and len(v) > _MANY and _numbers(v):
+            return self.numbers(v), v  # a table of numbers: one value, not one per item
         if isinstance(v, tuple):  # a NamedTuple too: by its items and its type
             return self.tup(v, names, lift)
         if type(v) in (list, dict) or isinstance(v, list | dict) and is_library(
@@ -228,6 +230,20 @@ class Walk:
         if _by_items(v):  # ChainMap, UserDict, UserList, MappingProxyType: by content
             return self.items(v, names), v
         return self.obj(v, names), v
+
+    def numbers(self, v: tuple[Any, ...] | list[Any]) -> Hashable:
+        """A plain tuple or list of Python numbers (a table of coefficients) by
+        a digest of its exact values (``repr`` tells -0.0 from 0.0 and True
+        from 1), at the cost of one value of the walk's budget: read item by
+        item, a table of 500 went past :data:`BUDGET` and made the kernel
+        compile on every call.  A list a trace wrote to stays a sink."""
+        if type(v) is list:
+            if SINKS.get(id(v), (None,))[0] is v:
+                return self.mutable(v, (), False)[0]
+            self.containers.append((v, tuple(enumerate(v))))
+        text = repr(tuple(v)).encode()
+        return ("numbers", type(v).__qualname__, len(v),
+                hashlib.blake2b(text, digest_size=16).hexdigest())
 
     def tup(self, v: tuple[Any, ...], names: tuple[str, ...],
               lift: bool) -> tuple[Hashable, Any]:
@@ -368,6 +384,15 @@ class Walk:
         new.__dict__.update(fn.__dict__)
         self.made[id(fn)] = new
         return key, new
+
+
+#: Plain tuples and lists longer than this, of Python numbers only, are keyed
+#: as one value (:meth:`Walk.numbers`).
+_MANY = 16
+
+
+def _numbers(v: tuple[Any, ...] | list[Any]) -> bool:
+    return all(type(x) in (int, float, bool) for x in v)
 
 
 def _by_items(v: Any) -> bool:
