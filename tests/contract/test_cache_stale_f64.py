@@ -75,8 +75,8 @@ def test_scan_step_closure_int64():
     w = np.array([1])
 
     def run():
-        return D.stencil.scan(None, "time", step=lambda s: s * jnp.sum(w).astype(jnp.float32), steps=1,
-                              save_every="last").values
+        return D.stencil.scan(None, "time", step=lambda s: s * jnp.sum(w).astype(jnp.float32),
+                              steps=1, save_every="last").values
 
     _check(run, lambda: w.__setitem__(0, 3))
 
@@ -146,3 +146,40 @@ def test_callable_instance_in_iterate_step_and_kmap_kscan():
     ks = xstencil.kscan(kh, kernel_size=(1,), padding="same", relative=True)
     kh.w[0] = 1.0
     _check(lambda: ks(x), lambda: kh.w.__setitem__(0, 3.0))
+
+
+def test_a_partial_subclass_keeps_its_own_call():
+    class Times10(functools.partial):
+        def __call__(self, *a, **k):
+            return super().__call__(*a, **k) * 10
+
+    k = Times10(lambda u, c: u() * c, c=1.0)
+    np.testing.assert_allclose(D.stencil.map(k, boundary="extend").values, 10 * D.values)
+
+
+def test_lent_views_go_back_after_concurrent_traces_and_keep_reassignments():
+    import threading
+
+    h = Holder()
+    stored = h.w
+    sizes = [5, 6, 7, 8, 9, 10]
+
+    def run(n):
+        xr.DataArray(np.arange(n, dtype=np.float32), dims="x").stencil.map(
+            h.kernel, boundary="extend")
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in sizes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert h.w is stored
+
+    class Resets(Holder):
+        def kernel(self, u):
+            self.w = np.array([2.0, 0.0])  # the kernel's own assignment is kept
+            return u() * 2.0
+
+    r = Resets()
+    D.stencil.map(r.kernel, boundary="extend")
+    np.testing.assert_array_equal(r.w, [2.0, 0.0])

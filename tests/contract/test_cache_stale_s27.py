@@ -315,3 +315,34 @@ def test_number_tables_are_keyed_whole_compile_once_and_see_changes():
     assert np.isposinf(D.stencil.map(inv, boundary="extend").values).all()
     tab[0] = -0.0
     assert np.isneginf(D.stencil.map(inv, boundary="extend").values).all()
+
+
+def test_nested_number_tables_and_tuple_subclasses_with_their_own_make():
+    from tests.compiles import compiles
+
+    w = np.linspace(0.0, 1.0, 25).reshape(5, 5).tolist()  # what the advice suggests
+
+    def k(u):
+        return sum(w[i][j] * u(x=j - 2) for i in range(1) for j in range(5))
+
+    first = D.stencil.map(k, boundary="extend")
+    with compiles() as got:
+        D.stencil.map(k, boundary="extend")
+    assert got["compiles"] == 0
+    w[0][4] = 7.0
+    p = np.pad(X, 2, mode="edge")
+    want = sum(w[0][j] * p[j:j + 6] for j in range(5))
+    np.testing.assert_allclose(D.stencil.map(k, boundary="extend").values, want, rtol=1e-6)
+    assert not np.allclose(first.values, want)
+
+    class Pair(tuple):
+        @classmethod
+        def _make(cls, a, b):  # not a NamedTuple's _make(iterable)
+            return cls((a, b))
+
+    pair = Pair((np.ones(2, np.float32), 1.0))
+    out = D.stencil.map(lambda u: u() * jnp.sum(pair[0]) * pair[1], boundary="extend")
+    np.testing.assert_allclose(out.values, 2 * X)
+    pair[0][0] = 3.0
+    out = D.stencil.map(lambda u: u() * jnp.sum(pair[0]) * pair[1], boundary="extend")
+    np.testing.assert_allclose(out.values, 4 * X)

@@ -63,3 +63,11 @@ def test_closed_over_numpy_offsets_are_told_to_be_lists_and_lists_work():
     rl = rr.tolist()
     out = da.stencil.map(lambda u: sum(u(y=rl[i]) for i in range(2)), boundary="periodic")
     np.testing.assert_allclose(out.values, np.roll(da.values, -1, 0) + np.roll(da.values, 1, 0))
+
+
+def test_a_window_patch_per_point_is_not_called_a_field():
+    # data (band: 3, x: 50) and a kernel returning its 3-cell window along x
+    da = xr.DataArray(np.ones((3, 50)), dims=("band", "x"))
+    with pytest.raises(XStencilError) as err:
+        da.stencil.map(lambda u: u.array, window={"x": 3}, boundary="extend")
+    assert "output_dims=('k0',)" in str(err.value) and "Dataset" not in str(err.value)

@@ -10,13 +10,18 @@ object over the same memory, so its conversion is made afresh.
 :func:`fresh` returns the function reading views, where it can be rebuilt:
 closures and globals (:func:`~xstencil._engine.kcache.rebuild`), the
 arguments and keywords of a ``functools.partial``, and the direct array
-attributes of a bound method's object or a callable instance, which are
-swapped for views only while the function runs (the trace), then put back.
+attributes of a bound method's object, a callable instance, or an object or
+module the function names, which are lent as views only while the function
+runs (the trace), then put back unless something assigned the attribute
+meanwhile.  During that time ``obj.w is stored`` is false (the view shares
+the memory).  Arrays further inside (``obj.cfg.w``, ``__slots__``, lists in
+attributes) are not reached: those can still be stale with x64 off.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -45,10 +50,12 @@ def fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
     x64 is off (see the module docstring); ``fn`` itself otherwise."""
     if x64():
         return fn
-    if isinstance(fn, functools.partial):
+    if type(fn) is functools.partial:  # a subclass may change the call: an instance
+        inner = fresh(fn.func)
         if not any(_converted(v) for v in (*fn.args, *fn.keywords.values())):
-            return functools.partial(fresh(fn.func), *fn.args, **fn.keywords)
-        return functools.partial(fresh(fn.func), *map(_view, fn.args),
+            return fn if inner is fn.func else functools.partial(inner, *fn.args,
+                                                                 **fn.keywords)
+        return functools.partial(inner, *map(_view, fn.args),
                                  **{k: _view(v) for k, v in fn.keywords.items()})
     if isinstance(fn, types.MethodType):
         inner = fresh(fn.__func__) if isinstance(fn.__func__, types.FunctionType) \
@@ -105,14 +112,35 @@ def _swapping(fn: Callable[..., Any], owners: list[Any]) -> Callable[..., Any]:
     return call
 
 
+#: The attributes lent as views now: ``(id(owner), name) -> [stored array,
+#: its view, how many traces hold it]``, under :data:`_LOCK`, so that traces
+#: running at once (dask's threads) share one view and the last puts the
+#: stored array back.
+_LENT: dict[tuple[int, str], list[Any]] = {}
+_LOCK = threading.Lock()
+
+
 @contextmanager
 def _swapped(held: list[tuple[Any, list[str]]]) -> Iterator[None]:
-    saved = [(o, {k: o.__dict__[k] for k in names}) for o, names in held]
+    mine = []
+    with _LOCK:
+        for o, names in held:
+            for k in names:
+                entry = _LENT.get((id(o), k))
+                if entry is None or o.__dict__.get(k) is not entry[1]:
+                    stored = o.__dict__[k]
+                    entry = _LENT[(id(o), k)] = [stored, stored.view(), 0]
+                    o.__dict__[k] = entry[1]
+                entry[2] += 1
+                mine.append((o, k, entry))
     try:
-        for o, vals in saved:
-            for k, v in vals.items():
-                o.__dict__[k] = v.view()
         yield
     finally:
-        for o, vals in saved:
-            o.__dict__.update(vals)
+        with _LOCK:
+            for o, k, entry in mine:
+                entry[2] -= 1
+                if entry[2] == 0:
+                    if _LENT.get((id(o), k)) is entry:
+                        del _LENT[(id(o), k)]
+                    if o.__dict__.get(k) is entry[1]:  # not reassigned meanwhile
+                        o.__dict__[k] = entry[0]

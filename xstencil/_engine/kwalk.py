@@ -190,7 +190,7 @@ class Walk:
                     repr(v.fill_value)), v
         if isinstance(v, np.ndarray):  # datetimes, strings, objects: not JAX inputs
             return ("ndarray", digest(v)), v
-        if type(v) in (tuple, list) and len(v) > _MANY and _numbers(v):
+        if type(v) in (tuple, list) and _count(v) > _MANY and _numbers(v):
             return self.numbers(v), v  # a table of numbers: one value, not one per item
         if isinstance(v, tuple):  # a NamedTuple too: by its items and its type
             return self.tup(v, names, lift)
@@ -241,6 +241,9 @@ class Walk:
             if SINKS.get(id(v), (None,))[0] is v:
                 return self.mutable(v, (), False)[0]
             self.containers.append((v, tuple(enumerate(v))))
+        for x in v:  # inner lists: a trace writing to one is a counter too
+            if type(x) is list and SINKS.get(id(x), (None,))[0] is x:
+                return self.tup(tuple(v), (), False)[0]
         text = repr(tuple(v)).encode()
         return ("numbers", type(v).__qualname__, len(v),
                 hashlib.blake2b(text, digest_size=16).hexdigest())
@@ -251,7 +254,7 @@ class Walk:
         arrays lifted only where it can be rebuilt (``_make``)."""
         t = type(v)
         sub = t is not tuple
-        if sub and not hasattr(t, "_make"):
+        if sub and len(getattr(t, "_fields", ())) != len(v):  # not a NamedTuple's own _make
             lift = False
         before = len(self.leaves)
         parts = [self.value(x, names, lift) for x in v]
@@ -386,13 +389,20 @@ class Walk:
         return key, new
 
 
-#: Plain tuples and lists longer than this, of Python numbers only, are keyed
-#: as one value (:meth:`Walk.numbers`).
+#: Plain tuples and lists of more than this many Python numbers (nested ones
+#: counted through) are keyed as one value (:meth:`Walk.numbers`).
 _MANY = 16
 
 
+def _count(v: tuple[Any, ...] | list[Any]) -> int:
+    return sum(_count(x) if type(x) in (tuple, list) else 1 for x in v)
+
+
 def _numbers(v: tuple[Any, ...] | list[Any]) -> bool:
-    return all(type(x) in (int, float, bool) for x in v)
+    """Python numbers only, or plain tuples and lists of them (a nested table
+    such as ``w.tolist()`` of a 2-D array)."""
+    return all(type(x) in (int, float, bool) or type(x) in (tuple, list) and _numbers(x)
+               for x in v)
 
 
 def _by_items(v: Any) -> bool:

@@ -157,10 +157,15 @@ def _field_dims(plan: Plan, shape: tuple[int, ...]) -> tuple[str, ...] | None:
     least, all of size 2 or more), or ``None``: a per-point result of the
     field's own shape is most likely a whole field closed over."""
     sizes = dict(zip(plan.dims, plan.shape, strict=True))
+    windows = {plan.specs[plan.axis(d)].lo + plan.specs[plan.axis(d)].hi + 1
+               for d in plan.window_dims}
     for start in range(len(plan.dims)):
         for stop in range(start + 1, len(plan.dims) + 1):
             dims = plan.dims[start:stop]
-            if tuple(sizes[d] for d in dims) == tuple(shape) and min(shape) > 1:
+            if tuple(sizes[d] for d in dims) != tuple(shape) or min(shape) < 2:
+                continue
+            # a whole field, or two dims or more, and not a window's own length
+            if stop - start == len(plan.dims) or len(dims) > 1 or shape[0] not in windows:
                 return dims
     return None
 
