@@ -18,6 +18,7 @@ from xstencil._engine.kernex import smap as smap
 from xstencil._engine.kernex import sscan as sscan
 from xstencil._engine.window import Window as Window
 from xstencil._engine.windowset import WindowSet as WindowSet
+from xstencil._errors import CompileWarning as CompileWarning
 from xstencil._errors import ConvergenceWarning as ConvergenceWarning
 from xstencil._errors import KernelError as KernelError
 from xstencil._errors import LabelError as LabelError
@@ -50,6 +51,7 @@ __all__ = [
     "LabelError",
     "Mesh",
     "PrecisionWarning",
+    "CompileWarning",
     "StencilAccessor",
     "Window",
     "WindowIndexError",

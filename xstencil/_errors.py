@@ -19,6 +19,7 @@ __all__ = [
     "ConvergenceWarning",
     "PrecisionWarning",
     "raised_here",
+    "CompileWarning",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -32,6 +33,12 @@ class XStencilError(ValueError):
 class PrecisionWarning(UserWarning):
     """64-bit data became 32-bit because JAX's x64 flag is off inside a JAX
     transform (``jax.jit``, ``lax.fori_loop``, ``lax.while_loop``, ...)."""
+
+
+class CompileWarning(UserWarning):
+    """A kernel is compiled again on every call: what it reads is too large
+    or deep for the compile cache's key (more than 400 values, such as a
+    dict of 450 parameters)."""
 
 
 class WindowIndexError(IndexError):

@@ -25,6 +25,7 @@ import collections
 import datetime
 import types
 import typing
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +56,7 @@ def _twice(k: Callable[..., Any], change: Callable[[], None], before: np.ndarray
 # -- 1. a walk too large or too deep: traced afresh on each call ----------------------
 
 C = 1.0
-BIG = tuple(range(500))
+BIG = tuple(f"s{i}" for i in range(500))  # not numbers: walked item by item
 PARAMS = {"c": 1.0, **{f"p{i}": float(i) for i in range(450)}}
 DEEP: list[Any] = [1.0]
 for _ in range(3000):
@@ -68,7 +69,7 @@ def _set_c(value: float) -> None:
 
 
 def _over_budget(u: Any) -> Any:
-    return u() * C + 0 * BIG[0]
+    return u() * C + 0 * len(BIG[0])
 
 
 def _too_deep(u: Any) -> Any:
@@ -78,6 +79,10 @@ def _too_deep(u: Any) -> Any:
     return u() * x[0] * C
 
 
+OVER = pytest.mark.filterwarnings("ignore::xstencil.CompileWarning")
+
+
+@OVER
 @pytest.mark.parametrize("kernel", [_over_budget, _too_deep], ids=["budget", "recursion"])
 def test_map_over_budget_kernel_sees_a_changed_global(kernel: Any) -> None:
     _set_c(1.0)
@@ -88,6 +93,7 @@ def test_map_over_budget_kernel_sees_a_changed_global(kernel: Any) -> None:
         _set_c(1.0)
 
 
+@OVER
 def test_map_scan_kmap_large_params_dict_item() -> None:
     params = dict(PARAMS)
     _twice(lambda u: u() * params["c"], lambda: params.__setitem__("c", 3.0), X, 3.0 * X)
@@ -105,17 +111,31 @@ def test_map_scan_kmap_large_params_dict_item() -> None:
            run=lambda g: g(jnp.asarray(X)))
 
 
+@OVER
 def test_bound_method_over_budget_sees_a_changed_attribute() -> None:
     class Model:
         def __init__(self) -> None:
             self.c = 1.0
-            self.table = tuple(range(500))
+            self.table = tuple(f"s{i}" for i in range(500))
 
         def k(self, u: Any) -> Any:
-            return u() * self.c + 0 * self.table[0]
+            return u() * self.c + 0 * len(self.table[0])
 
     m = Model()
     _twice(m.k, lambda: setattr(m, "c", 3.0), X, 3.0 * X)
+
+
+def test_an_over_budget_kernel_warns_once_that_it_compiles_every_call() -> None:
+    names = {f"p{i}": float(i) for i in range(450)}
+
+    def k(u: Any) -> Any:
+        return u() * names["p2"]
+
+    with pytest.warns(xstencil.CompileWarning, match="compiled again on every call"):
+        D.stencil.map(k, boundary="extend")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per kernel
+        np.testing.assert_allclose(D.stencil.map(k, boundary="extend").values, 2.0 * X)
 
 
 # -- 2. NamedTuple contents --------------------------------------------------------------

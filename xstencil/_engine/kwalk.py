@@ -19,6 +19,7 @@ import hashlib
 import sys
 import threading
 import types
+import warnings
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ import jax
 import numpy as np
 
 from xstencil._engine.call import native
+from xstencil._errors import CompileWarning
 
 __all__ = ["freeze", "Identity", "Opaque", "Walk", "code_names", "is_library", "is_array",
            "instance_key", "uncached", "BUDGET", "SINKS", "LOCK", "VALUE_KEYS", "digest"]
@@ -476,8 +478,25 @@ def uncached(k: Any) -> Hashable:
     """The key of a kernel whose walk failed (it grew past :data:`BUDGET`,
     recursed too deep, met an empty cell): what it reads was not all seen,
     so no call may reuse another's code.  The key is the kernel's and a
-    marker new on every call: each call traces afresh (slower, never stale)."""
+    marker new on every call: each call traces afresh (slower, never stale),
+    which a :class:`~xstencil.CompileWarning` says once per kernel's code."""
+    code = getattr(getattr(k, "__func__", k), "__code__", None)
+    with LOCK:
+        first = code is None or code not in _WARNED
+        if code is not None and len(_WARNED) < 1024:
+            _WARNED.add(code)
+    if first:
+        name = getattr(k, "__qualname__", type(k).__name__)
+        warnings.warn(
+            f"kernel {name!r} reads more values than the compile cache keys ({BUDGET}, or "
+            f"nested too deep), so it is compiled again on every call; put large tables in "
+            f"a numpy array (closed over, or passed as an argument)", CompileWarning,
+            stacklevel=2)
     return ("callable", Identity(k), ("uncached", Identity(object())))
+
+
+#: Code of kernels already warned about (:func:`uncached`).
+_WARNED: set[Any] = set()
 
 
 def instance_key(w: Walk, k: Any) -> Hashable:
