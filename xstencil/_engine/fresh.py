@@ -69,7 +69,9 @@ def fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _rebuilt(fn: types.FunctionType) -> Callable[..., Any]:
     """``fn`` reading views of the arrays in its closure and globals."""
-    lifted = describe([fn])
+    # walked afresh (no shared record: it would hold every traced kernel alive,
+    # and kmap's transforms keep records of their own for that reason)
+    lifted = describe([fn], memo=False)
     if not any(_converted(v) for v in lifted.leaves):  # only a converted copy is stale
         return fn
     try:
