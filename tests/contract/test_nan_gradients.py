@@ -122,3 +122,33 @@ def test_a_kernel_closing_over_the_parameter(how: str) -> None:
     second = jax.grad(jax.grad(lambda nu: loss(nu) ** 2))(jnp.float32(3.0))
     np.testing.assert_allclose(second, 2 * np.sum(np.where(LAND, 0.0, T.values)) ** 2,
                                rtol=1e-4)
+
+
+# -- session 27: NaN land through a mesh *scan* ----------------------------------------
+# An ocean modeller's diffusion with NaN land: m.map() and scan(step=) kept the
+# gradient finite, but m.scan() gave NaN (its slabs evaluated regions unguarded).
+
+def _mesh_scan_loss(nu, T0, land, steps, **kw):
+    da = xr.DataArray(T0, dims="x")
+
+    def safe(c, v):
+        return jnp.where(jnp.isnan(v), c, v)
+
+    m = da.stencil.mesh(boundary="extend")
+    m[...] = lambda u, nu: u(time=-1) + nu * (safe(u(time=-1), u(time=-1, x=1)) - 2 * u(time=-1)
+                                              + safe(u(time=-1), u(time=-1, x=-1)))
+    m[land] = lambda u, nu: u(time=-1)
+    return jnp.nansum(m.scan("time", nu, steps=steps, save_every="last", **kw).data ** 2)
+
+
+@pytest.mark.parametrize("kw", [{}, {"checkpoint": True}])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_mesh_scan_gradient_through_nan_land_matches_finite_differences(x64, kw, steps):
+    T0 = np.array([1.0, 2.0, 3.0, np.nan, np.nan, 2.0, 1.0, 0.5])
+    land = xr.DataArray(np.isnan(T0), dims="x")
+    g = float(jax.grad(lambda n: _mesh_scan_loss(n, T0, land, steps, **kw))(0.1))
+    h = 1e-6
+    fd = (float(_mesh_scan_loss(0.1 + h, T0, land, steps))
+          - float(_mesh_scan_loss(0.1 - h, T0, land, steps))) / (2 * h)
+    assert np.isfinite(g)
+    np.testing.assert_allclose(g, fd, rtol=1e-6)

@@ -52,7 +52,7 @@ from xstencil._engine.lower import (
     evaluate,
     trace,
 )
-from xstencil._engine.mesh import Mask, Slab, region_values, write_region
+from xstencil._engine.mesh import Mask, Slab, guarded, kept, region_values, write_region
 from xstencil._engine.tloop import Loop, run_loop
 
 __all__ = ["Var", "Loop", "slab_mesh", "read_cells", "time_reads", "stacking", "run_loop",
@@ -126,19 +126,32 @@ def slab_mesh(branches: Sequence[tuple[Slab | Mask, KernelCall]], base: KernelCa
     for k, (region, _, cond) in enumerate(par):
         if cond is None and isinstance(region, Slab) and region.covers(sub):
             first = k + 1
+    # as mesh_evaluate: each kernel reads NaN and inf as zero in its derivatives at
+    # the outputs a later region overwrites (NaN land must not reach the gradient
+    # of what the sea kernel keeps); a region that applies only at some positions
+    # of the walk is not counted as overwriting
     if first:
-        out = evaluate(par[first - 1][1], sources, sub, dyn)
+        out = guarded(par[first - 1][1], sources, sub, dyn, _kept_at(par, first - 1, sub))
     else:
         out = evaluate(base, sources, sub, dyn)
     leaves, treedef = jax.tree_util.tree_flatten(out)
-    for region, call, cond in par[first:]:
-        vals = region_values(region, call, sources, sub, dyn)
+    for k, (region, call, cond) in enumerate(par[first:], first):
+        vals = region_values(region, call, sources, sub, dyn, _kept_at(par, k, sub))
         if vals is None:
             continue
         new = write_region(leaves, region, vals)
         leaves = new if cond is None else [jnp.where(cond, n, o)
                                            for n, o in zip(new, leaves, strict=True)]
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _kept_at(par: Sequence[tuple[Slab | Mask, KernelCall, Any]], k: int,
+             sub: Sequence[AxisGeom]) -> Any:
+    """:func:`~xstencil._engine.mesh.kept` of ``par[k]``, counting as later
+    regions only those that apply at every position of the walk."""
+    seq = [(r, c) for r, c, _ in par[:k + 1]]
+    seq += [(r, c) for r, c, cond in par[k + 1:] if cond is None]
+    return kept(seq, k, sub)
 
 
 # -- time scans -------------------------------------------------------------------------
