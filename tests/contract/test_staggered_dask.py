@@ -9,6 +9,7 @@ import pytest
 import xarray as xr
 
 import xstencil  # noqa: F401
+from xstencil import XStencilError
 
 dask = pytest.importorskip("dask")
 
@@ -72,3 +73,37 @@ def test_dask_scan_one_kernel_per_position_equals_memory(x64: None) -> None:
         np.testing.assert_allclose(out[n].values, ref[n].values, rtol=1e-13, atol=1e-13)
     mass = out.h.sum(("y_c", "x_c")).values
     np.testing.assert_allclose(mass, mass[0], rtol=1e-14)
+
+
+def test_a_grid_coordinate_read_on_dask_says_what_to_do():
+    # session 27's ocean port: f(y) read as s.coord("Y") on a chunked C-grid named a
+    # hidden variable ('__xs_c_y_c') and advised xr.broadcast, which cannot help
+    n = 8
+    ds = xr.Dataset({"h": (("y_c", "x_c"), np.ones((n, n))),
+                     "u": (("y_c", "x_g"), np.zeros((n, n)))},
+                    coords={"x_c": np.arange(n) + .5, "x_g": np.arange(n) + 0.,
+                            "y_c": np.arange(n) + .5})
+    grid = {"X": {"center": "x_c", "left": "x_g"}, "Y": {"center": "y_c"}}
+
+    def k(s):
+        return s.u(time=-1) + 1e-4 * s.coord("Y")() * (s.h(time=-1, X=0.5) - s.h(time=-1, X=-0.5))
+
+    lazy = ds.chunk({"x_c": 4, "x_g": 4})
+    with pytest.raises(XStencilError, match=r"cannot read a grid coordinate.*data variable") as e:
+        lazy.stencil.scan({"u": k}, dim="time", grid=grid, boundary="periodic", steps=2)
+    assert "__xs_" not in str(e.value)
+    with pytest.raises(XStencilError, match=r"cannot read a grid coordinate") as e:
+        lazy.stencil.map(lambda s: s.coord("Y")() * s.u(), grid=grid,
+                         at={"X": "left", "Y": "center"}, boundary="periodic")
+    assert "__xs_" not in str(e.value)
+    # the advised way: f as a variable over the field's dims, bitwise the in-memory run
+    f = xr.broadcast(ds.y_c * 1e-4, ds.u)[0].rename("f")
+    ds2 = ds.assign(f=f)
+
+    def k2(s):
+        return s.u(time=-1) + s.f(time=-1) * (s.h(time=-1, X=0.5) - s.h(time=-1, X=-0.5))
+
+    kw = dict(dim="time", grid=grid, boundary="periodic", steps=2)
+    mem = ds2.stencil.scan({"u": k2}, **kw)
+    got = ds2.chunk({"x_c": 4, "x_g": 4}).stencil.scan({"u": k2}, **kw).compute()
+    np.testing.assert_array_equal(got.u.values, mem.u.values)

@@ -93,6 +93,13 @@ class MapJob:
         """Raise unless every variable spans every dim of the field."""
         dims = self.plan.dims
         for vdims, name in zip(self.var_dims, self.names or (None,), strict=True):
+            if vdims != dims and str(name).startswith("__xs_"):  # staggered_hidden.HIDDEN
+                raise XStencilError(
+                    f"{self.plan.call}: {what}, a grid kernel cannot read a grid coordinate "
+                    f"along one axis (s.coord(...) of a staggered grid, here one over "
+                    f"{vdims!r}) yet; store what it computes as a data variable over the "
+                    f"field's dims (e.g. ds['f'] = f(y) broadcast with xr.broadcast) and read "
+                    f"that instead, or run in memory")
             if vdims != dims:
                 raise XStencilError(
                     f"{self.plan.call}: variable {name!r} has dims {vdims!r} but the "

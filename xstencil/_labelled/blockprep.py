@@ -36,6 +36,7 @@ from xstencil._labelled.scan_loop import time_input as scan_time_input
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import rewrap as rewrap_scan
 from xstencil._labelled.scan_setup import padded_time, plan_scan
+from xstencil._labelled.staggered_hidden import HIDDEN
 
 __all__ = ["BlockArrays", "setup", "block_spec", "block_arrays", "time_input", "rewrap"]
 
@@ -66,6 +67,13 @@ def _space(call: str, obj: Any, dim: str) -> tuple[str, ...]:
     space = tuple(str(d) for d in obj[names[0]].dims if d != dim)
     for n in names:
         own = {str(d) for d in obj[n].dims if d != dim}
+        if own != set(space) and n.startswith(HIDDEN):  # a grid coordinate the kernel reads
+            raise XStencilError(
+                f"{call}: on dask-backed or sharded data, a grid kernel cannot read a grid "
+                f"coordinate along one axis (s.coord(...) of a staggered grid, here one over "
+                f"{tuple(d for d in obj[n].dims if d != dim)!r}) yet; store what it computes "
+                f"as a data variable over the field's dims (e.g. ds['f'] = f(y) broadcast "
+                f"with xr.broadcast) and read that instead, or run in memory")
         if own != set(space):
             raise XStencilError(
                 f"{call}: dask-backed and sharded scans of a Dataset need every variable over "
