@@ -4,6 +4,7 @@ arrays, inside the compiled loop."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -50,9 +51,16 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
         arrays = [as_array(call, "the data", x) for x in arrays]
         udyn, static = split_static(call, (args, kwargs))
         template = state0.copy(deep=False)
+        # a step with a parameter named like dim gets the state's time: the values
+        # travel as an input of the loop (a changed dt= must not reuse old ones)
+        times = _step_times(call, fn, dim, tvals, o.steps)
+        udyn = (udyn, times)
 
-        def apply(datas: Sequence[Any], udyn: Any) -> list[Any]:
+        def apply(datas: Sequence[Any], dyn: Any, t: Any = 1) -> list[Any]:
+            udyn, times = dyn
             a, kw = merge_static(udyn, static)
+            if times is not None:
+                kw = {**kw, dim: times[t - 1]}
             new = fresh(fn)(_wrap(template, names, datas), *a, **kw)
             return _step_result(call, new, names, template, datas)
 
@@ -77,6 +85,31 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
     outs = host64(outs)
     finite(call, bad, tvals, dim)
     return _trajectory(o, template, names, evolving, outs, tvals)
+
+
+def _step_times(call: str, fn: Any, dim: str, tvals: Any, steps: int) -> Any:
+    """The coordinate values along ``dim`` (positions 0 .. steps) as a JAX
+    array, where ``fn`` takes a parameter named ``dim`` (``def step(s,
+    time)``); else ``None``.  Without a coordinate (no ``dt=`` or
+    ``coord=``), the positions; datetimes as seconds since the first."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    p = params.get(dim)
+    if p is None or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+        return None
+    if tvals is None:
+        return jnp.arange(steps + 1)
+    values = np.asarray(tvals.values)
+    if values.dtype.kind in "mM":
+        values = (values - values[0]) / np.timedelta64(1, "s")
+    elif values.dtype.kind not in "biuf":
+        raise XStencilError(
+            f"{call}: step= takes {dim}=, but the {dim!r} coordinate holds {values.dtype} "
+            f"values (a cftime calendar?), which a compiled step cannot read; pass dt= as a "
+            f"number, or drop the {dim!r} parameter and keep a counter in the state")
+    return jnp.asarray(values)
 
 
 def _labels(template: Any) -> Hashable:
@@ -169,7 +202,7 @@ def _build(apply: Callable[..., Any], loop: Loop, evolving: Sequence[int]) -> Ca
             datas = list(arrays)
             for j, i in enumerate(evolving):
                 datas[i] = hist[j][-1]
-            new = apply(datas, udyn)
+            new = apply(datas, udyn, t)
             return tuple(new[i].astype(arrays[i].dtype) for i in evolving)
 
         init = [[arrays[i]] for i in evolving]
