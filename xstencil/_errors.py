@@ -37,8 +37,8 @@ class PrecisionWarning(UserWarning):
 
 class CompileWarning(UserWarning):
     """A kernel is compiled again on every call: what it reads is too large
-    or deep for the compile cache's key (more than 400 values, such as a
-    dict of 450 parameters)."""
+    or deep for the compile cache's key (more than 2000 values, such as a
+    dict of 2100 parameters)."""
 
 
 class WindowIndexError(IndexError):

@@ -2,7 +2,7 @@
 (session 27): each case below returned the previous call's result, with no
 warning, before the fixes it names.
 
-* a walk past the budget (a 500-item global tuple, a 450-entry params dict)
+* a walk past the budget (a 2100-item global tuple, a 2100-entry params dict)
   or too deep (a 3000-deep nested list) kept only the kernel's identity, so
   a changed scalar global read by the same kernel was missed: such a kernel
   now traces afresh on every call;
@@ -56,8 +56,8 @@ def _twice(k: Callable[..., Any], change: Callable[[], None], before: np.ndarray
 # -- 1. a walk too large or too deep: traced afresh on each call ----------------------
 
 C = 1.0
-BIG = tuple(f"s{i}" for i in range(500))  # not numbers: walked item by item
-PARAMS = {"c": 1.0, **{f"p{i}": float(i) for i in range(450)}}
+BIG = tuple(f"s{i}" for i in range(2100))  # not numbers: walked item by item
+PARAMS = {"c": 1.0, **{f"p{i}": float(i) for i in range(2100)}}
 DEEP: list[Any] = [1.0]
 for _ in range(3000):
     DEEP = [DEEP]
@@ -116,7 +116,7 @@ def test_bound_method_over_budget_sees_a_changed_attribute() -> None:
     class Model:
         def __init__(self) -> None:
             self.c = 1.0
-            self.table = tuple(f"s{i}" for i in range(500))
+            self.table = tuple(f"s{i}" for i in range(2100))
 
         def k(self, u: Any) -> Any:
             return u() * self.c + 0 * len(self.table[0])
@@ -126,7 +126,7 @@ def test_bound_method_over_budget_sees_a_changed_attribute() -> None:
 
 
 def test_an_over_budget_kernel_warns_once_that_it_compiles_every_call() -> None:
-    names = {f"p{i}": float(i) for i in range(450)}
+    names = {f"p{i}": float(i) for i in range(2100)}
 
     def k(u: Any) -> Any:
         return u() * names["p2"]

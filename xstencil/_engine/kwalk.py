@@ -43,7 +43,7 @@ _SEQUENCES = (collections.deque, array.array, bytearray, set, frozenset)
 _LIBRARIES = frozenset({"numpy", "jax", "jaxlib", "scipy", "xarray", "xstencil", "pandas",
                         "dask", "equinox", "optax", "builtins"}) | frozenset(
     getattr(sys, "stdlib_module_names", ()))
-BUDGET = 400  # values visited per kernel before it is keyed as uncached (see uncached)
+BUDGET = 2000  # values visited per kernel before it is keyed as uncached (see uncached)
 #: Keyers for library containers that can change in place (a DataArray, a
 #: pandas Series): each takes a value and returns a hashable key of its whole
 #: content, or ``None`` for a value it does not know (or cannot read: a
