@@ -183,3 +183,21 @@ def test_lent_views_go_back_after_concurrent_traces_and_keep_reassignments():
     r = Resets()
     D.stencil.map(r.kernel, boundary="extend")
     np.testing.assert_array_equal(r.w, [2.0, 0.0])
+
+
+def test_interleaved_lends_of_one_attribute_put_the_stored_array_back():
+    # two traces of the same object's method at once, ending in the other order: the
+    # second saw the first's view as "the stored array" and left it there for good
+    from xstencil._engine.fresh import _swapped
+
+    h = Holder()
+    stored = h.w
+    held = [(h, ["w"])]
+    a, b = _swapped(held), _swapped(held)
+    a.__enter__()
+    b.__enter__()
+    assert h.w is not stored and h.w.base is stored
+    a.__exit__(None, None, None)
+    assert h.w is not stored  # b still holds the view
+    b.__exit__(None, None, None)
+    assert h.w is stored

@@ -137,6 +137,20 @@ def test_an_over_budget_kernel_warns_once_that_it_compiles_every_call() -> None:
         warnings.simplefilter("error")  # once per kernel
         np.testing.assert_allclose(D.stencil.map(k, boundary="extend").values, 2.0 * X)
 
+    class Big:  # a callable instance: warned once per class, not on every call
+        def __init__(self) -> None:
+            self.names = {f"p{i}": float(i) for i in range(2100)}
+
+        def __call__(self, u: Any) -> Any:
+            return u() * self.names["p3"]
+
+    big = Big()
+    with pytest.warns(xstencil.CompileWarning):
+        D.stencil.map(big, boundary="extend")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(D.stencil.map(big, boundary="extend").values, 3.0 * X)
+
 
 # -- 2. NamedTuple contents --------------------------------------------------------------
 

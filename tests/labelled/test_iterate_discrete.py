@@ -86,3 +86,22 @@ def test_solve_still_needs_floating_point_data():
     da = xr.DataArray(np.ones((4, 4), np.int32), dims=("y", "x"))
     with pytest.raises(XStencilError, match="floating point data is needed"):
         xstencil.solve(lambda u: 2 * u(), da)
+
+
+def test_a_dataset_mixing_a_float_field_and_a_bool_mask():
+    # the float variable adds its change, the bool one its changed cells; not relative
+    u = xr.DataArray(np.linspace(0.0, 1.0, 8), dims="x")
+    seen = xr.DataArray(np.arange(8) == 0, dims="x")
+    ds = xr.Dataset({"u": u, "seen": seen})
+
+    def step(s):
+        near = s["seen"].stencil.map(lambda w: w.any(), window={"x": 3}, boundary="fill",
+                                     fill_value=False)
+        return s.assign(u=s["u"] * 0.5, seen=s["seen"] | near)
+
+    one = xstencil.iterate(ds, step=step, tol=None, max_steps=1, norm="l1")
+    want = float(np.abs(u.values * 0.5 - u.values).sum()) + 1.0  # one cell newly seen
+    assert float(one.residual) == pytest.approx(want)
+    # converging needs both: the mask stops after 7 steps, u keeps halving
+    res = xstencil.iterate(ds, step=step, tol=1e-3, max_steps=100, norm="l1")
+    assert res.field["seen"].values.all() and float(res.residual) <= 1e-3

@@ -53,3 +53,11 @@ def test_a_step_that_takes_no_time_is_called_as_before_and_cftime_is_refused():
     with pytest.raises(XStencilError, match="cftime calendar"):
         d.stencil.scan(None, "time", step=lambda s, time: s + 1, steps=2,
                        dt=datetime.timedelta(days=1))
+
+
+def test_a_time_given_by_the_caller_wins_and_float32_times_that_blur_warn():
+    out = U0.stencil.scan(None, "time", step=lambda s, time: s + time, steps=2, time=5.0)
+    np.testing.assert_array_equal(out.isel(x=0).values, [0, 5, 10])
+    d = xr.DataArray(np.zeros((1, 3), np.float32), dims=("time", "x"), coords={"time": [1e6]})
+    with pytest.warns(xstencil.PrecisionWarning, match="over 1% of a step"):
+        d.stencil.scan(None, "time", step=lambda s, time: s, steps=3, dt=0.01)

@@ -14,7 +14,21 @@ from typing import Any
 
 from xstencil._errors import XStencilError
 
-__all__ = ["Hooks", "MapJob"]
+__all__ = ["HIDDEN", "Hooks", "MapJob", "grid_coordinate_read"]
+
+#: The name prefix of the variables a staggered grid call adds for the grid
+#: coordinates and periodic indices its kernel reads
+#: (:mod:`xstencil._labelled.staggered_hidden`).
+HIDDEN = "__xs_"
+
+
+def grid_coordinate_read(where: str, dims: Sequence[str]) -> str:
+    """The message for a grid coordinate read on dask-backed or sharded data
+    (one such variable spans the ``dims`` of one axis, not the field's)."""
+    return (f"{where}, a grid kernel cannot read a grid coordinate along one axis "
+            f"(s.coord(...) of a staggered grid, here one over {tuple(dims)!r}) yet; store "
+            f"what it computes as a data variable over the field's dims (e.g. ds['f'] = f(y) "
+            f"broadcast with xr.broadcast) and read that instead, or run in memory")
 
 
 @dataclass(frozen=True)
@@ -93,13 +107,8 @@ class MapJob:
         """Raise unless every variable spans every dim of the field."""
         dims = self.plan.dims
         for vdims, name in zip(self.var_dims, self.names or (None,), strict=True):
-            if vdims != dims and str(name).startswith("__xs_"):  # staggered_hidden.HIDDEN
-                raise XStencilError(
-                    f"{self.plan.call}: {what}, a grid kernel cannot read a grid coordinate "
-                    f"along one axis (s.coord(...) of a staggered grid, here one over "
-                    f"{vdims!r}) yet; store what it computes as a data variable over the "
-                    f"field's dims (e.g. ds['f'] = f(y) broadcast with xr.broadcast) and read "
-                    f"that instead, or run in memory")
+            if vdims != dims and str(name).startswith(HIDDEN):
+                raise XStencilError(grid_coordinate_read(f"{self.plan.call}: {what}", vdims))
             if vdims != dims:
                 raise XStencilError(
                     f"{self.plan.call}: variable {name!r} has dims {vdims!r} but the "

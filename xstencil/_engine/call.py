@@ -25,7 +25,7 @@ from xstencil._errors import PrecisionWarning, XStencilError
 
 __all__ = ["is_wide", "precision", "as_array", "split_static", "merge_static", "promote",
            "dtype_kind", "is_weak", "settled", "stand_in", "outside_transforms",
-           "narrowed_here", "own_trace", "avals"]
+           "narrowed_here", "own_loop", "avals"]
 
 
 def avals(xs: Any) -> tuple[tuple[tuple[int, ...], str], ...]:
@@ -112,14 +112,17 @@ _OWN: contextvars.ContextVar[bool] = contextvars.ContextVar("xstencil_own_trace"
 
 
 @contextlib.contextmanager
-def own_trace() -> Iterator[None]:
-    """Mark the block as xstencil tracing its own loop (see :data:`_OWN`),
-    unless the loop itself runs inside a caller's transform."""
-    token = _OWN.set(_OWN.get() or outside_transforms(()))
-    try:
-        yield
-    finally:
-        _OWN.reset(token)
+def own_loop(*xs: Any) -> Iterator[None]:
+    """:func:`precision` for the inputs ``xs`` of a compiled loop of
+    xstencil's own (``scan(step=)``, ``iterate``, ``solve``), with the block
+    marked as that loop's trace (see :data:`_OWN`), unless the loop itself
+    runs inside a caller's transform."""
+    with precision(*xs):
+        token = _OWN.set(_OWN.get() or outside_transforms(()))
+        try:
+            yield
+        finally:
+            _OWN.reset(token)
 
 
 def narrowed_here() -> bool:

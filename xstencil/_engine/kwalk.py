@@ -192,7 +192,7 @@ class Walk:
                     repr(v.fill_value)), v
         if isinstance(v, np.ndarray):  # datetimes, strings, objects: not JAX inputs
             return ("ndarray", digest(v)), v
-        if type(v) in (tuple, list) and _count(v) > _MANY and _numbers(v):
+        if type(v) in (tuple, list) and _table_size(v) > _MANY:
             return self.numbers(v), v  # a table of numbers: one value, not one per item
         if isinstance(v, tuple):  # a NamedTuple too: by its items and its type
             return self.tup(v, names, lift)
@@ -396,15 +396,18 @@ class Walk:
 _MANY = 16
 
 
-def _count(v: tuple[Any, ...] | list[Any]) -> int:
-    return sum(_count(x) if type(x) in (tuple, list) else 1 for x in v)
-
-
-def _numbers(v: tuple[Any, ...] | list[Any]) -> bool:
-    """Python numbers only, or plain tuples and lists of them (a nested table
-    such as ``w.tolist()`` of a 2-D array)."""
-    return all(type(x) in (int, float, bool) or type(x) in (tuple, list) and _numbers(x)
-               for x in v)
+def _table_size(v: tuple[Any, ...] | list[Any]) -> int:
+    """How many Python numbers ``v`` holds, counting through plain tuples and
+    lists (a nested table such as ``w.tolist()`` of a 2-D array); -1 where it
+    holds anything else."""
+    n = 0
+    for x in v:
+        m = 1 if type(x) in (int, float, bool) else \
+            _table_size(x) if type(x) in (tuple, list) else -1
+        if m < 0:
+            return -1
+        n += m
+    return n
 
 
 def _by_items(v: Any) -> bool:
@@ -480,10 +483,10 @@ def uncached(k: Any) -> Hashable:
     so no call may reuse another's code.  The key is the kernel's and a
     marker new on every call: each call traces afresh (slower, never stale),
     which a :class:`~xstencil.CompileWarning` says once per kernel's code."""
-    code = getattr(getattr(k, "__func__", k), "__code__", None)
+    code = getattr(getattr(k, "__func__", k), "__code__", type(k))  # an instance: its class
     with LOCK:
-        first = code is None or code not in _WARNED
-        if code is not None and len(_WARNED) < 1024:
+        first = code not in _WARNED
+        if len(_WARNED) < 1024:
             _WARNED.add(code)
     if first:
         name = getattr(k, "__qualname__", type(k).__name__)

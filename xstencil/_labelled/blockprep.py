@@ -28,6 +28,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._backends.halo import ScanSpec
+from xstencil._backends.jobs import HIDDEN, grid_coordinate_read
 from xstencil._engine.call import precision, split_static
 from xstencil._engine.kcache import describe
 from xstencil._errors import XStencilError
@@ -36,7 +37,6 @@ from xstencil._labelled.scan_loop import time_input as scan_time_input
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import rewrap as rewrap_scan
 from xstencil._labelled.scan_setup import padded_time, plan_scan
-from xstencil._labelled.staggered_hidden import HIDDEN
 
 __all__ = ["BlockArrays", "setup", "block_spec", "block_arrays", "time_input", "rewrap"]
 
@@ -68,12 +68,9 @@ def _space(call: str, obj: Any, dim: str) -> tuple[str, ...]:
     for n in names:
         own = {str(d) for d in obj[n].dims if d != dim}
         if own != set(space) and n.startswith(HIDDEN):  # a grid coordinate the kernel reads
-            raise XStencilError(
-                f"{call}: on dask-backed or sharded data, a grid kernel cannot read a grid "
-                f"coordinate along one axis (s.coord(...) of a staggered grid, here one over "
-                f"{tuple(d for d in obj[n].dims if d != dim)!r}) yet; store what it computes "
-                f"as a data variable over the field's dims (e.g. ds['f'] = f(y) broadcast "
-                f"with xr.broadcast) and read that instead, or run in memory")
+            raise XStencilError(grid_coordinate_read(
+                f"{call}: on dask-backed or sharded data",
+                [str(d) for d in obj[n].dims if d != dim]))
         if own != set(space):
             raise XStencilError(
                 f"{call}: dask-backed and sharded scans of a Dataset need every variable over "

@@ -12,14 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from xstencil._engine.call import (
-    as_array,
-    merge_static,
-    own_trace,
-    precision,
-    settled,
-    split_static,
-)
+from xstencil._engine.call import as_array, merge_static, own_loop, settled, split_static
 from xstencil._engine.kcache import canonical, compiled, settle
 from xstencil._errors import ConvergenceWarning, XStencilError
 from xstencil._labelled.mesh import Mesh
@@ -75,10 +68,12 @@ def _norm(call: str, norm: Any, relative: bool) -> Callable[..., Any]:
     def builtin(new: Any, old: Any) -> Any:
         news = [new] if not isinstance(new, Mapping) else list(new.values())
         olds = [old] if not isinstance(old, Mapping) else list(old.values())
-        if any(_discrete(a) for a in news):  # a bool or integer state: cells that changed
-            return size([(a != b).astype(np.float32) for a, b in zip(news, olds, strict=True)])
-        change = size([a - b for a, b in zip(news, olds, strict=True)])
-        if not relative:
+        # a bool or integer variable changes by the cells that changed (a float one
+        # of a Dataset beside it by its values), and then nothing is relative
+        rdt = residual_dtype(news)
+        change = size([(a != b).astype(rdt) if _discrete(a) else a - b
+                       for a, b in zip(news, olds, strict=True)])
+        if not relative or any(_discrete(a) for a in news):
             return change
         ref = size(olds)
         return jnp.where(ref > 0, change / jnp.where(ref > 0, ref, 1), change)
@@ -93,8 +88,9 @@ def _discrete(x: Any) -> bool:
 def residual_dtype(arrays: Any) -> Any:
     """The dtype of the change and of ``tol``: the state's real float dtype,
     float32 for a bool or integer state."""
-    return jnp.result_type(*[jnp.real(x).dtype if not _discrete(x) else np.float32
-                             for x in arrays])
+    # numpy's promotion (JAX's strict mode refuses float32 with float64), then JAX's
+    return jax.dtypes.canonicalize_dtype(np.result_type(
+        *[jnp.real(x).dtype if not _discrete(x) else np.float32 for x in arrays]))
 
 
 def report(call: str, res: Converged, tol: Any) -> Converged:
@@ -160,7 +156,9 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
         ``sum|p - pn| / sum|pn|``.  A bool or integer state (a flood fill,
         hysteresis, labels spreading) changes by whole cells: its built-in
         norm is the number of cells that changed (``"l2"``: its square root,
-        ``"max"``: 1 if any did), never relative, and each step must return
+        ``"max"``: 1 if any did), never relative (in a Dataset that mixes
+        them, float variables add their changes to those counts), and each
+        step must return
         values of the state's dtype (a comparison for bool; a result that
         would be truncated or wrapped, such as a uint32 sum for a uint8 state,
         is refused).
@@ -215,7 +213,7 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
     options = {"window": window, "boundary": boundary, "fill_value": fill_value,
                "period": period}
     step_function(call, body, state, options, free)  # validates body and options now
-    with precision(data, args, kwargs), own_trace():
+    with own_loop(data, args, kwargs):
         arrays = [as_array(call, "the data", x) for x in data]
         dyn, static = split_static(call, (args, kwargs))
         owner, bkey, resolve, lifted = cached_body(body)

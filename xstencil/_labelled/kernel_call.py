@@ -156,17 +156,13 @@ def _field_dims(plan: Plan, shape: tuple[int, ...]) -> tuple[str, ...] | None:
     """The data's dims, in order, whose sizes are ``shape`` (one dim at
     least, all of size 2 or more), or ``None``: a per-point result of the
     field's own shape is most likely a whole field closed over."""
-    sizes = dict(zip(plan.dims, plan.shape, strict=True))
-    windows = {plan.specs[plan.axis(d)].lo + plan.specs[plan.axis(d)].hi + 1
-               for d in plan.window_dims}
-    for start in range(len(plan.dims)):
-        for stop in range(start + 1, len(plan.dims) + 1):
-            dims = plan.dims[start:stop]
-            if tuple(sizes[d] for d in dims) != tuple(shape) or min(shape) < 2:
-                continue
-            # a whole field, or two dims or more, and not a window's own length
-            if stop - start == len(plan.dims) or len(dims) > 1 or shape[0] not in windows:
-                return dims
+    n = len(shape)
+    if min(shape) < 2 or n == 1 and len(plan.dims) > 1 and shape[0] in {
+            plan.specs[plan.axis(d)].size for d in plan.window_dims}:
+        return None  # one dim of several, as long as a window: a window patch, most likely
+    for start in range(len(plan.dims) - n + 1):
+        if tuple(plan.shape[start:start + n]) == tuple(shape):
+            return plan.dims[start:start + n]
     return None
 
 

@@ -123,17 +123,15 @@ def state_of(call: str, obj: Any) -> State:
 class MeshSpec:
     """A mesh's regions and options, without its data, for a compiled loop.
 
-    Kernels are held by their canonical function (:func:`kcache.canonical`),
-    so rebuilt meshes with structurally equal kernels share one compiled
-    loop.  The first kernel owns the cache entry and is held weakly; the
-    others strongly (they live as long as the entry, so their ids stay theirs).
+    The first kernel owns the cache entry and is held weakly, the others
+    strongly (they live as long as the entry, so their ids stay theirs);
+    ``shared`` (a rebuilt mesh of equal kernels may reuse the entry, see
+    :func:`cached_body`): the first is held strongly too.
     """
 
     def __init__(self, mesh: Mesh, shared: bool = False):
         kernels = [canonical(k) for _, k in mesh._regions]
         self.owner = kernels[0]
-        # shared (rebuilt meshes of equal kernels reuse the loop, see cached_body):
-        # the entry may outlive this mesh, so it holds its first kernel too
         self._ref = (lambda: kernels[0]) if shared else weak(self.owner)
         self._regions = [(r, None if k is self.owner else k)
                          for (r, _), k in zip(mesh._regions, kernels, strict=True)]
@@ -199,7 +197,8 @@ def cached_body(body: Any) -> tuple[Any, Any, Callable[[], Any], Lifted]:
 
 def body_key(body: Any, shared: bool = False) -> Any:
     """A mesh's kernels and regions (a mesh may be changed after a call);
-    ``shared``: kernels by their :func:`describe` keys, else by identity."""
+    ``shared``: its regions only, the kernels being keyed by value beside it
+    (:func:`values_key`, in region order), else kernels by identity too."""
     if not isinstance(body, Mesh):
         return None
     out = []
@@ -210,7 +209,7 @@ def body_key(body: Any, shared: bool = False) -> Any:
             r = hashlib.blake2b(np.packbits(region).tobytes(), digest_size=16).hexdigest()
         else:
             r = tuple((d, tuple(v.tolist())) for d, v in region.items())
-        out.append((describe([k]).key if shared else id(canonical(k)), r))
+        out.append((None if shared else id(canonical(k)), r))
     return (tuple(out), tuple(sorted((k, repr(v)) for k, v in body._options.items())))
 
 

@@ -5,6 +5,7 @@ arrays, inside the compiled loop."""
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -16,20 +17,12 @@ import xarray as xr
 from xstencil import _progress
 from xstencil._backends.dask import any_dask
 from xstencil._backends.shard import is_sharded
-from xstencil._engine.call import (
-    as_array,
-    avals,
-    merge_static,
-    own_trace,
-    precision,
-    promote,
-    split_static,
-)
+from xstencil._engine.call import as_array, avals, merge_static, own_loop, promote, split_static
 from xstencil._engine.coords import coord_digest
 from xstencil._engine.fresh import fresh
 from xstencil._engine.kcache import compiled, describe, settle, values_key
 from xstencil._engine.tscan import Loop, run_loop
-from xstencil._errors import XStencilError
+from xstencil._errors import PrecisionWarning, XStencilError
 from xstencil._labelled.result import host64
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite
@@ -47,13 +40,13 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
     ``dtype`` (already applied to ``obj``), to which each result is cast."""
     dim = o.dim
     state0, names, arrays, tvals = _state(call, obj, fn, o)
-    with precision(arrays, args, kwargs), own_trace():
+    with own_loop(arrays, args, kwargs):
         arrays = [as_array(call, "the data", x) for x in arrays]
         udyn, static = split_static(call, (args, kwargs))
         template = state0.copy(deep=False)
         # a step with a parameter named like dim gets the state's time: the values
         # travel as an input of the loop (a changed dt= must not reuse old ones)
-        times = _step_times(call, fn, dim, tvals, o.steps)
+        times = None if dim in kwargs else _step_times(call, fn, dim, tvals, o.steps)
         udyn = (udyn, times)
 
         def apply(datas: Sequence[Any], dyn: Any, t: Any = 1) -> list[Any]:
@@ -109,7 +102,17 @@ def _step_times(call: str, fn: Any, dim: str, tvals: Any, steps: int) -> Any:
             f"{call}: step= takes {dim}=, but the {dim!r} coordinate holds {values.dtype} "
             f"values (a cftime calendar?), which a compiled step cannot read; pass dt= as a "
             f"number, or drop the {dim!r} parameter and keep a counter in the state")
-    return jnp.asarray(values)
+    got = jnp.asarray(values)
+    if got.dtype != values.dtype and values.dtype.kind == "f" and len(values) > 1:
+        # x64 off: the step reads float32 times; say so where they lose the steps apart
+        err = float(np.max(np.abs(np.asarray(got, np.float64) - values)))
+        if err > 0.01 * float(np.min(np.abs(np.diff(values)))):
+            warnings.warn(
+                f"{call}: the {dim!r} values handed to step= are float32 (JAX's x64 flag is "
+                f"off) and are up to {err:.3g} off, over 1% of a step; enable x64 "
+                f"(jax.config.update('jax_enable_x64', True)), or measure time from the "
+                f"start (coord= starting at 0)", PrecisionWarning, stacklevel=4)
+    return got
 
 
 def _labels(template: Any) -> Hashable:

@@ -11,14 +11,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine import multigrid as mg
-from xstencil._engine.call import (
-    as_array,
-    merge_static,
-    own_trace,
-    precision,
-    settled,
-    split_static,
-)
+from xstencil._engine.call import as_array, merge_static, own_loop, settled, split_static
 from xstencil._engine.elements import linear_operator
 from xstencil._engine.kcache import compiled, settle
 from xstencil._engine.krylov import KRYLOV
@@ -130,7 +123,7 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
     guess = _guess(call, x0, given)
     if guess is not None and rhs.dims != given.dims:
         guess = jnp.transpose(jnp.asarray(guess), [given.dims.index(d) for d in rhs.dims])
-    with precision([b], args, kwargs), own_trace():
+    with own_loop([b], args, kwargs):
         b = as_array(call, "rhs", b)
         guess = jnp.zeros_like(b) if guess is None else jnp.asarray(guess, b.dtype)
         dyn, static = split_static(call, (args, kwargs))

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from xstencil._backends.jobs import HIDDEN
 from xstencil._engine.coords import coord_values, numeric_coord, read_coord
 from xstencil._labelled.grid import Grid
 
 __all__ = ["EDGE", "HIDDEN", "POS", "translate"]
 
-HIDDEN = "__xs_"
 POS = ("center", "left", "right")
 
 
