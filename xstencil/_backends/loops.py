@@ -35,7 +35,7 @@ from xstencil._backends.hostfft import HostFFT, host_fft
 from xstencil._backends.hostwrap import Wrapper
 from xstencil._backends.loop_variants import Nest
 from xstencil._backends.tiered import Tiered, from_source, promote_after
-from xstencil._engine import dense
+from xstencil._engine import dense, dense_split
 from xstencil._engine.lift import Unliftable
 from xstencil._engine.loopgen import Param, boundary_tables
 from xstencil._engine.loopweights import generate_variants
@@ -383,6 +383,9 @@ class LoopOrJit:
                 return on_host(host)
             if self.jitted is not None and _dense_for_xla(closed, sources, self.geom):
                 return "a dense window of constant weights: XLA's separable passes or FFT", None
+            if self.jitted is not None and _dense_for_xla(closed, sources, self.geom, values):
+                return ("large window sums under a non-linear function: XLA's dense sums, "
+                        "then the rest point by point"), None
             try:
                 variants = generate_variants(closed, sources, self.geom, params, limit)
             except Unliftable:  # too large a nest: an integer window may still be exact FFTs
@@ -426,7 +429,8 @@ class LoopOrJit:
             return None
 
 
-def _dense_for_xla(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom]) -> bool:
+def _dense_for_xla(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
+                   values: Sequence[Any] | None = None) -> bool:
     """Whether the kernel is a sum over a window of more than
     :data:`~xstencil._engine.dense.FFT_TAPS` constant weights that the engine
     lowers to separable passes or an FFT (:mod:`xstencil._engine.dense`),
@@ -434,9 +438,18 @@ def _dense_for_xla(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGe
     where a loop nest would read every window cell at every point (a 15 x 15
     box mean at 1024² float32: 3.8 s to compile and 29 ms a call as a nest,
     0.34 s and 5 ms as XLA's passes).  Smaller windows stay nests, which
-    read their few cells faster than XLA's passes run."""
+    read their few cells faster than XLA's passes run.  With ``values`` (the
+    call's parameters, from which runtime weights are read): whether the
+    window sums that the kernel feeds to a non-linear function are such sums
+    (:mod:`xstencil._engine.dense_split`; a 15 x 15 ``max(sum, 0)`` at 256²:
+    5.6 s to compile as a nest)."""
     try:
-        plans = dense.plan(closed, sources, geom)
+        # copies: JAX keeps its 32-bit conversion of a float64 numpy array by
+        # the array's object (x64 off), which a later trace would read stale
+        plans = (dense.plan(closed, sources, geom) if values is None
+                 else dense_split.plan(closed, sources, geom,
+                                       [np.array(v) if isinstance(v, np.ndarray) else v
+                                        for v in values]))
     except Exception:  # noqa: BLE001 - an optimisation only: the nest decides
         return False
     return plans is not None and any(dense.beats_cells(how, w)

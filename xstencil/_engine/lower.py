@@ -22,6 +22,7 @@ import numpy as np
 from jax import lax
 
 from xstencil._engine import dense as dense_windows
+from xstencil._engine import dense_split
 from xstencil._engine.boundary import block, pads_fuse
 from xstencil._engine.call import stand_in
 from xstencil._engine.lift import (
@@ -138,6 +139,7 @@ def evaluate(
     dyn: Any,
     closed: Any = None,
     guard: Any = None,
+    split: bool = True,
 ) -> Any:
     """Run ``kernel_call(cells, dyn)`` at every output position of the slab.
 
@@ -165,6 +167,11 @@ def evaluate(
     # (not under a NaN guard: the guarded slices below keep non-finite values
     # of unselected cells out of derivatives)
     dense = None if guard is not None else dense_windows.lower(jaxpr, sources, geom, dyn)
+    if dense is None and guard is None and split:
+        # large window sums under a non-linear function: the sums densely, the
+        # rest point by point
+        dense = dense_split.lower(jaxpr, sources, geom, dyn,
+                                  lambda k: _general(k, sources, geom, dyn))
     if dense is not None:
         return jax.tree_util.tree_unflatten(out_tree, dense)
 
@@ -202,6 +209,19 @@ def evaluate(
 
     leaves = run(list(geom), raw=False) if pads_fuse() else split(0, list(geom))
     return jax.tree_util.tree_unflatten(out_tree, leaves)
+
+
+def _general(closed: Any, sources: Sequence[Source], geom: Sequence[AxisGeom],
+             dyn: Any) -> list[Any]:
+    """The output leaves of the kernel ``closed`` (a closed jaxpr of the
+    cells and ``dyn``'s leaves) by the general lowering."""
+    def call(cells: Sequence[Any], d: Any) -> list[Any]:
+        return jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *cells,
+                                   *jax.tree_util.tree_leaves(d))
+
+    tree = jax.tree_util.tree_structure([0] * len(closed.jaxpr.outvars))
+    return jax.tree_util.tree_leaves(evaluate(call, sources, geom, dyn, closed=(closed, tree),
+                                              split=False))
 
 
 def _place(parts: list[tuple[int, list[Any]]], axis: int, count: int) -> list[Any]:
