@@ -152,6 +152,11 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      lambda: DA.assign_coords(x=np.geomspace(1, 2, 8)).stencil.map(
          lambda u: u.coord("x")(x=1), boundary="periodic"),
      XStencilError, E(f"{M}: coordinate 'x' is not uniformly spaced") + ".*pass period="),
+    ("map-periodic-coord-not-monotonic",
+     lambda: DA.roll(x=3, roll_coords=True).stencil.map(
+         lambda u: u.coord("x")(x=1), boundary="periodic", period={"x": 1.6}),
+     XStencilError, E(f"{M}: boundary 'periodic' on 'x', whose coordinate is not monotonic")
+     + ".*sortby"),
     # -- map: the kernel and the data ---------------------------------------------
     ("map-kernel-not-callable", lambda: DA.stencil.map(3), XStencilError,
      E(f"{M}: kernel=3 is not callable; pass a function of one window")),

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -71,6 +71,7 @@ from xstencil._backends.loops import resolve_mode
 from xstencil._backends.loops_mesh import covered
 from xstencil._engine.call import avals, precision, promote, split_static, stand_in
 from xstencil._engine.coords import padded, read_dtype
+from xstencil._engine.kcache import describe, rebuild, snapshot
 from xstencil._engine.lower import AxisGeom, Source, evaluate
 from xstencil._engine.mesh import Slab, branches, mesh_evaluate
 from xstencil._errors import XStencilError
@@ -345,13 +346,14 @@ def _leaf_shapes(job: MapJob, static: Any, dyn: Sequence[Any], arrays: Sequence[
             cells.append(stand_in(shape, x.dtype))
         for c, d in zip(coords, plan.coord_dims, strict=True):
             cells.append(stand_in((plan.specs[plan.axis(d)].size,), c.dtype))
-        last = jax.eval_shape(job.hooks.caller(plan, job.kernels[-1], static), cells, list(dyn))
+        outs = [_traced(job, static, k, cells, dyn) for k in range(len(job.kernels))]
+        last = outs[-1]
         if job.regions is None:
             return last
         # a mesh writes every kernel's results, and the kept input where no region
         # covers a position, into one array: their promoted dtype
         calls = [job.hooks.caller(plan, k, static) for k in job.kernels]
-        outs = [jax.tree_util.tree_leaves(jax.eval_shape(c, cells, list(dyn))) for c in calls]
+        outs = [jax.tree_util.tree_leaves(o) for o in outs]
         if not covered(job.regions or (), job.masks, tuple(job.plan.out_shape)):
             outs.append(jax.tree_util.tree_leaves(jax.eval_shape(
                 job.hooks.identity(plan, calls[-1]), cells, list(dyn))))
@@ -361,13 +363,28 @@ def _leaf_shapes(job: MapJob, static: Any, dyn: Sequence[Any], arrays: Sequence[
             for k, v in enumerate(leaves)])
 
 
+def _traced(job: MapJob, static: Any, k: int, cells: Any, dyn: Sequence[Any]) -> Any:
+    """The output structure of kernel ``k``, traced with the arrays it closes
+    over abstract, as an in-memory map traces them (they are inputs of its
+    compiled code): a kernel that needs one concrete (``float(w[0])``) fails
+    here as it fails in memory, not only on dask, where blocks bake them in."""
+    lifted = describe(job.kernels)
+
+    def one(cells: Any, dyn: Any, leaves: Any) -> Any:
+        return job.hooks.caller(job.plan, rebuild(lifted, leaves)[k], static)(cells, dyn)
+
+    return jax.eval_shape(one, cells, list(dyn), list(lifted.leaves))
+
+
 def map_dask(job: MapJob) -> Any:
     """A lazy map (or mesh map) of dask-backed fields: the engine output as
     dask arrays (a dict of them for a Dataset kernel returning a dict)."""
     import dask.array as dsa
 
-    plan, kernels, regions, masks = job.plan, job.kernels, job.regions, job.masks
     job.check_full("with dask-backed data")
+    # the graph is computed later: it reads the closed-over arrays as they are now
+    job = replace(job, kernels=snapshot(job.kernels))
+    plan, kernels, regions, masks = job.plan, job.kernels, job.regions, job.masks
     arrays = [x if is_dask(x) else dsa.from_array(np.asarray(x)) for x in job.arrays]
     if len(arrays) > 1:
         arrays = list(dsa.core.unify_chunks(

@@ -16,7 +16,7 @@ labelled front end is :func:`xstencil._labelled.scale.scan_dask`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -40,6 +40,7 @@ from xstencil._backends.halo import (
 )
 from xstencil._backends.jobs import Hooks
 from xstencil._engine.call import avals, precision
+from xstencil._engine.kcache import snapshot
 from xstencil._errors import XStencilError
 
 __all__ = ["BlockScan", "default_halo_every", "scan_dask"]
@@ -290,6 +291,8 @@ def scan_dask(job: BlockJob, halo_every: int | None = None,
     """
     import dask.array as dsa
 
+    # the graph is computed later: it reads the closed-over arrays as they are now
+    job = replace(job, kernels=snapshot(job.kernels))
     call, spec = job.call, job.spec
     plan = spec.plan
     bmesh, masks = job.mesh, job.masks

@@ -37,8 +37,8 @@ from xstencil._engine.boundary import source_index
 from xstencil._errors import XStencilError
 
 __all__ = ["coord_digest", "coord_values", "is_cftime", "same_values", "numeric_coord",
-           "coord_period", "pad_coord", "read_coord", "read_dtype", "pack_coord", "padded",
-           "repeated_period", "warn_repeated_endpoint"]
+           "coord_period", "check_monotonic", "pad_coord", "read_coord", "read_dtype",
+           "pack_coord", "padded", "repeated_period", "warn_repeated_endpoint"]
 
 #: spans that are a full period on their own: a periodic coordinate spanning
 #: one of these from its first to its last label repeats its endpoint
@@ -177,10 +177,22 @@ def _seconds_since_first(values: np.ndarray) -> np.ndarray:
 
 def coord_period(call: str, dim: str, c: np.ndarray, period: float | None) -> float:
     """The period of coordinate ``c`` across a periodic boundary: ``period``,
-    or the length of a uniformly spaced ``c`` (its spacing times its size)."""
+    or the length of a uniformly spaced ``c`` (its spacing times its size),
+    signed as ``c`` runs (negative for descending labels), so that the seam
+    continues the labels in their own direction.  Labels that are not
+    monotonic (a rolled longitude, 180..357.5, 0..177.5) are refused: their
+    internal jump would be read as a step of almost one period."""
+    check_monotonic(call, dim, c, period)
     if period is not None:
         warn_repeated_endpoint(call, dim, c, period)
-        return period
+        sign = -1.0 if len(c) > 1 and c[-1] < c[0] else 1.0
+        if len(c) > 1 and abs(float(c[-1] - c[0])) > period * (1 + 1e-9):
+            raise XStencilError(
+                f"{call}: period={{{dim!r}: {period!r}}} is shorter than the span of "
+                f"coordinate {dim!r} ({c[0]:g} to {c[-1]:g}), so the seam would step "
+                f"backwards; give the full period (the span plus one spacing for an "
+                f"evenly spaced grid)")
+        return sign * period
     d = np.diff(c)
     if not len(d):
         return float("nan")  # one position: no period
@@ -200,6 +212,27 @@ def coord_period(call: str, dim: str, c: np.ndarray, period: float | None) -> fl
         f"{call}: coordinate {dim!r} is not uniformly spaced, so its period across "
         f"the periodic boundary cannot be inferred; pass period={{{dim!r}: ...}}"
     )
+
+
+def check_monotonic(call: str, dim: str, c: np.ndarray, period: float | None) -> None:
+    """Refuse a periodic coordinate whose labels rise and fall: a kernel
+    reading ``u.coord(dim)`` would see the internal jump (357.5 to 0 in a
+    rolled longitude) as a step of almost one period.  Unwrapping the labels
+    would mend the differences but change the values kernels read, so the
+    caller sorts or unwraps them instead."""
+    d = np.diff(c)
+    if not ((d > 0).any() and (d < 0).any()):
+        return
+    up = bool(np.sum(d > 0) >= np.sum(d < 0))
+    i = int(np.flatnonzero(d < 0 if up else d > 0)[0])
+    p = "..." if period is None else repr(period)
+    raise XStencilError(
+        f"{call}: boundary 'periodic' on {dim!r}, whose coordinate is not monotonic: it "
+        f"{'falls' if up else 'rises'} from {c[i]:g} to {c[i + 1]:g} between positions {i} "
+        f"and {i + 1} (as after .roll({dim}=..., roll_coords=True)), so coordinate "
+        f"differences read across that jump (u.coord({dim!r})) would be off by a period; "
+        f"sort the data first (obj.sortby({dim!r})), or unwrap the labels "
+        f"(obj.assign_coords({dim}=np.unwrap(obj[{dim!r}], period={p})))")
 
 
 def pad_coord(call: str, dim: str, c: np.ndarray, lo: int, hi: int, mode: str,

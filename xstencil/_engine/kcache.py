@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 
 from xstencil._engine.kmemo import Memo
 from xstencil._engine.kwalk import (
@@ -77,8 +78,9 @@ from xstencil._engine.kwalk import (
 )
 from xstencil._engine.x64flag import x64
 
-__all__ = ["Lifted", "freeze", "freeze_each", "describe", "rebuild", "cached", "lru_get", "peek",
-           "put", "compiled", "table_of", "canonical", "clear", "settle", "SIZE", "SHARED"]
+__all__ = ["Lifted", "freeze", "freeze_each", "describe", "rebuild", "snapshot", "cached",
+           "lru_get", "peek", "put", "compiled", "table_of", "canonical", "clear", "settle",
+           "SIZE", "SHARED"]
 
 #: How many compiled functions (and other per-structure entries: inferred
 #: windows, fast-path entries; about three per kernel and data layout) stay alive.
@@ -179,6 +181,19 @@ def rebuild(lifted: Lifted, leaves: Sequence[Any]) -> list[Any]:
         else:
             out.append(w.function(k)[1])
     return out
+
+
+def snapshot(kernels: Sequence[Any]) -> tuple[Any, ...]:
+    """Copies of ``kernels`` that read copies, taken now, of the numpy arrays
+    they close over: for a lazy graph, computed later.  An array changed in
+    place after the call must change neither the result (an in-memory call
+    reads it when called) nor the compiled code cached under the token of
+    its old values (dask.py keys blocks by the arrays' contents)."""
+    lifted = describe(kernels)
+    if not any(isinstance(v, np.ndarray) for v in lifted.leaves):
+        return tuple(kernels)
+    return tuple(rebuild(lifted, [v.copy() if isinstance(v, np.ndarray) else v
+                                  for v in lifted.leaves]))
 
 
 def lru_get(table: OrderedDict[Any, Any], lock: Any, size: int, key: Hashable,

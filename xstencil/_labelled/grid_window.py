@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from xstencil._engine.window import Window
 from xstencil._errors import XStencilError
 
-__all__ = ["Axes", "StaggeredWindow", "StaggeredSet", "MetricWindow"]
+__all__ = ["Axes", "StaggeredWindow", "StaggeredSet", "MetricWindow", "UNSORTED"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,12 @@ class StaggeredWindow:
         return {a: p for a, (p, _) in self._deltas.items()}
 
 
+#: the period recorded for a periodic axis whose centre labels rise and fall
+#: (a rolled longitude): a coordinate read on it raises (equal to itself, so
+#: compile-cache keys still match, unlike NaN)
+UNSORTED = float("inf")
+
+
 class _CoordWindow(StaggeredWindow):
     """A coordinate read like its variable.  Across a periodic seam it
     continues by one period; past any other edge it continues linearly with
@@ -161,6 +167,12 @@ class _CoordWindow(StaggeredWindow):
             raise XStencilError(
                 f"{self._label}: axis {axis!r} is periodic and its coordinate is not uniformly "
                 f"spaced, so its period is unknown; pass period={{{axis!r}: ...}}")
+        if period == UNSORTED:  # labels that rise and fall (staggered_hidden._period)
+            raise XStencilError(
+                f"{self._label}: axis {axis!r} is periodic and its centre coordinate is not "
+                f"monotonic (as after .roll(..., roll_coords=True)), so coordinate differences "
+                f"read across its jump would be off by a period; sort the data first "
+                f"(ds.sortby(...) on the axis's dims)")
         wraps = (self._iw(**{dim: 0}) + k - self._iw(**{dim: k})) / n
         return val + wraps * period
 

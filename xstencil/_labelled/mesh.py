@@ -29,6 +29,7 @@ from xstencil._labelled.map import leaf_dims_cached
 from xstencil._labelled.mesh_checks import warn_empty
 from xstencil._labelled.mesh_loops import loop_hook
 from xstencil._labelled.mesh_regions import (
+    bad_key,
     by_label,
     by_mask,
     by_position,
@@ -103,11 +104,7 @@ class Mesh(MeshRepr):
         elif isinstance(key, Mapping):
             self._assign(self._by_position(key), kernel, key)
         else:
-            raise XStencilError(
-                f"{self._call}: m[{key!r:.60}] = ...: select with '...' (everywhere), a dict "
-                f"of positions such as {{'x': 0}}, a boolean DataArray, or m.loc[{{...}}] for "
-                f"labels"
-            )
+            raise bad_key(self._call, self._fields, key)
 
     def _assign(self, region: Any, kernel: Callable[..., Any], key: Any,
                 by_label: bool = False) -> None:

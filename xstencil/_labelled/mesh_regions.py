@@ -25,8 +25,8 @@ from xstencil._labelled.core import Fields
 from xstencil._labelled.mesh_checks import align_mask
 from xstencil._labelled.plan import Plan
 
-__all__ = ["nearest", "by_position", "by_label", "by_mask", "engine_regions", "region_dims",
-           "region_key"]
+__all__ = ["nearest", "bad_key", "by_position", "by_label", "by_mask", "engine_regions",
+           "region_dims", "region_key"]
 
 Region = dict[str, np.ndarray] | np.ndarray | None
 
@@ -181,6 +181,31 @@ def _levels(call: str, key: Mapping[Any, Any], indexes: Mapping[Any, pd.Index],
     return rest, out
 
 
+def bad_key(call: str, f: Fields, key: Any, loc: bool = False) -> XStencilError:
+    """The error for a mesh key of no known kind.  An array is named by its
+    type and shape, not its repr (many lines for a mask), and a boolean
+    array of the data's shape is answered with the DataArray to wrap it in."""
+    is_array = hasattr(key, "shape") and hasattr(key, "dtype")
+    shown = "key" if is_array else " ".join(repr(key).split())[:60]
+    sel = f"m.loc[{shown}]" if loc else f"m[{shown}] = ..."
+    what = "a dict of labels such as {'x': 0.0} or {'x': slice(1.5, None)}" if loc else \
+        "'...' (everywhere), a dict of positions such as {'x': 0}, a boolean DataArray, " \
+        "or m.loc[{...}] for labels"
+    if not is_array:
+        return XStencilError(f"{call}: {sel}: select with {what}")
+    dims = tuple(f.dims)
+    kind = "a numpy array" if isinstance(key, np.ndarray) \
+        else f"an array of type {type(key).__name__}"
+    key_is = f"key is {kind} of shape {tuple(key.shape)!r} and dtype {key.dtype}"
+    if np.dtype(key.dtype) != np.bool_:
+        return XStencilError(f"{call}: {sel}: {key_is}; select with {what}")
+    fit = f"with dims {dims!r}" if tuple(key.shape) == tuple(f.shape) \
+        else "with the dims it spans"
+    return XStencilError(
+        f"{call}: {sel}: {key_is}; masks select by dim name, so wrap it in a DataArray "
+        f"{fit}: m[xr.DataArray(mask, dims={dims!r})] = ...")
+
+
 def by_label(call: str, obj: xr.DataArray | xr.Dataset, f: Fields, key: Any,
              indexes: Mapping[Any, pd.Index] | None = None) -> dict[str, np.ndarray]:
     """``m.loc[{dim: labels}]``: ``.sel`` semantics (``nearest`` snaps);
@@ -190,10 +215,7 @@ def by_label(call: str, obj: xr.DataArray | xr.Dataset, f: Fields, key: Any,
     if isinstance(key, nearest):
         key, method = key.indexers, "nearest"
     if not isinstance(key, Mapping):
-        raise XStencilError(
-            f"{call}: m.loc[{key!r:.60}]: select with a dict of labels such as {{'x': 0.0}} or "
-            f"{{'x': slice(1.5, None)}}"
-        )
+        raise bad_key(call, f, key, loc=True)
     key, out = _levels(call, key, indexes, f.dims, method)
     _check_dims(call, f, key, loc=True)
     for d, sel in key.items():

@@ -13,6 +13,7 @@ import xarray as xr
 from xstencil._backends.jobs import HIDDEN
 from xstencil._engine.coords import coord_values, numeric_coord, read_coord
 from xstencil._labelled.grid import Grid
+from xstencil._labelled.grid_window import UNSORTED
 
 __all__ = ["EDGE", "HIDDEN", "POS", "translate"]
 
@@ -123,13 +124,19 @@ def _coord(ds: xr.Dataset, g: Grid, name: str) -> xr.Variable | None:
 
 def _period(a: str, dims: Mapping[str, str], ds: xr.Dataset, g: Grid,
             uperiod: Mapping[str, Any]) -> float | None:
-    if a in uperiod:
-        return float(uperiod[a])
+    """Axis ``a``'s period, signed as its centre coordinate runs (negative for
+    descending labels); :data:`UNSORTED` where that coordinate rises and
+    falls (a rolled longitude), which a coordinate read refuses."""
     cv = _coord(ds, g, dims["center"])
-    if cv is None or cv.ndim != 1 or cv.dtype.kind not in "iuf" or cv.size < 2:
+    x = None if cv is None or cv.ndim != 1 or cv.dtype.kind not in "iuf" or cv.size < 2 \
+        else np.asarray(cv.values, np.float64)
+    d = None if x is None else np.diff(x)
+    if d is not None and (d > 0).any() and (d < 0).any():
+        return UNSORTED
+    if a in uperiod:
+        return float(uperiod[a]) * (-1.0 if x is not None and x[-1] < x[0] else 1.0)
+    if x is None or d is None:
         return None
-    x = np.asarray(cv.values, np.float64)
-    d = np.diff(x)
     if not np.allclose(d, d[0], rtol=1e-6, atol=0):
         return None
     return float(len(x) * d[0])
