@@ -173,3 +173,37 @@ def test_dataset_fields_and_dask_blocks(spy):
     lazy = ds.chunk({"y": 18}).stencil.map(kern, window={"y": 9, "x": 9}, boundary="periodic")
     np.testing.assert_allclose(lazy.compute().values, ref, rtol=1e-5, atol=1e-3)
     assert any(spy)
+
+
+def test_a_full_sum_is_cut_whole(monkeypatch):
+    """``u() - (u * g).sum()`` is linear, but cut there it would be one
+    window of 81 weights; the Gaussian sum is cut whole and stays separable
+    passes, the difference taken point by point.  (The weights are built in
+    the kernel, so they are constants: weights closed over are inputs of the
+    program, which are never separated.)"""
+    from xstencil._engine import dense
+
+    hows: list[str] = []
+    original = dense.correlate
+
+    def recording(p, w, steps, counts, how):
+        hows.append(how)
+        return original(p, w, steps, counts, how)
+
+    monkeypatch.setattr(dense, "correlate", recording)
+    g = np.array([1.0, 8.0, 28.0, 56.0, 70.0, 56.0, 28.0, 8.0, 1.0]) / 256  # binomial
+    gauss = np.outer(g, g).astype(np.float32)  # exact in float32: exactly rank 1
+    a = _data(np.float32, (30, 26))
+
+    table = gauss.tolist()
+
+    def unsharp(u):
+        detail = u() - (u * jnp.asarray(table, dtype=jnp.float32)).sum()
+        return u() + jnp.where(jnp.abs(detail) > 0.05, 1.5 * detail, 0.0)
+
+    out = a.stencil.map(unsharp, window={"y": 9, "x": 9}, boundary="reflect", backend="xla")
+    detail = a.values - _corr(a.values, gauss.astype(np.float64), "reflect")
+    ref = a.values + np.where(np.abs(detail) > 0.05, 1.5 * detail, 0.0)
+    assert "separable" in hows and "slices" not in hows
+    close = np.abs(np.abs(detail) - 0.05) > 1e-5  # a threshold met within rounding may tip
+    np.testing.assert_allclose(out.values[close], ref[close], rtol=1e-5, atol=1e-5)

@@ -65,7 +65,12 @@ _ARRANGE = frozenset({"slice", "squeeze", "reshape", "transpose", "broadcast_in_
 #: Rearrangements whose operands after the first are indices (free of the window).
 _INDEXED = frozenset({"gather", "dynamic_slice"})
 
-_FREE, _LINEAR, _OTHER = 0, 1, 2
+#: Sums of the window: a scalar made by one of these is computed densely whole.
+_TOTALS = frozenset({"reduce_sum", "dot_general"})
+
+#: Kinds of values: free of the window, linear in it, a full sum of it (a
+#: cut value that later equations read as given), anything else.
+_FREE, _LINEAR, _OTHER, _SUM = 0, 1, 2, 3
 
 
 def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
@@ -149,10 +154,13 @@ def _kind(eqn: Any, kinds: list[int]) -> int:
 
 
 def cuts(closed: Any, n_cells: int) -> tuple[list[Any], dict[Any, int]] | None:
-    """The values of ``closed`` (flat, :func:`_flat`) that are linear in the
-    first ``n_cells`` inputs and enter a non-linear equation or are outputs,
-    in program order, and every value's kind; ``None`` where no equation is
-    non-linear in them."""
+    """The values of ``closed`` (flat, :func:`_flat`) to compute densely, in
+    program order, and every value's kind; ``None`` where no equation is
+    non-linear in the window.  Those values are the full sums of the window
+    (a ``reduce_sum`` or ``dot_general`` to a scalar: kept whole, so that a
+    Gaussian stays separable in ``u() - (u * g).sum()``), and the other
+    values linear in the first ``n_cells`` inputs that enter a non-linear
+    equation or are outputs."""
     jaxpr = closed.jaxpr
     kind: dict[Any, int] = {v: _LINEAR for v in jaxpr.invars[:n_cells]}
     cut: dict[Any, None] = {}
@@ -160,10 +168,13 @@ def cuts(closed: Any, n_cells: int) -> tuple[list[Any], dict[Any, int]] | None:
     for eqn in jaxpr.eqns:
         ins = [kind.get(v, _FREE) if not isinstance(v, jcore.Literal) else _FREE
                for v in eqn.invars]
-        k = _kind(eqn, ins)
-        if k == _OTHER and _LINEAR in ins:
+        k = _kind(eqn, [_OTHER if i == _SUM else i for i in ins])
+        if k == _OTHER and (_LINEAR in ins or _SUM in ins):
             other = True
             cut.update((v, None) for v, i in zip(eqn.invars, ins, strict=True) if i == _LINEAR)
+        elif k == _LINEAR and eqn.primitive.name in _TOTALS and eqn.outvars[0].aval.shape == ():
+            k = _SUM
+            cut[eqn.outvars[0]] = None
         for v in eqn.outvars:
             kind[v] = k
     if not other:
@@ -267,7 +278,8 @@ def _apply(flat: Any, n: int, kind: dict[Any, int], wide: Sequence[Any], rest: S
         # a window input is read past the cut only where it is a cut value itself
         args = [at.get(v) for v in jaxpr.invars[:n]] + list(dvals)
         env = _eval(jaxpr, flat.consts, args, env=at,
-                    skip=lambda e: kind.get(e.outvars[0]) == _LINEAR if e.outvars else True)
+                    skip=lambda e: kind.get(e.outvars[0]) in (_LINEAR, _SUM)
+                    if e.outvars else True)
         return [v.val if isinstance(v, jcore.Literal) else env[v] for v in jaxpr.outvars]
 
     fn = point
