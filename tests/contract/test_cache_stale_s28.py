@@ -1,0 +1,165 @@
+"""Stale results found in session 28 (a helper's pass over the compile cache).
+
+Each test calls the public API twice around an in-place change that plain
+Python or numpy would see, and compares the second result with a fresh numpy
+reference.  With JAX's x64 flag off, JAX keeps its 32-bit copy of a float64
+numpy array by the array object for as long as an old trace holds it; the
+garbage collector is held off between the calls (:func:`_no_gc`) so that the
+old copy is reliably alive, as it is in a long session.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import xarray as xr
+
+import xstencil
+
+D = xr.DataArray(np.arange(4, dtype=np.float32), dims="x")
+BASE = D.values.astype(np.float64)
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # float64 narrowed: said once, not the subject here
+        yield
+
+
+def _no_gc(run: Callable[[], Any], change: Callable[[], Any]) -> tuple[Any, Any]:
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        first = np.asarray(run(), dtype=np.float64)
+        change()
+        return first, np.asarray(run(), dtype=np.float64)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _check(run: Callable[[], Any], change: Callable[[], Any], factor: float = 3.0) -> None:
+    first, second = _no_gc(run, change)
+    np.testing.assert_allclose(first, BASE)
+    np.testing.assert_allclose(second, factor * BASE)
+
+
+def _w(dtype: Any = np.float64) -> np.ndarray:
+    return np.array([1.0, 0.0], dtype=dtype)
+
+
+class Box:
+    pass
+
+
+class Model:
+    def __init__(self) -> None:
+        self.params = Box()
+        self.params.w = _w()
+
+    def kernel(self, u):
+        return u() * jnp.sum(self.params.w)
+
+    def __call__(self, u):
+        return u() * jnp.sum(self.params.w)
+
+
+def _map(k):
+    return lambda: D.stencil.map(k, boundary="extend").values
+
+
+def _scan(k):
+    return lambda: D.stencil.scan(lambda u: u(time=-1) * k(), "time", steps=1,
+                                  save_every="last", boundary="extend").values
+
+
+def _step(k):
+    return lambda: D.stencil.scan(None, "time", step=lambda s: s * k(), steps=1,
+                                  save_every="last").values
+
+
+def _iterate(k):
+    return lambda: xstencil.iterate(D, lambda u: u() * k(), tol=None, max_steps=1,
+                                    boundary="extend").field.values
+
+
+@pytest.mark.parametrize("how", ["bound", "instance"])
+def test_an_attribute_of_an_attribute_of_self(how):
+    m = Model()
+    held = m.params.w
+    _check(_map(m.kernel if how == "bound" else m), lambda: m.params.w.__setitem__(0, 3.0))
+    assert m.params.w is held  # the view was only lent for the trace
+
+
+@pytest.mark.parametrize("path", [_map, _scan, _step, _iterate])
+def test_an_attribute_of_an_attribute_closed_over(path):
+    cfg = Box()
+    cfg.inner = Box()
+    cfg.inner.w = _w()
+    run = path(lambda u=None: (u() if u is not None else 1.0) * jnp.sum(cfg.inner.w)) \
+        if path is _map else path(lambda: jnp.sum(cfg.inner.w))
+    _check(run, lambda: cfg.inner.w.__setitem__(0, 3.0))
+
+
+class _Pair(NamedTuple):
+    w: np.ndarray
+    n: int
+
+
+class Slotted:
+    __slots__ = ("w",)
+
+    def __init__(self) -> None:
+        self.w = _w()
+
+
+def _kernels() -> dict[str, tuple[Any, Callable[[Any], np.ndarray], Callable[..., Any]]]:
+    """Per holder: the object, how to reach its array, a kernel naming the path."""
+    o = Box()
+    o.d, o.ls, o.t, o.nt = {"w": _w()}, [_w()], (_w(),), _Pair(_w(), 2)
+    s = Slotted()
+    return {"dict": (o, lambda o: o.d["w"], lambda u: u() * jnp.sum(o.d["w"])),
+            "list": (o, lambda o: o.ls[0], lambda u: u() * jnp.sum(o.ls[0])),
+            "tuple": (o, lambda o: o.t[0], lambda u: u() * jnp.sum(o.t[0])),
+            "namedtuple": (o, lambda o: o.nt.w, lambda u: u() * jnp.sum(o.nt.w)),
+            "slots": (s, lambda o: o.w, lambda u: u() * jnp.sum(s.w))}
+
+
+@pytest.mark.parametrize("where", ["dict", "list", "tuple", "namedtuple", "slots"])
+def test_arrays_in_containers_held_by_an_attribute(where):
+    o, get, kernel = _kernels()[where]
+    _check(_map(kernel), lambda: get(o).__setitem__(0, 3.0))
+    assert isinstance(get(o), np.ndarray) and get(o).base is None  # put back
+
+
+class Table:
+    w = _w()
+    d = {"w": _w()}
+
+
+@pytest.mark.parametrize("where", ["attribute", "dict"])
+def test_a_class_attribute(where):
+    get = (lambda: Table.w) if where == "attribute" else (lambda: Table.d["w"])
+    _check(_map(lambda u: u() * jnp.sum(get())), lambda: get().__setitem__(0, 3.0))
+    assert get().base is None
+
+
+@pytest.mark.parametrize("read", ["values", "data"])
+def test_a_float64_dataarray_changed_through_values(read):
+    coef = xr.DataArray(_w(), dims="k")
+    held = coef.values
+    _check(_map(lambda u: u() * jnp.sum(getattr(coef, read))),
+           lambda: coef.values.__setitem__(0, 3.0))
+    assert coef.values is held
+
+
+def test_a_float64_dataset_variable_in_a_step_function():
+    ds = xr.Dataset({"w": ("k", _w())})
+    _check(_step(lambda: jnp.sum(ds["w"].values)), lambda: ds["w"].values.__setitem__(0, 3.0))
