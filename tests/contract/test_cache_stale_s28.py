@@ -163,3 +163,55 @@ def test_a_float64_dataarray_changed_through_values(read):
 def test_a_float64_dataset_variable_in_a_step_function():
     ds = xr.Dataset({"w": ("k", _w())})
     _check(_step(lambda: jnp.sum(ds["w"].values)), lambda: ds["w"].values.__setitem__(0, 3.0))
+
+
+# -- a second pass (session 28, continued) -----------------------------------------------
+
+F = xr.DataArray(np.arange(12, dtype=np.float32).reshape(3, 4), dims=("y", "x"))
+
+
+def _diff(c: float) -> np.ndarray:
+    v = F.values.astype(np.float64)
+    return c * (np.concatenate([v[:, 1:], v[:, -1:]], 1) - v)
+
+
+class Stepper:
+    def __init__(self, c: float) -> None:
+        self.c = c
+
+    def k(self, u):
+        return self.c * (u(x=1) - u())
+
+
+def _scaled_diff(u, c):
+    return c * (u(x=1) - u())
+
+
+def test_an_inline_bound_method_compiles_once():
+    from tests.compiles import compiles
+
+    m = Stepper(0.5)
+    F.stencil.map(m.k, boundary="extend")  # m.k is a new object at each access
+    with compiles() as n:
+        got = F.stencil.map(m.k, boundary="extend").values
+    assert n["compiles"] == 0, n
+    np.testing.assert_allclose(got, _diff(0.5))
+    m.c = 3.0  # still seen
+    np.testing.assert_allclose(F.stencil.map(m.k, boundary="extend").values, _diff(3.0))
+    other = Stepper(2.0)  # the same function, another object: its own numbers
+    np.testing.assert_allclose(F.stencil.map(other.k, boundary="extend").values, _diff(2.0))
+
+
+def test_an_inline_partial_compiles_once():
+    import functools
+
+    from tests.compiles import compiles
+
+    F.stencil.map(functools.partial(_scaled_diff, c=0.5), boundary="extend")
+    with compiles() as n:
+        got = F.stencil.map(functools.partial(_scaled_diff, c=0.5), boundary="extend").values
+    assert n["compiles"] == 0, n
+    np.testing.assert_allclose(got, _diff(0.5))
+    np.testing.assert_allclose(
+        F.stencil.map(functools.partial(_scaled_diff, c=3.0), boundary="extend").values,
+        _diff(3.0))

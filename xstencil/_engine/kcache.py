@@ -39,7 +39,9 @@ among those, recursively):
   user class with a ``__call__`` method is keyed by identity and by the
   attributes its class's methods name, by value (``k.nu = 0.1`` is seen);
   so are a bound method (``model.step``: the attributes its code names) and
-  a ``functools.partial`` (its function and arguments), arrays by content.
+  a ``functools.partial`` (its function and arguments), arrays by content,
+  but by their function and object, not their own identity: ``map(m.k)``
+  makes a new bound method each call, and reuses the compiled code.
 * Arrays reached through an attribute or a bound method are keyed by
   identity and content, not lifted: the kernel's rebuilt copy calls the
   attribute itself, so it would not read a lifted stand-in.

@@ -548,4 +548,17 @@ def _wrapped(w: Walk, k: types.MethodType | functools.partial) -> Hashable:
         return uncached(k)
     finally:
         w.fixed -= 1
-    return ("callable", Identity(k), key)
+    return ("callable", _who(k), key)
+
+
+def _who(k: types.MethodType | functools.partial) -> Hashable:
+    """Whose code a bound method or a partial is: a bound method by its
+    function and its object (``m.k`` is a new object at each access: keyed by
+    identity, an inline ``map(m.k)`` compiled on every call); an exact
+    ``functools.partial`` by its function (its arguments are in the key by
+    value, arrays and objects by identity); a subclass by identity."""
+    if isinstance(k, types.MethodType):
+        return ("bound", Identity(k.__func__), Identity(k.__self__))
+    if type(k) is functools.partial:
+        return ("partial", Identity(k.func))
+    return Identity(k)
