@@ -10,6 +10,7 @@ old copy is reliably alive, as it is in a long session.
 
 from __future__ import annotations
 
+import functools
 import gc
 import warnings
 from collections.abc import Callable
@@ -203,8 +204,6 @@ def test_an_inline_bound_method_compiles_once():
 
 
 def test_an_inline_partial_compiles_once():
-    import functools
-
     from tests.compiles import compiles
 
     F.stencil.map(functools.partial(_scaled_diff, c=0.5), boundary="extend")
@@ -215,3 +214,54 @@ def test_an_inline_partial_compiles_once():
     np.testing.assert_allclose(
         F.stencil.map(functools.partial(_scaled_diff, c=3.0), boundary="extend").values,
         _diff(3.0))
+
+
+def _get_alpha(o):
+    return o.alpha
+
+
+def _get_w(o):
+    return o.w
+
+
+class Scaler:
+    def times(self, o, u):
+        return u() * o.alpha
+
+
+class Holds:
+    def __init__(self, p: Any) -> None:
+        self.p = p
+
+    def k(self, u):
+        return u() * _get_alpha(self.p)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float64])
+@pytest.mark.parametrize("how", ["helper", "getattr", "method_of_another", "partial", "bound"])
+def test_an_attribute_read_by_a_helper_given_the_object(how, dtype):
+    """``get_alpha(p)`` reads ``p.alpha`` in the helper, a name the kernel's
+    code lacks: the kernel was keyed without it."""
+    data = F.astype(dtype)
+    p = Box()
+    p.alpha = dtype(1)
+    s = Scaler()
+    kernel = {"helper": lambda u: u() * _get_alpha(p),
+              "getattr": lambda u: u() * getattr(p, "alpha"),  # noqa: B009 - the case
+              "method_of_another": lambda u: s.times(p, u),
+              "partial": functools.partial(lambda u, o: u() * _get_alpha(o), o=p),
+              "bound": Holds(p).k}[how]  # a helper given an attribute of self
+    first = np.asarray(data.stencil.map(kernel, boundary="extend").values)
+    p.alpha = dtype(3)
+    second = np.asarray(data.stencil.map(kernel, boundary="extend").values)
+    np.testing.assert_array_equal(first, data.values)
+    np.testing.assert_array_equal(second, 3 * data.values)
+
+
+def test_an_array_attribute_read_by_a_helper():
+    p = Box()
+    p.w = np.array([1.0, 0.0], dtype=np.float32)
+    k = lambda u: u() * jnp.sum(_get_w(p))  # noqa: E731
+    np.testing.assert_allclose(F.stencil.map(k, boundary="extend").values, F.values)
+    p.w[0] = 3.0
+    np.testing.assert_allclose(F.stencil.map(k, boundary="extend").values, 3 * F.values)

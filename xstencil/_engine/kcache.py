@@ -24,9 +24,10 @@ among those, recursively):
 * **Plain functions** (helpers) found there are walked the same way, so a
   helper reading a changed global is seen.
 * **Modules, classes and other objects** are part of the key by identity, and
-  the attributes the kernel's code names (``Cfg.nu``, ``config.NU``) are
-  read without running descriptors and keyed by value (arrays read this way
-  are keyed by identity and content).  Library modules, functions and classes
+  the attributes that any code the walk reaches names (``Cfg.nu``,
+  ``config.NU``; ``o.alpha`` in a helper given ``o``; the string constants,
+  for ``getattr(o, "alpha")``) are read without running descriptors and
+  keyed by value (arrays read this way are keyed by identity and content).  Library modules, functions and classes
   (numpy, jax, the standard library...) are constants.
 * What cannot be seen (a library's descriptor, an unhashable library
   object, a callable that is not a plain function) makes the kernel
@@ -141,7 +142,7 @@ def _describe(kernels: Sequence[Any]) -> Lifted:
         w.opaque = False
         w.budget = BUDGET
         try:
-            key, _ = w.function(k)
+            key = w.late(w.function(k)[0])
         except (Opaque, TypeError, RecursionError):
             del w.leaves[start:]
             key = uncached(k)

@@ -119,6 +119,17 @@ def code_names(code: types.CodeType) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+@functools.lru_cache(maxsize=1024)
+def _strings(code: types.CodeType) -> tuple[str, ...]:
+    """The identifier-like string constants of ``code`` and the code nested
+    in it: attribute names read by ``getattr(o, "alpha")``."""
+    out = {c for c in code.co_consts if type(c) is str and c.isidentifier()}
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out.update(_strings(c))
+    return tuple(sorted(out))
+
+
 @functools.lru_cache(maxsize=4096)
 def is_library(module: str | None) -> bool:
     return module is not None and module.partition(".")[0] in _LIBRARIES
@@ -163,6 +174,10 @@ class Walk:
         # by identity and content rather than lifted (a lifted one would be baked in)
         self.fixed = 0
         self.containers: list[tuple[Any, tuple[Any, ...]]] = []  # lists/dicts, their items
+        # every name the code walked reads (attributes, globals, identifier-like
+        # strings), and each object walked with the names its attributes were read for
+        self.names: set[str] = set()
+        self.objs: list[tuple[Any, set[str]]] = []
 
     def value(self, v: Any, names: tuple[str, ...], lift: bool = True) -> tuple[Hashable, Any]:
         self.budget -= 1
@@ -343,11 +358,19 @@ class Walk:
         self.seen[id(v)] = len(self.seen)
         # the attributes its own methods read too: ``lambda u: model.step(u)``
         # reads ``model.c`` inside ``step``, a name the lambda's code lacks
-        names = tuple(sorted(set(names) | _method_names(v if isinstance(v, type) else type(v))))
+        own = set(names) | _method_names(v if isinstance(v, type) else type(v))
+        names = tuple(sorted(own))
+        self.names.update(own)
+        self.objs.append((v, own))
+        return ("obj", Identity(v), self.read(v, names, names))
+
+    def read(self, v: Any, which: Any, names: tuple[str, ...]) -> tuple[Hashable, ...]:
+        """The attributes ``which`` of ``v`` that are there, by value (no
+        descriptor runs; one that cannot be seen makes the kernel opaque)."""
         attrs = []
         self.fixed += 1
         try:
-            for n in names:
+            for n in which:
                 found, a = _static_attr(v, n)
                 if found is None:
                     self.opaque = True
@@ -355,7 +378,27 @@ class Walk:
                     attrs.append((n, self.value(a, names, lift=False)[0]))
         finally:
             self.fixed -= 1
-        return ("obj", Identity(v), tuple(attrs))
+        return tuple(attrs)
+
+    def late(self, key: Hashable) -> Hashable:
+        """``key``, with the attributes of the objects walked that code walked
+        elsewhere names (``get_alpha(p)`` reads ``p.alpha`` inside the helper,
+        a name the kernel's code lacks; ``getattr(p, "alpha")``; a name read
+        by another object's method), until no walked object misses one."""
+        tail = []
+        grown = True
+        while grown:
+            grown = False
+            for i, (v, own) in enumerate(list(self.objs)):
+                missing = self.names - own
+                if not missing:
+                    continue
+                grown = True
+                own |= missing
+                got = self.read(v, sorted(missing), tuple(sorted(self.names)))
+                if got:
+                    tail.append((i, got))
+        return (key, ("late", tuple(tail))) if tail else key
 
     def function(self, fn: types.FunctionType) -> tuple[Hashable, Any]:
         if id(fn) in self.seen:
@@ -363,6 +406,8 @@ class Walk:
         self.seen[id(fn)] = len(self.seen)
         code = fn.__code__
         names = code_names(code)
+        self.names.update(names)
+        self.names.update(_strings(code))
         g = fn.__globals__
         try:
             cells = [c.cell_contents for c in fn.__closure__ or ()]
@@ -520,7 +565,7 @@ def instance_key(w: Walk, k: Any) -> Hashable:
     w.opaque = False
     w.budget = BUDGET
     try:
-        key = w.value(types.MethodType(call, k), tuple(names), lift=False)[0]
+        key = w.late(w.value(types.MethodType(call, k), tuple(names), lift=False)[0])
     except (Opaque, TypeError, RecursionError):
         return uncached(k)
     return ("callable", Identity(k), key)
@@ -544,6 +589,7 @@ def _wrapped(w: Walk, k: types.MethodType | functools.partial) -> Hashable:
             key = ("partial", w.value(fn, names, lift=False)[0],
                    w.value(k.args, names, lift=False)[0],
                    w.value(dict(k.keywords), names, lift=False)[0])
+        key = w.late(key)
     except (Opaque, TypeError, RecursionError):
         return uncached(k)
     finally:
