@@ -27,8 +27,9 @@ among those, recursively):
   the attributes that any code the walk reaches names (``Cfg.nu``,
   ``config.NU``; ``o.alpha`` in a helper given ``o``; the string constants,
   for ``getattr(o, "alpha")``) are read without running descriptors and
-  keyed by value (arrays read this way are keyed by identity and content).  Library modules, functions and classes
-  (numpy, jax, the standard library...) are constants.
+  keyed by value (arrays read this way are keyed by identity and content).
+  Library modules, functions and classes (numpy, jax, the standard
+  library...) are constants.
 * What cannot be seen (a library's descriptor, an unhashable library
   object, a callable that is not a plain function) makes the kernel
   *opaque*: its key then holds the kernel object itself, so no other kernel
