@@ -265,3 +265,20 @@ def test_an_array_attribute_read_by_a_helper():
     np.testing.assert_allclose(F.stencil.map(k, boundary="extend").values, F.values)
     p.w[0] = 3.0
     np.testing.assert_allclose(F.stencil.map(k, boundary="extend").values, 3 * F.values)
+
+
+@pytest.mark.parametrize("kind", ["matrix", "array"])
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "bsr", "dia", "lil", "dok"])
+@pytest.mark.parametrize("read", ["sum", "toarray"])
+def test_a_scipy_sparse_matrix_changed_in_place(fmt, kind, read):
+    sparse = pytest.importorskip("scipy.sparse")
+    M = getattr(sparse, f"{fmt}_{kind}")(np.array([[1, 0], [0, 0]], dtype=np.float32))
+    k = (lambda u: u() * M.sum()) if read == "sum" else (lambda u: u() * M.toarray()[0, 0])
+
+    def change():
+        if fmt in ("lil", "dok"):
+            M[0, 0] = 3.0
+        else:
+            M.data[...] *= 3.0
+
+    _check(_map(k), change)

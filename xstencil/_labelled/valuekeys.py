@@ -13,11 +13,13 @@ equal object reuses the compiled code and a changed one compiles again.
 A value whose content cannot be read without running something is not
 keyed here: a tracer (it cannot change), or data of another array type.
 dask-backed data is keyed by the dask array's name, which changes whenever
-its content could.
+its content could.  A scipy.sparse matrix or array is keyed by the arrays it
+stores (``M.data[:] = 3`` was stale: it was keyed by identity).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -28,7 +30,7 @@ import xarray as xr
 
 from xstencil._engine.kwalk import VALUE_KEYS, digest
 
-__all__ = ["content_key"]
+__all__ = ["content_key", "sparse_key"]
 
 
 class _Unreadable(Exception):
@@ -75,6 +77,30 @@ def _coords(obj: xr.DataArray | xr.Dataset) -> Hashable:
     return tuple((repr(n), _variable(c.variable)) for n, c in obj.coords.items())
 
 
+def _sparse_part(x: Any) -> Hashable:
+    if isinstance(x, np.ndarray):
+        return digest(x)
+    if isinstance(x, tuple):  # a COO matrix's coords
+        return tuple(_sparse_part(y) for y in x)
+    if isinstance(x, dict):  # a DOK matrix's entries
+        return ("dict", tuple(sorted((repr(k), repr(y)) for k, y in x.items())))
+    return repr(x)
+
+
+def sparse_key(v: Any) -> Hashable | None:
+    """A scipy.sparse matrix or array by content: its format, shape, dtype and
+    the arrays it stores (``data``, ``indices``, ``indptr``, ``coords``,
+    ``offsets``, a LIL's rows, a DOK's entries), so that ``M.data[:] = 3``
+    between two calls is seen.  scipy is found among the loaded modules (a
+    sparse matrix exists only once scipy.sparse is)."""
+    sparse = sys.modules.get("scipy.sparse")
+    if sparse is None or not sparse.issparse(v):
+        return None
+    held = vars(v) if isinstance(getattr(v, "__dict__", None), dict) else {}
+    return ("sparse", v.format, tuple(v.shape), str(v.dtype),
+            tuple((k, _sparse_part(x)) for k, x in sorted(held.items())))
+
+
 def content_key(v: Any) -> Hashable | None:
     """``v`` by content, or ``None`` for a value this module does not key."""
     try:
@@ -94,6 +120,7 @@ def content_key(v: Any) -> Hashable | None:
         if isinstance(v, pd.DataFrame):
             return ("DataFrame", content_key(v.index), content_key(v.columns),
                     tuple(content_key(v[c]) for c in v.columns))
+        return sparse_key(v)
     except _Unreadable:
         return None
     return None
