@@ -282,3 +282,30 @@ def test_a_scipy_sparse_matrix_changed_in_place(fmt, kind, read):
             M.data[...] *= 3.0
 
     _check(_map(k), change)
+
+
+_G = {"w": np.array([1.0, 0.0], dtype=np.float32)}
+
+
+@functools.lru_cache
+def _cached_w():
+    return _G["w"]
+
+
+@functools.cache
+def _cached_scale(n):
+    return _G["w"][0] * n
+
+
+@pytest.mark.parametrize("helper", ["array", "scalar"])
+def test_an_lru_cache_helper_returning_a_global_array(helper):
+    """The helper's cache returns the array itself (or, for the scalar one,
+    a value computed from it), so it reads the array changed in place; the
+    kernel was keyed by the wrapper's identity only."""
+    _G["w"][0] = 1.0
+    k = (lambda u: u() * jnp.sum(_cached_w())) if helper == "array" else \
+        (lambda u: u() * _cached_scale(2.0) / 2.0)
+    for factor in (1.0, 3.0, 5.0):  # three calls: the memo of a kernel seen again too
+        _G["w"][0] = factor
+        _cached_scale.cache_clear()  # Python's own cache: cleared, as a caller would
+        np.testing.assert_allclose(F.stencil.map(k, boundary="extend").values, factor * F.values)

@@ -52,6 +52,7 @@ BUDGET = 2000  # values visited per kernel before it is keyed as uncached (see u
 #: baked into the compiled code, so a key by content is what makes reuse safe.
 VALUE_KEYS: list[Any] = []
 _ATOMS = frozenset({type(None), str, int, bool})  # keyed as they are by freeze()
+_LRU = functools._lru_cache_wrapper  # functools.lru_cache and functools.cache
 
 
 def freeze_each(values: Sequence[Any]) -> tuple[Hashable, ...]:
@@ -335,6 +336,15 @@ class Walk:
         """Identity, plus the attributes named in the code, for anything else."""
         mod = v.__name__ if isinstance(v, types.ModuleType) else getattr(
             v if isinstance(v, type) else type(v), "__module__", None)
+        if isinstance(v, _LRU) and type(v.__wrapped__) is types.FunctionType:
+            # a functools.lru_cache helper: by what the function it wraps reads
+            # (what its cache returns is Python's to say: an array it holds is
+            # the array itself, read afresh, changed in place or not)
+            self.fixed += 1
+            try:
+                return ("lru", Identity(v), self.value(v.__wrapped__, names, lift=False)[0])
+            finally:
+                self.fixed -= 1
         if callable(v) and not isinstance(v, type) and is_library(mod) or \
                 isinstance(v, types.BuiltinFunctionType):
             return ("id", Identity(v))
