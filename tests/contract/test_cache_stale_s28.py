@@ -309,3 +309,27 @@ def test_an_lru_cache_helper_returning_a_global_array(helper):
         _G["w"][0] = factor
         _cached_scale.cache_clear()  # Python's own cache: cleared, as a caller would
         np.testing.assert_allclose(F.stencil.map(k, boundary="extend").values, factor * F.values)
+
+
+@pytest.mark.parametrize("wrap", ["dataarray", "bare"])
+def test_a_dask_array_read_from_a_store_rewritten_in_place(tmp_path, wrap):
+    """dask reads its sources again on every compute; keyed by the graph's
+    name, a zarr store rewritten in place gave the old numbers back."""
+    da = pytest.importorskip("dask.array")
+    zarr = pytest.importorskip("zarr")
+    from tests.compiles import compiles
+
+    path = str(tmp_path / "c.zarr")
+    z = zarr.open(path, mode="w", shape=(4,), chunks=(2,), dtype="f4")
+    z[:] = [1.0, 0.0, 0.0, 0.0]
+    lazy = da.from_zarr(path)
+    C = xr.DataArray(lazy, dims="k") if wrap == "dataarray" else lazy
+    k = (lambda u: u() * C.values.sum()) if wrap == "dataarray" else \
+        (lambda u: u() * C.sum().compute())
+    np.testing.assert_allclose(F.stencil.map(k, boundary="extend").values, F.values)
+    with compiles() as n:  # unchanged: the compiled code is reused
+        F.stencil.map(k, boundary="extend")
+    assert n["compiles"] == 0, n
+    zarr.open(path, mode="r+")[:] = [3.0, 0.0, 0.0, 0.0]
+    assert float(lazy.sum()) == 3.0  # what dask itself says now
+    np.testing.assert_allclose(F.stencil.map(k, boundary="extend").values, 3 * F.values)

@@ -12,8 +12,10 @@ equal object reuses the compiled code and a changed one compiles again.
 
 A value whose content cannot be read without running something is not
 keyed here: a tracer (it cannot change), or data of another array type.
-dask-backed data is keyed by the dask array's name, which changes whenever
-its content could.  A scipy.sparse matrix or array is keyed by the arrays it
+dask-backed data (and a bare dask array) is keyed by its computed content:
+dask reads its sources again on every compute, so a store rewritten in place
+gives new numbers under the same graph name (keyed by that name, the old
+ones came back).  A scipy.sparse matrix or array is keyed by the arrays it
 stores (``M.data[:] = 3`` was stale: it was keyed by identity).
 """
 
@@ -46,10 +48,24 @@ def _data(a: Any) -> Hashable:
         raise _Unreadable
     if isinstance(a, jax.Array):
         return digest(np.asarray(a))
-    name = getattr(a, "name", None)
-    if type(a).__module__.startswith("dask.") and isinstance(name, str):
-        return ("dask", name, tuple(a.shape), str(a.dtype))
+    if _is_dask(a):
+        return _dask(a)
     raise _Unreadable
+
+
+def _is_dask(a: Any) -> bool:
+    return type(a).__module__.startswith("dask.") and hasattr(a, "to_delayed")
+
+
+def _dask(a: Any) -> Hashable:
+    """A dask array by its computed content, block by block (never the whole
+    array in memory), in the calling thread: dask reads its sources afresh on
+    every compute (a zarr store rewritten in place, a numpy array changed
+    under ``from_array``), and the same graph name can then hold new numbers."""
+    dask = sys.modules["dask"]
+    blocks = a.to_delayed().ravel()
+    parts = dask.compute(*[dask.delayed(digest)(b) for b in blocks], scheduler="sync")
+    return ("dask", tuple(a.shape), str(a.dtype), tuple(map(tuple, a.chunks)), tuple(parts))
 
 
 def _value(v: Any) -> Hashable:
@@ -120,6 +136,8 @@ def content_key(v: Any) -> Hashable | None:
         if isinstance(v, pd.DataFrame):
             return ("DataFrame", content_key(v.index), content_key(v.columns),
                     tuple(content_key(v[c]) for c in v.columns))
+        if _is_dask(v):  # a bare dask array
+            return ("dask array", _dask(v))
         return sparse_key(v)
     except _Unreadable:
         return None
