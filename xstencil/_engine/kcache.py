@@ -77,6 +77,7 @@ from xstencil._engine.kwalk import (
     instance_key,
     is_array,
     is_library,
+    read_names,
     uncached,
 )
 from xstencil._engine.x64flag import x64
@@ -229,6 +230,7 @@ def clear() -> None:
         _SINKS.clear()
     _MEMO.clear()
     code_names.cache_clear()
+    read_names.cache_clear()
 
 
 # -- the per-owner API of the sharded backends ------------------------------------------

@@ -30,8 +30,9 @@ import numpy as np
 from xstencil._engine.call import native
 from xstencil._errors import CompileWarning
 
-__all__ = ["freeze", "Identity", "Opaque", "Walk", "code_names", "is_library", "is_array",
-           "instance_key", "uncached", "BUDGET", "SINKS", "LOCK", "VALUE_KEYS", "digest"]
+__all__ = ["freeze", "Identity", "Opaque", "Walk", "code_names", "read_names", "is_library",
+           "is_array", "instance_key", "uncached", "BUDGET", "SINKS", "LOCK", "VALUE_KEYS",
+           "digest"]
 
 #: Lists and dicts a trace wrote to, by id: keyed by identity from then on
 #: (:func:`xstencil._engine.kcache.settle` adds them, under :data:`LOCK`).
@@ -121,14 +122,17 @@ def code_names(code: types.CodeType) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _strings(code: types.CodeType) -> tuple[str, ...]:
-    """The identifier-like string constants of ``code`` and the code nested
-    in it: attribute names read by ``getattr(o, "alpha")``."""
-    out = {c for c in code.co_consts if type(c) is str and c.isidentifier()}
+def read_names(code: types.CodeType) -> frozenset[str]:
+    """:func:`code_names` and the identifier-like string constants of
+    ``code`` and the code nested in it (``getattr(o, "alpha")``): the
+    attributes ``code`` may read of an object it is given."""
+    out = set(code_names(code))
     for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            out.update(_strings(c))
-    return tuple(sorted(out))
+        if type(c) is str and c.isidentifier():
+            out.add(c)
+        elif isinstance(c, types.CodeType):
+            out |= read_names(c)
+    return frozenset(out)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -416,8 +420,7 @@ class Walk:
         self.seen[id(fn)] = len(self.seen)
         code = fn.__code__
         names = code_names(code)
-        self.names.update(names)
-        self.names.update(_strings(code))
+        self.names |= read_names(code)
         g = fn.__globals__
         try:
             cells = [c.cell_contents for c in fn.__closure__ or ()]
