@@ -136,9 +136,10 @@ def content_key(v: Any) -> Hashable | None:
         if isinstance(v, pd.DataFrame):
             return ("DataFrame", content_key(v.index), content_key(v.columns),
                     tuple(content_key(v[c]) for c in v.columns))
-        if _is_dask(v):  # a bare dask array
+        mod = type(v).__module__
+        if mod.startswith("dask.") and hasattr(v, "to_delayed"):  # a bare dask array
             return ("dask array", _dask(v))
-        return sparse_key(v)
+        return sparse_key(v) if mod.startswith("scipy.sparse") else None
     except _Unreadable:
         return None
     return None
