@@ -24,6 +24,7 @@ from xstencil._errors import KernelError as KernelError
 from xstencil._errors import LabelError as LabelError
 from xstencil._errors import WindowIndexError as WindowIndexError
 from xstencil._errors import XStencilError as XStencilError
+from xstencil._labelled import lenders as _lenders  # noqa: F401 - registers xarray lenders
 from xstencil._labelled import pytree as _pytree
 from xstencil._labelled import valuekeys as _valuekeys  # noqa: F401 - registers content keys
 from xstencil._labelled.dispatch import sharded_hlo as sharded_hlo

@@ -192,7 +192,7 @@ def test_interleaved_lends_of_one_attribute_put_the_stored_array_back():
 
     h = Holder()
     stored = h.w
-    held = [(h, ["w"])]
+    held = [(h.__dict__, "w")]
     a, b = _swapped(held), _swapped(held)
     a.__enter__()
     b.__enter__()

@@ -24,10 +24,12 @@ among those, recursively):
 * **Plain functions** (helpers) found there are walked the same way, so a
   helper reading a changed global is seen.
 * **Modules, classes and other objects** are part of the key by identity, and
-  the attributes the kernel's code names (``Cfg.nu``, ``config.NU``) are
-  read without running descriptors and keyed by value (arrays read this way
-  are keyed by identity and content).  Library modules, functions and classes
-  (numpy, jax, the standard library...) are constants.
+  the attributes that any code the walk reaches names (``Cfg.nu``,
+  ``config.NU``; ``o.alpha`` in a helper given ``o``; the string constants,
+  for ``getattr(o, "alpha")``) are read without running descriptors and
+  keyed by value (arrays read this way are keyed by identity and content).
+  Library modules, functions and classes (numpy, jax, the standard
+  library...) are constants.
 * What cannot be seen (a library's descriptor, an unhashable library
   object, a callable that is not a plain function) makes the kernel
   *opaque*: its key then holds the kernel object itself, so no other kernel
@@ -39,7 +41,9 @@ among those, recursively):
   user class with a ``__call__`` method is keyed by identity and by the
   attributes its class's methods name, by value (``k.nu = 0.1`` is seen);
   so are a bound method (``model.step``: the attributes its code names) and
-  a ``functools.partial`` (its function and arguments), arrays by content.
+  a ``functools.partial`` (its function and arguments), arrays by content,
+  but by their function and object, not their own identity: ``map(m.k)``
+  makes a new bound method each call, and reuses the compiled code.
 * Arrays reached through an attribute or a bound method are keyed by
   identity and content, not lifted: the kernel's rebuilt copy calls the
   attribute itself, so it would not read a lifted stand-in.
@@ -74,6 +78,7 @@ from xstencil._engine.kwalk import (
     instance_key,
     is_array,
     is_library,
+    read_names,
     uncached,
 )
 from xstencil._engine.x64flag import x64
@@ -141,7 +146,7 @@ def _describe(kernels: Sequence[Any]) -> Lifted:
         w.opaque = False
         w.budget = BUDGET
         try:
-            key, _ = w.function(k)
+            key = w.late(w.function(k)[0])
         except (Opaque, TypeError, RecursionError):
             del w.leaves[start:]
             key = uncached(k)
@@ -240,6 +245,7 @@ def clear() -> None:
         _SINKS.clear()
     _MEMO.clear()
     code_names.cache_clear()
+    read_names.cache_clear()
 
 
 # -- the per-owner API of the sharded backends ------------------------------------------

@@ -45,6 +45,7 @@ _IMMUTABLE = (bool, int, str, bytes, type(None), type(Ellipsis), float, complex)
 #: A kernel whose recorded slots changed this many times (a global rebound on
 #: every step) is not recorded again: each record would be a wasted walk.
 _STRIKES = 3
+_LRU = functools._lru_cache_wrapper  # keyed by content of what it reads: never memoised
 _LIMIT = 400  # values visited when recording before a kernel is not memoised
 
 
@@ -140,7 +141,7 @@ class Memo:
                 if not self.library(v.__module__):
                     function(v)
                 return
-            if isinstance(v, types.MethodType | functools.partial):  # state that can change
+            if isinstance(v, types.MethodType | functools.partial | _LRU):  # state that can change
                 raise _Refuse
             if isinstance(v, types.BuiltinFunctionType):
                 return

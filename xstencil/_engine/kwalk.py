@@ -30,8 +30,9 @@ import numpy as np
 from xstencil._engine.call import native
 from xstencil._errors import CompileWarning
 
-__all__ = ["freeze", "Identity", "Opaque", "Walk", "code_names", "is_library", "is_array",
-           "instance_key", "uncached", "BUDGET", "SINKS", "LOCK", "VALUE_KEYS", "digest"]
+__all__ = ["freeze", "Identity", "Opaque", "Walk", "code_names", "read_names", "is_library",
+           "is_array", "instance_key", "uncached", "BUDGET", "SINKS", "LOCK", "VALUE_KEYS",
+           "digest"]
 
 #: Lists and dicts a trace wrote to, by id: keyed by identity from then on
 #: (:func:`xstencil._engine.kcache.settle` adds them, under :data:`LOCK`).
@@ -52,6 +53,7 @@ BUDGET = 2000  # values visited per kernel before it is keyed as uncached (see u
 #: baked into the compiled code, so a key by content is what makes reuse safe.
 VALUE_KEYS: list[Any] = []
 _ATOMS = frozenset({type(None), str, int, bool})  # keyed as they are by freeze()
+_LRU = functools._lru_cache_wrapper  # functools.lru_cache and functools.cache
 
 
 def freeze_each(values: Sequence[Any]) -> tuple[Hashable, ...]:
@@ -119,6 +121,20 @@ def code_names(code: types.CodeType) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+@functools.lru_cache(maxsize=1024)
+def read_names(code: types.CodeType) -> frozenset[str]:
+    """:func:`code_names` and the identifier-like string constants of
+    ``code`` and the code nested in it (``getattr(o, "alpha")``): the
+    attributes ``code`` may read of an object it is given."""
+    out = set(code_names(code))
+    for c in code.co_consts:
+        if type(c) is str and c.isidentifier():
+            out.add(c)
+        elif isinstance(c, types.CodeType):
+            out |= read_names(c)
+    return frozenset(out)
+
+
 @functools.lru_cache(maxsize=4096)
 def is_library(module: str | None) -> bool:
     return module is not None and module.partition(".")[0] in _LIBRARIES
@@ -163,6 +179,10 @@ class Walk:
         # by identity and content rather than lifted (a lifted one would be baked in)
         self.fixed = 0
         self.containers: list[tuple[Any, tuple[Any, ...]]] = []  # lists/dicts, their items
+        # every name the code walked reads (attributes, globals, identifier-like
+        # strings), and each object walked with the names its attributes were read for
+        self.names: set[str] = set()
+        self.objs: list[tuple[Any, set[str]]] = []
 
     def value(self, v: Any, names: tuple[str, ...], lift: bool = True) -> tuple[Hashable, Any]:
         self.budget -= 1
@@ -320,6 +340,15 @@ class Walk:
         """Identity, plus the attributes named in the code, for anything else."""
         mod = v.__name__ if isinstance(v, types.ModuleType) else getattr(
             v if isinstance(v, type) else type(v), "__module__", None)
+        if isinstance(v, _LRU) and type(v.__wrapped__) is types.FunctionType:
+            # a functools.lru_cache helper: by what the function it wraps reads
+            # (what its cache returns is Python's to say: an array it holds is
+            # the array itself, read afresh, changed in place or not)
+            self.fixed += 1
+            try:
+                return ("lru", Identity(v), self.value(v.__wrapped__, names, lift=False)[0])
+            finally:
+                self.fixed -= 1
         if callable(v) and not isinstance(v, type) and is_library(mod) or \
                 isinstance(v, types.BuiltinFunctionType):
             return ("id", Identity(v))
@@ -343,11 +372,19 @@ class Walk:
         self.seen[id(v)] = len(self.seen)
         # the attributes its own methods read too: ``lambda u: model.step(u)``
         # reads ``model.c`` inside ``step``, a name the lambda's code lacks
-        names = tuple(sorted(set(names) | _method_names(v if isinstance(v, type) else type(v))))
+        own = set(names) | _method_names(v if isinstance(v, type) else type(v))
+        names = tuple(sorted(own))
+        self.names.update(own)
+        self.objs.append((v, own))
+        return ("obj", Identity(v), self.read(v, names, names))
+
+    def read(self, v: Any, which: Any, names: tuple[str, ...]) -> tuple[Hashable, ...]:
+        """The attributes ``which`` of ``v`` that are there, by value (no
+        descriptor runs; one that cannot be seen makes the kernel opaque)."""
         attrs = []
         self.fixed += 1
         try:
-            for n in names:
+            for n in which:
                 found, a = _static_attr(v, n)
                 if found is None:
                     self.opaque = True
@@ -355,7 +392,27 @@ class Walk:
                     attrs.append((n, self.value(a, names, lift=False)[0]))
         finally:
             self.fixed -= 1
-        return ("obj", Identity(v), tuple(attrs))
+        return tuple(attrs)
+
+    def late(self, key: Hashable) -> Hashable:
+        """``key``, with the attributes of the objects walked that code walked
+        elsewhere names (``get_alpha(p)`` reads ``p.alpha`` inside the helper,
+        a name the kernel's code lacks; ``getattr(p, "alpha")``; a name read
+        by another object's method), until no walked object misses one."""
+        tail = []
+        grown = True
+        while grown:
+            grown = False
+            for i, (v, own) in enumerate(list(self.objs)):
+                missing = self.names - own
+                if not missing:
+                    continue
+                grown = True
+                own |= missing
+                got = self.read(v, sorted(missing), tuple(sorted(self.names)))
+                if got:
+                    tail.append((i, got))
+        return (key, ("late", tuple(tail))) if tail else key
 
     def function(self, fn: types.FunctionType) -> tuple[Hashable, Any]:
         if id(fn) in self.seen:
@@ -363,6 +420,7 @@ class Walk:
         self.seen[id(fn)] = len(self.seen)
         code = fn.__code__
         names = code_names(code)
+        self.names |= read_names(code)
         g = fn.__globals__
         try:
             cells = [c.cell_contents for c in fn.__closure__ or ()]
@@ -520,7 +578,7 @@ def instance_key(w: Walk, k: Any) -> Hashable:
     w.opaque = False
     w.budget = BUDGET
     try:
-        key = w.value(types.MethodType(call, k), tuple(names), lift=False)[0]
+        key = w.late(w.value(types.MethodType(call, k), tuple(names), lift=False)[0])
     except (Opaque, TypeError, RecursionError):
         return uncached(k)
     return ("callable", Identity(k), key)
@@ -544,8 +602,22 @@ def _wrapped(w: Walk, k: types.MethodType | functools.partial) -> Hashable:
             key = ("partial", w.value(fn, names, lift=False)[0],
                    w.value(k.args, names, lift=False)[0],
                    w.value(dict(k.keywords), names, lift=False)[0])
+        key = w.late(key)
     except (Opaque, TypeError, RecursionError):
         return uncached(k)
     finally:
         w.fixed -= 1
-    return ("callable", Identity(k), key)
+    return ("callable", _who(k), key)
+
+
+def _who(k: types.MethodType | functools.partial) -> Hashable:
+    """Whose code a bound method or a partial is: a bound method by its
+    function and its object (``m.k`` is a new object at each access: keyed by
+    identity, an inline ``map(m.k)`` compiled on every call); an exact
+    ``functools.partial`` by its function (its arguments are in the key by
+    value, arrays and objects by identity); a subclass by identity."""
+    if isinstance(k, types.MethodType):
+        return ("bound", Identity(k.__func__), Identity(k.__self__))
+    if type(k) is functools.partial:
+        return ("partial", Identity(k.func))
+    return Identity(k)

@@ -12,12 +12,16 @@ equal object reuses the compiled code and a changed one compiles again.
 
 A value whose content cannot be read without running something is not
 keyed here: a tracer (it cannot change), or data of another array type.
-dask-backed data is keyed by the dask array's name, which changes whenever
-its content could.
+dask-backed data (and a bare dask array) is keyed by its computed content:
+dask reads its sources again on every compute, so a store rewritten in place
+gives new numbers under the same graph name (keyed by that name, the old
+ones came back).  A scipy.sparse matrix or array is keyed by the arrays it
+stores (``M.data[:] = 3`` was stale: it was keyed by identity).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -28,7 +32,7 @@ import xarray as xr
 
 from xstencil._engine.kwalk import VALUE_KEYS, digest
 
-__all__ = ["content_key"]
+__all__ = ["content_key", "sparse_key"]
 
 
 class _Unreadable(Exception):
@@ -44,10 +48,24 @@ def _data(a: Any) -> Hashable:
         raise _Unreadable
     if isinstance(a, jax.Array):
         return digest(np.asarray(a))
-    name = getattr(a, "name", None)
-    if type(a).__module__.startswith("dask.") and isinstance(name, str):
-        return ("dask", name, tuple(a.shape), str(a.dtype))
+    if _is_dask(a):
+        return _dask(a)
     raise _Unreadable
+
+
+def _is_dask(a: Any) -> bool:
+    return type(a).__module__.startswith("dask.") and hasattr(a, "to_delayed")
+
+
+def _dask(a: Any) -> Hashable:
+    """A dask array by its computed content, block by block (never the whole
+    array in memory), in the calling thread: dask reads its sources afresh on
+    every compute (a zarr store rewritten in place, a numpy array changed
+    under ``from_array``), and the same graph name can then hold new numbers."""
+    dask = sys.modules["dask"]
+    blocks = a.to_delayed().ravel()
+    parts = dask.compute(*[dask.delayed(digest)(b) for b in blocks], scheduler="sync")
+    return ("dask", tuple(a.shape), str(a.dtype), tuple(map(tuple, a.chunks)), tuple(parts))
 
 
 def _value(v: Any) -> Hashable:
@@ -75,6 +93,30 @@ def _coords(obj: xr.DataArray | xr.Dataset) -> Hashable:
     return tuple((repr(n), _variable(c.variable)) for n, c in obj.coords.items())
 
 
+def _sparse_part(x: Any) -> Hashable:
+    if isinstance(x, np.ndarray):
+        return digest(x)
+    if isinstance(x, tuple):  # a COO matrix's coords
+        return tuple(_sparse_part(y) for y in x)
+    if isinstance(x, dict):  # a DOK matrix's entries
+        return ("dict", tuple(sorted((repr(k), repr(y)) for k, y in x.items())))
+    return repr(x)
+
+
+def sparse_key(v: Any) -> Hashable | None:
+    """A scipy.sparse matrix or array by content: its format, shape, dtype and
+    the arrays it stores (``data``, ``indices``, ``indptr``, ``coords``,
+    ``offsets``, a LIL's rows, a DOK's entries), so that ``M.data[:] = 3``
+    between two calls is seen.  scipy is found among the loaded modules (a
+    sparse matrix exists only once scipy.sparse is)."""
+    sparse = sys.modules.get("scipy.sparse")
+    if sparse is None or not sparse.issparse(v):
+        return None
+    held = vars(v) if isinstance(getattr(v, "__dict__", None), dict) else {}
+    return ("sparse", v.format, tuple(v.shape), str(v.dtype),
+            tuple((k, _sparse_part(x)) for k, x in sorted(held.items())))
+
+
 def content_key(v: Any) -> Hashable | None:
     """``v`` by content, or ``None`` for a value this module does not key."""
     try:
@@ -94,6 +136,10 @@ def content_key(v: Any) -> Hashable | None:
         if isinstance(v, pd.DataFrame):
             return ("DataFrame", content_key(v.index), content_key(v.columns),
                     tuple(content_key(v[c]) for c in v.columns))
+        mod = type(v).__module__
+        if mod.startswith("dask.") and hasattr(v, "to_delayed"):  # a bare dask array
+            return ("dask array", _dask(v))
+        return sparse_key(v) if mod.startswith("scipy.sparse") else None
     except _Unreadable:
         return None
     return None
