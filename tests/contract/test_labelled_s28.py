@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
@@ -264,3 +265,24 @@ def test_concrete_use_of_a_closed_over_array_fails_alike(chunked):
     out = obj.stencil.map(lambda u: sum(w[j + 1] * u(x=j) for j in (-1, 0, 1)),
                           boundary="extend")
     np.testing.assert_allclose(np.asarray(out), _np_ref(da.values, W))
+
+
+def test_float64_dtype_infers_the_window_under_x64_too():
+    """``dtype="float64"`` runs the kernel under x64; the trace that infers its
+    window did not, so a kernel casting its reads to float64 (the float32
+    cancellation recipe of docs/dtypes.rst) warned that float64 is not
+    available (an error under this suite's filterwarnings), although the map
+    computed in float64."""
+    z = xr.DataArray((1e4 + np.arange(12.0) ** 2).astype(np.float32), dims="x")
+
+    def kernel(u):
+        return u(x=1).astype(jnp.float64) - 2 * u().astype(jnp.float64) \
+            + u(x=-1).astype(jnp.float64)
+
+    out = z.stencil.map(kernel, boundary="extend", dtype="float64")
+    zz = np.pad(z.values.astype(np.float64), 1, mode="edge")
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out.values, zz[2:] - 2 * zz[1:-1] + zz[:-2])
+    m = z.stencil.mesh(boundary="extend")
+    m[...] = kernel
+    np.testing.assert_array_equal(m.map(dtype="float64").values, out.values)

@@ -12,7 +12,7 @@ import xarray as xr
 
 from xstencil._backends.dask import with_progress
 from xstencil._backends.loops import LoopOrJit, backend_arg
-from xstencil._engine.call import split_static
+from xstencil._engine.call import precision, split_static
 from xstencil._engine.kcache import cached, describe, rebuild
 from xstencil._engine.lower import evaluate
 from xstencil._errors import XStencilError, raised_here
@@ -228,8 +228,11 @@ def _map(call: str, obj: Any, kernel: Callable[..., Any], args: tuple[Any, ...],
     result = out_dtype(call, dtype)
     f = unwrap(call, obj)
     check_inputs(call, f.names or (None,), f.arrays)  # e.g. a huge broadcast view
-    plan = prepare(call, f, [kernel], window=window, boundary=boundary, fill_value=fill_value,
-                   stride=stride, output_dims=output_dims, args=args, kwargs=kwargs)
+    # a float64 dtype= runs the kernel under x64: so does the trace that infers its window
+    with precision(np.zeros(0, result) if isinstance(result, np.dtype) else None):
+        plan = prepare(call, f, [kernel], window=window, boundary=boundary,
+                       fill_value=fill_value, stride=stride, output_dims=output_dims,
+                       args=args, kwargs=kwargs)
     plan = replace(plan, out_dtype=result)
     leaf_dims = None
     if f.names is not None:  # each result gets its own dims (returns.py)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from xstencil._engine.call import precision
 from xstencil._engine.kcache import cached, describe
 from xstencil._engine.mesh import Slab
 from xstencil._errors import XStencilError, raised_here
@@ -228,7 +229,8 @@ class Mesh(MeshRepr):
         self._current()
         given = self._options.get("dtype") if dtype is None else dtype
         result = out_dtype(call, given)
-        plan, _ = self._plan(call=call, args=args, kwargs=kwargs)
+        with precision(np.zeros(0, result) if isinstance(result, np.dtype) else None):
+            plan, _ = self._plan(call=call, args=args, kwargs=kwargs)  # see map.py
         plan = replace(plan, out_dtype=result)
         lay = layout(self)
         # resolved once per regions and plan, with their coverage (mesh_resolved.py)
