@@ -207,3 +207,50 @@ def test_a_full_sum_is_cut_whole(monkeypatch):
     assert "separable" in hows and "slices" not in hows
     close = np.abs(np.abs(detail) - 0.05) > 1e-5  # a threshold met within rounding may tip
     np.testing.assert_allclose(out.values[close], ref[close], rtol=1e-5, atol=1e-5)
+
+
+def test_effects_zero_size_fill_gathers_and_many_sums_are_not_cut(spy):
+    """Kernels the cut would change or slow down keep the general lowering:
+    a ``jax.debug.callback`` (it runs at every point, as written), a zero-size
+    value, an out-of-bounds ``jnp.take`` (it reads the fill value, NaN), and
+    more than ``SPLIT_VALUES`` small sums (each a correlation compiled apart)."""
+    a = _data(np.float32, (8, 9))
+    w = W[:5, :5].astype(np.float32)
+    calls: list[int] = []
+
+    def noisy(u):
+        s = (u * w).sum()
+        jax.debug.callback(lambda v: calls.append(1), s)
+        return jnp.maximum(s, 12.0)
+
+    out = a.stencil.map(noisy, window={"y": 5, "x": 5}, boundary="periodic", backend="xla")
+    jax.block_until_ready(out.data)
+    assert len(calls) == a.size and not spy[-1]
+    ref = np.maximum(_corr(a.values, W[:5, :5], "periodic"), 12.0)
+    np.testing.assert_allclose(out.values, ref, rtol=1e-5)
+
+    empty = a.stencil.map(lambda u: jnp.maximum((u * w).sum(), 1.0)
+                          + jnp.max(jnp.asarray(u)[0:0], initial=0.0),
+                          window={"y": 5, "x": 5}, boundary="periodic", backend="xla")
+    np.testing.assert_allclose(empty.values, np.maximum(_corr(a.values, W[:5, :5],
+                                                              "periodic"), 1.0), rtol=1e-5)
+
+    past = a.stencil.map(lambda u: jnp.maximum(jnp.take(u.reshape(-1) * w.reshape(-1),
+                                                        jnp.arange(0, 30, 3)).sum(), 1.0),
+                         window={"y": 5, "x": 5}, boundary="periodic", backend="xla")
+    assert np.isnan(past.values).all()
+
+    small = np.ones((3, 3), np.float32)
+
+    def many(u):
+        u = jnp.asarray(u)
+        return sum(jnp.tanh((u[i:i + 3, j:j + 3] * small).sum() - 4.5)
+                   for i in (0, 2, 4) for j in (0, 2, 4))
+
+    big = a.stencil.map(many, window={"y": 7, "x": 7}, boundary="reflect", backend="xla")
+    assert not any(spy)
+    p = np.pad(a.values.astype(np.float64), 3, mode="reflect")
+    want = sum(np.tanh(ndi.correlate(p, np.ones((3, 3)), mode="constant")[
+        i + 1:i + 1 + a.shape[0], j + 1:j + 1 + a.shape[1]] - 4.5)
+        for i in (0, 2, 4) for j in (0, 2, 4))
+    np.testing.assert_allclose(big.values, want, rtol=1e-5, atol=1e-5)
