@@ -187,8 +187,8 @@ def test_values_off_an_integer_after_the_fft_decline(monkeypatch: pytest.MonkeyP
                                                      calls: dict[str, list[Any]]) -> None:
     real = hostfft.HostFFT._correlate
 
-    def off(self: Any, *args: Any) -> np.ndarray:
-        out = real(self, *args)
+    def off(self: Any, *args: Any, **kwargs: Any) -> np.ndarray:
+        out = real(self, *args, **kwargs)
         out[3, 4] += 0.3  # as a wrong FFT would be
         return out
 

@@ -183,15 +183,16 @@ class HostFFT:
                             if held is not None:
                                 self._give(held, dest)
                             return False
+                    extent = term.host.extent if key is not None else None
                     if len(terms) == 1 and bias is None and _direct(out, term, self.whole):
-                        self._correlate(x, term, spec, workers, out)
+                        self._correlate(x, term, spec, workers, out, not exact, extent)
                         acc = out  # written in place: no copy
                         break
                     dest = None
                     if exact:  # rounded into the output right after: a work array
                         held = ("sum", term.shape)
                         dest = self._take(held, lambda t=term: np.empty(t.shape, t.dtype))
-                    full = self._correlate(x, term, spec, workers, dest)
+                    full = self._correlate(x, term, spec, workers, dest, not exact, extent)
                 finally:
                     if key is not None:
                         self._give(key, x)
@@ -236,7 +237,33 @@ class HostFFT:
         return dest
 
     def _correlate(self, x: np.ndarray, term: _Term, spec: np.ndarray, workers: int,
-                   dest: np.ndarray | None) -> np.ndarray:
+                   dest: np.ndarray | None, centre: bool = False,
+                   extent: tuple[int, ...] | None = None) -> np.ndarray:
+        """:meth:`_fourier`; ``centre``: on ``x`` less its mean, added back
+        times the weights' sum (the spectrum's zero frequency), as the XLA
+        lowering does (:func:`xstencil._engine.dense.centred`: data with a
+        large offset keep their digits).  ``extent``: ``x`` is this map's
+        work array, the block in its first ``extent`` cells and zeros after
+        (which stay zeros): the block is centred in place, as the next call
+        writes it again."""
+        block = x if extent is None else x[tuple(slice(0, e) for e in extent)]
+        # floats only: an integer image (read by the FFT as it is) has no offset
+        # worth the copy, and ``x - m`` would wrap in its dtype
+        m = float(np.mean(block, dtype=np.float64)) if centre and block.size and \
+            x.dtype.kind == "f" else 0.0
+        if not m or not np.isfinite(m):
+            return self._fourier(x, term, spec, workers, dest)
+        shift = x.dtype.type(m)
+        if extent is None:
+            x = x - shift
+        else:
+            np.subtract(block, shift, out=block)
+        out = self._fourier(x, term, spec, workers, dest)
+        out += out.dtype.type(float(shift) * float(spec.reshape(-1)[0].real))
+        return out
+
+    def _fourier(self, x: np.ndarray, term: _Term, spec: np.ndarray, workers: int,
+                 dest: np.ndarray | None) -> np.ndarray:
         """``irfftn(rfftn(x, term.shape) * spec)`` into ``dest`` (a new
         array where ``None``), returned.
 

@@ -322,11 +322,35 @@ def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int],
     axes = tuple(range(p.ndim))
     if spec is None:
         spec = spectrum(w, sizes, p.dtype)
+    m = None
     if big is None:
-        big = jnp.fft.rfftn(p, sizes, axes)
+        m, p0 = centred(p)
+        big = jnp.fft.rfftn(p0, sizes, axes)
     full = jnp.fft.irfftn(big * spec, sizes, axes)
     index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
-    return full[index].astype(p.dtype)
+    return uncentred(full[index], m, spec).astype(p.dtype)
+
+
+def centred(x: Any) -> tuple[Any, Any]:
+    """``(m, x - m)``, ``m`` the mean of ``x`` (no derivative: the FFT's
+    result is the same function of ``x``).  Correlated by an FFT, ``x - m``
+    keeps the digits that data with a large offset lose: the FFT's error is
+    about an ulp of ``sum(|w|) * max|x|`` (``(u - u()).sum()`` over 15 x 15
+    on float32 temperatures near 280 K was off by 0.015 against values near
+    1, and is off by about 4e-7 centred).  Every output of a valid
+    correlation reads a whole window, so :func:`uncentred` adds ``m`` times
+    the weights' sum back."""
+    m = lax.stop_gradient(jnp.mean(x)).astype(x.dtype)
+    return m, x - m
+
+
+def uncentred(out: Any, m: Any, spec: Any) -> Any:
+    """``out + m * sum(w)``: the sum is the spectrum's zero frequency."""
+    if m is None:
+        return out
+    total = spec.reshape(-1)[0].real
+    return out + (m * total.astype(m.dtype) if not isinstance(total, np.generic)
+                  else m * np.asarray(total, m.dtype))
 
 
 def whole_periodic(src: Any, geom: Sequence[Any]) -> bool:
@@ -359,18 +383,18 @@ def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],
     """The circular correlation; ``big`` is ``x``'s transform where already
     made, ``spec`` the weights' where given from outside."""
     axes = tuple(range(x.ndim))
+    m = None
     if big is None:
-        big = jnp.fft.rfftn(x, axes=axes)
+        m, x0 = centred(x)
+        big = jnp.fft.rfftn(x0, axes=axes)
     if not isinstance(w, np.ndarray):
         if spec is None:
             spec = wrapped_runtime_spectrum(w, x.shape, x.dtype, lows)
-        full = jnp.fft.irfftn(big * spec, x.shape, axes)
-        index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
-        return full[index].astype(x.dtype)
-    full = jnp.fft.irfftn(big * spectrum(wrapped(w, lows, x.shape), x.shape, x.dtype),
-                          x.shape, axes)
+    else:
+        spec = spectrum(wrapped(w, lows, x.shape), x.shape, x.dtype)
+    full = jnp.fft.irfftn(big * spec, x.shape, axes)
     index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
-    return full[index].astype(x.dtype)
+    return uncentred(full[index], m, spec).astype(x.dtype)
 
 
 def wrapped(w: np.ndarray, lows: Sequence[int], shape: Sequence[int]) -> np.ndarray:

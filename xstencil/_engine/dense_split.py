@@ -28,10 +28,8 @@ every cell, and is left alone), and at most :data:`SPLIT_VALUES` values.
 A kernel with effects (``jax.debug.print``, callbacks) is not cut.  The
 numbers are those of the dense lowering of the same sums, so they can differ
 from the cell-by-cell lowering's by rounding (an FFT's, about 1e-6 of
-``sum(|w|) * max|u|`` in float32: a sum that cancels over data with a large
-offset, ``(u - u()).sum()`` on temperatures in kelvin, loses digits that
-the cell-by-cell lowering kept), and a threshold that the sum meets within
-rounding can tip.
+``sum(|w|) * max|u - mean(u)|`` in float32), and a threshold that the sum
+meets within rounding can tip.
 """
 
 from __future__ import annotations
