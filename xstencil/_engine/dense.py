@@ -310,23 +310,20 @@ def _fft(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]) -> 
                         lambda w: runtime_spectrum(w, sizes, dt, None))
         if spec is not None:
             def fast(x: Any, w: Any, factor: Any) -> Any:
-                return _fft_raw(x, w, steps, counts, None, spec * factor.astype(spec.dtype))
+                return _fft_raw(x, w, steps, counts, spec * factor.astype(spec.dtype))
     return finite_guard(p, w, lambda x, w: _fft_raw(x, w, steps, counts), fast)
 
 
 def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int],
-             big: Any = None, spec: Any = None) -> Any:
-    """The correlation over an FFT; ``big`` is ``p``'s transform where
-    already made, ``spec`` the weights' where given from outside."""
+             spec: Any = None) -> Any:
+    """The correlation over an FFT (of ``p`` less its mean, :func:`centred`);
+    ``spec`` is the weights' transform where given from outside."""
     sizes = tuple(fast_size(n) for n in p.shape)
     axes = tuple(range(p.ndim))
     if spec is None:
         spec = spectrum(w, sizes, p.dtype)
-    m = None
-    if big is None:
-        m, p0 = centred(p)
-        big = jnp.fft.rfftn(p0, sizes, axes)
-    full = jnp.fft.irfftn(big * spec, sizes, axes)
+    m, p0 = centred(p)
+    full = jnp.fft.irfftn(jnp.fft.rfftn(p0, sizes, axes) * spec, sizes, axes)
     index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
     return uncentred(full[index], m, spec).astype(p.dtype)
 
@@ -346,11 +343,7 @@ def centred(x: Any) -> tuple[Any, Any]:
 
 def uncentred(out: Any, m: Any, spec: Any) -> Any:
     """``out + m * sum(w)``: the sum is the spectrum's zero frequency."""
-    if m is None:
-        return out
-    total = spec.reshape(-1)[0].real
-    return out + (m * total.astype(m.dtype) if not isinstance(total, np.generic)
-                  else m * np.asarray(total, m.dtype))
+    return out + m * jnp.asarray(spec.reshape(-1)[0].real, m.dtype)
 
 
 def whole_periodic(src: Any, geom: Sequence[Any]) -> bool:
@@ -373,20 +366,18 @@ def _circular(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
                         lambda w: wrapped_runtime_spectrum(w, shape, dt, lows))
         if spec is not None:
             def fast(x: Any, w: Any, factor: Any) -> Any:
-                return _circular_raw(x, w, lows, steps, counts, None,
+                return _circular_raw(x, w, lows, steps, counts,
                                      spec * factor.astype(spec.dtype))
     return finite_guard(x, w, lambda x, w: _circular_raw(x, w, lows, steps, counts), fast)
 
 
 def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],
-                  counts: Sequence[int], big: Any = None, spec: Any = None) -> Any:
-    """The circular correlation; ``big`` is ``x``'s transform where already
-    made, ``spec`` the weights' where given from outside."""
+                  counts: Sequence[int], spec: Any = None) -> Any:
+    """The circular correlation (of ``x`` less its mean, :func:`centred`);
+    ``spec`` is the weights' transform where given from outside."""
     axes = tuple(range(x.ndim))
-    m = None
-    if big is None:
-        m, x0 = centred(x)
-        big = jnp.fft.rfftn(x0, axes=axes)
+    m, x0 = centred(x)
+    big = jnp.fft.rfftn(x0, axes=axes)
     if not isinstance(w, np.ndarray):
         if spec is None:
             spec = wrapped_runtime_spectrum(w, x.shape, x.dtype, lows)
