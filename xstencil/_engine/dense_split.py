@@ -45,6 +45,7 @@ from jax.extend import core as jcore
 
 from xstencil._engine import dense as dense_windows
 from xstencil._engine.call import stand_in
+from xstencil._engine.lift import sub_jaxpr
 
 __all__ = ["lower", "plan", "cuts", "SPLIT_CELLS", "SPLIT_RATIO", "SPLIT_VALUES"]
 
@@ -98,24 +99,15 @@ def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
             continue
         invals = [read(v) for v in eqn.invars]
         if eqn.primitive.name in _INLINE:
-            sub = _sub(eqn)
-            inner = _eval(sub.jaxpr, sub.consts, invals)
-            outs = [v.val if isinstance(v, jcore.Literal) else inner[v]
-                    for v in sub.jaxpr.outvars]
+            sub, consts = sub_jaxpr(eqn)
+            inner = _eval(sub, consts, invals)
+            outs = [v.val if isinstance(v, jcore.Literal) else inner[v] for v in sub.outvars]
         else:
             with eqn.ctx.manager:
                 out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
             outs = list(out) if eqn.primitive.multiple_results else [out]
         env.update(zip(eqn.outvars, outs, strict=True))
     return env
-
-
-def _sub(eqn: Any) -> Any:
-    for key in ("jaxpr", "call_jaxpr"):
-        if key in eqn.params:
-            j = eqn.params[key]
-            return j if isinstance(j, jcore.ClosedJaxpr) else jcore.ClosedJaxpr(j, ())
-    raise KeyError(eqn.primitive.name)
 
 
 def _avals(vs: Sequence[Any]) -> list[Any]:

@@ -110,7 +110,7 @@ def _is_concrete(x: Any) -> bool:
     return not isinstance(x, jax.core.Tracer | Lifted | Abstract)
 
 
-def _sub_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]]:
+def sub_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]]:
     p = eqn.params
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         if key in p:
@@ -178,7 +178,7 @@ def _lifted_eqn(eqn: Any, invals: list[Any], table: Table) -> list[Any]:
     if name == "sort":
         return sort(eqn, invals, table)
     if name in _CALLS:
-        sub, consts = _sub_jaxpr(eqn)
+        sub, consts = sub_jaxpr(eqn)
         n_extra = len(invals) - len(sub.invars)
         return interpret(sub, consts, invals[n_extra:], table)
     raise Unliftable(f"primitive {name!r} applied to window values")
