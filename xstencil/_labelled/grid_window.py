@@ -35,6 +35,9 @@ class Axes:
     dims: tuple[tuple[str, str], ...]  # grid dim -> axis (for error messages)
     period: tuple[tuple[str, float | None], ...] = ()  # periodic axis -> period
     size: tuple[tuple[str, int], ...] = ()  # axis -> cells
+    #: dims outside the grid given no boundary mode: a read off the centre
+    #: along one would take the grid's fill value (0) past its edges
+    unset: tuple[str, ...] = ()
 
 
 def _land(label: str, axis: str, r: Any, delta: float, pos: str, at: str) -> int:
@@ -97,6 +100,13 @@ class StaggeredWindow:
                     f"{gdims[key]!r}; on a grid, read by axis name in cells from the output "
                     f"point, e.g. {self._label}({gdims[key]}=0.5)")
             else:
+                if key in self._axes.unset and not isinstance(r, bool) \
+                        and isinstance(r, numbers.Real) and r != 0:
+                    raise XStencilError(
+                        f"{self._label}({key}={r!r}): {key!r} is a dim outside the grid and "
+                        f"has no boundary mode, so past its edges this read would take the "
+                        f"grid's fill value (0; a plain map reads NaN); give it a mode, e.g. "
+                        f"boundary={{..., {key!r}: 'extend'}} ('fill' for the fill value)")
                 out[key] = r
         for a, (pos, delta) in self._deltas.items():
             if a not in offsets:

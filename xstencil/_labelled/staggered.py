@@ -85,9 +85,12 @@ class Layout:
                  or n in self.include]
         return _dataset({n: self.variables[n] for n in names}, self.keep, self.ds, self.grid)
 
-    def spec(self, at: Mapping[str, str]) -> Spec:
-        """The window spec for outputs at ``at`` ({axis: position})."""
-        axes = Axes(**{**self.spec_base["axes"], "at": tuple(sorted(at.items()))})
+    def spec(self, at: Mapping[str, str], scan_dim: str | None = None) -> Spec:
+        """The window spec for outputs at ``at`` ({axis: position}); a scan
+        along ``scan_dim`` reads along it without a boundary mode."""
+        unset = tuple(d for d in self.spec_base["axes"]["unset"] if d != scan_dim)
+        axes = Axes(**{**self.spec_base["axes"], "at": tuple(sorted(at.items())),
+                       "unset": unset})
         return Spec(axes, *self.spec_base["rest"], self.single)
 
     def rename_key(self, key: Any, at: Mapping[str, str] | None = None) -> Any:
@@ -336,6 +339,7 @@ def _static(call: str, ds: xr.Dataset, grid: Any, at: Any, boundary: Any, fill_v
     bmodes, fv = _boundary(call, g, index, other, boundary, fill_value)
     hidden, keep, spec_base, pperiod = translate(call, ds, g, positions, index, bmodes,
                                                  dict(period or {}))
+    spec_base["axes"]["unset"] = tuple(d for d in other if d not in bmodes)
     try:
         ref = None if comodo or isinstance(grid, Mapping) else weakref.ref(grid)
     except TypeError:

@@ -183,14 +183,14 @@ def scan_grid(run: Callable[..., Any], obj: Any, kernel: Any, dim: str, args: An
                                     f"variable; they are {tuple(lay.positions)!r}")
             _check_kernel(call, k)
             targets[n] = {a: lay.positions[n].get(a, "center") for a in lay.index}
-            specs[n] = lay.spec(targets[n])
+            specs[n] = lay.spec(targets[n], dim)
         plain = wrap_each(kernel, specs)
         lay.include = _side(lay, kernel, specs, args, kwargs, dim)[1]
         out_at: dict[str, str] = {}
     else:
         _check_kernel(call, kernel)
         lay, out_at = layout(call, obj, grid, at, boundary, fill_value, period, cache=True)
-        spec = lay.spec(out_at)
+        spec = lay.spec(out_at, dim)
         plain = wrap(kernel, spec)
         names = _include(lay, [kernel], spec, args, kwargs, dim)
         _check_scan_outputs(lay, names, out_at)
@@ -237,7 +237,7 @@ class GridMesh:
             if k in options:
                 options[k] = _by_axis(lay, options[k], k)
         options["period"] = _period(lay, options.get("period"))
-        self._spec = lay.spec(self._at)
+        self._spec = lay.spec(self._at)  # a scan's spec lets it read along its dim
         self._make, self._options = make, options
         self._assigned: list[tuple[bool, Any, Any]] = []  # (by label, key, kernel)
         self._names: tuple[str, ...] = ()  # of the kernels' dict results (set by _build)
@@ -253,16 +253,17 @@ class GridMesh:
     def _build(self, probe: bool = True, args: Any = (), kwargs: Any = None,
                dim: str | None = None) -> Any:
         lay = self._lay
+        spec = self._spec if dim is None else lay.spec(self._at, dim)
         if probe:
-            self._names = _include(lay, [k for _, _, k in self._assigned], self._spec, args,
+            self._names = _include(lay, [k for _, _, k in self._assigned], spec, args,
                                    kwargs or {}, dim)
         m = self._make(lay.plain, boundary=lay.boundary, fill_value=lay.fill_value,
                        **self._options)
         for by_label, key, kernel in self._assigned:
             if by_label:
-                m.loc[key] = wrap(kernel, self._spec)
+                m.loc[key] = wrap(kernel, spec)
             else:
-                m[key] = wrap(kernel, self._spec)
+                m[key] = wrap(kernel, spec)
         return m
 
     def __setitem__(self, key: Any, kernel: Callable[..., Any]) -> None:
