@@ -13,12 +13,12 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import as_array, merge_static, own_loop, settled, split_static
-from xstencil._engine.kcache import canonical, compiled, settle
+from xstencil._engine.kcache import canonical, settle
 from xstencil._errors import ConvergenceWarning, XStencilError
 from xstencil._labelled.mesh import Mesh
 from xstencil._labelled.operator import (
+    LoopBody,
     State,
-    cached_body,
     mesh_order,
     own_order,
     step_function,
@@ -216,19 +216,19 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
     with own_loop(data, args, kwargs):
         arrays = [as_array(call, "the data", x) for x in data]
         dyn, static = split_static(call, (args, kwargs))
-        owner, bkey, resolve, lifted = cached_body(body)
-        key = ("iterate", free, fixed, state.key(), static, bkey,
+        lb = LoopBody(body)
+        key = ("iterate", free, fixed, state.key(), static, lb.key,
                canonical(norm) if callable(norm) else (norm, relative),
                tuple(sorted((k, repr(v)) for k, v in options.items())))
 
         def build() -> Callable[..., Any]:
-            return _loop(call, state, options, free, fixed, static, resolve, norm, fnorm)
+            return _loop(call, state, options, free, fixed, static, lb.resolve, norm, fnorm)
 
-        fn = compiled(owner, key, build)
+        fn = lb.compiled(key, build)
         lim = jnp.asarray([min_steps, max_steps], jnp.int32)
-        xs, i, r, ok = settled(fn(arrays, dyn, jnp.asarray(tol, residual_dtype(arrays)), lim),
-                               (arrays, dyn))
-        settle(lifted)
+        xs, i, r, ok = settled(fn(arrays, dyn, jnp.asarray(tol, residual_dtype(arrays)), lim,
+                                  lb.leaves), (arrays, dyn))
+        settle(lb.lifted)
     xs = host64(xs)
     field = own_order(state.wrap(xs), given)
     return report(call, Converged(field, i, r, ok), None if fixed else tol)
@@ -258,11 +258,12 @@ def _checked(call: str, obj: Any, body: Any, max_steps: Any, min_steps: Any, tol
 
 
 def _loop(call: str, state: Any, options: dict[str, Any], free: bool, fixed: bool,
-          static: Any, resolve: Callable[[], Any], norm: Any, fnorm: Any
+          static: Any, resolve: Callable[[Any], Any], norm: Any, fnorm: Any
           ) -> Callable[..., Any]:
     """The compiled ``while_loop``: ``run(arrays, dyn, tol, (min_steps,
-    max_steps))`` returns the field, the steps taken, the last residual and
-    whether it converged."""
+    max_steps), leaves)`` returns the field, the steps taken, the last
+    residual and whether it converged (``leaves``: the arrays the body
+    closes over, see :class:`~xstencil._labelled.operator.LoopBody`)."""
     names = state.names
     if callable(norm):
         nref = weak(canonical(norm))
@@ -270,10 +271,10 @@ def _loop(call: str, state: Any, options: dict[str, Any], free: bool, fixed: boo
     def as_norm_arg(xs: Any) -> Any:
         return xs[0] if names is None else dict(zip(names, xs, strict=True))
 
-    def run(arrays: Any, dyn: Any, tol: Any, lim: Any) -> Any:
+    def run(arrays: Any, dyn: Any, tol: Any, lim: Any, leaves: Any) -> Any:
         a, kw = merge_static(dyn, static)
         f = nref() if callable(norm) else fnorm
-        step = step_function(call, resolve(), state, options, free)
+        step = step_function(call, resolve(leaves), state, options, free)
 
         def cond(c: Any) -> Any:
             i, _, r = c

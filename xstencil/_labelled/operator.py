@@ -23,13 +23,13 @@ from jax.dtypes import canonicalize_dtype
 from xstencil._engine.call import native
 from xstencil._engine.coords import coord_digest
 from xstencil._engine.fresh import fresh
-from xstencil._engine.kcache import Lifted, canonical, describe, values_key
+from xstencil._engine.kcache import cached, canonical, compiled, describe, rebuild, values_key
 from xstencil._errors import XStencilError
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
 from xstencil._labelled.step_labels import by_label
 
-__all__ = ["State", "state_of", "step_function", "body_key", "cached_body", "weak",
+__all__ = ["State", "state_of", "step_function", "body_key", "LoopBody", "weak",
            "mesh_order", "own_order"]
 
 _MAP_OPTIONS = ("window", "boundary", "fill_value", "period")
@@ -175,24 +175,49 @@ def own_order(field: Any, like: Any) -> Any:
     return field.assign(new) if new else field
 
 
-def cached_body(body: Any) -> tuple[Any, Any, Callable[[], Any], Lifted]:
-    """``(owner, key, resolve, lifted)`` for the compile cache: the owner of
-    the cache entry, what else identifies the body, a function returning the
-    body (a kernel or a :class:`MeshSpec`) at trace time without keeping it
-    alive, and what the key was read from (to :func:`settle` after the call:
-    a list the trace wrote to is a counter, keyed by identity from then on)."""
-    if isinstance(body, Mesh) and body._regions:
-        kernels = [k for _, k in body._regions]
-        lifted = describe(kernels)
-        # kernels that close over no arrays are keyed by what they read, so a
-        # mesh rebuilt with equal kernels (new lambdas) reuses the compiled loop;
-        # a kernel's own arrays are baked into the loop: those stay by identity
-        shared = not lifted.leaves
-        spec = MeshSpec(body, shared)
-        return spec.owner, (body_key(body, shared), values_key(kernels, lifted)), \
-            lambda: spec, lifted
-    lifted = describe([body])
-    return body, values_key([body], lifted), weak(canonical(body)), lifted
+class LoopBody:
+    """A loop's body (a kernel, a ``step=`` function or a mesh) for the
+    compile cache of :func:`xstencil.iterate` and :func:`xstencil.solve`.
+
+    A kernel or step function is keyed by its structure (its
+    :func:`~xstencil._engine.kcache.describe` key): the arrays it closes over
+    are inputs of the compiled loop (``leaves``), read afresh on every call,
+    so a kernel written inline in a loop reuses the loop compiled for the
+    first (0.2 s a call at 64² before), and an array changed in place is
+    read as it is now.  A mesh's kernels are keyed by value
+    (:func:`values_key`) beside its regions, and their arrays are constants
+    of the loop.  ``resolve(leaves)`` gives the body at trace time;
+    ``lifted`` is what the key was read from (to :func:`settle` after the
+    call: a list the trace wrote to is a counter, keyed by identity from
+    then on).
+    """
+
+    def __init__(self, body: Any):
+        if isinstance(body, Mesh) and body._regions:
+            kernels = [k for _, k in body._regions]
+            self.lifted = describe(kernels)
+            # kernels that close over no arrays are keyed by what they read, so a
+            # mesh rebuilt with equal kernels (new lambdas) reuses the compiled loop;
+            # a kernel's own arrays are baked into the loop: those stay by identity
+            shared = not self.lifted.leaves
+            spec = MeshSpec(body, shared)
+            self._owner: Any = spec.owner
+            self.key: Any = (body_key(body, shared), values_key(kernels, self.lifted))
+            self.leaves: list[Any] = []
+            self.resolve: Callable[[Any], Any] = lambda leaves: spec
+            return
+        self.lifted = template = describe([body])
+        self._owner = None
+        self.key = ("structure", self.lifted.key)
+        self.leaves = list(self.lifted.leaves)
+        self.resolve = lambda leaves: rebuild(template, leaves)[0]
+
+    def compiled(self, key: Any, build: Callable[[], Callable[..., Any]]
+                 ) -> Callable[..., Any]:
+        """The compiled loop for ``key`` (which holds :attr:`key`), built on a miss."""
+        if self._owner is not None:
+            return compiled(self._owner, key, build)
+        return cached(key, build)
 
 
 def body_key(body: Any, shared: bool = False) -> Any:

@@ -13,12 +13,12 @@ import xarray as xr
 from xstencil._engine import multigrid as mg
 from xstencil._engine.call import as_array, merge_static, own_loop, settled, split_static
 from xstencil._engine.elements import linear_operator
-from xstencil._engine.kcache import compiled, settle
+from xstencil._engine.kcache import settle
 from xstencil._engine.krylov import KRYLOV
 from xstencil._errors import XStencilError
 from xstencil._labelled.iterate import Converged, report
 from xstencil._labelled.mesh import Mesh
-from xstencil._labelled.operator import State, cached_body, mesh_order, own_order, step_function
+from xstencil._labelled.operator import LoopBody, State, mesh_order, own_order, step_function
 from xstencil._labelled.result import host64
 from xstencil._labelled.step_labels import by_label
 
@@ -137,19 +137,19 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
             _check_linear(call, matvec, b, boundary, fill_value)
         op = _poisson(call, matvec, b, operator, boundary, fill_value,
                                      tuple(map(str, state.dims))) if method == "multigrid" else None
-        owner, bkey, resolve, lifted = cached_body(operator)
+        lb = LoopBody(operator)
         key = ("solve", method, op, int(maxiter), int(restart), state.key(), static,
-               bkey, tuple(sorted((k, repr(v)) for k, v in options.items())))
-        fn = compiled(owner, key, lambda: _build(call, resolve, state, options, static,
-                                                 method, op, int(maxiter), int(restart)))
-        x, i, r, ok = settled(fn(b, guess, dyn, jnp.asarray(tol, jnp.real(b).dtype)),
-                              (b, guess, dyn))
-        settle(lifted)
+               lb.key, tuple(sorted((k, repr(v)) for k, v in options.items())))
+        fn = lb.compiled(key, lambda: _build(call, lb.resolve, state, options, static,
+                                             method, op, int(maxiter), int(restart)))
+        x, i, r, ok = settled(fn(b, guess, dyn, jnp.asarray(tol, jnp.real(b).dtype),
+                                 lb.leaves), (b, guess, dyn))
+        settle(lb.lifted)
     field = own_order(state.wrap([host64(x)]), given)
     return report(call, Converged(field, i, r, ok), tol)
 
 
-def _build(call: str, resolve: Callable[[], Any], state: State, options: Mapping[str, Any],
+def _build(call: str, resolve: Callable[[Any], Any], state: State, options: Mapping[str, Any],
            static: Any, method: str, op: mg.Poisson | None, maxiter: int, restart: int
            ) -> Callable[..., Any]:
     """The jitted solve.  The gradient solves the transposed system: with A
@@ -161,9 +161,9 @@ def _build(call: str, resolve: Callable[[], Any], state: State, options: Mapping
     solution orthogonal to them, and the transposed solve takes its
     right-hand side's mean out (its part along the null space, where
     Aᵀ y = w has no solution and the iteration would diverge)."""
-    def run(b: Any, x0: Any, dyn: Any, tol: Any) -> Any:
+    def run(b: Any, x0: Any, dyn: Any, tol: Any, leaves: Any) -> Any:
         a, kw = merge_static(dyn, static)
-        step = step_function(call, resolve(), state, options)
+        step = step_function(call, resolve(leaves), state, options)
 
         def matvec(x: Any) -> Any:
             with linear_operator():  # transposable: see elements.linear_operator
