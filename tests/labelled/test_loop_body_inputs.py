@@ -1,4 +1,5 @@
-"""The arrays a kernel of ``iterate`` or ``solve`` closes over are inputs of
+"""The arrays a kernel of ``iterate`` or ``solve`` (or a ``scan(step=)``
+function) closes over are inputs of
 the compiled loop (DESIGN 3b: "arrays closed over by a kernel are dynamic
 inputs, not baked-in constants"): a kernel written inline in a loop reuses
 the loop compiled for the first (it compiled on every call, 0.2 s at 64²),
@@ -104,3 +105,46 @@ def test_gradient_reaches_a_closed_over_jax_array(x64):
         e[k] = 1e-6
         fd = (loss(w0 + e) - loss(w0 - e)) / 2e-6
         np.testing.assert_allclose(g[k], float(fd), rtol=1e-5)
+
+
+def _scan_step(u0: xr.DataArray, w: np.ndarray | jax.Array) -> xr.DataArray:
+    def step(s):
+        return s.stencil.map(lambda u: w[0] * u(x=-1) + w[1] * u() + w[2] * u(x=1),
+                             boundary="extend")
+
+    return u0.stencil.scan(step=step, steps=4, dim="time")
+
+
+def test_inline_scan_steps_compile_once_and_read_their_arrays():
+    u0 = xr.DataArray(np.random.default_rng(4).random(N), dims="x")
+    ws = [np.array([0.25, 0.5, 0.25]), np.array([0.1, 0.6, 0.3]), np.array([0.5, 0.0, 0.5])]
+    _scan_step(u0, ws[0])
+    with compiles() as got:
+        outs = [_scan_step(u0, w) for w in ws]
+    assert got["compiles"] == 0
+    for w, out in zip(ws, outs, strict=True):
+        for k in range(5):
+            np.testing.assert_allclose(out.isel(time=k).values, _smooth_ref(u0.values, w, k),
+                                       rtol=1e-12)
+    w = ws[0]
+    before = _scan_step(u0, w)
+    w[:] = [0.5, 0.0, 0.5]  # changed in place: read as it is now
+    np.testing.assert_allclose(before.isel(time=4).values,
+                               _smooth_ref(u0.values, [0.25, 0.5, 0.25], 4), rtol=1e-12)
+    np.testing.assert_allclose(_scan_step(u0, w).isel(time=4).values,
+                               _smooth_ref(u0.values, w, 4), rtol=1e-12)
+
+
+def test_scan_step_gradient_reaches_a_closed_over_jax_array(x64):
+    u0 = xr.DataArray(np.random.default_rng(5).random(N), dims="x")
+    w0 = jnp.asarray([0.2, 0.5, 0.3])
+
+    def loss(w):
+        return jnp.sum(jnp.asarray(_scan_step(u0, w).isel(time=-1).data) ** 2)
+
+    g = np.asarray(jax.grad(loss)(w0))
+    for k in range(3):
+        e = np.zeros(3)
+        e[k] = 1e-6
+        np.testing.assert_allclose(g[k], float((loss(w0 + e) - loss(w0 - e)) / 2e-6),
+                                   rtol=1e-6)

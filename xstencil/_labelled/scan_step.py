@@ -20,7 +20,7 @@ from xstencil._backends.shard import is_sharded
 from xstencil._engine.call import as_array, avals, merge_static, own_loop, promote, split_static
 from xstencil._engine.coords import coord_digest
 from xstencil._engine.fresh import fresh
-from xstencil._engine.kcache import compiled, describe, settle, values_key
+from xstencil._engine.kcache import cached, describe, rebuild, settle
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import PrecisionWarning, XStencilError
 from xstencil._labelled.result import host64
@@ -47,23 +47,26 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
         # a step with a parameter named like dim gets the state's time: the values
         # travel as an input of the loop (a changed dt= must not reuse old ones)
         times = None if dim in kwargs else _step_times(call, fn, dim, tvals, o.steps)
-        udyn = (udyn, times)
+        # the arrays the step closes over are inputs of the loop, as a map's are:
+        # the loop is keyed by the step's structure, and an inline step over new
+        # arrays (or one changed in place) reuses it, reading them as they are now
+        lifted = describe([fn])
+        udyn = (udyn, times, list(lifted.leaves))
 
         def apply(datas: Sequence[Any], dyn: Any, t: Any = 1) -> list[Any]:
-            udyn, times = dyn
+            udyn, times, leaves = dyn
             a, kw = merge_static(udyn, static)
             if times is not None:
                 kw = {**kw, dim: times[t - 1]}
-            new = fresh(fn)(_wrap(template, names, datas), *a, **kw)
+            new = fresh(rebuild(lifted, leaves)[0])(_wrap(template, names, datas), *a, **kw)
             return _step_result(call, new, names, template, datas)
 
-        # what the step reads, by value; with the layout, it decides the state's
-        # dtypes, found by tracing the step once (not again on every call)
-        lifted = describe([fn])
-        reads, labels = values_key([fn], lifted), _labels(template)
+        # what the step reads and the layout decide the state's dtypes, found by
+        # tracing the step once (not again on every call)
+        reads, labels = (call, dim, lifted.key), _labels(template)
         layout = ("step-dtypes", static, names, avals(arrays), avals(udyn), labels, reads,
                   None if dtype is None else str(np.dtype(dtype)))
-        wide, evolving = compiled(fn, layout, lambda: _widened(call, apply, arrays, udyn, dtype))
+        wide, evolving = cached(layout, lambda: _widened(call, apply, arrays, udyn, dtype))
         arrays = [x if x.dtype == w else x.astype(w) for x, w in zip(arrays, wide, strict=True)]
         loop = Loop(1, o.steps, o.every, 1, 0, 0, "fill", o.checkpoint,
                     _progress.check_every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
@@ -71,7 +74,7 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
         key = ("step", static, loop, names, tuple(evolving), avals(arrays), labels, reads)
         if o.check_finite:
             initial_finite(call, [[arrays[i]] for i in evolving], dim, 1)
-        run = compiled(fn, key, lambda: _build(apply, loop, evolving))
+        run = cached(key, lambda: _build(apply, loop, evolving))
         outs, bad = call_with_progress(run, (arrays, udyn), loop.progress_every,
                                        loop.steps, call)
         settle(lifted)  # a list the trace wrote to is a counter: keyed by identity now
@@ -116,12 +119,12 @@ def _step_times(call: str, fn: Any, dim: str, tvals: Any, steps: int) -> Any:
 
 
 def _labels(template: Any) -> Hashable:
-    """The state's coordinates (by value), attrs and name: the compiled loop
+    """The state's coordinates (by value), dims, attrs and name: the compiled loop
     wraps every step's state with ``template``, so a call whose labels differ
     from the call that compiled it must not reuse it (it read the old ones)."""
     coords = [coord_digest(n, v) for n, v in template.coords.items()]
-    own = [] if isinstance(template, xr.DataArray) else \
-        [(str(n), repr(v.attrs)) for n, v in template.data_vars.items()]
+    own = [tuple(map(str, template.dims))] if isinstance(template, xr.DataArray) else \
+        [(str(n), tuple(map(str, v.dims)), repr(v.attrs)) for n, v in template.data_vars.items()]
     return (tuple(coords), tuple(own), repr(template.attrs),
             repr(getattr(template, "name", None)))
 
