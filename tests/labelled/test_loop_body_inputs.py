@@ -148,3 +148,38 @@ def test_scan_step_gradient_reaches_a_closed_over_jax_array(x64):
         e[k] = 1e-6
         np.testing.assert_allclose(g[k], float((loss(w0 + e) - loss(w0 - e)) / 2e-6),
                                    rtol=1e-6)
+
+
+def _mesh(u0: xr.DataArray, w: np.ndarray, b: np.ndarray) -> xstencil.Mesh:
+    m = u0.stencil.mesh(boundary="extend")
+    k = lambda u: w[0] * u(x=-1) + w[1] * u() + w[2] * u(x=1)  # noqa: E731
+    m[...] = k
+    m[{"x": 0}] = lambda u: b[0] + 0 * u()
+    m[{"x": -1}] = lambda u: b[1] * u()
+    m[{"x": 5}] = k  # the same kernel in two regions
+    return m
+
+
+def _mesh_ref(u0: np.ndarray, w: np.ndarray, b: np.ndarray, steps: int) -> np.ndarray:
+    u = u0.copy()
+    for _ in range(steps):
+        p = np.pad(u, 1, mode="edge")
+        new = w[0] * p[:-2] + w[1] * p[1:-1] + w[2] * p[2:]
+        new[0], new[-1] = b[0], b[1] * u[-1]
+        u = new
+    return u
+
+
+def test_a_rebuilt_mesh_over_new_arrays_compiles_once():
+    u0 = xr.DataArray(np.random.default_rng(6).random(N), dims="x")
+    cases = [(np.array([0.25, 0.5, 0.25]), np.array([1.0, 0.9])),
+             (np.array([0.1, 0.6, 0.3]), np.array([2.0, 0.5])),
+             (np.array([0.5, 0.0, 0.5]), np.array([0.0, 1.0]))]
+    xstencil.iterate(None, _mesh(u0, *cases[0]), tol=None, max_steps=3)
+    with compiles() as got:
+        outs = [xstencil.iterate(None, _mesh(u0, w, b), tol=None, max_steps=3)
+                for w, b in cases]
+    assert got["compiles"] == 0
+    for (w, b), out in zip(cases, outs, strict=True):
+        np.testing.assert_allclose(out.field.values, _mesh_ref(u0.values, w, b, 3),
+                                   rtol=1e-12)

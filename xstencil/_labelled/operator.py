@@ -23,7 +23,7 @@ from jax.dtypes import canonicalize_dtype
 from xstencil._engine.call import native
 from xstencil._engine.coords import coord_digest
 from xstencil._engine.fresh import fresh
-from xstencil._engine.kcache import cached, canonical, compiled, describe, rebuild, values_key
+from xstencil._engine.kcache import cached, describe, rebuild
 from xstencil._errors import XStencilError
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
@@ -121,25 +121,15 @@ def state_of(call: str, obj: Any) -> State:
 
 
 class MeshSpec:
-    """A mesh's regions and options, without its data, for a compiled loop.
+    """A mesh's regions and options, without its data, for a compiled loop:
+    its kernels are copies reading the loop's inputs (:class:`LoopBody`)."""
 
-    The first kernel owns the cache entry and is held weakly, the others
-    strongly (they live as long as the entry, so their ids stay theirs);
-    ``shared`` (a rebuilt mesh of equal kernels may reuse the entry, see
-    :func:`cached_body`): the first is held strongly too.
-    """
-
-    def __init__(self, mesh: Mesh, shared: bool = False):
-        kernels = [canonical(k) for _, k in mesh._regions]
-        self.owner = kernels[0]
-        self._ref = (lambda: kernels[0]) if shared else weak(self.owner)
-        self._regions = [(r, None if k is self.owner else k)
-                         for (r, _), k in zip(mesh._regions, kernels, strict=True)]
-        self._options = dict(mesh._options)
+    def __init__(self, regions: list[Any], kernels: list[Any], options: dict[str, Any]):
+        self._regions = list(zip(regions, kernels, strict=True))
+        self._options = options
 
     def regions(self) -> list[tuple[Any, Any]]:
-        owner = self._ref()
-        return [(r, owner if k is None else k) for r, k in self._regions]
+        return list(self._regions)
 
 
 def weak(x: Any) -> Callable[[], Any]:
@@ -179,62 +169,52 @@ class LoopBody:
     """A loop's body (a kernel, a ``step=`` function or a mesh) for the
     compile cache of :func:`xstencil.iterate` and :func:`xstencil.solve`.
 
-    A kernel or step function is keyed by its structure (its
-    :func:`~xstencil._engine.kcache.describe` key): the arrays it closes over
-    are inputs of the compiled loop (``leaves``), read afresh on every call,
-    so a kernel written inline in a loop reuses the loop compiled for the
-    first (0.2 s a call at 64² before), and an array changed in place is
-    read as it is now.  A mesh's kernels are keyed by value
-    (:func:`values_key`) beside its regions, and their arrays are constants
-    of the loop.  ``resolve(leaves)`` gives the body at trace time;
-    ``lifted`` is what the key was read from (to :func:`settle` after the
-    call: a list the trace wrote to is a counter, keyed by identity from
-    then on).
+    It is keyed by its structure (the :func:`~xstencil._engine.kcache.describe`
+    key of its kernels, and a mesh's regions and options): the arrays the
+    kernels close over are inputs of the compiled loop (``leaves``), read
+    afresh on every call, as a map's are.  A kernel written inline in a loop,
+    or a mesh rebuilt with new kernels, reuses the loop compiled for the
+    first (0.2-0.8 s a call at 64² before), and an array changed in place is
+    read as it is now.  ``resolve(leaves)`` gives the body at trace time
+    (a mesh as a :class:`MeshSpec`); ``lifted`` is what the key was read
+    from (to :func:`settle` after the call: a list the trace wrote to is a
+    counter, keyed by identity from then on).
     """
 
     def __init__(self, body: Any):
         if isinstance(body, Mesh) and body._regions:
-            kernels = [k for _, k in body._regions]
-            self.lifted = describe(kernels)
-            # kernels that close over no arrays are keyed by what they read, so a
-            # mesh rebuilt with equal kernels (new lambdas) reuses the compiled loop;
-            # a kernel's own arrays are baked into the loop: those stay by identity
-            shared = not self.lifted.leaves
-            spec = MeshSpec(body, shared)
-            self._owner: Any = spec.owner
-            self.key: Any = (body_key(body, shared), values_key(kernels, self.lifted))
-            self.leaves: list[Any] = []
-            self.resolve: Callable[[Any], Any] = lambda leaves: spec
-            return
-        self.lifted = template = describe([body])
-        self._owner = None
-        self.key = ("structure", self.lifted.key)
-        self.leaves = list(self.lifted.leaves)
-        self.resolve = lambda leaves: rebuild(template, leaves)[0]
+            regions = [r for r, _ in body._regions]
+            options = dict(body._options)
+            self.lifted = lifted = describe([k for _, k in body._regions])
+            self.key: Any = ("mesh", body_key(body), lifted.key)
+            self.resolve: Callable[[Any], Any] = lambda leaves: MeshSpec(
+                regions, rebuild(lifted, leaves), options)
+        else:
+            self.lifted = template = describe([body])
+            self.key = ("structure", template.key)
+            self.resolve = lambda leaves: rebuild(template, leaves)[0]
+        self.leaves: list[Any] = list(self.lifted.leaves)
 
     def compiled(self, key: Any, build: Callable[[], Callable[..., Any]]
                  ) -> Callable[..., Any]:
         """The compiled loop for ``key`` (which holds :attr:`key`), built on a miss."""
-        if self._owner is not None:
-            return compiled(self._owner, key, build)
         return cached(key, build)
 
 
-def body_key(body: Any, shared: bool = False) -> Any:
-    """A mesh's kernels and regions (a mesh may be changed after a call);
-    ``shared``: its regions only, the kernels being keyed by value beside it
-    (:func:`values_key`, in region order), else kernels by identity too."""
+def body_key(body: Any) -> Any:
+    """A mesh's regions and options (its kernels are keyed by structure
+    beside it, in region order)."""
     if not isinstance(body, Mesh):
         return None
     out = []
-    for region, k in body._regions:
+    for region, _ in body._regions:
         if region is None:
             r: Any = None
         elif isinstance(region, np.ndarray):
             r = hashlib.blake2b(np.packbits(region).tobytes(), digest_size=16).hexdigest()
         else:
             r = tuple((d, tuple(v.tolist())) for d, v in region.items())
-        out.append((None if shared else id(canonical(k)), r))
+        out.append(r)
     return (tuple(out), tuple(sorted((k, repr(v)) for k, v in body._options.items())))
 
 
