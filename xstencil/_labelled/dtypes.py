@@ -24,7 +24,7 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import dtype_kind, is_weak, precision, promote, split_static
-from xstencil._engine.kcache import compiled, freeze
+from xstencil._engine.kcache import compiled, describe, freeze, rebuild
 from xstencil._errors import PrecisionWarning, XStencilError
 from xstencil._labelled.core import kernel_caller
 from xstencil._labelled.plan import Plan
@@ -60,15 +60,21 @@ def carry_dtypes(call: str, plan: Plan, kernels: Sequence[Any], args: Any, kwarg
     dtype of the input and the results, traced to a fixed point."""
     dtypes = [np.dtype(d) for d in plan.var_dtypes]
     names = plan.var_names
+    # the arrays the kernels close over are abstract here, as in a compiled scan
+    # (their inputs): a kernel that needs one concrete (float(w[0])) fails alike
+    # in memory and on dask, whose blocks would bake them in
+    lifted = describe(kernels)
     with precision([np.zeros(0, d) for d in dtypes], args, kwargs):
         udyn, static = split_static(call, (args, kwargs))
         for _ in range(4):
             kplan = replace(plan, var_dtypes=tuple(dtypes), out_dtype="kernel")
             new = list(dtypes)
-            for kn in kernels:
-                c = kernel_caller(kplan, kn, static)
-                out = jax.eval_shape(lambda cs, d, c=c: c(cs, d), kernel_cells(kplan, dtypes, cdt),
-                                     udyn)
+            for k in range(len(kernels)):
+                def one(cs: Any, d: Any, leaves: Any, k: int = k, kplan: Plan = kplan) -> Any:
+                    return kernel_caller(kplan, rebuild(lifted, leaves)[k], static)(cs, d)
+
+                out = jax.eval_shape(one, kernel_cells(kplan, dtypes, cdt), udyn,
+                                     list(lifted.leaves))
                 if names is None:
                     items: list[tuple[int, Any]] = [(0, out)]
                 elif isinstance(out, Mapping):
