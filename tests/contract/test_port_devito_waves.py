@@ -325,3 +325,33 @@ def test_loops_and_xla_give_the_same_wavefield(monkeypatch, dtype):
         u[n, 2:-2, 2:-2] = 2 * p[2:-2, 2:-2] - u[n - 2, 2:-2, 2:-2] + DT**2 * vp2 * lap / H**2
     tol = 1e-12 if dtype == np.float64 else 1e-5
     np.testing.assert_allclose(loops.u.values, u[1:, 2:-2, 2:-2], rtol=0, atol=tol)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_gradient_of_a_receiver_misfit_wrt_the_velocity(x64, checkpoint):
+    """Full-waveform inversion's gradient on a small grid, against central
+    differences (``jax.test_util.check_grads``) and one directional derivative."""
+    from jax.test_util import check_grads
+
+    start = grown().isel(x=slice(4, 17), z=slice(0, 10))
+
+    def traces(vp):
+        ds = start.assign(vp=(("x", "z"), vp))
+        out = ds.stencil.scan(wave_from_time, dim="time", steps=30, dt=DT, boundary="fill",
+                              fill_value=0.0, checkpoint=checkpoint)
+        return out.u.data[:, :, 2]  # a line of receivers at z = 20 m
+
+    vp0 = jnp.asarray(start.vp.values)
+    observed = traces(vp0 * 1.03)
+
+    def misfit(vp):
+        return jnp.sum((traces(vp) - observed) ** 2)
+
+    grad = jax.grad(misfit)(vp0)
+    d = np.random.default_rng(0).normal(size=vp0.shape)
+    eps = 1e-3
+    fd = (misfit(vp0 + eps * d) - misfit(vp0 - eps * d)) / (2 * eps)
+    assert abs(fd) > 1e-3
+    np.testing.assert_allclose(float(jnp.sum(grad * d)), float(fd), rtol=1e-7)
+    check_grads(misfit, (vp0,), order=1, modes=("rev",), eps=1e-3)
