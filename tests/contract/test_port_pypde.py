@@ -212,3 +212,77 @@ def test_cahn_hilliard_trajectory(bc, mode):
         ext = da.stencil.scan(fused, "time", steps=steps, dt=dt, boundary="extend",
                               save_every=every)
         assert np.abs(ext.values[-1] - want[-1]).max() > 1e-3
+
+
+class ForcedAllenCahn(pde.PDEBase):
+    """``c_t = 0.5 lap(c) - c**3 + sin(3 t)``, a py-pde PDE class with an explicit
+    time dependence (``pde.PDE({"c": "0.5 * laplace(c) - c**3 + sin(3 * t)"})``
+    gives the same numbers bitwise, after 7-20 s of compiling its expression)."""
+
+    def evolution_rate(self, state: Any, t: float = 0) -> Any:
+        return 0.5 * state.laplace(bc="periodic") - state**3 + np.sin(3 * t)
+
+
+def forced_allen_cahn() -> tuple[Any, Any]:
+    grid = make_grid((True, True))
+    return ForcedAllenCahn(), pde.ScalarField(grid, RNG.uniform(-1, 1, grid.shape))
+
+
+def test_runge_kutta_step_function_with_the_time():
+    """py-pde's fixed-step RK4 evaluates the right-hand side at t, t + dt/2 and
+    t + dt: a ``scan(step=)`` that takes ``time`` does the same."""
+    eq, field = forced_allen_cahn()
+    dt, t_range = 0.004, 0.2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = eq.solve(field.copy(), t_range=t_range, dt=dt, solver="runge-kutta",
+                        adaptive=False, tracker=None, backend="numpy")
+    da = as_dataarray(field)
+    dx, dy = spacing(da)
+
+    def rhs(s, t):
+        return 0.5 * s.stencil.map(lambda u: laplace(u, dx, dy), boundary="periodic") \
+            - s**3 + jnp.sin(3 * t)
+
+    def rk4(s, time):
+        k1 = dt * rhs(s, time)
+        k2 = dt * rhs(s + 0.5 * k1, time + 0.5 * dt)
+        k3 = dt * rhs(s + 0.5 * k2, time + 0.5 * dt)
+        k4 = dt * rhs(s + k3, time + dt)
+        return s + (k1 + 2 * k2 + 2 * k3 + k4) / 6
+
+    out = da.stencil.scan(None, "time", step=rk4, steps=round(t_range / dt), dt=dt,
+                          save_every="last")
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out.values, want.data, rtol=0, atol=1e-12)
+    assert np.abs(want.data - field.data).max() > 0.5
+
+
+def test_adams_bashforth_is_a_two_level_scan():
+    """py-pde's Adams-Bashforth starts from c(-dt) = c(0) - dt f(c(0), 0); the
+    scan takes both as its initial positions and reads ``time=-1`` and ``-2``."""
+    eq, field = forced_allen_cahn()
+    dt, t_range = 0.004, 0.2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = eq.solve(field.copy(), t_range=t_range, dt=dt, solver="adams-bashforth",
+                        tracker=None, backend="numpy")
+    da = as_dataarray(field)
+    dx, dy = spacing(da)
+
+    def f(u, level):
+        read = lambda **o: u(time=level, **o)  # noqa: E731
+        t = u.coord("time")(time=level)
+        return 0.5 * laplace(read, dx, dy) - read() ** 3 + jnp.sin(3 * t)
+
+    def ab2(u):
+        return u(time=-1) + dt * (1.5 * f(u, -1) - 0.5 * f(u, -2))
+
+    # numpy only here: a jnp scalar would make the sum a float32 JAX array (x64 off)
+    f0 = 0.5 * da.stencil.map(lambda u: laplace(u, dx, dy), boundary="periodic") - da**3
+    start = xr.concat([da - dt * f0, da], dim=xr.DataArray([-dt, 0.0], dims="time",
+                                                            name="time"))
+    out = start.stencil.scan(ab2, "time", steps=round(t_range / dt), dt=dt,
+                             boundary="periodic", save_every="last")
+    assert float(out.time) == pytest.approx(t_range)
+    np.testing.assert_allclose(out.values, want.data, rtol=0, atol=1e-12)
