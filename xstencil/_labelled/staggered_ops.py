@@ -65,11 +65,11 @@ def _probe(lay: Layout, plain: Any, args: Any, kwargs: Any, dim: str | None = No
     that the hidden variables it reads are recorded before the real call.
     ``dim``: a scan's dim, which a grown trajectory adds."""
     f = unwrap(lay.call, lay.plain)
-    dims, var_dims = f.dims, f.var_dims
-    if dim is not None and dim not in dims:
+    dims, var_dims, cdims = f.dims, f.var_dims, coord_dims(f)
+    if dim is not None and dim not in dims:  # grown: the trajectory has a coordinate along dim
         dims, var_dims = (dim, *dims), tuple((dim, *d) for d in var_dims)
-    infer_window(lay.call, plain, dims, f.names, var_dims, f.dtypes, coord_dims(f), args,
-                 kwargs)
+        cdims = (dim, *cdims)
+    infer_window(lay.call, plain, dims, f.names, var_dims, f.dtypes, cdims, args, kwargs)
 
 
 def _include(lay: Layout, kernels: Any, spec: Spec, args: Any, kwargs: Any,

@@ -214,13 +214,17 @@ def _rename_back(da: xr.DataArray, back: Mapping[str, str], at: Mapping[str, str
 
 
 def _with_coords(obj: Any, lay: Layout) -> Any:
+    # bare variables: a DataArray from .coords carries the Dataset's scalar coords
+    # along, and a scalar one named like a dim of the result (the label of a grown
+    # scan's initial position, ``time``) made assign_coords raise
     dims = set(map(str, obj.dims))
     grid_dims = set(lay.grid.where)
-    add = {k: v for k, v in lay.ds.coords.items()
+    add = {k: v.variable for k, v in lay.ds.coords.items()
            if set(map(str, v.dims)) <= dims and set(map(str, v.dims)) & grid_dims
            and k not in obj.coords}
     src = lay.grid.source
     if src is not None:  # dims only the grid's Dataset has coordinates for
-        add.update({k: v for k, v in src.coords.items() if v.dims == (k,) and str(k) in dims
-                    and str(k) not in set(map(str, lay.ds.dims)) and k not in obj.coords})
+        add.update({k: v.variable for k, v in src.coords.items() if v.dims == (k,)
+                    and str(k) in dims and str(k) not in set(map(str, lay.ds.dims))
+                    and k not in obj.coords})
     return obj.assign_coords(add) if add else obj
