@@ -34,6 +34,7 @@ Tried and found correct (no test kept here; they pass):
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
@@ -74,3 +75,33 @@ def test_a_nat_first_label_spoils_only_its_neighbours(backend: str, span: str) -
     np.testing.assert_allclose(got, np.repeat(np.array(want)[:, None], 3, axis=1),
                                rtol=1e-15, atol=0)
     assert np.isfinite(got[1:]).all()
+
+
+@pytest.mark.parametrize("kind", ["DataArray", "Dataset"])
+def test_jit_gives_back_each_calls_coordinate_dtype(kind: str) -> None:
+    """DataArrays and Datasets are pytrees whose coords are static data, the
+    jit cache key.  Coordinates were compared with ``Variable.identical``,
+    which holds int64 and float64 labels of equal values equal: a jitted
+    function called first with float64 labels and then with int64 (or
+    float32) labels of the same values hit the first call's trace and gave
+    back float64 labels, though the same call outside jit keeps the input's."""
+    def kernel(u):
+        x = u.coord("x")
+        return (u(x=1) - u(x=-1)) / (x(x=1) - x(x=-1))
+
+    def run(obj):
+        k = kernel if isinstance(obj, xr.DataArray) else (lambda s: {"v": kernel(s["v"])})
+        return obj.stencil.map(k, boundary="extend")
+
+    jitted = jax.jit(run)
+    data = np.random.default_rng(3).random(6).astype(np.float32)
+    labels = np.array([0, 1, 3, 4, 8, 9])
+    for dtype in ["float64", "int64", "float32", "int32", "float64"]:
+        x = labels.astype(dtype)
+        da = xr.DataArray(data, dims="x", coords={"x": x, "lon": ("x", x)}, name="v")
+        obj = da if kind == "DataArray" else da.to_dataset()
+        got, want = jitted(obj), run(obj)
+        assert got.x.dtype == want.x.dtype == x.dtype
+        assert got.lon.dtype == x.dtype
+        values = (lambda r: r.values) if kind == "DataArray" else (lambda r: r["v"].values)
+        np.testing.assert_allclose(np.asarray(values(got)), values(want), rtol=1e-6)
