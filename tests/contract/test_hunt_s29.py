@@ -30,6 +30,16 @@ Tried and found correct (no test kept here; they pass):
   scans over 4 host devices; temporal blocking with coordinate reads; mesh
   regions by every label/position/mask form; a randomized comparison of
   ``kmap``/``kscan``/``smap``/``sscan`` with kernex 0.2.1 (377 cases).
+* pytrees: a jitted function called with new coordinate values, datetime
+  coordinates, ``vmap`` over a labelled batch, ``grad`` with respect to a
+  DataArray (against a numpy gradient).
+
+Noticed, not changed: with an explicit ``window=``, every coordinate of a
+periodic window dim is padded (and needs a period), read or not, so a box
+mean over a rolled or unevenly spaced longitude (``u.mean()``,
+``window={"lon": 3}``) is refused, while the same kernel written with
+offsets and an inferred window runs (the probe then knows no coordinate is
+read).  A clear error, not a wrong result.
 """
 
 from __future__ import annotations
