@@ -40,5 +40,12 @@ def test_short_spans_and_not_a_time_are_unchanged() -> None:
     got = numeric_coord("c", "t", w)
     np.testing.assert_array_equal(got, (w - w[0]) / np.timedelta64(1, "s"))
     assert got[-1] == -1e-9 and np.isnan(got[2])
+    # a NaT first label: seconds since the first known label (session 29; it
+    # made every position NaN), on the wrapping span and on a short one
     first_nat = np.array(["NaT", "1700-01-01", "2100-01-01"], "M8[ns]")
-    assert np.isnan(numeric_coord("c", "t", first_nat)).all()
+    got = numeric_coord("c", "t", first_nat)
+    assert np.isnan(got[0])
+    np.testing.assert_allclose(got[1:], _python_seconds(first_nat[1:]), rtol=1e-15, atol=0)
+    short = np.array(["NaT", "2026-01-01", "2026-01-02"], "M8[ns]")
+    np.testing.assert_array_equal(numeric_coord("c", "t", short), [np.nan, 0.0, 86400.0])
+    assert np.isnan(numeric_coord("c", "t", np.array(["NaT", "NaT"], "M8[ns]"))).all()

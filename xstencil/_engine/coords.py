@@ -154,24 +154,26 @@ def read_coord(call: str, dim: str, values: np.ndarray) -> np.ndarray | None:
 
 
 def _seconds_since_first(values: np.ndarray) -> np.ndarray:
-    """Seconds since the first datetime, in float64.  ``values - values[0]``
-    wraps in int64 for nanosecond times more than 292 years apart (1700 to
-    2100), so whole seconds and the rest are subtracted apart."""
+    """Seconds since the first known datetime, in float64.  ``values -
+    values[0]`` wraps in int64 for nanosecond times more than 292 years apart
+    (1700 to 2100), so whole seconds and the rest are subtracted apart.  The
+    origin is the first label that is not NaT: a NaT first label made every
+    position NaN, so every coordinate difference a kernel read was NaN, not
+    only those next to the missing label."""
     unit, count = np.datetime_data(values.dtype)
     per_s = np.timedelta64(1, "s") / np.timedelta64(count, unit)  # ticks per second
     ticks, nat = values.view(np.int64), np.isnat(values)
     known = ticks[~nat]
     if not known.size or int(known.max()) - int(known.min()) < 2**63 or per_s <= 1 \
             or per_s != int(per_s):  # no wrap: exact
-        return (values - values[0]) / np.timedelta64(1, "s")
+        origin = values[~nat][0] if known.size else values.flat[0]
+        return (values - origin) / np.timedelta64(1, "s")
     t0 = known[0]
     n = int(per_s)
     whole = (ticks // n - t0 // n).astype(np.float64)
     rest = (ticks % n - t0 % n).astype(np.float64) / n
     out = whole + rest
     out[nat] = np.nan
-    if np.isnat(values.flat[0]):
-        out[:] = np.nan  # as values - values[0] gives
     return out
 
 

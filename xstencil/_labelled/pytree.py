@@ -78,9 +78,11 @@ class LabelledStatic:
     it can be pytree auxiliary data (and a jit cache key).
 
     ``__eq__`` compares dims, names and attrs by value and the coordinate
-    variables with ``identical`` (identity first, so the common case of the
-    same coordinates is cheap); ``__hash__`` uses only dims, names and coord
-    shapes.
+    variables with ``identical`` and their dtypes (identity first, so the
+    common case of the same coordinates is cheap; ``identical`` holds int64
+    and float64 labels of equal values equal, and a jitted call then gave back
+    the first call's coordinate dtype); ``__hash__`` uses only dims, names and
+    coord shapes.
     """
 
     __slots__ = ("kind", "names", "dims", "attrs", "obj_attrs", "name", "coords", "indexes",
@@ -111,7 +113,8 @@ class LabelledStatic:
                 and _equal(self.obj_attrs, other.obj_attrs)
                 and all(_equal(a, b) for a, b in zip(self.attrs, other.attrs, strict=True))
                 and self.coords.keys() == other.coords.keys()
-                and all(v is other.coords[k] or v.identical(other.coords[k])
+                and all(v is other.coords[k] or (v.dtype == other.coords[k].dtype
+                                                 and v.identical(other.coords[k]))
                         for k, v in self.coords.items()))
 
     def __repr__(self) -> str:
