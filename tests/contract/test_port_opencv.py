@@ -6,7 +6,7 @@ Border types map onto xstencil's boundary modes:
 ==========================  ====================  =====================
 OpenCV                      pattern               xstencil
 ==========================  ====================  =====================
-``BORDER_CONSTANT``         ``iiii|abcd|iiii``    ``"fill"`` (``fill_value=0``: OpenCV's border value)
+``BORDER_CONSTANT``         ``iiii|abcd|iiii``    ``"fill"``, ``fill_value=0``
 ``BORDER_REPLICATE``        ``aaaa|abcd|dddd``    ``"extend"``
 ``BORDER_REFLECT``          ``dcba|abcd|dcba``    ``"symmetric"``
 ``BORDER_REFLECT_101``      ``dcb|abcd|cba``      ``"reflect"`` (OpenCV's default)
