@@ -146,6 +146,36 @@ def test_chunks_smaller_than_halo():
         da.stencil.map(lap, boundary="extend")
 
 
+def test_dim_shorter_than_halo_says_no_chunking_helps():
+    """A dim of 3 points under a halo of 4: rechunking cannot help (the old
+    message suggested the chunks it already had, ``.chunk({'y': 3})``)."""
+    da = xr.DataArray(dsa.from_array(np.ones((3, 8)), chunks=(3, 4)), dims=("y", "x"))
+    with pytest.raises(XStencilError, match=r"dim 'y' has 3 points in all, fewer than the "
+                                            r"window's halo of 4.*no rechunking can supply it"
+                                            r".*obj.compute\(\)"):
+        da.stencil.map(lambda u: u(y=4) + u(x=1), boundary="extend")
+
+
+@pytest.mark.parametrize("backend", ["xla", "loops"])
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_reflect_on_one_chunk_as_long_as_the_halo(backend: str, n: int):
+    """One chunk of ``n`` points along a ``"reflect"`` dim under a halo of
+    ``n``: the low halo needs ``n + 1`` cells (numpy's reflect), one past the
+    chunk, and read the high halo before it was rebuilt (max error 1.35 at
+    n = 3, silently, on both block backends). Reference: ``np.pad`` and a
+    plain loop."""
+    rng = np.random.default_rng(n)
+    a = rng.random((n, 6))
+    w = rng.random(2 * n + 1)
+    ref = np.pad(a, ((n, n), (0, 0)), mode="reflect")
+    ref = sum(w[j] * ref[j:j + n] for j in range(2 * n + 1))
+    da = xr.DataArray(dsa.from_array(a, chunks=(n, 3)), dims=("y", "x"))
+    out = da.stencil.map(lambda u: sum(w[j] * u(y=j - n) for j in range(2 * n + 1)),
+                         boundary={"y": "reflect", "x": "extend"}, backend=backend)
+    assert isinstance(out.data, dsa.Array)
+    np.testing.assert_allclose(out.values, ref, rtol=1e-5)
+
+
 def test_distributed_local_cluster() -> None:
     distributed = pytest.importorskip("distributed")
     import xstencil._backends.dask as xd

@@ -202,7 +202,7 @@ def test_many_blocks_on_the_threaded_scheduler(ran: list[int]) -> None:
 
 
 @pytest.mark.parametrize("mode", ["fill", "extend", "reflect", "symmetric"])
-@pytest.mark.parametrize("n, w", [(9, 2), (5, 2), (4, 1), (12, 3)])
+@pytest.mark.parametrize("n, w", [(9, 2), (5, 2), (4, 1), (12, 3), (6, 2), (9, 3)])
 def test_repad_host_matches_the_traced_repad(mode: str, n: int, w: int) -> None:
     rng = np.random.default_rng(n * 10 + w)
     x = rng.standard_normal((n, 6)).astype(np.float32)

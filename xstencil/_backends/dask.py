@@ -106,6 +106,16 @@ def _axes(plan: Plan, chunks: Sequence[Sequence[int]]) -> list[_Axis]:
     out = []
     for d, s, g, ch in zip(plan.dims, plan.specs, plan.geom, chunks, strict=True):
         depth = max(s.lo, s.hi)
+        if depth and sum(ch) < depth:
+            # no chunking helps: the whole dim is shorter than the halo
+            raise XStencilError(
+                f"{plan.call}: dim {d!r} has {sum(ch)} points in all, fewer than the "
+                f"window's halo of {depth}; a dask-backed map builds each block's halo from "
+                f"its own and its neighbours' chunks, so no rechunking can supply it; map "
+                f"the data in "
+                f"memory (obj.compute().stencil.map(...)), where the boundary mode builds "
+                f"the halo, or use a window reaching at most {sum(ch)} points along {d!r}"
+            )
         if depth and min(ch) < depth:
             raise XStencilError(
                 f"{plan.call}: dim {d!r} has a chunk of {min(ch)} points, smaller than the "

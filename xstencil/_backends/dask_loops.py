@@ -86,8 +86,8 @@ def repad_host(x: np.ndarray, axis: int, lo: int, hi: int, mode: str, fill: Any,
         with precision(x):  # a 64-bit x keeps its fill value in 64 bits
             value = np.asarray(jnp.full((), fill, x.dtype))[()]
 
-    def rebuild(first: int, inner: int, positions: np.ndarray) -> None:
-        m = min(n - len(positions), len(positions) + 1)  # the inner cells the mode reads
+    def rebuild(first: int, inner: int, positions: np.ndarray, avail: int) -> None:
+        m = min(avail, len(positions) + 1)  # the inner cells the mode reads
         idx = source_index(positions, m, mode)
         dst = [slice(None)] * x.ndim
         src = [slice(None)] * x.ndim
@@ -100,10 +100,12 @@ def repad_host(x: np.ndarray, axis: int, lo: int, hi: int, mode: str, fill: Any,
                 x[tuple(dst)] = x[tuple(src)]
 
     if lo and at_lo:
-        rebuild(0, lo, np.arange(-lo, 0))
+        # where the high side is a global edge too, its halo is not rebuilt yet:
+        # the mode reads the core only (reflect reaches one cell past a core of lo)
+        rebuild(0, lo, np.arange(-lo, 0), n - lo - (hi if at_hi else 0))
     if hi and at_hi:
         m = min(n - hi, hi + 1)
-        rebuild(n - hi, n - hi - m, np.arange(m, m + hi))
+        rebuild(n - hi, n - hi - m, np.arange(m, m + hi), m)
 
 
 def join_host(pieces: Any, depth: Sequence[int], modes: Sequence[str | None], fill: Any,

@@ -36,6 +36,13 @@ def repad(x: Any, axis: int, lo: int, hi: int, mode: str, fill: Any, at_lo: Any,
         widths[axis] = (lo, 0)
         inner = lax.slice_in_dim(x, lo, min(n, 2 * lo + 1), axis=axis)
         edge = lax.slice_in_dim(pad(inner, widths, modes, fill), 0, lo, axis=axis)
+        if hi and n - hi < 2 * lo + 1:
+            # the w + 1 cells reach into the high halo, which is a neighbour's
+            # cells, or, where the high side is a global edge too (one block
+            # along the axis), not rebuilt yet: there the mode reads the core only
+            core = lax.slice_in_dim(x, lo, n - hi, axis=axis)
+            alone = lax.slice_in_dim(pad(core, widths, modes, fill), 0, lo, axis=axis)
+            edge = jnp.where(at_hi, alone, edge)
         old = lax.slice_in_dim(x, 0, lo, axis=axis)
         x = lax.dynamic_update_slice_in_dim(x, jnp.where(at_lo, edge, old), 0, axis)
     if hi:
