@@ -45,6 +45,7 @@ from jax.extend import core as jcore
 
 from xstencil._engine.affine import runtime_weights
 from xstencil._engine.call import stand_in
+from xstencil._engine.dense_centre import applies, reference, restore, weight_sum
 from xstencil._engine.dense_finite import finite_guard
 from xstencil._engine.dense_hoist import provided
 from xstencil._engine.dense_runtime import (
@@ -210,7 +211,9 @@ def correlate(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]
                         [steps[b] if b == a else 1 for b in range(p.ndim)],
                         [counts[b] if b == a else p.shape[b] for b in range(p.ndim)])
         return p
-    if how in ("slices", "shell"):
+    if how == "slices":
+        return _slices(p, w, steps, counts, centre=True)
+    if how == "shell":
         return _slices(p, w, steps, counts)
     if how == "conv":
         return _conv(p, w, steps, counts)
@@ -237,22 +240,33 @@ def _conv(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
     return out[0, 0][tuple(slice(0, n) for n in counts)]
 
 
-def _slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
+def _slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int],
+            centre: bool = False) -> Any:
+    """``sum_c w[c] * slice_c(p)`` over the cells of nonzero weight, as a
+    balanced tree; ``centre``: floating sums are taken of ``p`` less each
+    output's reference value (:mod:`xstencil._engine.dense_centre`)."""
     if not isinstance(w, np.ndarray):
-        return runtime_slices(p, w, steps, counts)
+        return runtime_slices(p, w, steps, counts, centre)
+    cells = list(zip(*np.nonzero(w), strict=True))
+    ws = [constant(w[cell], p.dtype) for cell in cells]
+    r = None
+    if centre and cells and applies(p.dtype) and np.all(np.isfinite(w)):
+        hi, lo, abs_sum = weight_sum(ws, p.dtype)
+        r = reference(p, w.shape, steps, counts, abs_sum)
     terms = []
-    for cell in zip(*np.nonzero(w), strict=True):
-        starts = [int(c) for c in cell]
+    for cell, c in zip(cells, ws, strict=True):
+        starts = [int(i) for i in cell]
         limits = [s + st * (n - 1) + 1 for s, st, n in zip(starts, steps, counts, strict=True)]
         piece = lax.slice(p, starts, limits, tuple(steps))
-        c = w[cell]
-        terms.append(piece if c == 1 else piece * constant(c, p.dtype))
+        if r is not None:
+            piece = piece - r
+        terms.append(piece if w[cell] == 1 else piece * c)
     if not terms:
         return jnp.zeros(tuple(counts), p.dtype)
     while len(terms) > 1:  # a balanced tree, as the shifted-slice lowering
         terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
                  for i in range(0, len(terms), 2)]
-    return terms[0]
+    return terms[0] if r is None else restore(terms[0], r, hi, lo)
 
 
 def constant(c: Any, dtype: Any) -> np.ndarray:
