@@ -232,3 +232,150 @@ def test_slices_lowering_is_the_one_tested(monkeypatch):
     da.stencil.map(lambda u: (u * _cancelling(9)).sum(), window={"y": 9, "x": 9},
                    backend="xla")
     assert seen == ["slices", "slices"]
+
+
+# --- separable weights: float32 Gaussians, and centred passes -------------------------
+
+def _gauss_1d(k: int, s: float, dtype) -> np.ndarray:
+    x = (np.arange(k) - k // 2).astype(dtype)
+    g = np.exp(-x * x / dtype(2 * s * s)).astype(dtype)
+    return (g / g.sum()).astype(dtype)
+
+
+def _gaussians(k: int, s: float, dtype) -> dict[str, np.ndarray]:
+    """2-D Gaussian weights built the ways users build them, in ``dtype``."""
+    g = _gauss_1d(k, s, dtype)
+    x = (np.arange(k) - k // 2).astype(dtype)
+    yy, xx = np.meshgrid(x, x, indexing="ij")
+    two_d = np.exp(-(xx * xx + yy * yy) / dtype(2 * s * s)).astype(dtype)
+    delta = np.zeros((k, k), dtype)
+    delta[k // 2, k // 2] = 1
+    out = {"np.outer": np.outer(g, g), "2-D exp": (two_d / two_d.sum()).astype(dtype),
+           "ndimage": ndi.gaussian_filter(delta, s, truncate=(k // 2) / s)}
+    if dtype == np.float32:  # x64 off: jnp computes in float32
+        gj = jnp.exp(-jnp.asarray(x) ** 2 / (2 * s * s))
+        out["jnp.outer"] = np.asarray(jnp.outer(gj / gj.sum(), gj / gj.sum()))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k,s", [(9, 1.5), (15, 2.5), (31, 5.0)])
+def test_gaussians_are_separable(k, s, dtype):
+    """Before, a float32 Gaussian was not rank 1 to 1e-12 and ran as 81
+    slices (9 x 9) or an FFT; each construction is separable now, for a
+    sum in its own dtype."""
+    for name, w in _gaussians(k, s, dtype).items():
+        assert dense.choose(np.asarray(w, np.float64), dtype=np.dtype(dtype)) == "separable", name
+
+
+def test_near_rank_one_weights_beyond_rounding_are_not_separable():
+    """A deviation from rank 1 larger than the sum's rounding keeps the
+    direct sum: 1e-5 relative per cell in float32, 5e-13 in float64
+    (accepted by the former per-cell 1e-12 tolerance: an answer off by
+    about 5e-13 of the sum, thousands of float64 ulps)."""
+    g = _gauss_1d(9, 1.5, np.float64)
+    noise = np.random.default_rng(12).uniform(-1, 1, (9, 9))
+    for dtype, size in ((np.float32, 1e-5), (np.float64, 5e-13)):
+        w = np.outer(g, g) * (1 + size * noise)
+        assert dense.choose(w, dtype=np.dtype(dtype)) != "separable"
+    # and the float64 map gives the 2-D sum to float64's rounding
+    w = np.outer(g, g) * (1 + 5e-13 * noise)
+    with jax.enable_x64(True):
+        t = _temps((20, 18), seed=13).astype(np.float64) + np.random.default_rng(14).random(
+            (20, 18))
+        got = xr.DataArray(t, dims=("y", "x")).stencil.map(
+            _literal(w), window={"y": 9, "x": 9}, boundary="periodic", backend="xla")
+    ref = _corr(t, w, "periodic")
+    assert np.abs(got.values - ref).max() <= 8 * np.finfo(np.float64).eps * np.abs(ref).max()
+    w = np.outer(g, g)
+    w[0, 0] = 0.0  # a zero the product does not have: the passes would read it
+    assert dense.choose(w, dtype=np.dtype(np.float32)) != "separable"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("backend", ["xla", "jax-input", "loops"])
+def test_float32_gaussian_blur_matches_the_2d_sum(mode, backend):
+    """A float32 Gaussian (constant weights in the kernel) over offset data,
+    now by separable passes: within a few ulps of the exact 2-D sum with
+    the same float32 weights."""
+    k = 15
+    w = _gaussians(k, 2.5, np.float32)["np.outer"]
+    t = _temps(seed=9, trend=40.0)
+    da, be = _array(t, backend)
+    got = da.stencil.map(_literal(w), window={"y": k, "x": k}, boundary=mode, backend=be)
+    ref = _corr(t, w, mode)
+    np.testing.assert_array_equal(np.isnan(got.values), np.isnan(ref))
+    fin = np.isfinite(ref)
+    assert np.abs(got.values[fin] - ref[fin]).max() <= 4 * EPS32 * np.abs(ref[fin]).max()
+
+
+def _derivative(k: int, kind: str) -> np.ndarray:
+    """Separable weights whose terms cancel: a binomial smoothing times a
+    binomial derivative (dyadic, exactly rank 1 in any dtype), or a float32
+    derivative of a Gaussian."""
+    if kind == "binomial":
+        b = np.array([1.0])
+        for _ in range(k - 1):
+            b = np.convolve(b, [1.0, 1.0])
+        d = np.convolve(b[:-1] if k > 1 else b, [1.0, -1.0])  # a binomial difference
+        return np.outer(b / b.sum(), d / np.abs(d).sum())
+    x = np.arange(k) - k // 2
+    g = np.exp(-x ** 2 / 8.0)
+    return np.outer(g / g.sum(), -x * g / g.sum()).astype(np.float32)
+
+
+@pytest.mark.parametrize("mode", ["periodic", "reflect", "extend", "fill"])
+@pytest.mark.parametrize("k,kind", [(9, "binomial"), (9, "gauss"), (15, "gauss")])
+def test_separable_passes_are_centred(k, kind, mode):
+    """Separable weights whose terms cancel (a smoothed derivative) over data
+    near 280 K: the uncentred passes (the binomial 9 x 9, separable before)
+    and the uncentred slices (the float32 Gaussian's, not separable before)
+    were off by 1.2e-5 to 1.5e-5 against values near 1; centred passes, by
+    the local spread's rounding (3e-7 to 4e-7)."""
+    w = _derivative(k, kind)
+    assert dense.choose(w.astype(np.float64), dtype=np.dtype(np.float32)) == "separable"
+    t = _temps(seed=10)
+    da = xr.DataArray(t, dims=("y", "x"))
+    got = da.stencil.map(_literal(w), window={"y": k, "x": k}, boundary=mode, backend="xla")
+    ref = _corr(t, w, mode)
+    fin = np.isfinite(ref)
+    np.testing.assert_array_equal(np.isfinite(got.values), fin)
+    # a few roundings of the local spread (noise of order 1, a few sigma) times sum|w|
+    assert np.abs(got.values[fin] - ref[fin]).max() <= 2 * EPS32 * np.abs(w).sum() * 8
+
+
+def test_separable_nan_and_inf_footprint():
+    """NaN and inf through the centred passes: the outputs whose window
+    holds them (every weight of a Gaussian is nonzero), with the sign of an
+    infinity, NaN where infinities of both signs meet."""
+    k = 9
+    w = _gaussians(k, 1.5, np.float32)["np.outer"]
+    t = _temps((30, 28), seed=11)
+    t[4, 6] = np.nan
+    t[15, 10] = np.inf
+    t[17, 12] = -np.inf
+    t[25, 21] = np.inf
+    da = xr.DataArray(t, dims=("y", "x"))
+    got = da.stencil.map(_literal(w), window={"y": k, "x": k}, boundary="periodic",
+                         backend="xla")
+    ref = _direct(t, w)
+    for test in (np.isnan, np.isposinf, np.isneginf):
+        np.testing.assert_array_equal(test(got.values), test(ref))
+    fin = np.isfinite(ref)
+    np.testing.assert_allclose(got.values[fin], ref[fin], rtol=4 * EPS32)
+
+
+def test_separable_centred_gradients():
+    """Derivatives through the centred passes are the passes' (float64)."""
+    k = 9
+    g = _gauss_1d(k, 1.5, np.float64)
+    w = np.outer(g, np.arange(k) - 4.0 + g)
+    assert dense.choose(w, dtype=np.dtype(np.float64)) == "separable"
+    with jax.enable_x64(True):
+        t = jnp.asarray(_temps((14, 13)).astype(np.float64))
+
+        def f(x):
+            da = xr.DataArray(x, dims=("y", "x"))
+            return da.stencil.map(_literal(w), window={"y": k, "x": k},
+                                  boundary="symmetric").data
+        check_grads(f, (t,), order=1, modes=["fwd", "rev"], eps=1e-3)

@@ -36,7 +36,7 @@ from jax import lax
 
 from xstencil._engine.elements import linear_mode
 
-__all__ = ["applies", "reference", "restore", "runtime_weight_sum", "weight_sum"]
+__all__ = ["applies", "guard", "reference", "restore", "runtime_weight_sum", "weight_sum"]
 
 
 def applies(dtype: Any) -> bool:
@@ -63,11 +63,18 @@ def reference(p: Any, shape: Sequence[int], steps: Sequence[int], counts: Sequen
     ``p``."""
     centre = [k // 2 for k in shape]
     limits = [s + st * (n - 1) + 1 for s, st, n in zip(centre, steps, counts, strict=True)]
-    r = lax.stop_gradient(lax.slice(p, centre, limits, tuple(steps)))
-    bound = jnp.asarray(_limit(p.dtype) / 2, np.float32 if p.dtype != np.float64 else p.dtype)
+    return guard(lax.slice(p, centre, limits, tuple(steps)), abs_sum, ok)
+
+
+def guard(r: Any, abs_sum: Any, ok: Any = True) -> Any:
+    """The values ``r`` as references (see :func:`reference`): ``+0.0``
+    where not finite, ``-0.0``, too large for ``abs_sum`` or not ``ok``;
+    no derivative."""
+    r = lax.stop_gradient(r)
+    bound = jnp.asarray(_limit(r.dtype) / 2, np.float32 if r.dtype != np.float64 else r.dtype)
     scale = jnp.maximum(jnp.asarray(abs_sum, bound.dtype), 1)
     keep = jnp.isfinite(r) & (r != 0) & (jnp.abs(r).astype(bound.dtype) * scale < bound) & ok
-    return jnp.where(keep, r, jnp.zeros((), p.dtype))
+    return jnp.where(keep, r, jnp.zeros((), r.dtype))
 
 
 def restore(total: Any, r: Any, hi: Any, lo: Any) -> Any:
