@@ -45,7 +45,14 @@ from jax.extend import core as jcore
 
 from xstencil._engine.affine import runtime_weights
 from xstencil._engine.call import stand_in
-from xstencil._engine.dense_centre import applies, guard, reference, restore, weight_sum
+from xstencil._engine.dense_centre import (
+    applies,
+    cancels,
+    guard,
+    reference,
+    restore,
+    weight_sum,
+)
 from xstencil._engine.dense_finite import finite_guard
 from xstencil._engine.dense_hoist import provided
 from xstencil._engine.dense_runtime import (
@@ -276,12 +283,12 @@ def _separable_centred(p: Any, w: np.ndarray, factors: list[np.ndarray],
     factors' rounding weighs only the local spread.  ``q`` and ``r`` are
     finite, so a NaN or inf still reaches exactly the outputs the plain
     passes give it to, and a factor of 0 does not read its cells."""
-    if not np.all(np.isfinite(w)):
+    cells = [constant(c, p.dtype) for c in w[np.nonzero(w)]]
+    hi, lo, abs_sum = weight_sum(cells, p.dtype)
+    if not np.all(np.isfinite(w)) or not cancels(hi, lo, abs_sum):
         for a, f in enumerate(factors):
             p = _pass(p, f, a, steps[a], counts[a])
         return p
-    cells = [constant(c, p.dtype) for c in w[np.nonzero(w)]]
-    hi, lo, abs_sum = weight_sum(cells, p.dtype)
     total = None
     x, scale = p, None  # the remainder's share so far is ``scale`` times x's correlation
     for a, f in enumerate(factors):
@@ -334,7 +341,8 @@ def _slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int],
     r = None
     if centre and cells and applies(p.dtype) and np.all(np.isfinite(w)):
         hi, lo, abs_sum = weight_sum(ws, p.dtype)
-        r = reference(p, w.shape, steps, counts, abs_sum)
+        if cancels(hi, lo, abs_sum):
+            r = reference(p, w.shape, steps, counts, abs_sum)
     terms = []
     for cell, c in zip(cells, ws, strict=True):
         starts = [int(i) for i in cell]

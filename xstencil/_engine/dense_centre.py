@@ -36,7 +36,8 @@ from jax import lax
 
 from xstencil._engine.elements import linear_mode
 
-__all__ = ["applies", "guard", "reference", "restore", "runtime_weight_sum", "weight_sum"]
+__all__ = ["CANCEL", "applies", "cancels", "guard", "reference", "restore", "runtime_weight_sum",
+           "weight_sum"]
 
 
 def applies(dtype: Any) -> bool:
@@ -88,6 +89,22 @@ def restore(total: Any, r: Any, hi: Any, lo: Any) -> Any:
         back = back + r * lo
     return total + jnp.where((back != 0) & jnp.isfinite(back), back,
                              jnp.asarray(-0.0, total.dtype))
+
+
+#: Constant weights are centred where ``sum(|w|)`` exceeds ``|sum(w)|`` this
+#: many times (they cancel: a Laplacian, a derivative, an anomaly filter).
+#: Elsewhere (a blur, a box, a Gaussian) the plain sum's rounding, about an
+#: ulp of ``sum(|w|) * |p|``, is within this many ulps of the result's own
+#: scale on offset data, and centring would cost 10-100 % of the sum's time
+#: for nothing.  Runtime weights, unknown when compiling, are always centred.
+CANCEL = 2.0
+
+
+def cancels(hi: Any, lo: Any, abs_sum: float) -> bool:
+    """Whether constant weights of exact sum ``hi + lo`` and ``sum(|w|)``
+    ``abs_sum`` cancel enough to be centred (:data:`CANCEL`)."""
+    total = abs(float(hi) + (float(lo) if lo is not None else 0.0))
+    return abs_sum > CANCEL * total
 
 
 def weight_sum(ws: Sequence[Any], dtype: Any) -> tuple[np.ndarray, np.ndarray | None, float]:
