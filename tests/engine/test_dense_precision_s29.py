@@ -383,3 +383,22 @@ def test_separable_centred_gradients():
             return da.stencil.map(_literal(w), window={"y": k, "x": k},
                                   boundary="symmetric").data
         check_grads(f, (t,), order=1, modes=["fwd", "rev"], eps=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["slices", "runtime", "separable"])
+@pytest.mark.parametrize("mode", ["periodic", "reflect", "fill"])
+def test_centred_sums_with_strides(kind, mode):
+    """A strided output (``stride={'y': 2, 'x': 3}``): each output's reference
+    is its own window's centre, read with the same strides as the terms."""
+    k = 9
+    w = _cancelling(k) if kind != "separable" else _derivative(k, "binomial")
+    t = _temps((41, 50), seed=15, trend=40.0)
+    da = xr.DataArray(t, dims=("y", "x"))
+    kern = (lambda u: (u * w.astype(np.float32)).sum()) if kind == "runtime" else _literal(w)
+    got = da.stencil.map(kern, window={"y": k, "x": k}, boundary=mode, backend="xla",
+                         stride={"y": 2, "x": 3})
+    ref = _corr(t, w, mode)[::2, ::3]
+    assert got.shape == ref.shape
+    fin = np.isfinite(ref)
+    np.testing.assert_array_equal(np.isfinite(got.values), fin)
+    assert np.abs(got.values[fin] - ref[fin]).max() <= 4 * EPS32 * np.abs(w).sum() * 8
