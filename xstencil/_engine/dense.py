@@ -17,7 +17,10 @@ the current values.  Constant weights:
 Each pads the block it reads once, with the boundary code of
 :mod:`xstencil._engine.boundary`, and then takes a 'valid' correlation, so
 every boundary mode and stride is honoured and one expression is compiled
-whatever the window size.
+whatever the window size.  Floating sums keep the digits of data with a
+large offset: the FFT runs on the data less their mean (:func:`centred`),
+the sum of slices and the separable passes on the data less each window's
+centre value (:mod:`xstencil._engine.dense_centre`).
 
 Runtime weights (traced arrays) are lowered by the window's size alone, as
 their values are unknown when compiling: up to :data:`SLICE_TAPS` cells the

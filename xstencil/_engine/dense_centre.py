@@ -21,7 +21,9 @@ is ``+0.0``, and the sum is bitwise the plain one (``p - 0.0`` is ``p``, and
 :func:`restore` adds ``-0.0``).  A NaN or inf cell therefore still spoils
 exactly the outputs whose windows hold it under a nonzero weight, and a cell
 of weight 0 is still not read (its slice is not taken, or, for runtime
-weights, is masked as before).
+weights, is masked as before).  Constant weights are centred only where
+they cancel (:data:`CANCEL`); the separable passes are centred the same way
+(:func:`xstencil._engine.dense._separable_centred`).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def applies(dtype: Any) -> bool:
 
 
 def _limit(dtype: Any) -> float:
-    """Half an ulp of the dtype's largest value: ``|p - r| `` rounds to a
+    """Half an ulp of the dtype's largest value: ``p - r`` rounds to a
     finite value for every finite ``p`` when ``|r|`` is below it."""
     info = jnp.finfo(dtype)
     return float(2.0 ** (int(info.maxexp) - int(info.nmant) - 2))
