@@ -17,7 +17,10 @@ the current values.  Constant weights:
 Each pads the block it reads once, with the boundary code of
 :mod:`xstencil._engine.boundary`, and then takes a 'valid' correlation, so
 every boundary mode and stride is honoured and one expression is compiled
-whatever the window size.
+whatever the window size.  Floating sums keep the digits of data with a
+large offset: the FFT runs on the data less their mean (:func:`centred`),
+the sum of slices and the separable passes on the data less each window's
+centre value (:mod:`xstencil._engine.dense_centre`).
 
 Runtime weights (traced arrays) are lowered by the window's size alone, as
 their values are unknown when compiling: up to :data:`SLICE_TAPS` cells the
@@ -45,6 +48,14 @@ from jax.extend import core as jcore
 
 from xstencil._engine.affine import runtime_weights
 from xstencil._engine.call import stand_in
+from xstencil._engine.dense_centre import (
+    applies,
+    cancels,
+    guard,
+    reference,
+    restore,
+    weight_sum,
+)
 from xstencil._engine.dense_finite import finite_guard
 from xstencil._engine.dense_hoist import provided
 from xstencil._engine.dense_runtime import (
@@ -92,7 +103,8 @@ INTEGER_SLICES = 441
 
 
 
-def choose(w: Any, integral: bool = False, integer_fft: int | None = None) -> str | None:
+def choose(w: Any, integral: bool = False, integer_fft: int | None = None,
+           dtype: Any = None) -> str | None:
     """The lowering for one weight array: 'shell' (keep the shifted-slice
     lowering of :mod:`~xstencil._engine.lower`, interior and boundary shell
     apart), 'separable', 'slices' (one sum over the padded block), 'fft' or
@@ -105,7 +117,7 @@ def choose(w: Any, integral: bool = False, integer_fft: int | None = None) -> st
     :mod:`~xstencil._backends.hostfft`; an XLA program never gets one).  An
     integer window over :data:`INTEGER_SLICES` cells is a 'conv' (one exact
     integer convolution); ``None`` where none of those is cheaper than the
-    kernel's own lowering."""
+    kernel's own lowering.  ``dtype``: the sum's (see :func:`separable`)."""
     if not isinstance(w, np.ndarray):
         size = math.prod(w.shape)
         if integral:  # runtime integer weights (affine.integer_affine): never an FFT
@@ -115,7 +127,7 @@ def choose(w: Any, integral: bool = False, integer_fft: int | None = None) -> st
     nnz = int(np.count_nonzero(w))
     if nnz <= SLICE_TAPS:
         return "shell"
-    if separable(w, integral) is not None:
+    if separable(w, integral, dtype) is not None:
         return "separable"
     if integral:
         if integer_fft is not None and nnz > integer_fft:
@@ -142,11 +154,26 @@ def beats_cells(how: str, w: Any) -> bool:
     return how == "fft" or (how == "separable" and np.count_nonzero(w) > FFT_TAPS)
 
 
-def separable(w: np.ndarray, integral: bool = False) -> list[np.ndarray] | None:
+#: Weights are separable where their outer product's deviation from them,
+#: summed, is at most this many ulps (of the sum's dtype) of ``sum(|w|)``:
+#: the passes' answer is then within that many roundings of the direct sum
+#: (less, centred: :func:`_separable_centred`).  A float32 Gaussian (an
+#: ``np.outer`` of float32 factors, a 2-D ``exp`` in float32, a
+#: ``scipy.ndimage``/``skimage`` kernel, a ``jnp`` array) deviates by at most
+#: 0.7 ulp of float32 there (per cell up to 5 ulps), and was not separable
+#: under the former 1e-12 per cell (it ran as 81 slices at 9 x 9).
+SEPARABLE_ULPS = 2
+
+
+def separable(w: np.ndarray, integral: bool = False,
+              dtype: Any = None) -> list[np.ndarray] | None:
     """1-D factors whose outer product is ``w``, or ``None`` (rank > 1);
     ``integral``: integer factors whose outer product is exactly ``w`` (an
     integer rank-1 array is one: a primitive integer vector per axis after
-    the first, times integers), or ``None``."""
+    the first, times integers), or ``None``.  ``dtype``: a floating sum's
+    dtype, which sets the tolerance (:data:`SEPARABLE_ULPS` ulps of float32
+    for float32 and narrower sums, of float64 for float64 ones); ``None``:
+    float64's."""
     if w.ndim < 2 or not np.all(np.isfinite(w)):  # an inf or NaN weight: not a product
         return None
     flat = np.abs(w)
@@ -163,10 +190,15 @@ def separable(w: np.ndarray, integral: bool = False) -> list[np.ndarray] | None:
     outer = factors[0]
     for f in factors[1:]:
         outer = np.multiply.outer(outer, f)
-    if not np.allclose(outer, w, rtol=1e-12, atol=1e-14 * float(flat.max())):
-        return None
     if integral:
+        if not np.allclose(outer, w, rtol=1e-12, atol=1e-14 * float(flat.max())):
+            return None
         return _integer_factors(w, pivot)
+    narrow = dtype is not None and np.dtype(dtype).itemsize < 8
+    eps = float(np.finfo(np.float32 if narrow else np.float64).eps)
+    if not np.abs(outer - w).sum() <= SEPARABLE_ULPS * eps * float(flat.sum()) or np.any(
+            (outer != 0) != (w != 0)):  # a cell of weight 0 is not read by the passes either
+        return None
     return factors
 
 
@@ -205,16 +237,79 @@ def correlate(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]
     """``out[j] = sum_c w[c] * p[j * steps + c]`` for ``j < counts``, where
     ``p`` is the padded block (a 'valid' correlation)."""
     if how == "separable":
-        for a, f in enumerate(separable(w, np.issubdtype(p.dtype, np.integer))):
-            p = _slices(p, f.reshape([-1 if b == a else 1 for b in range(p.ndim)]),
-                        [steps[b] if b == a else 1 for b in range(p.ndim)],
-                        [counts[b] if b == a else p.shape[b] for b in range(p.ndim)])
+        factors = separable(w, np.issubdtype(p.dtype, np.integer), p.dtype)
+        if applies(p.dtype):
+            return _separable_centred(p, w, factors, steps, counts)
+        for a, f in enumerate(factors):
+            p = _pass(p, f, a, steps[a], counts[a])
         return p
-    if how in ("slices", "shell"):
+    if how == "slices":
+        return _slices(p, w, steps, counts, centre=True)
+    if how == "shell":
         return _slices(p, w, steps, counts)
     if how == "conv":
         return _conv(p, w, steps, counts)
     return _fft(p, w, steps, counts)
+
+
+def _pass(x: Any, f: np.ndarray, a: int, step: int, count: int, sub: Any = None) -> Any:
+    """One separable pass: ``sum_i f[i] * x[.., j * step + i, ..]`` along
+    axis ``a`` (``count`` outputs), of ``x`` less ``sub`` where given."""
+    terms = []
+    for i in np.nonzero(f)[0]:
+        starts = [int(i) if b == a else 0 for b in range(x.ndim)]
+        limits = [int(i) + step * (count - 1) + 1 if b == a else x.shape[b]
+                  for b in range(x.ndim)]
+        piece = lax.slice(x, starts, limits, tuple(step if b == a else 1
+                                                   for b in range(x.ndim)))
+        if sub is not None:
+            piece = piece - sub
+        terms.append(piece if f[i] == 1 else piece * constant(f[i], x.dtype))
+    while len(terms) > 1:  # a balanced tree, as the shifted-slice lowering
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
+                 for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
+def _separable_centred(p: Any, w: np.ndarray, factors: list[np.ndarray],
+                       steps: Sequence[int], counts: Sequence[int]) -> Any:
+    """The separable passes, centred as the one sum of slices is
+    (:mod:`xstencil._engine.dense_centre`), where the weights are finite.
+
+    The pass along the first axis is taken of the block less ``q``, each
+    output row's window-centre row (:func:`~xstencil._engine.dense_centre.
+    guard`-ed: ``+0.0`` where not finite), and the other passes run on that
+    small remainder as they are; ``q``'s own share is its correlation along
+    the other axes, centred the same way in turn, down to the last axis,
+    whose reference ``r`` is the window's centre value.  ``r`` times the
+    exact sum of ``w`` (not of the factors' product) is added last, so the
+    factors' rounding weighs only the local spread.  ``q`` and ``r`` are
+    finite, so a NaN or inf still reaches exactly the outputs the plain
+    passes give it to, and a factor of 0 does not read its cells."""
+    cells = [constant(c, p.dtype) for c in w[np.nonzero(w)]]
+    hi, lo, abs_sum = weight_sum(cells, p.dtype)
+    if not np.all(np.isfinite(w)) or not cancels(hi, lo, abs_sum):
+        for a, f in enumerate(factors):
+            p = _pass(p, f, a, steps[a], counts[a])
+        return p
+    total = None
+    x, scale = p, None  # the remainder's share so far is ``scale`` times x's correlation
+    for a, f in enumerate(factors):
+        centre = [f.size // 2 if b == a else 0 for b in range(x.ndim)]
+        limits = [f.size // 2 + steps[a] * (counts[a] - 1) + 1 if b == a else x.shape[b]
+                  for b in range(x.ndim)]
+        q = guard(lax.slice(x, centre, limits, tuple(steps[a] if b == a else 1
+                                                     for b in range(x.ndim))), abs_sum)
+        part = _pass(x, f, a, steps[a], counts[a], sub=q)
+        for b in range(a + 1, x.ndim):  # the remainder's passes along the other axes
+            part = _pass(part, factors[b], b, steps[b], counts[b])
+        if scale is not None:
+            part = part * scale
+        total = part if total is None else total + part
+        x = q  # q's correlation along the axes left: the next pass's share
+        s_a = constant(math.fsum(constant(c, p.dtype).item() for c in f), p.dtype)
+        scale = s_a if scale is None else scale * s_a
+    return restore(total, x, hi, lo)
 
 
 def _conv(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
@@ -237,22 +332,34 @@ def _conv(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
     return out[0, 0][tuple(slice(0, n) for n in counts)]
 
 
-def _slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
+def _slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int],
+            centre: bool = False) -> Any:
+    """``sum_c w[c] * slice_c(p)`` over the cells of nonzero weight, as a
+    balanced tree; ``centre``: floating sums are taken of ``p`` less each
+    output's reference value (:mod:`xstencil._engine.dense_centre`)."""
     if not isinstance(w, np.ndarray):
-        return runtime_slices(p, w, steps, counts)
+        return runtime_slices(p, w, steps, counts, centre)
+    cells = list(zip(*np.nonzero(w), strict=True))
+    ws = [constant(w[cell], p.dtype) for cell in cells]
+    r = None
+    if centre and cells and applies(p.dtype) and np.all(np.isfinite(w)):
+        hi, lo, abs_sum = weight_sum(ws, p.dtype)
+        if cancels(hi, lo, abs_sum):
+            r = reference(p, w.shape, steps, counts, abs_sum)
     terms = []
-    for cell in zip(*np.nonzero(w), strict=True):
-        starts = [int(c) for c in cell]
+    for cell, c in zip(cells, ws, strict=True):
+        starts = [int(i) for i in cell]
         limits = [s + st * (n - 1) + 1 for s, st, n in zip(starts, steps, counts, strict=True)]
         piece = lax.slice(p, starts, limits, tuple(steps))
-        c = w[cell]
-        terms.append(piece if c == 1 else piece * constant(c, p.dtype))
+        if r is not None:
+            piece = piece - r
+        terms.append(piece if w[cell] == 1 else piece * c)
     if not terms:
         return jnp.zeros(tuple(counts), p.dtype)
     while len(terms) > 1:  # a balanced tree, as the shifted-slice lowering
         terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
                  for i in range(0, len(terms), 2)]
-    return terms[0]
+    return terms[0] if r is None else restore(terms[0], r, hi, lo)
 
 
 def constant(c: Any, dtype: Any) -> np.ndarray:
@@ -464,7 +571,7 @@ def plan(closed: Any, sources: Sequence[Any], geom: Sequence[Any], dyn: Any = No
         if found is None:
             return None
     plans = []
-    for per in found:
+    for per, v in zip(found, closed.jaxpr.outvars, strict=True):
         terms = []
         for i, src, w in zip(keep, sources, per[:-1], strict=True):
             if isinstance(w, np.ndarray) and not np.any(w):
@@ -472,7 +579,7 @@ def plan(closed: Any, sources: Sequence[Any], geom: Sequence[Any], dyn: Any = No
             if tuple(src.axes) != tuple(range(rank)):
                 return None
             full = w.reshape([geom[a].size if a in src.cell_axes else 1 for a in range(rank)])
-            how = choose(full, integral, integer_fft)
+            how = choose(full, integral, integer_fft, v.aval.dtype)
             if how is None:
                 return None
             terms.append((i, src, full, how))

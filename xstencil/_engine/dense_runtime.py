@@ -17,12 +17,14 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from xstencil._engine.dense_centre import applies, reference, restore, runtime_weight_sum
 from xstencil._engine.elements import linear_mode
 
 __all__ = ["runtime_slices", "runtime_spectrum", "wrapped_runtime_spectrum"]
 
 
-def runtime_slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) -> Any:
+def runtime_slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int],
+                   centre: bool = False) -> Any:
     """The slices of :func:`xstencil._engine.dense.correlate` with runtime
     weights: every cell is a term, times its runtime scalar.  When some
     weight is 0 and ``p`` holds a non-finite value, each slice is masked
@@ -31,20 +33,32 @@ def runtime_slices(p: Any, w: Any, steps: Sequence[int], counts: Sequence[int]) 
     is the operator of a linear solve (:func:`~xstencil._engine.elements.
     linear_operator`), whose branch on ``p`` (the unknown) JAX cannot
     transpose: bicgstab's and gmres's gradients to a traced coefficient
-    failed with a bare ``AssertionError``."""
+    failed with a bare ``AssertionError``.  ``centre``: floating sums are
+    taken of ``p`` less each output's reference value
+    (:mod:`xstencil._engine.dense_centre`)."""
     if not jnp.issubdtype(p.dtype, jnp.inexact) or linear_mode():
         return _total(p, w.astype(p.dtype), tuple(steps), tuple(counts), False)
-    return _runtime_sum(p, w.astype(p.dtype), tuple(steps), tuple(counts))
+    return _runtime_sum(p, w.astype(p.dtype), tuple(steps), tuple(counts),
+                        centre and applies(p.dtype))
 
 
 def _total(p: Any, w: Any, steps: tuple[int, ...], counts: tuple[int, ...],
-           masked: bool) -> Any:
+           masked: bool, centre: bool = False) -> Any:
     """``sum_c w[c] * slice_c(p)``, as a balanced tree; ``masked`` drops the
-    slices of cells whose weight is 0."""
+    slices of cells whose weight is 0; ``centre`` takes the sum of ``p``
+    less each output's reference value, where the weights are all finite
+    (:mod:`xstencil._engine.dense_centre`)."""
+    r = None
+    if centre and w.size:
+        hi, lo, abs_sum = runtime_weight_sum(w)
+        r = reference(p, w.shape, steps, counts, abs_sum,
+                      jnp.isfinite(hi) & jnp.isfinite(abs_sum))
     terms = []
     for cell in np.ndindex(w.shape):
         limits = [s + st * (n - 1) + 1 for s, st, n in zip(cell, steps, counts, strict=True)]
         piece = lax.slice(p, list(cell), limits, steps)
+        if r is not None:
+            piece = piece - r
         c = w[cell]
         if masked:
             piece = jnp.where(c != 0, piece, jnp.zeros((), p.dtype))
@@ -54,32 +68,33 @@ def _total(p: Any, w: Any, steps: tuple[int, ...], counts: tuple[int, ...],
     while len(terms) > 1:
         terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
                  for i in range(0, len(terms), 2)]
-    return terms[0]
+    return terms[0] if r is None else restore(terms[0], r, hi, lo)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def _runtime_sum(p: Any, w: Any, steps: tuple[int, ...], counts: tuple[int, ...]) -> Any:
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
+def _runtime_sum(p: Any, w: Any, steps: tuple[int, ...], counts: tuple[int, ...],
+                 centre: bool = False) -> Any:
     def plain(p: Any, w: Any) -> Any:
-        return _total(p, w, steps, counts, False)
+        return _total(p, w, steps, counts, False, centre)
 
     def checked(p: Any, w: Any) -> Any:  # some weight is 0: is there a NaN to mask?
         return lax.cond(jnp.all(jnp.isfinite(p)), plain,
-                        lambda p, w: _total(p, w, steps, counts, True), p, w)
+                        lambda p, w: _total(p, w, steps, counts, True, centre), p, w)
 
     # no weight 0 (dense weights): nothing to mask, and no pass over p to check
     return lax.cond(jnp.all(w != 0), plain, checked, p, w)
 
 
 @functools.partial(_runtime_sum.defjvp, symbolic_zeros=True)
-def _runtime_sum_jvp(steps: tuple[int, ...], counts: tuple[int, ...], primals: Any,
-                     tangents: Any) -> tuple[Any, Any]:
+def _runtime_sum_jvp(steps: tuple[int, ...], counts: tuple[int, ...], centre: bool,
+                     primals: Any, tangents: Any) -> tuple[Any, Any]:
     """The sum is bilinear: its tangent is two sums without the branches
     (whose derivatives, through ``lax.cond``, compiled in 13 s for a 9x9
     window against 2 s).  Non-finite values of ``p`` read as 0 in the
     weights' tangent, as a cell of weight 0 is not read."""
     p, w = primals
     dp, dw = tangents
-    out = _runtime_sum(p, w, steps, counts)
+    out = _runtime_sum(p, w, steps, counts, centre)
     t = jnp.zeros(counts, p.dtype)
     if not isinstance(dp, SymbolicZero):
         t = t + _total(dp, w, steps, counts, False)
