@@ -138,6 +138,16 @@ def test_weight_sum_is_exact(runtime):
     assert np.abs(got.values - ref).max() <= 2 * EPS32 * np.abs(ref).max()
 
 
+def _non_finite(seed: int, last_inf: tuple[int, int]) -> np.ndarray:
+    """Offset temperatures with a NaN, an inf, a -inf and a second inf."""
+    t = _temps((30, 28), seed=seed)
+    t[4, 6] = np.nan
+    t[15, 10] = np.inf
+    t[17, 12] = -np.inf
+    t[last_inf] = np.inf
+    return t
+
+
 @pytest.mark.parametrize("runtime", [False, True])
 def test_nan_and_inf_footprint_with_zero_weights(runtime):
     """NaN and inf spoil exactly the outputs whose window holds them under a
@@ -147,11 +157,7 @@ def test_nan_and_inf_footprint_with_zero_weights(runtime):
     w = (np.random.default_rng(2).random((k, k)) + 0.5).astype(np.float32)
     w[::3, ::2] = 0  # zero weights, including the centre column's cells
     w[k // 2, k // 2] = 0
-    t = _temps((30, 28), seed=3)
-    t[4, 6] = np.nan
-    t[15, 10] = np.inf
-    t[17, 12] = -np.inf
-    t[25, 20] = np.inf
+    t = _non_finite(3, (25, 20))
     da = xr.DataArray(t, dims=("y", "x"))
     kern = (lambda u: (u * w).sum()) if runtime else _literal(w)
     got = da.stencil.map(kern, window={"y": k, "x": k}, boundary="periodic", backend="xla")
@@ -356,11 +362,7 @@ def test_separable_nan_and_inf_footprint():
     w = _derivative(k, "binomial")
     w[:, 4] = 0.0
     assert dense.choose(w, dtype=np.dtype(np.float32)) == "separable"
-    t = _temps((30, 28), seed=11)
-    t[4, 6] = np.nan
-    t[15, 10] = np.inf
-    t[17, 12] = -np.inf
-    t[25, 21] = np.inf
+    t = _non_finite(11, (25, 21))
     da = xr.DataArray(t, dims=("y", "x"))
     got = da.stencil.map(_literal(w), window={"y": k, "x": k}, boundary="periodic",
                          backend="xla")
