@@ -159,6 +159,8 @@ class Memo:
             if id(fn) in seen:
                 return
             seen.add(id(fn))
+            if fn.__dict__:  # its own attributes (k.alpha) change without a slot changing
+                raise _Refuse
             kwd = fn.__kwdefaults__
             fns.append((fn, fn.__code__, fn.__defaults__, kwd,
                         None if kwd is None else tuple(kwd.items())))
