@@ -56,3 +56,73 @@ def test_mesh_kernels_with_different_own_attributes_do_not_share_a_loop():
         want[0] = -1.0
         np.testing.assert_allclose(
             xstencil.iterate(None, m, tol=None, max_steps=1).field.values, want)
+
+
+def _halving(u):
+    return 0.5 * u()
+
+
+@pytest.mark.filterwarnings("ignore::xstencil.ConvergenceWarning")
+def test_a_norm_closing_over_an_array_changed_in_place_is_read():
+    # the norm was keyed by identity with its arrays baked in: after w[:] = 2
+    # the loop still weighed changes by 1 (residual 0.125 instead of 0.25)
+    w = np.ones(N)
+
+    def norm(new, old):
+        return (abs(new - old) * w).max()
+
+    for weight in (1.0, 2.0):
+        w[:] = weight
+        out = xstencil.iterate(U0, _halving, tol=1e-30, max_steps=3, norm=norm,
+                               boundary="periodic")
+        # changes 0.5, 0.25, 0.125 of max|x| = 1, weighted
+        assert float(out.residual) == pytest.approx(0.125 * weight)
+
+
+@pytest.mark.filterwarnings("ignore::xstencil.ConvergenceWarning")
+def test_a_norm_needing_its_array_concrete_still_works():
+    w = np.array([3.0])
+    out = xstencil.iterate(U0, _halving, tol=1e-30, max_steps=2,
+                           norm=lambda new, old: float(w[0]) * abs(new - old).max(),
+                           boundary="periodic")
+    assert float(out.residual) == pytest.approx(3.0 * 0.25)
+
+
+def _roll_ref(w: np.ndarray, steps: int) -> np.ndarray:
+    u = X.copy()
+    for _ in range(steps):
+        u = u + np.roll(w, 1)
+    return u
+
+
+def test_step_functions_using_numpy_on_a_closed_over_array_still_run():
+    # scan(step=) and iterate(step=) made the step's arrays traced inputs, so a
+    # step calling numpy on one (np.roll, float(w[0])) raised JAX's raw
+    # TracerArrayConversionError; it ran before: the arrays are baked in again
+    for k in range(3):
+        w = np.arange(N, dtype=float) * (k + 1)
+        out = xstencil.scan(U0, step=lambda s: s + np.roll(w, 1), steps=3)
+        np.testing.assert_allclose(out.isel(time=-1).values, _roll_ref(w, 3))
+        it = xstencil.iterate(U0, step=lambda s: s * float(w[1]), tol=None, max_steps=2)
+        np.testing.assert_allclose(it.field.values, X * w[1] ** 2)
+
+
+def test_a_baked_step_reads_an_array_changed_in_place():
+    w = np.arange(N, dtype=float)
+
+    def step(s):
+        return s + np.roll(w, 1)
+
+    for k in range(3):
+        w[:] = np.arange(N) * (k + 2)
+        out = xstencil.scan(U0, step=step, steps=2)
+        np.testing.assert_allclose(out.isel(time=-1).values, _roll_ref(w, 2))
+        it = xstencil.iterate(U0, step=step, tol=None, max_steps=2)
+        np.testing.assert_allclose(it.field.values, _roll_ref(w, 2))
+
+
+def test_a_step_needing_the_state_concrete_is_a_clear_error():
+    with pytest.raises(XStencilError, match=r"step= function .*traced value.*jnp.roll"):
+        xstencil.scan(U0, step=lambda s: s + np.roll(s.values, 1), steps=2)
+    with pytest.raises(XStencilError, match=r"step= function .*traced value.*jnp.roll"):
+        xstencil.iterate(U0, step=lambda s: s * float(s[0]), tol=None, max_steps=2)
