@@ -101,9 +101,10 @@ def test_step_functions_using_numpy_on_a_closed_over_array_still_run():
     # TracerArrayConversionError; it ran before: the arrays are baked in again
     for k in range(3):
         w = np.arange(N, dtype=float) * (k + 1)
-        out = xstencil.scan(U0, step=lambda s: s + np.roll(w, 1), steps=3)
+        out = xstencil.scan(U0, step=lambda s: s + np.roll(w, 1), steps=3)  # noqa: B023
         np.testing.assert_allclose(out.isel(time=-1).values, _roll_ref(w, 3))
-        it = xstencil.iterate(U0, step=lambda s: s * float(w[1]), tol=None, max_steps=2)
+        it = xstencil.iterate(U0, step=lambda s: s * float(w[1]),  # noqa: B023
+                              tol=None, max_steps=2)
         np.testing.assert_allclose(it.field.values, X * w[1] ** 2)
 
 
@@ -126,3 +127,62 @@ def test_a_step_needing_the_state_concrete_is_a_clear_error():
         xstencil.scan(U0, step=lambda s: s + np.roll(s.values, 1), steps=2)
     with pytest.raises(XStencilError, match=r"step= function .*traced value.*jnp.roll"):
         xstencil.iterate(U0, step=lambda s: s * float(s[0]), tol=None, max_steps=2)
+
+
+def test_wins_inline_steps_and_rebuilt_meshes_over_new_arrays_compile_once():
+    def run(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        sc = xstencil.scan(U0, step=lambda s: s * w[0] + w[1], steps=3).isel(time=-1)
+        it = xstencil.iterate(U0, step=lambda s: s * w[0] + w[1], tol=None, max_steps=3)
+        m = U0.stencil.mesh(boundary="periodic")
+        m[...] = lambda u: w[0] * u() + w[1]
+        m[{"x": 0}] = lambda u: w[2]
+        me = xstencil.iterate(None, m, tol=None, max_steps=3)
+        return sc.values, it.field.values, me.field.values
+
+    def ref(w: np.ndarray, mesh: bool) -> np.ndarray:
+        u = X.copy()
+        for _ in range(3):
+            u = w[0] * u + w[1]
+            if mesh:
+                u[0] = w[2]
+        return u
+
+    run(np.array([1.0, 0.0, 0.0]))  # compiles the loops
+    ws = [np.array([0.5, 1.0, 2.0]), np.array([2.0, -1.0, 3.0])]
+    with compiles() as got:
+        outs = [run(w) for w in ws]
+    assert got["compiles"] == 0
+    for w, (sc, it, me) in zip(ws, outs, strict=True):
+        np.testing.assert_allclose(sc, ref(w, False))
+        np.testing.assert_allclose(it, ref(w, False))
+        np.testing.assert_allclose(me, ref(w, True))
+
+
+def test_wins_in_place_changes_are_read_by_steps_and_meshes():
+    w = np.array([0.5, 1.0, 2.0])
+
+    def step(s):
+        return s * w[0] + w[1]
+
+    m = U0.stencil.mesh(boundary="periodic")
+    m[...] = lambda u: w[0] * u() + w[1]
+    for a in (0.5, 2.0):
+        w[0] = a
+        want = a * X + 1.0
+        np.testing.assert_allclose(xstencil.scan(U0, step=step, steps=1).isel(time=-1).values,
+                                   want)
+        np.testing.assert_allclose(
+            xstencil.iterate(None, m, tol=None, max_steps=1).field.values, want)
+
+
+def test_a_baked_step_with_unchanged_arrays_compiles_once():
+    w = np.arange(N, dtype=float)
+
+    def step(s):
+        return s + np.roll(w, 1)
+
+    xstencil.scan(U0, step=step, steps=2)
+    with compiles() as got:
+        out = xstencil.scan(U0, step=step, steps=2)
+    assert got["compiles"] == 0
+    np.testing.assert_allclose(out.isel(time=-1).values, _roll_ref(w, 2))
