@@ -186,3 +186,35 @@ def test_a_baked_step_with_unchanged_arrays_compiles_once():
         out = xstencil.scan(U0, step=step, steps=2)
     assert got["compiles"] == 0
     np.testing.assert_allclose(out.isel(time=-1).values, _roll_ref(w, 2))
+
+
+def test_a_step_calling_a_mesh_it_closes_over_sees_the_mesh_change():
+    # the mesh was keyed by identity (and the attributes the step's code names):
+    # an array its kernel reads changed in place, or a region assigned after the
+    # first call, reused the loop compiled with the old ones
+    w = np.array([2.0])
+    m = U0.stencil.mesh(boundary="periodic")
+    m[...] = lambda u: w[0] * u()
+
+    def step(s):
+        return xstencil.iterate(s, m, tol=None, max_steps=1).field
+
+    def both() -> tuple[np.ndarray, np.ndarray]:
+        sc = xstencil.scan(U0, step=step, steps=1).isel(time=-1).values
+        it = xstencil.iterate(U0, step=step, tol=None, max_steps=1).field.values
+        return sc, it
+
+    for got in both():
+        np.testing.assert_allclose(got, 2.0 * X)
+    w[0] = 3.0
+    for got in both():
+        np.testing.assert_allclose(got, 3.0 * X)
+    m[{"x": 0}] = lambda u: -1.0
+    want = 3.0 * X
+    want[0] = -1.0
+    for got in both():
+        np.testing.assert_allclose(got, want)
+    with compiles() as seen:  # unchanged: the compiled loops are reused
+        for got in both():
+            np.testing.assert_allclose(got, want)
+    assert seen["compiles"] == 0
