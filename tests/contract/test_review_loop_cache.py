@@ -7,6 +7,7 @@ References are plain numpy loops."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 import xarray as xr
@@ -218,3 +219,22 @@ def test_a_step_calling_a_mesh_it_closes_over_sees_the_mesh_change():
         for got in both():
             np.testing.assert_allclose(got, want)
     assert seen["compiles"] == 0
+
+
+@pytest.mark.filterwarnings("ignore::xstencil.PrecisionWarning")
+def test_iterate_outside_a_jit_after_one_inside_it_on_the_same_data():
+    # JAX kept the 32-bit copy of the float64 data it made in the jitted call
+    # (x64 off) by the array object, and handed it back to the later call under
+    # x64: a float32 carry against a float64 step, a while_loop dtype error
+    u0 = xr.DataArray(np.linspace(0.0, 1.0, N), dims="x")
+
+    def f(a):
+        return xstencil.iterate(u0, lambda u: a * u(), tol=None, max_steps=2,
+                                boundary="periodic").field.data
+
+    with jax.numpy_dtype_promotion("standard"):  # as users get it (x64 off too)
+        inside = jax.jit(f)(2.0)
+        out = f(np.float64(5.0))
+    np.testing.assert_allclose(np.asarray(inside), 4.0 * u0.values, rtol=1e-6)
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, 25.0 * u0.values, rtol=1e-15)
