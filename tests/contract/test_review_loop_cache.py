@@ -238,3 +238,45 @@ def test_iterate_outside_a_jit_after_one_inside_it_on_the_same_data():
     np.testing.assert_allclose(np.asarray(inside), 4.0 * u0.values, rtol=1e-6)
     assert out.dtype == np.float64
     np.testing.assert_allclose(out, 25.0 * u0.values, rtol=1e-15)
+
+
+def _list_kernel(coef: list[float]):
+    return lambda u, c: coef[0] * c.sum() * u()
+
+
+def _list_step(coef: list[float]):
+    return lambda s, c: s * coef[0] * c.sum()
+
+
+def test_a_reused_loop_traced_again_runs_the_calling_kernel():
+    # a loop cached by structure kept the first call's kernel; a later call of
+    # equal key (its list read by content) whose kernel argument had a new
+    # length traced it again with that first kernel, whose list had changed
+    # in place since: the second call returned 5 * x instead of 2 * x
+    def runs(coef: list[float], c: np.ndarray) -> list[np.ndarray]:
+        return [
+            U0.stencil.map(_list_kernel(coef), c).values,
+            xstencil.iterate(U0, _list_kernel(coef), c, tol=None, max_steps=1).field.values,
+            xstencil.scan(U0, None, "time", c, step=_list_step(coef),
+                          steps=1).isel(time=-1).values,
+        ]
+
+    first = [2.0]
+    for got in runs(first, np.ones(1)):
+        np.testing.assert_allclose(got, 2.0 * X)
+    first[0] = 5.0
+    for got in runs([2.0], np.ones(2) / 2):
+        np.testing.assert_allclose(got, 2.0 * X)
+
+
+def test_a_reused_step_loop_traced_again_runs_the_calling_steps_dataarray():
+    def step_of(coef: xr.DataArray):
+        return lambda s, c: s * coef * c.sum()
+
+    first = xr.DataArray(np.full(N, 2.0), dims="x")
+    out = xstencil.scan(U0, None, "time", np.ones(1), step=step_of(first), steps=1)
+    np.testing.assert_allclose(out.isel(time=-1).values, 2.0 * X)
+    first[:] = 5.0
+    again = xr.DataArray(np.full(N, 2.0), dims="x")
+    out = xstencil.scan(U0, None, "time", np.ones(2) / 2, step=step_of(again), steps=1)
+    np.testing.assert_allclose(out.isel(time=-1).values, 2.0 * X)
