@@ -280,3 +280,31 @@ def test_a_reused_step_loop_traced_again_runs_the_calling_steps_dataarray():
     again = xr.DataArray(np.full(N, 2.0), dims="x")
     out = xstencil.scan(U0, None, "time", np.ones(2) / 2, step=step_of(again), steps=1)
     np.testing.assert_allclose(out.isel(time=-1).values, 2.0 * X)
+
+
+@pytest.mark.filterwarnings("ignore::xstencil.ConvergenceWarning")
+def test_a_traced_again_loop_bakes_the_calling_norm_and_step():
+    # the norm (and a step needing its arrays concrete) are baked in by value:
+    # a trace of the cached loop for a kernel argument of a new length must bake
+    # the calling ones, not the first ones whose list changed in place since
+    def norm_of(scale: list[float]):
+        return lambda new, old: scale[0] * abs(new - old).max()
+
+    def step_of(scale: list[float], w: np.ndarray):
+        return lambda s, c: s * scale[0] * c.sum() + np.roll(w, 1)
+
+    def run(scale: list[float], c: np.ndarray) -> tuple[float, np.ndarray]:
+        r = xstencil.iterate(U0, lambda u, c: 0.5 * c.sum() * u(), c, tol=1e-30, max_steps=1,
+                             norm=norm_of(scale), boundary="periodic").residual
+        w = np.arange(N, dtype=float)
+        s = xstencil.iterate(U0, None, c, step=step_of(scale, w), tol=None, max_steps=1)
+        return float(r), s.field.values
+
+    first = [2.0]
+    r, s = run(first, np.ones(1))
+    assert r == pytest.approx(2.0 * 0.5)
+    np.testing.assert_allclose(s, 2.0 * X + np.roll(np.arange(N), 1))
+    first[0] = 5.0
+    r, s = run([2.0], np.ones(2) / 2)
+    assert r == pytest.approx(2.0 * 0.5)
+    np.testing.assert_allclose(s, 2.0 * X + np.roll(np.arange(N), 1))

@@ -85,6 +85,7 @@ from xstencil._engine.kwalk import (
 from xstencil._engine.x64flag import x64
 
 __all__ = ["Lifted", "freeze", "freeze_each", "describe", "rebuild", "snapshot", "cached",
+           "current_copy",
            "lru_get", "peek", "put", "compiled", "table_of", "canonical", "clear", "settle",
            "SIZE", "SHARED"]
 
@@ -229,6 +230,16 @@ def rebuild(lifted: Lifted, leaves: Sequence[Any]) -> list[Any]:
         else:
             out.append(w.function(k)[1])
     return out
+
+
+def current_copy(lifted: Lifted) -> list[Any]:
+    """Copies of the newest kernels described under ``lifted.key`` (see
+    :data:`_LATEST`) reading copies, taken now, of their numpy arrays: for a
+    compiled function that bakes a kernel's arrays in, called at trace time
+    (a trace of a cached function for new shapes must bake the calling
+    kernel's values, not the first's, changed in place since)."""
+    new = _newest(lifted)
+    return rebuild(new, [v.copy() if isinstance(v, np.ndarray) else v for v in new.leaves])
 
 
 def snapshot(kernels: Sequence[Any]) -> tuple[Any, ...]:

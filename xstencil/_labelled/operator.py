@@ -26,7 +26,14 @@ from xstencil._engine.advice import is_traced_error
 from xstencil._engine.call import native
 from xstencil._engine.coords import coord_digest
 from xstencil._engine.fresh import fresh
-from xstencil._engine.kcache import cached, describe, rebuild, settle, snapshot, values_key
+from xstencil._engine.kcache import (
+    cached,
+    current_copy,
+    describe,
+    rebuild,
+    settle,
+    values_key,
+)
 from xstencil._errors import XStencilError
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
@@ -204,17 +211,17 @@ class LoopBody:
         """The arrays as constants of the loop, keyed by value: for a ``step=``
         function that needs them concrete (``np.roll(w, 1)``, ``float(w[0])``),
         as the loops took them before they became inputs.  The loop reads
-        copies taken now (a trace of the cached loop for new argument shapes
-        must not read an array changed in place since)."""
+        copies taken when it is traced (:func:`current_copy`: a trace of the
+        cached loop for new argument shapes bakes in the calling body)."""
         self.key = ("baked", self.key, values_key(self.lifted.templates, self.lifted)[1])
         self.leaves = []
+        lifted = self.lifted
         if isinstance(body, Mesh):
             regions = [r for r, _ in body._regions]
-            kernels, options = list(snapshot(self.lifted.templates)), dict(body._options)
-            self.resolve = lambda leaves: MeshSpec(regions, kernels, options)
+            options = dict(body._options)
+            self.resolve = lambda leaves: MeshSpec(regions, current_copy(lifted), options)
         else:
-            copy = snapshot([body])[0]
-            self.resolve = lambda leaves: copy
+            self.resolve = lambda leaves: current_copy(lifted)[0]
 
     def compiled(self, key: Any, build: Callable[[], Callable[..., Any]]
                  ) -> Callable[..., Any]:
