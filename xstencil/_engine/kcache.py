@@ -143,8 +143,10 @@ _LATEST: OrderedDict[Hashable, list[weakref.ref[Lifted]]] = OrderedDict()
 
 def _latest(lifted: Lifted) -> None:
     try:
-        hash(lifted.key)
+        refs = _LATEST.get(lifted.key)
     except TypeError:  # a key that does not hash (cannot be cached either)
+        return
+    if refs and refs[-1]() is lifted:  # already the newest: a repeated call
         return
     with _LOCK:
         refs = [r for r in _LATEST.pop(lifted.key, ()) if r() is not None and r() is not lifted]
