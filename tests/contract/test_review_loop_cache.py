@@ -48,6 +48,19 @@ def test_a_kernels_own_attribute_changed_after_a_call_is_read():
         np.testing.assert_allclose(U0.stencil.map(k).values, a * X)
 
 
+def test_a_kernel_attribute_set_after_calls_is_read():
+    def k(u):
+        return getattr(k, "alpha", 1.0) * u()
+
+    for a in (None, 2.0, 3.0):  # called thrice each: the walk's memo records it
+        if a is not None:
+            k.alpha = a
+        for _ in range(3):
+            np.testing.assert_allclose(U0.stencil.map(k).values, (a or 1.0) * X)
+            out = xstencil.iterate(U0, k, tol=None, max_steps=1, boundary="periodic")
+            np.testing.assert_allclose(out.field.values, (a or 1.0) * X)
+
+
 def test_mesh_kernels_with_different_own_attributes_do_not_share_a_loop():
     for a in (2.0, 3.0):
         m = U0.stencil.mesh(boundary="periodic")
