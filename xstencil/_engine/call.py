@@ -163,7 +163,12 @@ def as_array(call: str, arg: str, x: Any) -> Any:
                 f"{call}: {arg} has dtype {x.dtype}, which is not numeric; stencils run on "
                 f"bool, int, float or complex data (convert with .astype(float))"
             )
-        return jnp.asarray(native(x))
+        # a view: JAX keeps the 32-bit copy it made of a 64-bit array read in a trace
+        # with x64 off, by the array object, and handed that copy back here later
+        # under x64 (an iterate over data a jitted iterate had read: a float32
+        # carry against a float64 step, a dtype error)
+        x = native(x)
+        return jnp.asarray(x.view() if isinstance(x, np.ndarray) else x)
     raise XStencilError(
         f"{call}: {arg} must be an array (numpy or JAX), got {type(x).__name__}: {x!r:.80}; "
         f"wrap it with numpy.asarray"

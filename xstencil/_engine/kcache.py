@@ -55,6 +55,7 @@ Compiled functions live in one bounded LRU table (:data:`SIZE` entries);
 from __future__ import annotations
 
 import types
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -84,6 +85,7 @@ from xstencil._engine.kwalk import (
 from xstencil._engine.x64flag import x64
 
 __all__ = ["Lifted", "freeze", "freeze_each", "describe", "rebuild", "snapshot", "cached",
+           "current_copy",
            "lru_get", "peek", "put", "compiled", "table_of", "canonical", "clear", "settle",
            "SIZE", "SHARED"]
 
@@ -119,11 +121,53 @@ def describe(kernels: Sequence[Any], memo: Any = True) -> Lifted:
     own (the shared one holds the kernels alive), or ``False``: none."""
     table = _MEMO if memo is True else memo or None
     got = table.get(kernels) if table is not None else None
-    if got is not None:
-        return got
-    lifted = _describe(kernels)
-    if table is not None:
-        table.put(kernels, lifted)
+    if got is None:
+        got = _describe(kernels)
+        if table is not None:
+            table.put(kernels, got)
+    _latest(got)
+    return got
+
+
+#: The latest :func:`describe` results of each key, held weakly, newest last:
+#: what :func:`rebuild` copies (the newest still alive).  A compiled function
+#: cached under a key keeps the kernels it was built from, and JAX traces it
+#: again when a later call's other inputs differ in shape (a kernel argument of
+#: a new length); that trace must copy the calling kernels, not the first ones,
+#: which may read a list, a dict, a DataArray or a mesh (keyed by content)
+#: changed in place since: it ran with the first kernel's new values, silently.
+#: Several per key: a short-lived description of the same key (a copy traced
+#: inside the call) must not hide the calling one once it is gone.
+_LATEST: OrderedDict[Hashable, list[weakref.ref[Lifted]]] = OrderedDict()
+
+
+def _latest(lifted: Lifted) -> None:
+    try:
+        refs = _LATEST.get(lifted.key)
+    except TypeError:  # a key that does not hash (cannot be cached either)
+        return
+    if refs and refs[-1]() is lifted:  # already the newest: a repeated call
+        return
+    with _LOCK:
+        refs = [r for r in _LATEST.pop(lifted.key, ()) if r() is not None and r() is not lifted]
+        refs.append(weakref.ref(lifted))
+        _LATEST[lifted.key] = refs[-4:]
+        while len(_LATEST) > 4 * SIZE:
+            _LATEST.popitem(last=False)
+
+
+def _newest(lifted: Lifted) -> Lifted:
+    """The newest live :func:`describe` result of ``lifted.key`` (``lifted``
+    itself if none)."""
+    try:
+        with _LOCK:
+            refs = list(_LATEST.get(lifted.key, ()))
+    except TypeError:
+        return lifted
+    for r in reversed(refs):
+        got = r()
+        if got is not None:
+            return got
     return lifted
 
 
@@ -176,7 +220,9 @@ def settle(lifted: Lifted) -> None:
 
 
 def rebuild(lifted: Lifted, leaves: Sequence[Any]) -> list[Any]:
-    """Copies of ``lifted.templates`` reading ``leaves`` instead of their own."""
+    """Copies of ``lifted.templates`` reading ``leaves`` instead of their own:
+    those of the kernels described last under the same key (see :data:`_LATEST`)."""
+    lifted = _newest(lifted)
     it = iter(leaves)
     w = Walk(subst=it)
     out = []
@@ -186,6 +232,16 @@ def rebuild(lifted: Lifted, leaves: Sequence[Any]) -> list[Any]:
         else:
             out.append(w.function(k)[1])
     return out
+
+
+def current_copy(lifted: Lifted) -> list[Any]:
+    """Copies of the newest kernels described under ``lifted.key`` (see
+    :data:`_LATEST`) reading copies, taken now, of their numpy arrays: for a
+    compiled function that bakes a kernel's arrays in, called at trace time
+    (a trace of a cached function for new shapes must bake the calling
+    kernel's values, not the first's, changed in place since)."""
+    new = _newest(lifted)
+    return rebuild(new, [v.copy() if isinstance(v, np.ndarray) else v for v in new.leaves])
 
 
 def snapshot(kernels: Sequence[Any]) -> tuple[Any, ...]:
@@ -243,6 +299,7 @@ def clear() -> None:
     with _LOCK:
         _TABLE.clear()
         _SINKS.clear()
+        _LATEST.clear()
     _MEMO.clear()
     code_names.cache_clear()
     read_names.cache_clear()

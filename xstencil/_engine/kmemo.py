@@ -118,6 +118,7 @@ class Memo:
         cells: list[tuple[Any, Any]] = []
         globs: list[tuple[dict[str, Any], str, Any]] = []
         arrays: list[tuple[np.ndarray, tuple[int, ...], Any]] = []
+        own: list[tuple[Any, tuple[tuple[str, Any], ...]]] = []
         seen: set[int] = set()
         budget = [_LIMIT]
 
@@ -159,6 +160,12 @@ class Memo:
             if id(fn) in seen:
                 return
             seen.add(id(fn))
+            # its own attributes (k.alpha, keyed by value; set later too): a slot each
+            items = tuple(fn.__dict__.items())
+            own.append((fn, items))
+            for n, x in items:
+                if n != "__wrapped__":  # not keyed (functools.wraps)
+                    visit(x)
             kwd = fn.__kwdefaults__
             fns.append((fn, fn.__code__, fn.__defaults__, kwd,
                         None if kwd is None else tuple(kwd.items())))
@@ -179,12 +186,20 @@ class Memo:
 
         for k in kernels:
             function(k)
-        return tuple(fns), tuple(cells), tuple(globs), tuple(arrays)
+        return tuple(fns), tuple(cells), tuple(globs), tuple(arrays), tuple(own)
 
 
 def _holds(checks: tuple[Any, ...]) -> bool:
     """Whether every recorded slot still holds the object it held."""
-    fns, cells, globs, arrays = checks
+    fns, cells, globs, arrays, own = checks
+    for fn, items in own:
+        d = fn.__dict__
+        if not d and not items:
+            continue
+        now = tuple(d.items())
+        if len(now) != len(items) or any(
+                a != c or b is not d for (a, b), (c, d) in zip(now, items, strict=True)):
+            return False
     for fn, code, defaults, kwd, items in fns:
         if fn.__code__ is not code or fn.__defaults__ is not defaults \
                 or fn.__kwdefaults__ is not kwd:

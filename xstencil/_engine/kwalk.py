@@ -414,6 +414,19 @@ class Walk:
                     tail.append((i, got))
         return (key, ("late", tuple(tail))) if tail else key
 
+    def own(self, fn: types.FunctionType, names: tuple[str, ...]) -> Hashable:
+        """The function's own attributes (``k.alpha = 2``, read as ``k.alpha``
+        by its code), by value: two kernels of one code with different ones
+        must not share compiled code.  Arrays there are keyed by content (the
+        rebuilt copy keeps the attributes: it reads them, not lifted leaves)."""
+        self.fixed += 1
+        try:
+            return ("attrs", self.value(tuple(sorted(
+                (n, v) for n, v in fn.__dict__.items() if n != "__wrapped__")), names,
+                lift=False)[0])
+        finally:
+            self.fixed -= 1
+
     def function(self, fn: types.FunctionType) -> tuple[Hashable, Any]:
         if id(fn) in self.seen:
             return ("cycle", self.seen[id(fn)]), self.made.get(id(fn), fn)
@@ -433,6 +446,8 @@ class Walk:
         gk = [(n, self.value(g[n], names)) for n in names if n in g]
         key = ("fn", code, Identity(g), dk, kk, tuple(k for k, _ in ck),
                tuple((n, k) for n, (k, _) in gk))
+        if fn.__dict__:
+            key += (self.own(fn, names),)
         if self.subst is None or len(self.leaves) == before:
             return key, fn
         changed = [(n, v) for n, (_, v) in gk if v is not g[n]]

@@ -13,16 +13,16 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import as_array, merge_static, own_loop, settled, split_static
-from xstencil._engine.kcache import canonical, settle
+from xstencil._engine.kcache import current_copy, describe, values_key
 from xstencil._errors import ConvergenceWarning, XStencilError
 from xstencil._labelled.mesh import Mesh
 from xstencil._labelled.operator import (
     LoopBody,
     State,
+    baking,
     mesh_order,
     own_order,
     step_function,
-    weak,
 )
 from xstencil._labelled.result import host64
 
@@ -216,19 +216,27 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
     with own_loop(data, args, kwargs):
         arrays = [as_array(call, "the data", x) for x in data]
         dyn, static = split_static(call, (args, kwargs))
-        lb = LoopBody(body)
-        key = ("iterate", free, fixed, state.key(), static, lb.key,
-               canonical(norm) if callable(norm) else (norm, relative),
-               tuple(sorted((k, repr(v)) for k, v in options.items())))
-
-        def build() -> Callable[..., Any]:
-            return _loop(call, state, options, free, fixed, static, lb.resolve, norm, fnorm)
-
-        fn = lb.compiled(key, build)
+        # a norm function is called as it is, its arrays constants of the loop: keyed
+        # by value (by identity, one changed in place reused the loop baked with the
+        # old values), the loop tracing a copy of this call's norm
+        nl = describe([norm]) if callable(norm) else None
+        nkey = values_key([norm], nl) if nl is not None else (norm, relative)
         lim = jnp.asarray([min_steps, max_steps], jnp.int32)
-        xs, i, r, ok = settled(fn(arrays, dyn, jnp.asarray(tol, residual_dtype(arrays)), lim,
-                                  lb.leaves), (arrays, dyn))
-        settle(lb.lifted)
+
+        def attempt(lb: LoopBody) -> Any:
+            key = ("iterate", free, fixed, state.key(), static, lb.key, nkey,
+                   tuple(sorted((k, repr(v)) for k, v in options.items())))
+
+            def build() -> Callable[..., Any]:
+                f = fnorm if nl is None else (lambda: current_copy(nl)[0])
+                return _loop(call, state, options, free, fixed, static, lb.resolve, f,
+                             nl is not None)
+
+            fn = lb.compiled(key, build)
+            return settled(fn(arrays, dyn, jnp.asarray(tol, residual_dtype(arrays)), lim,
+                              lb.leaves), (arrays, dyn))
+
+        xs, i, r, ok = baking(call, body, free, attempt)
     xs = host64(xs)
     field = own_order(state.wrap(xs), given)
     return report(call, Converged(field, i, r, ok), None if fixed else tol)
@@ -258,22 +266,21 @@ def _checked(call: str, obj: Any, body: Any, max_steps: Any, min_steps: Any, tol
 
 
 def _loop(call: str, state: Any, options: dict[str, Any], free: bool, fixed: bool,
-          static: Any, resolve: Callable[[Any], Any], norm: Any, fnorm: Any
+          static: Any, resolve: Callable[[Any], Any], fnorm: Any, given: bool = False
           ) -> Callable[..., Any]:
     """The compiled ``while_loop``: ``run(arrays, dyn, tol, (min_steps,
     max_steps), leaves)`` returns the field, the steps taken, the last
     residual and whether it converged (``leaves``: the arrays the body
-    closes over, see :class:`~xstencil._labelled.operator.LoopBody`)."""
+    closes over, see :class:`~xstencil._labelled.operator.LoopBody`).
+    ``given``: ``fnorm()`` gives the user's norm function at trace time."""
     names = state.names
-    if callable(norm):
-        nref = weak(canonical(norm))
 
     def as_norm_arg(xs: Any) -> Any:
         return xs[0] if names is None else dict(zip(names, xs, strict=True))
 
     def run(arrays: Any, dyn: Any, tol: Any, lim: Any, leaves: Any) -> Any:
         a, kw = merge_static(dyn, static)
-        f = nref() if callable(norm) else fnorm
+        f = fnorm() if given else fnorm
         step = step_function(call, resolve(leaves), state, options, free)
 
         def cond(c: Any) -> Any:

@@ -11,7 +11,9 @@ shifted-slice machinery (and compile cache) as every other map.
 from __future__ import annotations
 
 import hashlib
+import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,17 +22,25 @@ import numpy as np
 import xarray as xr
 from jax.dtypes import canonicalize_dtype
 
+from xstencil._engine.advice import is_traced_error
 from xstencil._engine.call import native
 from xstencil._engine.coords import coord_digest
 from xstencil._engine.fresh import fresh
-from xstencil._engine.kcache import cached, describe, rebuild
+from xstencil._engine.kcache import (
+    cached,
+    current_copy,
+    describe,
+    rebuild,
+    settle,
+    values_key,
+)
 from xstencil._errors import XStencilError
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
 from xstencil._labelled.step_labels import by_label
 
 __all__ = ["State", "state_of", "step_function", "body_key", "LoopBody", "weak",
-           "mesh_order", "own_order"]
+           "mesh_order", "own_order", "baking", "needs_baking", "baked_now", "step_error"]
 
 _MAP_OPTIONS = ("window", "boundary", "fill_value", "period")
 
@@ -181,7 +191,7 @@ class LoopBody:
     counter, keyed by identity from then on).
     """
 
-    def __init__(self, body: Any):
+    def __init__(self, body: Any, baked: bool = False):
         if isinstance(body, Mesh) and body._regions:
             regions = [r for r, _ in body._regions]
             options = dict(body._options)
@@ -194,11 +204,90 @@ class LoopBody:
             self.key = ("structure", template.key)
             self.resolve = lambda leaves: rebuild(template, leaves)[0]
         self.leaves: list[Any] = list(self.lifted.leaves)
+        if baked and self.leaves:
+            self._bake(body)
+
+    def _bake(self, body: Any) -> None:
+        """The arrays as constants of the loop, keyed by value: for a ``step=``
+        function that needs them concrete (``np.roll(w, 1)``, ``float(w[0])``),
+        as the loops took them before they became inputs.  The loop reads
+        copies taken when it is traced (:func:`current_copy`: a trace of the
+        cached loop for new argument shapes bakes in the calling body)."""
+        self.key = ("baked", self.key, values_key(self.lifted.templates, self.lifted)[1])
+        self.leaves = []
+        lifted = self.lifted
+        if isinstance(body, Mesh):
+            regions = [r for r, _ in body._regions]
+            options = dict(body._options)
+            self.resolve = lambda leaves: MeshSpec(regions, current_copy(lifted), options)
+        else:
+            self.resolve = lambda leaves: current_copy(lifted)[0]
 
     def compiled(self, key: Any, build: Callable[[], Callable[..., Any]]
                  ) -> Callable[..., Any]:
         """The compiled loop for ``key`` (which holds :attr:`key`), built on a miss."""
         return cached(key, build)
+
+
+#: Structure keys of ``step=`` functions that needed their closed-over arrays
+#: concrete: later calls bake them in at once (no failed trace first).
+_BAKED: OrderedDict[Any, None] = OrderedDict()
+_BAKED_LOCK = threading.Lock()
+
+
+def needs_baking(key: Any) -> bool:
+    with _BAKED_LOCK:
+        return key in _BAKED
+
+
+def baked_now(key: Any) -> None:
+    """Note that the step function of structure ``key`` needs its arrays concrete."""
+    with _BAKED_LOCK:
+        _BAKED[key] = None
+        while len(_BAKED) > 128:
+            _BAKED.popitem(last=False)
+
+
+def step_error(call: str, fn: Any, e: Exception) -> XStencilError:
+    """A clear error for a ``step=`` function that asked a traced value for a
+    concrete one (numpy or ``float()`` on the state)."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    name = getattr(fn, "__name__", type(fn).__name__)
+    return XStencilError(
+        f"{call}: step= function {name!r} used a traced value where Python needs a concrete "
+        f"one ({type(e).__name__}: {first:.120}); step functions are traced by JAX: the "
+        f"state holds traced arrays, so numpy functions (np.roll, np.sin), math, "
+        f"float()/int()/bool() and a Python `if` on its values cannot work; use jax.numpy "
+        f"(jnp.roll, jnp.where) or the state's own methods (s.roll(x=1), xr.where)")
+
+
+def baking(call: str, body: Any, free: bool, attempt: Callable[[LoopBody], Any]) -> Any:
+    """``attempt(LoopBody(body))``.  A ``step=`` function (``free``) that needs
+    an array it closes over concrete (``np.roll(w, 1)``, ``float(w[0])``: the
+    arrays are traced inputs of the loop) runs again with them baked in,
+    keyed by value (:meth:`LoopBody._bake`), as it did before they became
+    inputs; a traced value it needs otherwise (the state's) is a clear error."""
+    lb = LoopBody(body)
+    if free and lb.leaves and needs_baking(lb.key):
+        lb._bake(body)
+    try:
+        out = attempt(lb)
+    except Exception as e:
+        if not (free and is_traced_error(e)):
+            raise
+        if not lb.leaves:
+            raise step_error(call, body, e) from e
+        baked_now(lb.key)
+        lb = LoopBody(body)
+        lb._bake(body)
+        try:
+            out = attempt(lb)
+        except Exception as e2:
+            if is_traced_error(e2):
+                raise step_error(call, body, e2) from e2
+            raise
+    settle(lb.lifted)
+    return out
 
 
 def body_key(body: Any) -> Any:

@@ -20,7 +20,7 @@ from xstencil._backends.shard import is_sharded
 from xstencil._engine.call import as_array, avals, merge_static, own_loop, promote, split_static
 from xstencil._engine.coords import coord_digest
 from xstencil._engine.fresh import fresh
-from xstencil._engine.kcache import cached, describe, rebuild, settle
+from xstencil._engine.kcache import cached
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import PrecisionWarning, XStencilError
 from xstencil._labelled.result import host64
@@ -38,6 +38,8 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
 
     The state has the promoted dtype of the input and the step's result, or
     ``dtype`` (already applied to ``obj``), to which each result is cast."""
+    from xstencil._labelled.operator import baking  # it imports the mesh, which imports us
+
     dim = o.dim
     state0, names, arrays, tvals = _state(call, obj, fn, o)
     with own_loop(arrays, args, kwargs):
@@ -49,38 +51,47 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
         times = None if dim in kwargs else _step_times(call, fn, dim, tvals, o.steps)
         # the arrays the step closes over are inputs of the loop, as a map's are:
         # the loop is keyed by the step's structure, and an inline step over new
-        # arrays (or one changed in place) reuses it, reading them as they are now
-        lifted = describe([fn])
-        udyn = (udyn, times, list(lifted.leaves))
-
-        def apply(datas: Sequence[Any], dyn: Any, t: Any = 1) -> list[Any]:
-            udyn, times, leaves = dyn
-            a, kw = merge_static(udyn, static)
-            if times is not None:
-                kw = {**kw, dim: times[t - 1]}
-            new = fresh(rebuild(lifted, leaves)[0])(_wrap(template, names, datas), *a, **kw)
-            return _step_result(call, new, names, template, datas)
-
-        # what the step reads and the layout decide the state's dtypes, found by
-        # tracing the step once (not again on every call)
-        reads, labels = (call, dim, lifted.key), _labels(template)
-        layout = ("step-dtypes", static, names, avals(arrays), avals(udyn), labels, reads,
-                  None if dtype is None else str(np.dtype(dtype)))
-        wide, evolving = cached(layout, lambda: _widened(call, apply, arrays, udyn, dtype))
-        arrays = [x if x.dtype == w else x.astype(w) for x, w in zip(arrays, wide, strict=True)]
-        loop = Loop(1, o.steps, o.every, 1, 0, 0, "fill", o.checkpoint,
-                    _progress.check_every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
-                    if o.progress else 0, o.check_finite)
-        key = ("step", static, loop, names, tuple(evolving), avals(arrays), labels, reads)
-        if o.check_finite:
-            initial_finite(call, [[arrays[i]] for i in evolving], dim, 1)
-        run = cached(key, lambda: _build(apply, loop, evolving))
-        outs, bad = call_with_progress(run, (arrays, udyn), loop.progress_every,
-                                       loop.steps, call)
-        settle(lifted)  # a list the trace wrote to is a counter: keyed by identity now
+        # arrays (or one changed in place) reuses it, reading them as they are now;
+        # a step that needs them concrete (np.roll(w, 1)) has them baked in instead
+        (outs, bad), evolving = baking(
+            call, fn, True, lambda lb: _run(call, lb, arrays, udyn, static, times, template,
+                                            names, dim, o, dtype))
     outs = host64(outs)
     finite(call, bad, tvals, dim)
     return _trajectory(o, template, names, evolving, outs, tvals)
+
+
+def _run(call: str, lb: Any, arrays: list[Any], udyn: Any, static: Any, times: Any,
+         template: Any, names: tuple[str, ...] | None, dim: str, o: ScanPlan, dtype: Any
+         ) -> Any:
+    """The trajectory of :func:`run_step` with the step ``lb`` (its arrays
+    inputs of the loop, or baked in)."""
+    udyn = (udyn, times, lb.leaves)
+
+    def apply(datas: Sequence[Any], dyn: Any, t: Any = 1) -> list[Any]:
+        udyn, times, leaves = dyn
+        a, kw = merge_static(udyn, static)
+        if times is not None:
+            kw = {**kw, dim: times[t - 1]}
+        new = fresh(lb.resolve(leaves))(_wrap(template, names, datas), *a, **kw)
+        return _step_result(call, new, names, template, datas)
+
+    # what the step reads and the layout decide the state's dtypes, found by
+    # tracing the step once (not again on every call)
+    reads, labels = (call, dim, lb.key), _labels(template)
+    layout = ("step-dtypes", static, names, avals(arrays), avals(udyn), labels, reads,
+              None if dtype is None else str(np.dtype(dtype)))
+    wide, evolving = cached(layout, lambda: _widened(call, apply, arrays, udyn, dtype))
+    arrays = [x if x.dtype == w else x.astype(w) for x, w in zip(arrays, wide, strict=True)]
+    loop = Loop(1, o.steps, o.every, 1, 0, 0, "fill", o.checkpoint,
+                _progress.check_every(o.steps, sum(int(np.prod(x.shape)) for x in arrays))
+                if o.progress else 0, o.check_finite)
+    key = ("step", static, loop, names, tuple(evolving), avals(arrays), labels, reads)
+    if o.check_finite:
+        initial_finite(call, [[arrays[i]] for i in evolving], dim, 1)
+    run = cached(key, lambda: _build(apply, loop, evolving))
+    return call_with_progress(run, (arrays, udyn), loop.progress_every, loop.steps, call), \
+        evolving
 
 
 def _step_times(call: str, fn: Any, dim: str, tvals: Any, steps: int) -> Any:

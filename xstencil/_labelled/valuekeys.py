@@ -16,12 +16,17 @@ dask-backed data (and a bare dask array) is keyed by its computed content:
 dask reads its sources again on every compute, so a store rewritten in place
 gives new numbers under the same graph name (keyed by that name, the old
 ones came back).  A scipy.sparse matrix or array is keyed by the arrays it
-stores (``M.data[:] = 3`` was stale: it was keyed by identity).
+stores (``M.data[:] = 3`` was stale: it was keyed by identity).  A
+:class:`~xstencil.Mesh` (a step function calling ``iterate(s, m)`` or
+``m.map()``) is keyed by its data, options, regions and kernels (their
+:func:`~xstencil._engine.kcache.values_key`): keyed by identity, a region
+assigned or an array changed in place after a call reused the old loop.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -30,7 +35,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from xstencil._engine.kwalk import VALUE_KEYS, digest
+from xstencil._engine.kwalk import VALUE_KEYS, Identity, digest, freeze
 
 __all__ = ["content_key", "sparse_key"]
 
@@ -117,6 +122,34 @@ def sparse_key(v: Any) -> Hashable | None:
             tuple((k, _sparse_part(x)) for k, x in sorted(held.items())))
 
 
+_KEYING = threading.local()  # meshes being keyed (a kernel closing over its own mesh)
+
+
+def mesh_key(m: Any) -> Hashable | None:
+    """A :class:`~xstencil.Mesh` by content: its data, options, regions (by
+    their cells) and kernels (by :func:`~xstencil._engine.kcache.values_key`:
+    structure, and the arrays they close over by content)."""
+    from xstencil._engine.kcache import values_key
+    from xstencil._labelled.mesh import Mesh
+    from xstencil._labelled.mesh_regions import region_key
+
+    if type(m) is not Mesh:
+        return None
+    busy = _KEYING.__dict__.setdefault("ids", set())
+    if id(m) in busy:
+        return ("Mesh", "cycle", Identity(m))
+    data = content_key(m._obj)
+    if data is None:  # traced data: not read here
+        return None
+    busy.add(id(m))
+    try:
+        kernels = [k for _, k in m._regions]
+        return ("Mesh", data, freeze(dict(m._options)),
+                tuple(region_key(r) for r, _ in m._regions), values_key(kernels))
+    finally:
+        busy.discard(id(m))
+
+
 def content_key(v: Any) -> Hashable | None:
     """``v`` by content, or ``None`` for a value this module does not key."""
     try:
@@ -137,6 +170,8 @@ def content_key(v: Any) -> Hashable | None:
             return ("DataFrame", content_key(v.index), content_key(v.columns),
                     tuple(content_key(v[c]) for c in v.columns))
         mod = type(v).__module__
+        if mod == "xstencil._labelled.mesh":
+            return mesh_key(v)
         if mod.startswith("dask.") and hasattr(v, "to_delayed"):  # a bare dask array
             return ("dask array", _dask(v))
         return sparse_key(v) if mod.startswith("scipy.sparse") else None
