@@ -49,7 +49,16 @@ from tests.spies import count_calls
 
 os.environ.setdefault("DEVITO_LOGGING", "ERROR")
 os.environ.setdefault("DEVITO_LANGUAGE", "C")
+# Devito's optimising modes start every operator by switching the CPU to flush
+# subnormals to zero (its 'denormals' pass), and compile with -ffast-math unless
+# safe-math is set: that state stays for the rest of the process, and later
+# tests in the same worker saw no subnormals (hypothesis refused to draw floats,
+# and any subnormal result would have been flushed silently). The 'noop' mode
+# has no such pass; its plain sums are also the closest to the kernels here.
+os.environ["DEVITO_SAFE_MATH"] = "1"
 devito = pytest.importorskip("devito")
+devito.configuration["safe-math"] = True
+OPT = "noop"
 
 NX, NZ, H = 21, 17, 10.0     # grid nodes along x and z, spacing (m)
 NT, DT, F0 = 60, 2.0e-3, 25.0  # time positions, step (s), peak frequency (Hz)
@@ -97,7 +106,7 @@ def devito_run(so: int, dtype: type, dirichlet: bool = False) -> tuple[np.ndarra
         x, z = grid.dimensions
         eqs += [Eq(u[t1, 0, z], 0.0), Eq(u[t1, NX - 1, z], 0.0),
                 Eq(u[t1, x, 0], 0.0), Eq(u[t1, x, NZ - 1], 0.0)]
-    op = Operator([*eqs, rec.interpolate(expr=u)])
+    op = Operator([*eqs, rec.interpolate(expr=u)], opt=OPT)
     args = op.arguments(dt=DT)
     assert (args["time_m"], args["time_M"]) == (1, NT - 2)
     op(dt=DT)
@@ -395,7 +404,7 @@ def devito_staggered(so: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     eqs = [Eq(v.forward, solve(v.dt - grad(p), v.forward)),
            Eq(p.forward, solve(p.dt - vp**2 * div(v.forward), p.forward)),
            src.inject(field=p.forward, expr=src * grid.time_dim.spacing)]
-    op = Operator(eqs)
+    op = Operator(eqs, opt=OPT)
     args = op.arguments(dt=DT)
     assert (args["time_m"], args["time_M"]) == (0, NT - 2)
     op(dt=DT)
@@ -555,3 +564,15 @@ def test_free_surface_by_mesh_rows(monkeypatch, backend):
     zero_halo = start.stencil.scan(pulse_leapfrog, "time", steps=40, dt=DT, boundary="fill",
                                    fill_value=0.0)
     assert np.abs(zero_halo.u.values[-1, :, 1:4] - levels[-1][:, 1:4]).max() > 1e-2
+
+
+def test_devito_operators_leave_subnormals_alone():
+    """After a Devito operator has run in this process, subnormal floats
+    still exist: code built with -ffast-math switches the CPU to flush them
+    to zero for the whole process, which made later tests in the same worker
+    fail (hypothesis refuses to draw floats then) and would flush any
+    subnormal result silently."""
+    devito_run(2, np.float64)
+    tiny = np.finfo(np.float64).tiny
+    assert np.float64(tiny) / 4 > 0
+    assert np.float32(np.finfo(np.float32).tiny) / np.float32(4) > 0

@@ -23,6 +23,7 @@ from xstencil._engine.fresh import fresh
 from xstencil._engine.kcache import cached
 from xstencil._engine.tscan import Loop, run_loop
 from xstencil._errors import PrecisionWarning, XStencilError
+from xstencil._labelled.loop_body import baking
 from xstencil._labelled.result import host64
 from xstencil._labelled.scan_plan import ScanPlan
 from xstencil._labelled.scan_result import call_with_progress, finite, initial_finite
@@ -38,8 +39,6 @@ def run_step(call: str, obj: Any, fn: Any, o: ScanPlan, args: Any, kwargs: Any,
 
     The state has the promoted dtype of the input and the step's result, or
     ``dtype`` (already applied to ``obj``), to which each result is cast."""
-    from xstencil._labelled.operator import baking  # it imports the mesh, which imports us
-
     dim = o.dim
     state0, names, arrays, tvals = _state(call, obj, fn, o)
     with own_loop(arrays, args, kwargs):

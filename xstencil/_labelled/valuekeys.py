@@ -35,7 +35,10 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from xstencil._engine.kcache import values_key
 from xstencil._engine.kwalk import VALUE_KEYS, Identity, digest, freeze
+from xstencil._labelled.mesh import Mesh
+from xstencil._labelled.mesh_regions import region_key
 
 __all__ = ["content_key", "sparse_key"]
 
@@ -129,10 +132,6 @@ def mesh_key(m: Any) -> Hashable | None:
     """A :class:`~xstencil.Mesh` by content: its data, options, regions (by
     their cells) and kernels (by :func:`~xstencil._engine.kcache.values_key`:
     structure, and the arrays they close over by content)."""
-    from xstencil._engine.kcache import values_key
-    from xstencil._labelled.mesh import Mesh
-    from xstencil._labelled.mesh_regions import region_key
-
     if type(m) is not Mesh:
         return None
     busy = _KEYING.__dict__.setdefault("ids", set())
