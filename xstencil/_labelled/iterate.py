@@ -13,17 +13,11 @@ import numpy as np
 import xarray as xr
 
 from xstencil._engine.call import as_array, merge_static, own_loop, settled, split_static
-from xstencil._engine.kcache import current_copy, describe, values_key
+from xstencil._engine.kcache import cached, current_copy, describe, values_key
 from xstencil._errors import ConvergenceWarning, XStencilError
+from xstencil._labelled.loop_body import LoopBody, baking
 from xstencil._labelled.mesh import Mesh
-from xstencil._labelled.operator import (
-    LoopBody,
-    State,
-    baking,
-    mesh_order,
-    own_order,
-    step_function,
-)
+from xstencil._labelled.operator import State, mesh_order, own_order, step_function
 from xstencil._labelled.result import host64
 
 __all__ = ["iterate", "Converged", "report"]
@@ -232,7 +226,7 @@ def iterate(obj: xr.DataArray | xr.Dataset | None, body: Any = None, *args: Any,
                 return _loop(call, state, options, free, fixed, static, lb.resolve, f,
                              nl is not None)
 
-            fn = lb.compiled(key, build)
+            fn = cached(key, build)
             return settled(fn(arrays, dyn, jnp.asarray(tol, residual_dtype(arrays)), lim,
                               lb.leaves), (arrays, dyn))
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from xstencil._engine.advice import is_traced_error
-from xstencil._engine.kcache import cached, current_copy, describe, rebuild, settle, values_key
+from xstencil._engine.kcache import current_copy, describe, rebuild, settle, values_key
 from xstencil._errors import XStencilError
 
 __all__ = ["MeshSpec", "LoopBody", "body_key", "baking", "needs_baking", "baked_now",
@@ -44,8 +44,6 @@ class MeshSpec:
         return list(self._regions)
 
 
-
-
 class LoopBody:
     """A loop's body (a kernel, a ``step=`` function or a mesh) for the
     compile cache of :func:`xstencil.iterate` and :func:`xstencil.solve`.
@@ -62,23 +60,23 @@ class LoopBody:
     counter, keyed by identity from then on).
     """
 
-    def __init__(self, body: Any, baked: bool = False):
+    def __init__(self, body: Any):
         if is_mesh(body) and body._regions:
             regions = [r for r, _ in body._regions]
             options = dict(body._options)
-            self.lifted = lifted = describe([k for _, k in body._regions])
-            self.key: Any = ("mesh", body_key(body), lifted.key)
-            self.resolve: Callable[[Any], Any] = lambda leaves: MeshSpec(
-                regions, rebuild(lifted, leaves), options)
+            self.lifted = describe([k for _, k in body._regions])
+            self.key: Any = ("mesh", body_key(body), self.lifted.key)
+            self._make: Callable[[list[Any]], Any] = \
+                lambda kernels: MeshSpec(regions, kernels, options)
         else:
-            self.lifted = template = describe([body])
-            self.key = ("structure", template.key)
-            self.resolve = lambda leaves: rebuild(template, leaves)[0]
-        self.leaves: list[Any] = list(self.lifted.leaves)
-        if baked and self.leaves:
-            self._bake(body)
+            self.lifted = describe([body])
+            self.key = ("structure", self.lifted.key)
+            self._make = lambda kernels: kernels[0]
+        lifted, make = self.lifted, self._make
+        self.leaves: list[Any] = list(lifted.leaves)
+        self.resolve: Callable[[Any], Any] = lambda leaves: make(rebuild(lifted, leaves))
 
-    def _bake(self, body: Any) -> None:
+    def bake(self) -> None:
         """The arrays as constants of the loop, keyed by value: for a ``step=``
         function that needs them concrete (``np.roll(w, 1)``, ``float(w[0])``),
         as the loops took them before they became inputs.  The loop reads
@@ -86,18 +84,8 @@ class LoopBody:
         cached loop for new argument shapes bakes in the calling body)."""
         self.key = ("baked", self.key, values_key(self.lifted.templates, self.lifted)[1])
         self.leaves = []
-        lifted = self.lifted
-        if is_mesh(body):
-            regions = [r for r, _ in body._regions]
-            options = dict(body._options)
-            self.resolve = lambda leaves: MeshSpec(regions, current_copy(lifted), options)
-        else:
-            self.resolve = lambda leaves: current_copy(lifted)[0]
-
-    def compiled(self, key: Any, build: Callable[[], Callable[..., Any]]
-                 ) -> Callable[..., Any]:
-        """The compiled loop for ``key`` (which holds :attr:`key`), built on a miss."""
-        return cached(key, build)
+        lifted, make = self.lifted, self._make
+        self.resolve = lambda leaves: make(current_copy(lifted))
 
 
 #: Structure keys of ``step=`` functions that needed their closed-over arrays
@@ -136,11 +124,11 @@ def baking(call: str, body: Any, free: bool, attempt: Callable[[LoopBody], Any])
     """``attempt(LoopBody(body))``.  A ``step=`` function (``free``) that needs
     an array it closes over concrete (``np.roll(w, 1)``, ``float(w[0])``: the
     arrays are traced inputs of the loop) runs again with them baked in,
-    keyed by value (:meth:`LoopBody._bake`), as it did before they became
+    keyed by value (:meth:`LoopBody.bake`), as it did before they became
     inputs; a traced value it needs otherwise (the state's) is a clear error."""
     lb = LoopBody(body)
     if free and lb.leaves and needs_baking(lb.key):
-        lb._bake(body)
+        lb.bake()
     try:
         out = attempt(lb)
     except Exception as e:
@@ -150,7 +138,7 @@ def baking(call: str, body: Any, free: bool, attempt: Callable[[LoopBody], Any])
             raise step_error(call, body, e) from e
         baked_now(lb.key)
         lb = LoopBody(body)
-        lb._bake(body)
+        lb.bake()
         try:
             out = attempt(lb)
         except Exception as e2:

@@ -23,21 +23,12 @@ from xstencil._engine.call import native
 from xstencil._engine.coords import coord_digest
 from xstencil._engine.fresh import fresh
 from xstencil._errors import XStencilError
-from xstencil._labelled.loop_body import (
-    LoopBody,
-    MeshSpec,
-    baked_now,
-    baking,
-    body_key,
-    needs_baking,
-    step_error,
-)
+from xstencil._labelled.loop_body import MeshSpec
 from xstencil._labelled.map import map as _map
 from xstencil._labelled.mesh import Mesh
 from xstencil._labelled.step_labels import by_label
 
-__all__ = ["State", "state_of", "step_function", "body_key", "LoopBody", "weak",
-           "mesh_order", "own_order", "baking", "needs_baking", "baked_now", "step_error"]
+__all__ = ["State", "state_of", "step_function", "weak", "mesh_order", "own_order"]
 
 _MAP_OPTIONS = ("window", "boundary", "fill_value", "period")
 

@@ -13,12 +13,13 @@ import xarray as xr
 from xstencil._engine import multigrid as mg
 from xstencil._engine.call import as_array, merge_static, own_loop, settled, split_static
 from xstencil._engine.elements import linear_operator
-from xstencil._engine.kcache import settle
+from xstencil._engine.kcache import cached, settle
 from xstencil._engine.krylov import KRYLOV
 from xstencil._errors import XStencilError
 from xstencil._labelled.iterate import Converged, report
+from xstencil._labelled.loop_body import LoopBody
 from xstencil._labelled.mesh import Mesh
-from xstencil._labelled.operator import LoopBody, State, mesh_order, own_order, step_function
+from xstencil._labelled.operator import State, mesh_order, own_order, step_function
 from xstencil._labelled.result import host64
 from xstencil._labelled.step_labels import by_label
 
@@ -140,7 +141,7 @@ def solve(operator: Any, rhs: xr.DataArray, *args: Any, method: str = "cg",
         lb = LoopBody(operator)
         key = ("solve", method, op, int(maxiter), int(restart), state.key(), static,
                lb.key, tuple(sorted((k, repr(v)) for k, v in options.items())))
-        fn = lb.compiled(key, lambda: _build(call, lb.resolve, state, options, static,
+        fn = cached(key, lambda: _build(call, lb.resolve, state, options, static,
                                              method, op, int(maxiter), int(restart)))
         x, i, r, ok = settled(fn(b, guess, dyn, jnp.asarray(tol, jnp.real(b).dtype),
                                  lb.leaves), (b, guess, dyn))
