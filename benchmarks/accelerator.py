@@ -19,6 +19,13 @@ Cases (float32 unless named):
   float64 numpy FFT reference, divided by ``sum(|w|) * max|u|``: a TPU's
   default-precision convolution rounds its inputs to bfloat16 (about 4e-3);
 * a 31 x 31 Gaussian (separable) against two hand 1-D passes;
+* ``--only lowerings``: hand-written lowerings of the dense k x k sum at
+  1024² (k = 15, 31, 63), each with its compile time (``lower().compile()``)
+  and its time a call: a ``lax.fori_loop`` over the window's rows (what
+  xstencil runs on an accelerator from 101 to 1024 cells), FFTs at a
+  5-smooth and a power-of-two size with the weight spectrum precomputed,
+  banded Toeplitz matmuls at ``Precision.HIGHEST``, and one sum of every
+  cell (k = 15 only);
 * warm per-call cost: a scan of 10 steps at 64² against a jitted ``lax.scan``,
   a mesh of 32 regions at 64² against a plain map;
 * integer, bool and float64 results against numpy: a uint8 3 x 3 sum (must
@@ -211,6 +218,85 @@ def gaussian_case(n: int, k: int, calls: int, rounds: int) -> dict[str, Any]:
     return {"case": f"Gaussian {k}x{k} {n}² fill", "first_s": first, "max_err": err, **t}
 
 
+def _smooth5(m: int) -> int:
+    """The least ``n >= m`` with no prime factor over 5."""
+    while True:
+        r = m
+        for f in (2, 3, 5):
+            while r % f == 0:
+                r //= f
+        if r == 1:
+            return m
+        m += 1
+
+
+def hand_lowering(kind: str, w: np.ndarray, n: int) -> Callable[[Any], Any]:
+    """A hand-written zero-fill 'same' correlation of an ``n x n`` array with
+    ``w`` (centre ``k // 2``), lowered as ``kind``."""
+    k = w.shape[0]
+    h = k // 2
+    wj = jnp.asarray(w)
+    if kind in ("fft 5-smooth", "fft 2^m"):
+        m = n + 2 * h + k
+        s = _smooth5(m) if kind == "fft 5-smooth" else 1 << (m - 1).bit_length()
+        spec = jnp.asarray(np.conj(np.fft.rfft2(np.pad(w.astype(np.float64),
+                                                       ((0, s - k), (0, s - k))))
+                                   ).astype(np.complex64))
+        return lambda a: jnp.fft.irfft2(
+            jnp.fft.rfft2(jnp.pad(a, ((h, s - n - h), (h, s - n - h)))) * spec, (s, s))[:n, :n]
+    if kind == "rows loop":
+        def rows(a: Any) -> Any:
+            p = jnp.pad(a, h)
+
+            def body(dy: Any, acc: Any) -> Any:
+                blk = lax.dynamic_slice(p, (dy, 0), (n, n + 2 * h))
+                wr = lax.dynamic_index_in_dim(wj, dy, keepdims=False)
+                return acc + sum(wr[dx] * blk[:, dx:dx + n] for dx in range(k))
+            return lax.fori_loop(0, k, body, jnp.zeros((n, n), a.dtype))
+        return rows
+    if kind == "one sum":
+        return lambda a: sum(w[dy, dx] * jnp.pad(a, h)[dy:dy + n, dx:dx + n]
+                             for dy in range(k) for dx in range(k))
+    # banded Toeplitz: out[y, j] = sum_dy sum_c p[y + dy, c] * T[dy, c, j],
+    # where T[dy, c, j] = w[dy, c - j]
+    t = np.zeros((k, n + 2 * h, n), np.float32)
+    for dx in range(k):
+        t[:, np.arange(n) + dx, np.arange(n)] = w[:, dx][:, None]
+    tj = jnp.asarray(t)
+
+    def toeplitz(a: Any) -> Any:
+        p = jnp.pad(a, h)
+
+        def body(dy: Any, acc: Any) -> Any:
+            blk = lax.dynamic_slice(p, (dy, 0), (n, n + 2 * h))
+            return acc + jnp.dot(blk, tj[dy], precision=lax.Precision.HIGHEST)
+        return lax.fori_loop(0, k, body, jnp.zeros((n, n), a.dtype))
+    return toeplitz
+
+
+def lowering_cases(n: int, ks: list[int], calls: int, rounds: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(6)
+    x = rng.random((n, n), dtype=np.float32)
+    xd = jnp.asarray(x)
+    rows = []
+    for k in ks:
+        w = rng.standard_normal((k, k)).astype(np.float32)
+        ref = correlate_ref(x, w)
+        scale = float(np.abs(w).sum() * np.abs(x).max())
+        for kind in ("rows loop", "fft 5-smooth", "fft 2^m", "toeplitz matmuls", "one sum"):
+            if kind == "one sum" and k > 15:
+                continue
+            t0 = time.perf_counter()
+            compiled = jax.jit(hand_lowering(kind, w, n)).lower(xd).compile()
+            took = time.perf_counter() - t0
+            err = float(np.max(np.abs(np.asarray(ready(compiled(xd))) - ref))) / scale
+            t = streams({"call": lambda c=compiled: c(xd)}, calls, rounds)
+            row = {"case": f"lowering {kind} {k}x{k} {n}²", "compile_s": took, "err": err, **t}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def overhead_cases(calls: int, rounds: int) -> list[dict[str, Any]]:
     x = jnp.asarray(np.random.default_rng(4).random((64, 64), dtype=np.float32))
     da = xr.DataArray(x, dims=("y", "x"))
@@ -269,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes, few calls")
     p.add_argument("--json", help="write the rows as JSON here")
     p.add_argument("--skip-dense", action="store_true", help="leave out the dense k x k cases")
-    p.add_argument("--only", choices=["maps", "dense", "overhead", "dtypes"],
+    p.add_argument("--only", choices=["maps", "dense", "lowerings", "overhead", "dtypes"],
                    help="one part only")
     args = p.parse_args(argv)
     dev = jax.devices()[0]
@@ -283,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
              + [heat_case(n_map, steps, calls, rounds)],
              "dense": lambda: dense_cases(n_dense, ks, calls, rounds)
              + [gaussian_case(n_dense, 31 if not args.quick else 9, calls, rounds)],
+             "lowerings": lambda: lowering_cases(n_dense, [9] if args.quick else [15, 31, 63],
+                                                 calls, rounds),
              "overhead": lambda: overhead_cases(calls, rounds),
              "dtypes": dtype_checks}
     for name, part in parts.items():
@@ -290,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for row in part():
             rows.append(row)
-            if not row["case"].startswith("dense "):  # printed as measured
+            if not row["case"].startswith(("dense ", "lowering ")):  # printed as measured
                 print(json.dumps(row), flush=True)
     if args.json:
         with open(args.json, "w") as f:
