@@ -75,13 +75,19 @@ def is_affine(closed: Any, n_cells: int) -> bool:
     the cells, with coefficients that depend on no cell."""
     jaxpr = closed.jaxpr
     tags = [True] * n_cells + [False] * (len(jaxpr.invars) - n_cells)
-    widest = max((np.dtype(v.aval.dtype).itemsize for v in jaxpr.outvars), default=0)
+    widest = max((_width(v.aval.dtype) for v in jaxpr.outvars), default=0)
     try:
         _tags(jaxpr, tags, widest)
     except _NotAffine:
         return False
-    return all(v.aval.shape == () and np.issubdtype(np.dtype(v.aval.dtype), np.floating)
+    return all(v.aval.shape == () and np.dtype(v.aval.dtype).kind in "fc"
                for v in jaxpr.outvars)
+
+
+def _width(dtype: Any) -> int:
+    """The bytes of one real component of ``dtype`` (complex64: 4)."""
+    dt = np.dtype(dtype)
+    return dt.itemsize // 2 if dt.kind == "c" else dt.itemsize
 
 
 def _walk(jaxpr: Any, args: Sequence[Any], rule: Callable[[Any, list[Any]], list[Any]],
@@ -133,11 +139,10 @@ def _eqn(eqn: Any, ins: list[bool], widest: int) -> list[bool]:
     if name in _UNARY or name in _JOINT:
         return [True] * n_out
     if name == "convert_element_type":
-        new = np.dtype(eqn.params["new_dtype"])
-        if not np.issubdtype(new, np.floating) or (
-                new.itemsize < widest
-                and new.itemsize < np.dtype(eqn.invars[0].aval.dtype).itemsize):
-            raise _NotAffine  # an integer, or a rounding the output does not do
+        new, src = np.dtype(eqn.params["new_dtype"]), np.dtype(eqn.invars[0].aval.dtype)
+        if new.kind not in "fc" or (src.kind == "c" and new.kind != "c") or (
+                _width(new) < widest and _width(new) < _width(src)):
+            raise _NotAffine  # an integer, a real part, or a rounding the output does not do
         return [True]
     if name in ("mul", "dot_general"):
         if all(ins):
@@ -343,8 +348,10 @@ def _weights(closed: Any, shapes: Sequence[tuple[int, ...]], dyn: Any) -> list[l
     def kernel(*cells: Any) -> list[Any]:
         return list(fn(*cells, *leaves))
 
-    out_sizes = [np.dtype(v.aval.dtype).itemsize for v in closed.jaxpr.outvars]
-    widens = any(s > np.dtype(a.dtype).itemsize for s in out_sizes for a in avals)
+    outs = [np.dtype(v.aval.dtype) for v in closed.jaxpr.outvars]
+    # real cells of a complex output: a vjp would keep the weights' real part only
+    widens = any(_width(o) > _width(a.dtype) or (o.kind == "c" and np.dtype(a.dtype).kind != "c")
+                 for o in outs for a in avals)
     if widens:
         if sum(math.prod(s) for s in shapes) ** 2 > MAX_JACFWD:
             return None

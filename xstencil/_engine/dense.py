@@ -60,6 +60,12 @@ from xstencil._engine.dense_centre import (
     restore,
     weight_sum,
 )
+from xstencil._engine.dense_complex import (
+    component,
+    is_complex,
+    real_weights,
+    split_correlate,
+)
 from xstencil._engine.dense_finite import finite_guard
 from xstencil._engine.dense_hoist import provided
 from xstencil._engine.dense_runtime import (
@@ -192,8 +198,8 @@ def separable(w: np.ndarray, integral: bool = False,
     dtype, which sets the tolerance (:data:`SEPARABLE_ULPS` ulps of float32
     for float32 and narrower sums, of float64 for float64 ones); ``None``:
     float64's."""
-    if w.ndim < 2 or not np.all(np.isfinite(w)):  # an inf or NaN weight: not a product
-        return None
+    if w.ndim < 2 or is_complex(w) or not np.all(np.isfinite(w)):  # an inf or NaN
+        return None  # weight, or complex weights (their real parts are, in correlate)
     flat = np.abs(w)
     pivot = np.unravel_index(int(np.argmax(flat)), w.shape)
     if flat[pivot] == 0:
@@ -253,7 +259,13 @@ def _integer_factors(w: np.ndarray, pivot: tuple[int, ...]) -> list[np.ndarray] 
 def correlate(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int],
               how: str) -> Any:
     """``out[j] = sum_c w[c] * p[j * steps + c]`` for ``j < counts``, where
-    ``p`` is the padded block (a 'valid' correlation)."""
+    ``p`` is the padded block (a 'valid' correlation).  Complex ``p`` or
+    ``w``: the real correlations of their parts
+    (:mod:`~xstencil._engine.dense_complex`), each lowered by its own cost."""
+    if is_complex(p) or is_complex(w):
+        return split_correlate(p, w, lambda x, v: correlate(x, v, steps, counts,
+                                                            _part_how(how, v, x.dtype)),
+                               counts, _complex_of(p, w))
     if how == "separable":
         factors = separable(w, np.issubdtype(p.dtype, np.integer), p.dtype)
         if applies(p.dtype):
@@ -272,6 +284,22 @@ def correlate(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int]
             w = jnp.asarray(constant(w, p.dtype))
         return runtime_slices(p, w, steps, counts, centre=True, rows=True)
     return _fft(p, w, steps, counts)
+
+
+def _part_how(how: str, v: Any, dtype: Any) -> str:
+    """The lowering of one real part ``v`` of complex weights (lowered as
+    ``how`` whole): constant parts are chosen again (the real part of a
+    Gabor window is as dense as the whole, a part may be separable), runtime
+    ones keep ``how`` (their size is the whole's)."""
+    if not isinstance(v, np.ndarray):
+        return how
+    return fused_rows(choose(v, dtype=dtype) or how, v)
+
+
+def _complex_of(p: Any, w: Any) -> np.dtype:
+    """The complex dtype of the correlation of ``p`` with ``w`` (``p``'s
+    precision: constant weights are cast to it)."""
+    return np.dtype(np.complex128 if component(p.dtype) == np.float64 else np.complex64)
 
 
 def fused_rows(how: str, w: Any) -> str:
@@ -496,7 +524,11 @@ def whole_periodic(src: Any, geom: Sequence[Any]) -> bool:
 def _circular(x: Any, w: np.ndarray, lows: Sequence[int], steps: Sequence[int],
               counts: Sequence[int]) -> Any:
     """``out[j] = sum_c w[c] * x[(j * steps + c - lows) mod n]``: one FFT pair
-    on the unpadded array (the weights wrapped onto it), NaN-safe."""
+    on the unpadded array (the weights wrapped onto it), NaN-safe; complex
+    ``x`` or ``w``: the circular correlations of their real parts."""
+    if is_complex(x) or is_complex(w):
+        return split_correlate(x, w, lambda x, v: _circular(x, v, lows, steps, counts),
+                               counts, _complex_of(x, w))
     fast = None
     if not isinstance(w, np.ndarray):  # runtime weights: a spectrum given from outside?
         shape, dt = tuple(x.shape), fft_dtype(x.dtype)
@@ -601,16 +633,21 @@ def plan(closed: Any, sources: Sequence[Any], geom: Sequence[Any], dyn: Any = No
         found = runtime_weights(closed, shapes, dyn)
         if found is None:
             return None
+        if any(is_complex(v.aval.dtype) for v in closed.jaxpr.outvars) and real_weights(
+                closed, len(sources)):  # complex data, real weights: 2 real correlations
+            found = [[jnp.real(w) for w in per[:-1]] + [per[-1]] for per in found]
     plans = []
     for per, v in zip(found, closed.jaxpr.outvars, strict=True):
         terms = []
         for i, src, w in zip(keep, sources, per[:-1], strict=True):
             if isinstance(w, np.ndarray) and not np.any(w):
                 continue
+            if isinstance(w, np.ndarray) and is_complex(w) and not np.any(w.imag):
+                w = np.ascontiguousarray(w.real)  # real weights of complex data: 2 parts, not 4
             if tuple(src.axes) != tuple(range(rank)):
                 return None
             full = w.reshape([geom[a].size if a in src.cell_axes else 1 for a in range(rank)])
-            how = choose(full, integral, integer_fft, v.aval.dtype)
+            how = choose(full, integral, integer_fft, component(v.aval.dtype))
             if how is None:
                 return None
             terms.append((i, src, full, how))
@@ -643,9 +680,11 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
         out = None
         for _, src, w, how in terms:
             how = fused_rows(how, w)
+            # complex sums of real data (a Gabor window over an image) keep the data real
+            cast = component(dtype) if not is_complex(src.array) else dtype
             if how == "fft" and whole_periodic(src, geom):
                 lows = [lo for lo, _ in src.pads]
-                part = _circular(src.array.astype(dtype), w, lows, steps, field)
+                part = _circular(src.array.astype(cast), w, lows, steps, field)
                 out = part if out is None else out + part
                 continue
             x, shift = src.block(geom)
@@ -659,7 +698,7 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
                 # slice, its concatenation is recomputed per tap (7x7 'extend'
                 # at 1024**2 measured 28 ms against 5 ms for 'periodic')
                 x = lax.optimization_barrier(x)
-            part = correlate(x.astype(dtype), w, steps, field, how)
+            part = correlate(x.astype(cast), w, steps, field, how)
             out = part if out is None else out + part
         if out is None:
             out = jnp.zeros(field, dtype)

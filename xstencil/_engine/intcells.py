@@ -50,8 +50,11 @@ class _Refused(Exception):
 
 def exact_in(dtype: Any, fdtype: Any) -> bool:
     """Whether every value of ``dtype`` (a bool or integer dtype) is a
-    ``fdtype`` float: its bits fit the float's significand."""
+    ``fdtype`` float (or both components of a complex ``fdtype`` are): its
+    bits fit the float's significand."""
     dtype, fdtype = np.dtype(dtype), np.dtype(fdtype)
+    if fdtype.kind == "c":
+        fdtype = np.finfo(fdtype).dtype
     if not np.issubdtype(fdtype, np.floating):
         return False
     if dtype == np.bool_:
@@ -64,21 +67,24 @@ def exact_in(dtype: Any, fdtype: Any) -> bool:
 
 def float_cells(closed: Any, n: int) -> Any:
     """``closed`` (a ClosedJaxpr whose first ``n`` inputs are window cells)
-    with its bool and integer cells as floats of its outputs' dtype, or
-    ``None`` where that would change a value: an output that is not a float
-    of one dtype, a cell dtype that float does not hold exactly, a cast to a
-    float that does not, or a cell that reaches anything but
-    :data:`REARRANGE` before its cast.  ``closed`` itself where every cell
-    is a float already."""
+    with its bool and integer cells as floats of its outputs' dtype (of its
+    real components, for complex outputs: a uint8 image under a complex
+    kernel), or ``None`` where that would change a value: an output that is
+    not a float or complex of one dtype, a cell dtype that float does not
+    hold exactly, a cast to a float that does not, or a cell that reaches
+    anything but :data:`REARRANGE` before its cast.  ``closed`` itself
+    where every cell is a float or complex already."""
     jaxpr = closed.jaxpr
     avals = [v.aval for v in jaxpr.invars]
-    ints = [i for i in range(n) if not np.issubdtype(np.dtype(avals[i].dtype), np.floating)]
+    ints = [i for i in range(n) if not np.issubdtype(np.dtype(avals[i].dtype), np.inexact)]
     if not ints:
         return closed
     outs = {np.dtype(v.aval.dtype) for v in jaxpr.outvars}
-    if len(outs) != 1 or not np.issubdtype(next(iter(outs)), np.floating):
+    if len(outs) != 1 or not np.issubdtype(next(iter(outs)), np.inexact):
         return None
     fdtype = next(iter(outs))
+    if fdtype.kind == "c":
+        fdtype = np.dtype(np.finfo(fdtype).dtype)
     if not all(exact_in(avals[i].dtype, fdtype) for i in ints):
         return None
 

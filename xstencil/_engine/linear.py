@@ -68,7 +68,7 @@ class Linear:
             return self
         ncol = int(self.cols.max()) + 1
         key, inv = np.unique(self.rows * ncol + self.cols, return_inverse=True)
-        vals = np.zeros(key.size)
+        vals = np.zeros(key.size, self.vals.dtype)
         np.add.at(vals, inv, self.vals)
         keep = vals != 0
         return Linear(key[keep] // ncol, key[keep] % ncol, vals[keep], self.bias)
@@ -89,8 +89,20 @@ class Linear:
         return Linear(new_rows, cols[pick], vals[pick], bias)
 
 
+def _number(c: Any) -> np.ndarray:
+    """``c`` as float64, or complex128 where it is complex (a weight such
+    as ``exp(1j * phase)``)."""
+    return np.asarray(c, dtype=np.complex128 if np.iscomplexobj(c) else np.float64)
+
+
+def _width(dtype: Any) -> int:
+    """The bytes of one real component of ``dtype`` (complex64: 4)."""
+    dt = np.dtype(dtype)
+    return dt.itemsize // 2 if dt.kind == "c" else dt.itemsize
+
+
 def _const_linear(c: Any) -> Linear:
-    c = np.asarray(c, dtype=np.float64)
+    c = _number(c)
     empty = np.zeros(0, dtype=np.int64)
     return Linear(empty, empty, np.zeros(0), c)
 
@@ -111,7 +123,7 @@ def weights(closed: Any, cell_shapes: Sequence[tuple[int, ...]]) -> list[list[np
         args.append(Linear(idx, idx + offset, np.ones(size), np.zeros(shape)))
         offset += size
     args += [_Opaque() for _ in jaxpr.invars[n:]]
-    widest = max((np.dtype(v.aval.dtype).itemsize for v in jaxpr.outvars), default=0)
+    widest = max((_width(v.aval.dtype) for v in jaxpr.outvars), default=0)
     ints = integer(closed)
     try:
         outs = _interpret(jaxpr, closed.consts, args, widest, ints)
@@ -122,20 +134,19 @@ def weights(closed: Any, cell_shapes: Sequence[tuple[int, ...]]) -> list[list[np
         return None
     result = []
     for o, v in zip(outs, jaxpr.outvars, strict=True):
-        if v.aval.shape != () or (ints is None and not np.issubdtype(np.dtype(v.aval.dtype),
-                                                                      np.floating)):
+        if v.aval.shape != () or (ints is None and np.dtype(v.aval.dtype).kind not in "fc"):
             return None
         o = o.coalesced() if isinstance(o, Linear) else _const_linear(o)
         if ints is not None and not (_whole(o.vals) and _whole(o.bias)):
             return None  # not an integer sum the lowering can repeat exactly
-        dense = np.zeros(offset)
+        dense = np.zeros(offset, o.vals.dtype)
         np.add.at(dense, o.cols, o.vals)
         per, start = [], 0
         for shape in cell_shapes:
             size = math.prod(shape)
             per.append(dense[start:start + size].reshape(shape))
             start += size
-        result.append(per + [np.asarray(o.bias, dtype=np.float64)])
+        result.append(per + [_number(o.bias)])
     return result
 
 
@@ -241,11 +252,10 @@ def _linear_eqn(eqn: Any, invals: list[Any], widest: int,
             return [Linear(x.rows, x.cols, -x.vals, -x.bias)]
         return [x] * len(eqn.outvars)
     if name == "convert_element_type":
-        new = np.dtype(params["new_dtype"])
-        if not np.issubdtype(new, np.floating) or (
-                new.itemsize < widest
-                and new.itemsize < np.dtype(eqn.invars[0].aval.dtype).itemsize):
-            raise _NotLinear
+        new, src = np.dtype(params["new_dtype"]), np.dtype(eqn.invars[0].aval.dtype)
+        if new.kind not in "fc" or (src.kind == "c" and new.kind != "c") or (
+                _width(new) < widest and _width(new) < _width(src)):
+            raise _NotLinear  # an integer, a complex value's real part, or a rounding
         return [invals[0]]
     if name in ("add", "sub", "add_any"):
         a, b = (x if isinstance(x, Linear) else _const_linear(x) for x in invals)
@@ -261,14 +271,14 @@ def _linear_eqn(eqn: Any, invals: list[Any], widest: int,
             x, y = y, x
         if isinstance(y, Linear):
             raise _NotLinear
-        c = np.asarray(y, dtype=np.float64)
+        c = _number(y)
         if name == "div":
             c = 1.0 / c
         shape = np.broadcast_shapes(x.shape, c.shape)
         x = _broadcast(x, shape)
         c = np.broadcast_to(c, shape)
         with np.errstate(invalid="ignore"):  # an infinite weight times a zero bias
-            bias = np.where(x.bias == 0, 0.0, x.bias * c)  # a bias of 0 stays 0
+            bias = np.where(x.bias == 0, 0, x.bias * c)  # a bias of 0 stays 0
         return [Linear(x.rows, x.cols, x.vals * c.reshape(-1)[x.rows], bias)]
     if name == "reduce_sum":
         x = invals[0]
@@ -327,7 +337,7 @@ def _structural(eqn: Any, invals: list[Any]) -> Linear:
 def _dense(x: Linear, ncols: int) -> np.ndarray:
     if x.bias.size * ncols > MAX_DENSE_COEFS:
         raise _NotLinear
-    m = np.zeros((x.bias.size, ncols))
+    m = np.zeros((x.bias.size, ncols), x.vals.dtype)
     np.add.at(m, (x.rows, x.cols), x.vals)
     return m.reshape(x.shape + (ncols,))
 
@@ -347,7 +357,7 @@ def _dot(eqn: Any, invals: list[Any]) -> Linear:
     out = ([ls[a] for a in lb] + [ls[a] for a in range(len(ls)) if a not in lc and a not in lb]
            + [rs[b] for b in range(len(rs)) if b not in rc and b not in rb])
     sl, sr, so = "".join(ls), "".join(rs), "".join(out)
-    c = np.asarray(rhs if lhs is lin else lhs, dtype=np.float64)
+    c = _number(rhs if lhs is lin else lhs)
     m = _dense(lin, ncols)
     if lhs is lin:
         coefs = _einsum(f"{sl}z", sr, f"{so}z", m, c, lin_first=True)
@@ -376,7 +386,7 @@ def _einsum(sa: str, sb: str, so: str, a: np.ndarray, b: np.ndarray, lin_first: 
         terms = np.einsum(f"{sa},{sb}->{full}", a, b)
     side = (a, sa) if lin_first else (b, sb)
     mask = _expand(side[0] == 0, side[1], full, sizes)
-    terms = np.where(mask, 0.0, terms)
+    terms = np.where(mask, 0, terms)
     return np.einsum(f"{full}->{so}", terms)
 
 
