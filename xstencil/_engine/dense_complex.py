@@ -39,12 +39,14 @@ def component(dtype: Any) -> np.dtype:
     return np.dtype(np.finfo(dt).dtype) if dt.kind == "c" else dt
 
 
-def _parts(a: Any) -> tuple[Any, Any]:
+def _parts(a: Any, weights: bool) -> tuple[Any, Any]:
     """The real and imaginary parts of ``a``, ``None`` for a part known to be
-    0 (a real array's imaginary part, a constant's part of zeros)."""
+    0 (a real array's imaginary part, a part of constant weights that is all
+    0: its cells are not read).  A complex data part of zeros is read (an
+    infinite weight times it is NaN)."""
     if not is_complex(a):
         return a, None
-    if isinstance(a, np.ndarray):
+    if weights and isinstance(a, np.ndarray):
         re, im = np.ascontiguousarray(a.real), np.ascontiguousarray(a.imag)
         return (re if np.any(re) else None), (im if np.any(im) else None)
     return jnp.real(a), jnp.imag(a)
@@ -54,8 +56,8 @@ def split_correlate(p: Any, w: Any, run: Callable[[Any, Any], Any], counts: Any,
                     dtype: Any) -> Any:
     """The correlation of ``p`` with ``w``, one of them complex, as the real
     correlations ``run(x, v)`` of their parts, in the complex ``dtype``."""
-    pr, pi = _parts(p)
-    wr, wi = _parts(w)
+    pr, pi = _parts(p, False)
+    wr, wi = _parts(w, True)
 
     def total(pairs: list[tuple[Any, Any, float]]) -> Any:
         out = None
