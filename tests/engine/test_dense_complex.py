@@ -223,7 +223,8 @@ def test_runtime_weights_under_jit(lowered: list[str]) -> None:
     assert len(lowered) and set(lowered) <= DENSE
 
 
-@pytest.mark.parametrize("k", [5, pytest.param(11, marks=pytest.mark.slow)])  # slices, FFT
+@pytest.mark.slow  # 8-16 s on 2 loaded cores, mostly compiling the derivatives
+@pytest.mark.parametrize("k", [5, 11])  # slices, FFT
 def test_gradient_of_a_real_loss_matches_finite_differences(x64: None, k: int) -> None:
     a = _data((14, 12), 12, np.complex128)
     w = _gabor(k, np.complex128) + np.random.default_rng(12).standard_normal((k, k))
