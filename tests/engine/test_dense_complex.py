@@ -195,6 +195,25 @@ def test_nan_and_inf_footprints_are_the_parts_sums(lowered: list[str], weights: 
     assert len(lowered) and set(lowered) <= DENSE
 
 
+def test_the_default_nan_fill_makes_both_parts_nan(lowered: list[str]) -> None:
+    """The default fill (NaN) fills complex data's halo with ``nan + nanj``,
+    as xarray's ``rolling`` does: both parts of an output whose window
+    reaches it are NaN (the kernel's own products gave ``nan + nanj`` too);
+    ``nan + 0j`` would leave finite imaginary sums there."""
+    a = _data((30, 32), 15)
+    w = np.random.default_rng(3).standard_normal((11, 11)).astype(np.float32)
+    got = xr.DataArray(a, dims=("y", "x")).stencil.map(
+        lambda u: (u * w.astype(np.complex64)).sum(), window={"y": 11, "x": 11},
+        boundary="fill", backend="xla").values
+    want = _direct(a, w, "fill", fill=complex(np.nan, np.nan))
+    np.testing.assert_array_equal(np.isnan(got.real), np.isnan(want.real))
+    np.testing.assert_array_equal(np.isnan(got.imag), np.isnan(want.real))
+    assert np.isnan(got.real).sum() == 30 * 32 - 20 * 22
+    fin = np.isfinite(want)
+    _close(np.where(fin, got, 0), np.where(fin, want, 0), 2e-6)
+    assert len(lowered) and set(lowered) <= DENSE
+
+
 def test_complex128_under_x64_and_without(lowered: list[str]) -> None:
     a = _data((40, 38), 10, np.complex128)
     w = _gabor(15, np.complex128)

@@ -63,6 +63,7 @@ from xstencil._engine.dense_centre import (
 from xstencil._engine.dense_complex import (
     component,
     is_complex,
+    nan_halo,
     real_weights,
     split_correlate,
 )
@@ -687,7 +688,7 @@ def lower(closed: Any, sources: Sequence[Any], geom: Sequence[Any],
                 part = _circular(src.array.astype(cast), w, lows, steps, field)
                 out = part if out is None else out + part
                 continue
-            x, shift = src.block(geom)
+            x, shift = nan_halo(src).block(geom)
             starts = [geom[a].start + shift[a] for a in range(rank)]
             limits = [s0 + geom[a].step * (geom[a].count - 1) + w.shape[a]
                       for a, s0 in enumerate(starts)]

@@ -11,10 +11,14 @@ weights four.  A part that is 0 is not read, as a cell of weight 0 is not:
 ``inf + 0j`` times a real weight gives ``inf + 0j`` (as
 ``scipy.ndimage.correlate`` gives it, part by part), where the kernel's own
 complex product gives ``inf + nanj`` (``inf * 0`` in the imaginary part).
+The default NaN fill pads complex data with ``nan + nanj`` (:func:`nan_halo`),
+so both parts of an output whose window reaches the halo are NaN.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +28,7 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jcore
 
-__all__ = ["component", "is_complex", "real_weights", "split_correlate"]
+__all__ = ["component", "is_complex", "nan_halo", "real_weights", "split_correlate"]
 
 
 def is_complex(x: Any) -> bool:
@@ -37,6 +41,19 @@ def component(dtype: Any) -> np.dtype:
     ``dtype`` itself where it is real."""
     dt = np.dtype(dtype)
     return np.dtype(np.finfo(dt).dtype) if dt.kind == "c" else dt
+
+
+def nan_halo(src: Any) -> Any:
+    """``src`` (a :class:`~xstencil._engine.lower.Source`), whose complex
+    array's halo is filled with ``nan + nanj`` where its fill value is a
+    real NaN (the default, as xarray's ``rolling`` fills complex data):
+    ``nan + 0j`` would leave the imaginary parts of the edge outputs finite
+    sums, as if the halo's imaginary part were 0."""
+    fill = src.fill_value
+    if not is_complex(src.array) or "fill" not in src.modes \
+            or not isinstance(fill, float | np.floating) or not math.isnan(fill):
+        return src
+    return dataclasses.replace(src, fill_value=complex(math.nan, math.nan))
 
 
 def _parts(a: Any, weights: bool) -> tuple[Any, Any]:
