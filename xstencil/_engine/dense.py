@@ -35,6 +35,9 @@ transforms the spectrum of runtime weights is computed outside the per-call
 program (:mod:`xstencil._engine.dense_hoist`).  NaN and inf in the data or
 the weights give the direct sum's answer on every lowering; the FFT's
 handling is in :mod:`xstencil._engine.dense_finite`.
+
+Complex data and complex weights are lowered as the real correlations of
+their parts, each by its own cost (:mod:`xstencil._engine.dense_complex`).
 """
 
 from __future__ import annotations
