@@ -172,7 +172,7 @@ def test_stride(lowered: list[str]) -> None:
     assert len(lowered) and set(lowered) <= DENSE
 
 
-@pytest.mark.parametrize("weights", ["real", "complex"])
+@pytest.mark.parametrize("weights", ["real", pytest.param("complex", marks=pytest.mark.slow)])
 def test_nan_and_inf_footprints_are_the_parts_sums(lowered: list[str], weights: str) -> None:
     a = _data((40, 40), 8)
     a[5, 7] = complex(np.nan, 1.0)
