@@ -243,7 +243,7 @@ def _inferred(call: str, kernel: Callable[..., Any], f: Fields, cdims: tuple[str
 
 def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> list[Any]:
     """Padded coordinate values for the window dims that have coordinates."""
-    check_period(plan.call, period, plan.dims)
+    check_period(plan.call, period, plan.dims, plan_modes(plan))
     out = []
     cdt = read_dtype(plan.var_dtypes)
     variables = f.obj.coords.variables
@@ -262,7 +262,18 @@ def _seconds(p: np.timedelta64 | datetime.timedelta) -> float:
     return p.total_seconds()
 
 
-def check_period(call: str, period: Any, dims: tuple[str, ...]) -> None:
+def plan_modes(plan: Plan) -> dict[str, str]:
+    """The boundary mode of each window dim of ``plan`` (the others are not
+    padded, so a period there changes nothing either way)."""
+    return {d: s.mode for d, s in zip(plan.dims, plan.specs, strict=True)
+            if d in plan.window_dims}
+
+
+def check_period(call: str, period: Any, dims: tuple[str, ...],
+                 modes: Mapping[str, str] | None = None) -> None:
+    """Check ``period=``; with ``modes`` (each dim's boundary mode), refuse a
+    period for a dim whose boundary is not periodic: only a periodic seam
+    reads a coordinate one period on, so the period would be ignored."""
     if period is None:
         return
     if not isinstance(period, Mapping):
@@ -285,6 +296,12 @@ def check_period(call: str, period: Any, dims: tuple[str, ...]) -> None:
             raise XStencilError(
                 f"{call}: period={dict(period)!r}: the period of {d!r} must be a positive "
                 f"number, got {p!r}")
+        if modes is not None and modes.get(d, "periodic") != "periodic":
+            raise XStencilError(
+                f"{call}: period={dict(period)!r}: the boundary of {d!r} is {modes[d]!r}, and "
+                f"a period applies only across a periodic boundary (it does not make the dim "
+                f"periodic), so it would be ignored; pass boundary={{{d!r}: 'periodic'}} "
+                f"(or boundary='periodic'), or drop {d!r} from period=")
 
 
 def sources(plan: Plan, arrays: Sequence[Any], coords: Sequence[Any]) -> list[Source]:

@@ -1,0 +1,60 @@
+"""Suspected silent defects checked in session 30, each against an
+independent reference (numpy loops, ``np.pad``, analytic values)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import xstencil  # noqa: F401 - registers .stencil
+from xstencil import XStencilError
+
+# -- 1. period= with a boundary that is not periodic ---------------------------------
+
+LON = np.arange(0.0, 360.0, 30.0)
+DA = xr.DataArray(np.sin(np.deg2rad(LON)), dims="lon", coords={"lon": LON}, name="t")
+
+
+def dlon(u: Any) -> Any:
+    c = u.coord("lon")
+    return c(lon=1) - c(lon=-1)
+
+
+@pytest.mark.parametrize("mode", ["fill", "extend", "reflect", "symmetric", "valid"])
+def test_period_with_a_boundary_that_is_not_periodic_raises(mode: str) -> None:
+    """``period=`` only says how far a coordinate moves across a periodic seam;
+    with any other boundary it was ignored (the same numbers as without it),
+    which a user who took it to make the dim periodic could not tell."""
+    with pytest.raises(XStencilError, match=re.escape(
+            f"da.stencil.map(...): period={{'lon': 360.0}}: the boundary of 'lon' is "
+            f"{mode!r}") + ".*pass boundary=.'lon': 'periodic'"):
+        DA.stencil.map(dlon, boundary=mode, period={"lon": 360.0})
+
+
+def test_period_not_periodic_raises_in_mesh_and_scan() -> None:
+    m = DA.stencil.mesh(boundary="extend", period={"lon": 360.0})
+    m[...] = lambda u: u(lon=1)
+    with pytest.raises(XStencilError, match="the boundary of 'lon' is 'extend'"):
+        m.map()
+    traj = xr.DataArray(np.ones((3, 12)), dims=("time", "lon"), coords={"lon": LON})
+    with pytest.raises(XStencilError, match=r"da\.stencil\.scan\(\.\.\.\): period=.*'lon' "
+                                            r"is 'fill'"):
+        traj.stencil.scan(lambda u: u(time=-1, lon=1), dim="time", period={"lon": 360.0})
+
+
+def test_period_still_applies_across_a_periodic_seam() -> None:
+    """Where it applies it still counts: the neighbour of the last label reads
+    as the first plus the period (analytic: 30 everywhere, and 30 + 360 - 360
+    at the seam; with a wrong period 400 the seam difference is 70)."""
+    ok = DA.stencil.map(dlon, boundary={"lon": "periodic"}, period={"lon": 360.0})
+    np.testing.assert_array_equal(ok.values, np.full(12, 60.0))
+    off = DA.stencil.map(dlon, boundary="periodic", period={"lon": 400.0})
+    np.testing.assert_array_equal(off.values[[0, -1]], [100.0, 100.0])
+    # a dim outside the window is not padded: its period changes nothing, either way
+    d2 = xr.DataArray(np.ones((2, 12)), dims=("y", "lon"), coords={"y": [0.0, 1.0], "lon": LON})
+    out = d2.stencil.map(lambda u: u(lon=1), boundary="periodic", period={"y": 2.0})
+    np.testing.assert_array_equal(out.values, np.ones((2, 12)))
