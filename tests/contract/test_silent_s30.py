@@ -58,3 +58,26 @@ def test_period_still_applies_across_a_periodic_seam() -> None:
     d2 = xr.DataArray(np.ones((2, 12)), dims=("y", "lon"), coords={"y": [0.0, 1.0], "lon": LON})
     out = d2.stencil.map(lambda u: u(lon=1), boundary="periodic", period={"y": 2.0})
     np.testing.assert_array_equal(out.values, np.ones((2, 12)))
+
+
+# -- 5. reflect on a dim of length 1 -------------------------------------------------
+
+def test_reflect_on_one_point_says_to_use_symmetric() -> None:
+    """The message names the fix, keeping the other dims' modes, and the fix
+    gives np.pad's 'symmetric' (which on one point repeats the value)."""
+    rng = np.random.default_rng(1)
+    a = rng.random((1, 6))
+    da = xr.DataArray(a, dims=("y", "x"))
+
+    def k(u: Any) -> Any:
+        return u(y=-1) + 2 * u(y=1) + 3 * u(x=-1) + 5 * u(x=1)
+
+    with pytest.raises(XStencilError, match=re.escape(
+            "boundary 'reflect' along 'y' needs at least 2 points, it has 1") + ".*" +
+            re.escape("use 'symmetric' along 'y'") + ".*" +
+            re.escape("e.g. boundary={'y': 'symmetric', 'x': 'reflect'}")):
+        da.stencil.map(k, boundary="reflect")
+    out = da.stencil.map(k, boundary={"y": "symmetric", "x": "reflect"})
+    p = np.pad(np.pad(a, ((1, 1), (0, 0)), mode="symmetric"), ((0, 0), (1, 1)), mode="reflect")
+    ref = p[:-2, 1:-1] + 2 * p[2:, 1:-1] + 3 * p[1:-1, :-2] + 5 * p[1:-1, 2:]
+    np.testing.assert_allclose(out.values, ref, rtol=1e-12)

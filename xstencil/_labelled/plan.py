@@ -333,7 +333,11 @@ def make_plan(
             )
         if mode in ("reflect",) and n < 2 and (lo or hi):
             raise XStencilError(
-                f"{call}: boundary 'reflect' along {d!r} needs at least 2 points, it has {n}"
+                f"{call}: boundary 'reflect' along {d!r} needs at least 2 points, it has {n} "
+                f"(it mirrors about the edge cell, and {'one point has' if n == 1 else 'there is'} no "
+                f"other cell to mirror); use 'symmetric' along {d!r}, which mirrors including the "
+                f"edge cell (on one point the same as 'extend': the value repeated), e.g. "
+                f"boundary={ {k: 'symmetric' if k == d else m for k, m in modes.items()}!r}"
             )
         # a stride beyond the dim's length gives one output, as the length does
         stride_d = min(strides.get(d, 1), max(n, 1))
