@@ -334,8 +334,8 @@ def make_plan(
         if mode in ("reflect",) and n < 2 and (lo or hi):
             raise XStencilError(
                 f"{call}: boundary 'reflect' along {d!r} needs at least 2 points, it has {n} "
-                f"(it mirrors about the edge cell, and {'one point has' if n == 1 else 'there is'} no "
-                f"other cell to mirror); use 'symmetric' along {d!r}, which mirrors including the "
+                f"(it mirrors about the edge cell, and "
+                f"{'one point has' if n == 1 else 'there is'} no other cell to mirror); use 'symmetric' along {d!r}, which mirrors including the "
                 f"edge cell (on one point the same as 'extend': the value repeated), e.g. "
                 f"boundary={ {k: 'symmetric' if k == d else m for k, m in modes.items()}!r}"
             )
