@@ -335,8 +335,8 @@ def make_plan(
             raise XStencilError(
                 f"{call}: boundary 'reflect' along {d!r} needs at least 2 points, it has {n} "
                 f"(it mirrors about the edge cell, and "
-                f"{'one point has' if n == 1 else 'there is'} no other cell to mirror); use 'symmetric' along {d!r}, which mirrors including the "
-                f"edge cell (on one point the same as 'extend': the value repeated), e.g. "
+                f"{'one point has' if n == 1 else 'there is'} no other cell to mirror); use "
+                f"'symmetric' along {d!r}, which mirrors including the edge cell (on one point the same as 'extend': the value repeated), e.g. "
                 f"boundary={ {k: 'symmetric' if k == d else m for k, m in modes.items()}!r}"
             )
         # a stride beyond the dim's length gives one output, as the length does
