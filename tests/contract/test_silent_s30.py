@@ -81,3 +81,29 @@ def test_reflect_on_one_point_says_to_use_symmetric() -> None:
     p = np.pad(np.pad(a, ((1, 1), (0, 0)), mode="symmetric"), ((0, 0), (1, 1)), mode="reflect")
     ref = p[:-2, 1:-1] + 2 * p[2:, 1:-1] + 3 * p[1:-1, :-2] + 5 * p[1:-1, 2:]
     np.testing.assert_allclose(out.values, ref, rtol=1e-12)
+
+
+# -- 4. window= over a periodic dim whose labels wrap -----------------------------------
+
+def test_explicit_window_over_wrapped_labels_says_what_to_do() -> None:
+    """A box mean with ``window=`` over a longitude whose labels wrap (350,
+    355, 0, 5, ...) is refused, as its coordinate is padded read or not; the
+    message now says why and gives two ways out, both of which give the
+    numpy reference (np.roll)."""
+    lon = (np.arange(72) * 5.0 + 350.0) % 360
+    a = np.random.default_rng(2).random(72)
+    da = xr.DataArray(a, dims="lon", coords={"lon": lon}, name="t", attrs={"units": "K"})
+    ref = (np.roll(a, 1) + a + np.roll(a, -1)) / 3
+    with pytest.raises(XStencilError, match=re.escape(
+            "With window= given, every coordinate of a window dim is padded for "
+            "u.coord('lon'), read or not") + ".*" + re.escape(
+            "obj.drop_vars('lon').stencil.map(...).assign_coords(lon=obj['lon'])")):
+        da.stencil.map(lambda u: u.mean(), window={"lon": 3}, boundary="periodic")
+    out = da.drop_vars("lon").stencil.map(lambda u: u.mean(), window={"lon": 3},
+                                          boundary="periodic").assign_coords(lon=da["lon"])
+    np.testing.assert_allclose(out.values, ref, rtol=1e-12)
+    assert out.attrs == da.attrs and out.name == "t"
+    np.testing.assert_array_equal(out["lon"].values, lon)
+    by_offsets = da.stencil.map(lambda u: (u(lon=-1) + u() + u(lon=1)) / 3, boundary="periodic")
+    np.testing.assert_allclose(by_offsets.values, ref, rtol=1e-12)
+    np.testing.assert_array_equal(by_offsets["lon"].values, lon)

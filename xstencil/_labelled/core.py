@@ -250,10 +250,26 @@ def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> l
     for d in plan.coord_dims:
         s = plan.specs[plan.axis(d)]
         c = read_coord(plan.call, d, coord_values(variables[d]))
-        p = pad_coord(plan.call, d, c, s.pad_lo, s.pad_hi, s.mode,
-                      None if period is None else period.get(d))
+        try:
+            p = pad_coord(plan.call, d, c, s.pad_lo, s.pad_hi, s.mode,
+                          None if period is None else period.get(d))
+        except XStencilError as e:
+            if not plan.window_order:  # inferred: the kernel was seen to read u.coord(d)
+                raise
+            raise XStencilError(f"{e}. {explicit_window_coords(d)}") from None
         out.append(pack_coord(p, cdt))
     return out
+
+
+def explicit_window_coords(d: str) -> str:
+    """What to do when a coordinate cannot be padded in a call with an
+    explicit ``window=``: it is padded whether or not the kernel reads it."""
+    return (f"With window= given, every coordinate of a window dim is padded for "
+            f"u.coord({d!r}), read or not (which ones a kernel reads is known only when the "
+            f"window is inferred from its offsets). If the kernel does not read it, leave "
+            f"window= out and write the reads as offsets (u({d}=-1) + u() + u({d}=1)), or "
+            f"drop the coordinate for the call: "
+            f"obj.drop_vars({d!r}).stencil.map(...).assign_coords({d}=obj[{d!r}])")
 
 
 def _seconds(p: np.timedelta64 | datetime.timedelta) -> float:
