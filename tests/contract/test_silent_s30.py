@@ -107,3 +107,67 @@ def test_explicit_window_over_wrapped_labels_says_what_to_do() -> None:
     by_offsets = da.stencil.map(lambda u: (u(lon=-1) + u() + u(lon=1)) / 3, boundary="periodic")
     np.testing.assert_allclose(by_offsets.values, ref, rtol=1e-12)
     np.testing.assert_array_equal(by_offsets["lon"].values, lon)
+
+
+# -- 3. cached loops called again with other coordinate values -----------------------
+
+def _on(scale: float) -> xr.DataArray:
+    x = scale * np.arange(8.0)
+    return xr.DataArray(np.sin(np.arange(8) / 3.0), dims="x", coords={"x": x}, name="u")
+
+
+def _k(u: Any) -> Any:
+    c = u.coord("x")
+    return u() + 0.0 * u(x=1) + 0.01 * (c(x=1) - c(x=-1))
+
+
+def _ref(d: xr.DataArray, steps: int) -> np.ndarray:
+    """``steps`` applications of ``_k`` by numpy: the coordinate extended
+    linearly past the edges (boundary 'extend')."""
+    c = d["x"].values
+    cp = np.concatenate([[2 * c[0] - c[1]], c, [2 * c[-1] - c[-2]]])
+    return d.values + steps * 0.01 * (cp[2:] - cp[:-2])
+
+
+def _mesh_iterate(d: xr.DataArray) -> Any:
+    m = d.stencil.mesh(boundary="extend")
+    m[...] = _k
+    return xstencil.iterate(None, m, max_steps=3, min_steps=3, tol=None).field
+
+
+def _scan_step(d: xr.DataArray) -> Any:
+    return d.stencil.scan(step=lambda s: s.stencil.map(_k, boundary="extend"), dim="time",
+                          steps=3, dt=1.0).isel(time=-1)
+
+
+def _iterate_step(d: xr.DataArray) -> Any:
+    return xstencil.iterate(d, step=lambda s: s.stencil.map(_k, boundary="extend"),
+                            max_steps=3, min_steps=3, tol=None).field
+
+
+@pytest.mark.parametrize("run", [
+    lambda d: d.stencil.iterate(_k, boundary="extend", max_steps=3, min_steps=3, tol=None).field,
+    _mesh_iterate, _iterate_step, _scan_step])
+def test_repeated_loops_read_the_new_coordinates(run: Any) -> None:
+    """A loop compiled for one DataArray and called on another of the same
+    shape with other coordinate values reads (and returns) the new ones."""
+    for scale in (1.0, 10.0, 1.0, 3.0):
+        d = _on(scale)
+        out = run(d)
+        np.testing.assert_allclose(out.values, _ref(d, 3), rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(out["x"].values, d["x"].values)
+
+
+def test_repeated_solve_reads_the_new_coordinates() -> None:
+    """``A(x) = x * (c(x=1) - c(x=-1)) / 2`` is diagonal: the solution is the
+    right-hand side over the centred spacing (np.gradient's)."""
+    def op(u: Any) -> Any:
+        c = u.coord("x")
+        return u() * 0.5 * (c(x=1) - c(x=-1))
+
+    for scale in (1.0, 10.0, 1.0):
+        d = _on(scale)
+        out = d.stencil.solve(op, boundary="extend", tol=1e-10, method="bicgstab").field
+        np.testing.assert_allclose(out.values, d.values / np.gradient(d["x"].values),
+                                   rtol=1e-5, atol=1e-7)
+        np.testing.assert_array_equal(out["x"].values, d["x"].values)
