@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
@@ -171,3 +173,68 @@ def test_repeated_solve_reads_the_new_coordinates() -> None:
         np.testing.assert_allclose(out.values, d.values / np.gradient(d["x"].values),
                                    rtol=1e-5, atol=1e-7)
         np.testing.assert_array_equal(out["x"].values, d["x"].values)
+
+
+# -- 2. FFT-lowered sums over windows that are all zero ------------------------------
+
+def _zero_block(n: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    a = (rng.random((n, n)) + 0.5).astype("float32")
+    a[20:44, 16:48] = 0.0
+    w = (rng.random((15, 15)) - 0.3).astype("float32")  # not separable: an FFT
+    return a, w
+
+
+def _direct(a: np.ndarray, w: np.ndarray, mode: str, stride: int) -> np.ndarray:
+    k = w.shape[0]
+    pad = np.pad(a.astype(np.float64), k // 2,
+                 mode={"fill": "constant", "periodic": "wrap", "reflect": "reflect"}[mode])
+    n = a.shape[0]
+    return np.array([[(pad[i:i + k, j:j + k] * w).sum() for j in range(0, n, stride)]
+                     for i in range(0, n, stride)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", [None, "xla"])
+@pytest.mark.parametrize(("mode", "stride"), [("fill", 1), ("periodic", 1), ("reflect", 2)])
+def test_fft_sum_over_all_zero_windows_is_exactly_zero(backend: Any, mode: str,
+                                                       stride: int) -> None:
+    """A 15 x 15 weighted sum is an FFT; where a window holds only zeros the
+    direct sum is exactly 0, and a kernel's 1 / sum is inf and log(sum)
+    -inf.  The FFT's rounding gave 131072 and -11.8 (or NaN) there."""
+    a, w = _zero_block()
+    da = xr.DataArray(a, dims=("y", "x"))
+    opts: dict[str, Any] = dict(window={"y": 15, "x": 15}, boundary=mode, fill_value=0.0,
+                                stride={"y": stride, "x": stride}, backend=backend)
+    ref = _direct(a, w, mode, stride)
+    zero = ref == 0
+    assert zero.sum() > 20
+    lin = da.stencil.map(lambda u: (u * w).sum(), **opts).values
+    np.testing.assert_array_equal(lin == 0, zero)
+    np.testing.assert_allclose(lin, ref, atol=1e-4)
+    inv = da.stencil.map(lambda u: 1.0 / (u * w).sum(), **opts).values
+    np.testing.assert_array_equal(np.isposinf(inv), zero)
+    log = da.stencil.map(lambda u: jnp.log(jnp.abs((u * w).sum())), **opts).values
+    np.testing.assert_array_equal(np.isneginf(log), zero)
+
+
+@pytest.mark.slow
+def test_fft_zero_windows_keep_their_gradient() -> None:
+    """The exact zero keeps the derivative of the sum (the weights), as the
+    direct sum has it: d/da of sum over outputs of (u * w).sum() is, at each
+    cell, the sum of the weights over the windows that read it (fill 0)."""
+    a, w = _zero_block(40)
+    a[:, :] = 0.0  # every window is zero
+
+    def total(x: Any) -> Any:
+        da = xr.DataArray(x, dims=("y", "x"))
+        out = da.stencil.map(lambda u: (u * w).sum(), window={"y": 15, "x": 15},
+                             boundary="fill", fill_value=0.0, backend="xla")
+        return out.data.sum()
+
+    g = np.asarray(jax.grad(total)(jnp.asarray(a)))
+    # the adjoint: at each cell, the weights with which the windows on it read it
+    ref = np.array([[sum(w[p, q] for p in range(15) for q in range(15)
+                         if 0 <= i - p + 7 < 40 and 0 <= j - q + 7 < 40)
+                     for j in range(40)] for i in range(40)])
+    np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-4)
