@@ -13,7 +13,8 @@ non-finite windows keep what :mod:`xstencil._engine.dense_finite` gives
 them.  Windows whose nonzero cells only meet weights of 0 inside the box,
 and windows whose exact sum cancels to zero, keep the FFT's rounding.  The
 zero is ``out - stop_gradient(out)``: its derivatives are the FFT's (the
-weights), as the direct sum's are.
+weights), as the direct sum's are.  The host FFT of a purely linear sum on
+numpy data (:mod:`xstencil._backends.hostfft`) does not do this yet.
 """
 
 from __future__ import annotations
