@@ -148,6 +148,14 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      lambda: DA.stencil.map(lambda u: u.coord("x")(x=1), boundary="periodic",
                             period={"x": -1.0}),
      XStencilError, E(f"{M}: period={{'x': -1.0}}: the period of 'x' must be a positive number")),
+    ("map-reflect-one-point",
+     lambda: DA.isel(y=slice(0, 1)).stencil.map(lambda u: u(y=1) + u(x=1), boundary="reflect"),
+     XStencilError, E(f"{M}: boundary 'reflect' along 'y' needs at least 2 points, it has 1")
+     + ".*" + E("use 'symmetric' along 'y'")),
+    ("map-period-not-periodic",
+     lambda: DA.stencil.map(lambda u: u.coord("x")(x=1), boundary="extend", period={"x": 1.6}),
+     XStencilError, E(f"{M}: period={{'x': 1.6}}: the boundary of 'x' is 'extend', and a period "
+                      "applies only across a periodic boundary") + ".*boundary=.'x': 'periodic'"),
     ("map-nonuniform-periodic-coord",
      lambda: DA.assign_coords(x=np.geomspace(1, 2, 8)).stencil.map(
          lambda u: u.coord("x")(x=1), boundary="periodic"),

@@ -76,7 +76,7 @@ def test_coordinate_windows_per_block():
         return (u(x=1) - u(x=-1)) / (x(x=1) - x(x=-1))
 
     for mode in ("extend", "periodic", "reflect", "symmetric"):
-        kw = dict(boundary=mode, period={"x": 5.0})
+        kw = dict(boundary=mode, period={"x": 5.0} if mode == "periodic" else None)
         same(da.chunk({"x": 7}).stencil.map(ddx, **kw), da.stencil.map(ddx, **kw), rtol=1e-5)
 
 

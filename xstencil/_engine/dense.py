@@ -77,6 +77,7 @@ from xstencil._engine.dense_runtime import (
     runtime_spectrum,
     wrapped_runtime_spectrum,
 )
+from xstencil._engine.dense_zero import exact_zeros
 from xstencil._engine.intcells import float_cells
 from xstencil._engine.linear import integer, weights
 
@@ -495,7 +496,8 @@ def _fft_raw(p: Any, w: np.ndarray, steps: Sequence[int], counts: Sequence[int],
     m, p0 = centred(p)
     full = jnp.fft.irfftn(jnp.fft.rfftn(p0, sizes, axes) * spec, sizes, axes)
     index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
-    return uncentred(full[index], m, spec).astype(p.dtype)
+    out = uncentred(full[index], m, spec).astype(p.dtype)
+    return exact_zeros(out, p, w, (0,) * p.ndim, steps, counts)
 
 
 def centred(x: Any) -> tuple[Any, Any]:
@@ -559,7 +561,14 @@ def _circular_raw(x: Any, w: Any, lows: Sequence[int], steps: Sequence[int],
         spec = spectrum(wrapped(w, lows, x.shape), x.shape, x.dtype)
     full = jnp.fft.irfftn(big * spec, x.shape, axes)
     index = tuple(slice(0, st * (n - 1) + 1, st) for st, n in zip(steps, counts, strict=True))
-    return uncentred(full[index], m, spec).astype(x.dtype)
+    out = uncentred(full[index], m, spec).astype(x.dtype)
+    # the windows wrap: count zeros on the field wrapped by as much as they reach
+    los = [max(0, lo) for lo in lows]
+    his = [max(0, st * (c - 1) + k - 1 - lo - (n - 1)) for st, c, k, lo, n
+           in zip(steps, counts, w.shape, lows, x.shape, strict=True)]
+    xp = jnp.pad(x, list(zip(los, his, strict=True)), mode="wrap")
+    starts = [a - lo for a, lo in zip(los, lows, strict=True)]
+    return exact_zeros(out, xp, w, starts, steps, counts)
 
 
 def wrapped(w: np.ndarray, lows: Sequence[int], shape: Sequence[int]) -> np.ndarray:

@@ -243,17 +243,33 @@ def _inferred(call: str, kernel: Callable[..., Any], f: Fields, cdims: tuple[str
 
 def coord_arrays(plan: Plan, f: Fields, period: Mapping[str, float] | None) -> list[Any]:
     """Padded coordinate values for the window dims that have coordinates."""
-    check_period(plan.call, period, plan.dims)
+    check_period(plan.call, period, plan.dims, plan_modes(plan))
     out = []
     cdt = read_dtype(plan.var_dtypes)
     variables = f.obj.coords.variables
     for d in plan.coord_dims:
         s = plan.specs[plan.axis(d)]
         c = read_coord(plan.call, d, coord_values(variables[d]))
-        p = pad_coord(plan.call, d, c, s.pad_lo, s.pad_hi, s.mode,
-                      None if period is None else period.get(d))
+        try:
+            p = pad_coord(plan.call, d, c, s.pad_lo, s.pad_hi, s.mode,
+                          None if period is None else period.get(d))
+        except XStencilError as e:
+            if not plan.window_order:  # inferred: the kernel was seen to read u.coord(d)
+                raise
+            raise XStencilError(f"{e}. {explicit_window_coords(d)}") from None
         out.append(pack_coord(p, cdt))
     return out
+
+
+def explicit_window_coords(d: str) -> str:
+    """What to do when a coordinate cannot be padded in a call with an
+    explicit ``window=``: it is padded whether or not the kernel reads it."""
+    return (f"With window= given, every coordinate of a window dim is padded for "
+            f"u.coord({d!r}), read or not (which ones a kernel reads is known only when the "
+            f"window is inferred from its offsets). If the kernel does not read it, leave "
+            f"window= out and write the reads as offsets (u({d}=-1) + u() + u({d}=1)), or "
+            f"drop the coordinate for the call: "
+            f"obj.drop_vars({d!r}).stencil.map(...).assign_coords({d}=obj[{d!r}])")
 
 
 def _seconds(p: np.timedelta64 | datetime.timedelta) -> float:
@@ -262,7 +278,18 @@ def _seconds(p: np.timedelta64 | datetime.timedelta) -> float:
     return p.total_seconds()
 
 
-def check_period(call: str, period: Any, dims: tuple[str, ...]) -> None:
+def plan_modes(plan: Plan) -> dict[str, str]:
+    """The boundary mode of each window dim of ``plan`` (the others are not
+    padded, so a period there changes nothing either way)."""
+    return {d: s.mode for d, s in zip(plan.dims, plan.specs, strict=True)
+            if d in plan.window_dims}
+
+
+def check_period(call: str, period: Any, dims: tuple[str, ...],
+                 modes: Mapping[str, str] | None = None) -> None:
+    """Check ``period=``; with ``modes`` (each dim's boundary mode), refuse a
+    period for a dim whose boundary is not periodic: only a periodic seam
+    reads a coordinate one period on, so the period would be ignored."""
     if period is None:
         return
     if not isinstance(period, Mapping):
@@ -285,6 +312,12 @@ def check_period(call: str, period: Any, dims: tuple[str, ...]) -> None:
             raise XStencilError(
                 f"{call}: period={dict(period)!r}: the period of {d!r} must be a positive "
                 f"number, got {p!r}")
+        if modes is not None and modes.get(d, "periodic") != "periodic":
+            raise XStencilError(
+                f"{call}: period={dict(period)!r}: the boundary of {d!r} is {modes[d]!r}, and "
+                f"a period applies only across a periodic boundary (it does not make the dim "
+                f"periodic), so it would be ignored; pass boundary={{{d!r}: 'periodic'}} "
+                f"(or boundary='periodic'), or drop {d!r} from period=")
 
 
 def sources(plan: Plan, arrays: Sequence[Any], coords: Sequence[Any]) -> list[Source]:

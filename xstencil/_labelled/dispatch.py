@@ -25,6 +25,7 @@ from xstencil._labelled.core import (
     check_period,
     identity_caller,
     kernel_caller,
+    plan_modes,
     prepare,
     unwrap,
 )
@@ -56,7 +57,7 @@ def map_job(plan: Any, f: Fields, kernels: Sequence[Callable[..., Any]], owner: 
             regions: Sequence[Any] | None = None, masks: Sequence[Any] = (),
             backend: str | None = None) -> MapJob:
     """The map of ``f`` reduced to raw arrays and numeric coordinates."""
-    check_period(plan.call, period, plan.dims)
+    check_period(plan.call, period, plan.dims, plan_modes(plan))
     variables = f.obj.coords.variables
     coords = {d: read_coord(plan.call, d, coord_values(variables[d]))
               for d in plan.coord_dims}

@@ -90,7 +90,9 @@ def map(  # noqa: A001 - the contract's name
         Names of the trailing dims for kernels that return arrays.
     period
         ``{dim: period}`` of a periodic coordinate, for ``u.coord`` across the
-        periodic seam; inferred from uniform spacing when omitted.
+        periodic seam; inferred from uniform spacing when omitted.  It does
+        not make a dim periodic: a period for a window dim whose boundary is
+        not ``"periodic"`` raises (it would be ignored).
     devices
         Run on several devices: ``{dim: mesh_axis_name}`` or a
         :class:`jax.sharding.Mesh` whose axes are named after dims.  Data that

@@ -332,8 +332,13 @@ def make_plan(
                 f"a padding boundary mode)"
             )
         if mode in ("reflect",) and n < 2 and (lo or hi):
+            fix = {k: "symmetric" if k == d else m for k, m in modes.items()}
             raise XStencilError(
-                f"{call}: boundary 'reflect' along {d!r} needs at least 2 points, it has {n}"
+                f"{call}: boundary 'reflect' along {d!r} needs at least 2 points, it has {n} "
+                f"(it mirrors about the edge cell, and "
+                f"{'one point has' if n == 1 else 'there is'} no other cell to mirror); use "
+                f"'symmetric' along {d!r}, which mirrors including the edge cell (on one "
+                f"point the same as 'extend': the value repeated), e.g. boundary={fix!r}"
             )
         # a stride beyond the dim's length gives one output, as the length does
         stride_d = min(strides.get(d, 1), max(n, 1))
