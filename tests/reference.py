@@ -83,6 +83,24 @@ def extend(x: np.ndarray, pads: Sequence[tuple[int, int]], modes: Sequence[str],
     return x
 
 
+def direct_correlate(a: np.ndarray, w: np.ndarray, mode: str, fill: float = 0.0,
+                     steps: tuple[int, ...] | None = None) -> np.ndarray:
+    """``sum_c w[c] * a[j + c - (k - 1) // 2]`` over the cells of nonzero
+    (real) weight only, so a cell of weight 0 is not read, in float64 on
+    ``a`` padded by ``mode`` (:func:`extend`; an even window's centre is the
+    lower of its middle two cells), every ``steps``-th point."""
+    pads = [((k - 1) // 2, k // 2) for k in w.shape]
+    p = extend(a.astype(np.float64), pads, [mode] * a.ndim, fill)
+    out = np.zeros(a.shape, np.float64)
+    with np.errstate(invalid="ignore"):
+        for cell in zip(*np.nonzero(w), strict=True):
+            out = out + float(w[cell]) * p[tuple(slice(c, c + n)
+                                                  for c, n in zip(cell, a.shape, strict=True))]
+    if steps is not None:
+        out = out[tuple(slice(None, None, s) for s in steps)]
+    return out
+
+
 def integer_correlate(a: np.ndarray, w: np.ndarray, mode: str, fill: int = 0,
                       stride: tuple[int, ...] | None = None) -> np.ndarray:
     """``sum_c w[c] * a[i + c - k // 2]`` in numpy's int64 (Python ints

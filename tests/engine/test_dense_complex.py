@@ -26,7 +26,7 @@ import xarray as xr
 from jax.test_util import check_grads
 
 import xstencil
-from tests.reference import extend
+from tests.reference import direct_correlate
 from tests.spies import recorded
 from xstencil._engine import boundary, dense
 from xstencil._engine.dense_complex import real_weights
@@ -47,19 +47,6 @@ def lowered(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def _part(a: np.ndarray, w: np.ndarray, mode: str, fill: float) -> np.ndarray:
-    """``sum_c w[c] * a[j + c - (k - 1) // 2]`` over the cells of nonzero
-    ``w`` (real, float64)."""
-    pads = [((k - 1) // 2, k // 2) for k in w.shape]
-    p = extend(a.astype(np.float64), pads, [mode] * a.ndim, fill)
-    out = np.zeros(a.shape, np.float64)
-    with np.errstate(invalid="ignore"):
-        for cell in zip(*np.nonzero(w), strict=True):
-            out = out + float(w[cell]) * p[tuple(slice(c, c + n)
-                                                  for c, n in zip(cell, a.shape, strict=True))]
-    return out
-
-
 def _direct(a: np.ndarray, w: np.ndarray, mode: str, fill: complex = 0,
             steps: tuple[int, ...] | None = None) -> np.ndarray:
     """The complex window sum as the real sums of the parts (float64)."""
@@ -67,8 +54,8 @@ def _direct(a: np.ndarray, w: np.ndarray, mode: str, fill: complex = 0,
     wr, wi = np.real(w), np.imag(w)
     fr, fi = np.real(fill), np.imag(fill)
     with np.errstate(invalid="ignore"):  # inf - inf: NaN, as the sum gives it
-        re = _part(ar, wr, mode, fr) - _part(ai, wi, mode, fi)
-        im = _part(ar, wi, mode, fr) + _part(ai, wr, mode, fi)
+        re = direct_correlate(ar, wr, mode, fr) - direct_correlate(ai, wi, mode, fi)
+        im = direct_correlate(ar, wi, mode, fr) + direct_correlate(ai, wr, mode, fi)
     out = np.empty(re.shape, np.complex128)
     out.real, out.imag = re, im  # not re + 1j * im: 1j * inf has a NaN real part
     if steps is not None:
