@@ -58,6 +58,7 @@ SIGINT_SCRIPT = """
 """
 
 
+@pytest.mark.slow  # a subprocess that compiles and runs a scan: 40 s on a loaded 2-core host
 def test_ctrl_c_stops_a_long_scan_with_progress_promptly():
     """10^9 steps take minutes; the bar used to be honoured only at the next
     of its 25 updates (8-9 s here and more on longer runs), or never before the
