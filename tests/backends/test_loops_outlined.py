@@ -123,6 +123,7 @@ def test_a_mesh_region_box_nest_is_outlined_and_bitwise_the_same(
     assert np.isnan(got.values).sum() > 0  # the NaN reached the outputs of nonzero weights
 
 
+@pytest.mark.slow  # 146 s on a loaded 2-core host
 def test_a_loop_scan_through_its_driver_runs_the_outlined_nest(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Enough steps for the compiled time-loop driver, which calls the
@@ -199,6 +200,7 @@ def test_the_blocks_cover_every_row_once(rows: int, monkeypatch: pytest.MonkeyPa
     np.testing.assert_array_equal(hits, 1)
 
 
+@pytest.mark.slow  # 106 s on a loaded 2-core host; the nests' disk cache is tested fast
 def test_the_disk_cache_keeps_an_outlined_nest(tmp_path: Path) -> None:
     """Compiled with ``cache=True`` without numba's "cannot cache" warning,
     and a second process loads it and gets the same numbers."""
