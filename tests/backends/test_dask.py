@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
-from hypothesis import given
+from hypothesis import given, settings
 
 import xstencil  # noqa: F401 - registers .stencil
 from tests.fields import field, heat, same
@@ -27,6 +27,11 @@ dsa = pytest.importorskip("dask.array")
 MODES = ["fill", "extend", "periodic", "reflect", "symmetric", "valid"]
 
 
+def slow(*values: Any) -> Any:
+    """One parametrization that runs with the slow tests (``.ci/run``'s second stage)."""
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
 def lap(u):
     return u(x=1) + u(x=-1) + 2 * u(y=1) - u(y=-2) - 4 * u()
 
@@ -37,7 +42,7 @@ def _worker_ok() -> bool:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("chunks", [{"y": 10, "x": 16}, {"y": (3, 20, 14), "x": 25}])
+@pytest.mark.parametrize("chunks", [slow({"y": 10, "x": 16}), {"y": (3, 20, 14), "x": 25}])
 def test_map_matches_memory(mode, chunks):
     da = field()
     ref = da.stencil.map(lap, boundary=mode)
@@ -48,7 +53,8 @@ def test_map_matches_memory(mode, chunks):
     same(out.compute(scheduler="threads"), ref)
 
 
-@pytest.mark.parametrize("mode", ["fill", "extend", "periodic", "reflect", "symmetric"])
+@pytest.mark.parametrize("mode", ["fill", slow("extend"), slow("periodic"), "reflect",
+                                  slow("symmetric")])
 def test_float64_stays_float64(mode):
     da = field(np.float64)
     out = da.chunk({"y": 10, "x": 20}).stencil.map(lap, boundary=mode)
@@ -176,6 +182,7 @@ def test_reflect_on_one_chunk_as_long_as_the_halo(backend: str, n: int):
     np.testing.assert_allclose(out.values, ref, rtol=1e-5)
 
 
+@pytest.mark.slow  # a LocalCluster of two worker processes: about a minute
 def test_distributed_local_cluster() -> None:
     distributed = pytest.importorskip("distributed")
     import xstencil._backends.dask as xd
@@ -323,8 +330,8 @@ def _heat_mesh(obj, boundary):
 
 @pytest.mark.parametrize(("mode", "chunks", "k"), [
     ("periodic", {"y": 10, "x": 12}, None),
-    ({"y": "extend", "x": "periodic", "time": "extend"}, {"x": 9}, 2),
-    ("fill", {"y": 8}, 1),
+    slow({"y": "extend", "x": "periodic", "time": "extend"}, {"x": 9}, 2),
+    slow("fill", {"y": 8}, 1),
 ])
 def test_scan_function_mesh_matches_memory(mode, chunks, k):
     """Regions by position, label, stride and mask, and a time window, on
@@ -357,9 +364,9 @@ def same_dataset(out, ref):
 
 
 @pytest.mark.parametrize(("boundary", "chunks", "k"), [
-    ("periodic", {"y": 10, "x": 8}, None),
+    slow("periodic", {"y": 10, "x": 8}, None),
     ({"x": "periodic", "y": "extend"}, {"x": 6}, 2),
-    ({"x": "reflect", "y": "fill"}, {"y": 5}, 1),
+    slow({"x": "reflect", "y": "fill"}, {"y": 5}, 1),
 ])
 def test_scan_dataset_matches_memory(boundary, chunks, k):
     """The advanced variables travel stacked; the one the kernel does not
@@ -387,7 +394,7 @@ def forced_shallow(s):
     return {"h": out["h"] + 0.01 * s["F"](time=0) - 0.005 * s["F"](time=-1), "u": out["u"]}
 
 
-@pytest.mark.parametrize("save_every", [1, 2, "last"])
+@pytest.mark.parametrize("save_every", [slow(1), 2, slow("last")])
 def test_scan_dataset_with_forcing(save_every):
     ds = shallow_dataset()
     traj = xr.concat([ds[["h", "u"]]] * 7, "time").assign_coords(time=np.arange(7.0))
@@ -481,7 +488,7 @@ def forced(u):
 @pytest.mark.parametrize("kw", [dict(steps=9, dt=0.3), dict(steps=9, save_every="last"),
                                 dict(steps=9, coord=np.arange(10.0) ** 2, save_every=3)],
                          ids=["dt", "positions", "coord"])
-@pytest.mark.parametrize("boundary", ["periodic", "reflect"])
+@pytest.mark.parametrize("boundary", ["periodic", slow("reflect")])
 def test_scan_reads_time_and_absolute_coords(kw, boundary):
     """u.coord('time') is read per step; a cell of the deep halo from across
     a periodic seam reads x as that cell does in memory (the continued
@@ -552,7 +559,19 @@ def _chunks(n: int, c: int, need: int) -> tuple[int, ...]:
 
 
 @given(st.data())
+@settings(max_examples=4)
+def test_scan_dask_equals_memory_few(data: Any) -> None:
+    """Four examples of the property below (each compiles two scans)."""
+    check_scan_dask_equals_memory(data)
+
+
+@pytest.mark.slow  # the profile's 25 examples: two minutes
+@given(st.data())
 def test_scan_dask_equals_memory(data: Any) -> None:
+    check_scan_dask_equals_memory(data)
+
+
+def check_scan_dask_equals_memory(data: Any) -> None:
     """Random sizes, chunks, halo depths, boundary modes per dim, save modes and
     kernels (a reach of 2 in time and space; absolute coordinates, the time
     coordinate included): the lazy scan equals the in-memory one."""

@@ -49,8 +49,9 @@ def _per_chunk(x, nchunks: int) -> float:
 
 @pytest.mark.parametrize("modes", [
     {"y": "periodic", "x": "periodic"}, {"y": "extend", "x": "periodic"},
-    {"y": "extend", "x": "extend"}, {"y": "reflect", "x": "symmetric"},
-    {"y": "periodic", "x": "reflect"}])
+    pytest.param({"y": "extend", "x": "extend"}, marks=pytest.mark.slow),
+    {"y": "reflect", "x": "symmetric"},
+    pytest.param({"y": "periodic", "x": "reflect"}, marks=pytest.mark.slow)])
 def test_map_corners_match_numpy(modes):
     """The halo corners come from the diagonal neighbours, or are padded in
     both modes on the global edges, on uneven chunks (one of 1 point)."""
@@ -70,7 +71,8 @@ def test_map_tasks_per_chunk(modes):
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("modes", [{"y": "extend", "x": "extend"},
+@pytest.mark.parametrize("modes", [pytest.param({"y": "extend", "x": "extend"},
+                                                marks=pytest.mark.slow),  # 17 s on 2 cores
                                    {"y": "extend", "x": "periodic"},
                                    {"y": "periodic", "x": "periodic"}])
 def test_scan_compiles_once_per_chunk_shape(modes):

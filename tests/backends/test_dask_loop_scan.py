@@ -60,8 +60,10 @@ def tasks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("chunks, K", [({"y": 8, "x": 10}, 3), ({"y": (7, 9, 8)}, 2),
-                                       ({"x": (11, 19)}, None), ({"y": 24, "x": 30}, 4)])
+@pytest.mark.parametrize("chunks, K", [({"y": 8, "x": 10}, 3),
+                                       pytest.param({"y": (7, 9, 8)}, 2, marks=pytest.mark.slow),
+                                       ({"x": (11, 19)}, None),
+                                       pytest.param({"y": 24, "x": 30}, 4, marks=pytest.mark.slow)])
 def test_tasks_match_the_memory_loop_scan_bitwise(mode: str, chunks: Any, K: Any,
                                                   tasks: list[int]) -> None:
     u0 = _field()

@@ -41,7 +41,10 @@ def _field(shape: tuple[int, ...], dtype: Any = np.float32, seed: int = 0) -> xr
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("chunks", [(10, 16), (7, 9), (23, 40)])
+# every mode on the smallest, uneven blocks in the fast run; the other chunkings (2-11 s a
+# case on 2 cores) with the slow tests
+@pytest.mark.parametrize("chunks", [pytest.param((10, 16), marks=pytest.mark.slow), (7, 9),
+                                    pytest.param((23, 40), marks=pytest.mark.slow)])
 def test_blocks_match_memory_bitwise(mode: str, chunks: tuple[int, int],
                                      ran: list[int]) -> None:
     da = _field((23, 40))
@@ -202,7 +205,8 @@ def test_many_blocks_on_the_threaded_scheduler(ran: list[int]) -> None:
 
 
 @pytest.mark.parametrize("mode", ["fill", "extend", "reflect", "symmetric"])
-@pytest.mark.parametrize("n, w", [(9, 2), (5, 2), (4, 1), (12, 3), (6, 2), (9, 3)])
+@pytest.mark.parametrize("n, w", [(9, 2), (4, 1), (12, 3)] + [
+    pytest.param(n, w, marks=pytest.mark.slow) for n, w in [(5, 2), (6, 2), (9, 3)]])
 def test_repad_host_matches_the_traced_repad(mode: str, n: int, w: int) -> None:
     rng = np.random.default_rng(n * 10 + w)
     x = rng.standard_normal((n, 6)).astype(np.float32)
@@ -277,8 +281,13 @@ def _mesh(obj: xr.DataArray, mask: xr.DataArray, mode: str, backend: str) -> Any
     return m
 
 
-@pytest.mark.parametrize("mode", ["periodic", "reflect", "fill", "extend"])
-@pytest.mark.parametrize("chunks", [{"y": 13, "x": 20}, {"y": 30, "x": 48}, {"x": (6, 42)}])
+# every mode on uneven x chunks and periodic on 4x3 blocks in the fast run (8-14 s a case
+# on 2 cores for the 4x3 blocks); the rest with the slow tests
+@pytest.mark.parametrize(("chunks", "mode"), [
+    pytest.param(chunks, mode, id=f"chunks{i}-{mode}",
+                 marks=() if i == 2 or (i == 0 and mode == "periodic") else pytest.mark.slow)
+    for i, chunks in enumerate([{"y": 13, "x": 20}, {"y": 30, "x": 48}, {"x": (6, 42)}])
+    for mode in ["periodic", "reflect", "fill", "extend"]])
 def test_mesh_blocks_match_memory_bitwise(mode: str, chunks: Any,
                                           mesh_blocks: list[bool]) -> None:
     da = _field((40, 48), seed=15)

@@ -159,6 +159,7 @@ FINITE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two fresh processes; the nests' disk cache is tested above in the fast run
 def test_the_finiteness_check_is_cached_on_disk_too(tmp_path: Path) -> None:
     """``finite.all_finite`` (the host FFT's and ``check_finite``'s test)
     compiles its loop once per dtype; a second process loads both."""

@@ -95,7 +95,7 @@ def _np_mesh(a: np.ndarray, steps: int, mode: str, covered: bool) -> list[np.nda
 
 @pytest.mark.parametrize("mode", ["periodic", "fill"])
 @pytest.mark.parametrize("covered", [True, False])
-@pytest.mark.parametrize("save_every", [1, 2, "last"])
+@pytest.mark.parametrize("save_every", [pytest.param(1, marks=pytest.mark.slow), 2, "last"])
 def test_mesh_scan_matches_numpy_bitwise_and_xla(ran: list[int], mode: str, covered: bool,
                                                  save_every: Any) -> None:
     u0 = _field()

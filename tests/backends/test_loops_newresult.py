@@ -59,7 +59,7 @@ def _opts(mode: str) -> dict[str, Any]:
                                                                  "fill_value": 0.5}
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("ndim", [2, 3])
 @pytest.mark.parametrize("mode", ["fill", "periodic"])
 def test_consecutive_results_are_right_and_independent(mode: str, ndim: int, dtype: str,

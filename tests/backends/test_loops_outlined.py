@@ -68,8 +68,9 @@ def _same_bits(a: Any, b: Any) -> None:
 
 
 @pytest.mark.parametrize("shape,boundary", [
-    ((37, 29), "periodic"), ((37, 29), "fill"),
-    # the 3-D nests compile for 26-38 s on 2 cores: run with the slow tests
+    ((37, 29), "periodic"),
+    # about 30 s each on 2 cores (the 3-D nests 26-38 s to compile): with the slow tests
+    pytest.param((37, 29), "fill", marks=pytest.mark.slow),
     pytest.param((9, 11, 13), "periodic", marks=pytest.mark.slow),
     pytest.param((9, 11, 13), "fill", marks=pytest.mark.slow)])
 def test_an_outlined_masked_map_is_bitwise_the_nest_it_replaces(
@@ -122,6 +123,7 @@ def test_a_mesh_region_box_nest_is_outlined_and_bitwise_the_same(
     assert np.isnan(got.values).sum() > 0  # the NaN reached the outputs of nonzero weights
 
 
+@pytest.mark.slow  # 146 s on a loaded 2-core host
 def test_a_loop_scan_through_its_driver_runs_the_outlined_nest(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Enough steps for the compiled time-loop driver, which calls the
@@ -198,6 +200,7 @@ def test_the_blocks_cover_every_row_once(rows: int, monkeypatch: pytest.MonkeyPa
     np.testing.assert_array_equal(hits, 1)
 
 
+@pytest.mark.slow  # 106 s on a loaded 2-core host; the nests' disk cache is tested fast
 def test_the_disk_cache_keeps_an_outlined_nest(tmp_path: Path) -> None:
     """Compiled with ``cache=True`` without numba's "cannot cache" warning,
     and a second process loads it and gets the same numbers."""

@@ -177,6 +177,7 @@ def _steady(gaps: np.ndarray) -> bool:
     return bool(np.quantile(gaps, 0.9) <= 0.5 and gaps.max() <= 2.0)
 
 
+@pytest.mark.slow  # a minute of wall-clock runs; the rule itself is tested on a fake clock
 def test_updates_come_at_most_half_a_second_apart(route: dict[str, list[int]],
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:

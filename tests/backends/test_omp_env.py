@@ -30,6 +30,7 @@ def test_the_users_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
     assert os.environ["GOMP_SPINCOUNT"] == "7"
 
 
+@pytest.mark.slow  # a fresh process that compiles a loop map: 40 s on a loaded 2-core host
 @pytest.mark.skipif(loops.numba is None, reason="needs numba (the cpu extra)")
 def test_set_before_the_first_loop_map_runs() -> None:
     """In a fresh process, the first loop map (which starts numba's OpenMP

@@ -85,8 +85,12 @@ def _saved(traj: list[np.ndarray], save_every: Any) -> np.ndarray:
     return traj[-1] if save_every == "last" else np.stack(traj[::save_every])
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("save_every", [1, 4, 40, "last"])
+# 6-15 s a case on 2 cores: each save mode once in the fast run, both dtypes among them
+@pytest.mark.parametrize(("save_every", "dtype"), [
+    pytest.param(every, dtype, id=f"{every}-{np.dtype(dtype).name}",
+                 marks=() if (i + j) % 2 == 0 else pytest.mark.slow)
+    for i, every in enumerate([1, 4, 40, "last"])
+    for j, dtype in enumerate([np.float32, np.float64])])
 def test_bitwise_the_per_step_loop_and_numpy(drove: list[int], monkeypatch: pytest.MonkeyPatch,
                                              save_every: Any, dtype: Any) -> None:
     u0 = _field((19, 23), dtype)

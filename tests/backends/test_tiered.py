@@ -286,6 +286,7 @@ def test_a_fork_during_a_build_leaves_the_child_able_to_compile() -> None:
     assert tiered.settle(timeout=300) and t.parallel is not None
 
 
+@pytest.mark.slow  # a fresh interpreter that starts a build: 69 s on a loaded 2-core host
 def test_the_interpreter_exits_cleanly_during_a_build(tmp_path: Any) -> None:
     script = textwrap.dedent(f"""\
         import numpy as np

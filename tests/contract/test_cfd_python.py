@@ -148,7 +148,10 @@ def laplacian_matrix(ny: int, nx: int, dy: float, dx: float) -> sp.csr_matrix:
     return (sp.kron(d2(ny, dy), sp.identity(nx)) + sp.kron(sp.identity(ny), d2(nx, dx))).tocsr()
 
 
-@pytest.mark.parametrize("method", ["multigrid", "cg", "bicgstab", "gmres"])
+# multigrid and gmres take 20-30 s here on 2 cores (tests/labelled/test_solve.py and
+# tests/engine/test_multigrid.py test them in the fast run): with the slow tests
+@pytest.mark.parametrize("method", [pytest.param("multigrid", marks=pytest.mark.slow), "cg",
+                                    "bicgstab", pytest.param("gmres", marks=pytest.mark.slow)])
 def test_step10_poisson_solve_matches_spsolve(x64, method):
     dx, dy = DX10, DY10
     rhs = poisson_state()["b"].isel(y=slice(1, -1), x=slice(1, -1))

@@ -58,6 +58,7 @@ SIGINT_SCRIPT = """
 """
 
 
+@pytest.mark.slow  # a subprocess that compiles and runs a scan: 40 s on a loaded 2-core host
 def test_ctrl_c_stops_a_long_scan_with_progress_promptly():
     """10^9 steps take minutes; the bar used to be honoured only at the next
     of its 25 updates (8-9 s here and more on longer runs), or never before the
@@ -86,6 +87,7 @@ MEMORY_SCRIPT = """
 """
 
 
+@pytest.mark.slow  # a subprocess measuring memory per step: 36 s on a loaded 2-core host
 def test_save_every_last_memory_per_step():
     """The padded time coordinate used to be built for the whole trajectory
     even for a kernel that never reads it: 66 bytes per step (1.5 GB at 2e7
@@ -119,6 +121,7 @@ FORK_SCRIPT = """
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.slow  # a subprocess that starts JAX and forks: 47 s on a loaded 2-core host
 def test_fork_after_jax_warns_and_names_spawn():
     proc = run_script(FORK_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-3000:]

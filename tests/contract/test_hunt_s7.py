@@ -78,7 +78,8 @@ def _fft_map(data: np.ndarray, w: np.ndarray, boundary: str, how: str) -> np.nda
 
 
 @pytest.mark.parametrize("how", ["runtime", "constant"])
-@pytest.mark.parametrize("boundary", ["fill", "periodic"])
+# periodic (6-22 s a case on a loaded 2-core host) with the slow tests; every case on fill
+@pytest.mark.parametrize("boundary", ["fill", pytest.param("periodic", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("case", ["one_huge", "small_weights", "all_big", "huge_weights",
                                   "float64"])
 def test_fft_lowering_does_not_overflow_where_the_direct_sum_is_finite(

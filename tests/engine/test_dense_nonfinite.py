@@ -91,8 +91,17 @@ def _run(a: np.ndarray, w: np.ndarray, mode: str, const: bool) -> np.ndarray:
 CASES = [("slices", 9), ("separable", 11), ("fft", 13)]
 
 
-@pytest.mark.parametrize("const", [True, False], ids=["constant", "runtime"])
-@pytest.mark.parametrize("mode", ["periodic", "extend", "fill"])
+# runtime weights compile for 8-16 s each on 2 cores: every mode with constant weights and
+# periodic with runtime ones in the fast run, the other runtime cases with the slow tests
+MODES_CONST = [pytest.param("periodic", True, id="periodic-constant"),
+               pytest.param("periodic", False, id="periodic-runtime"),
+               pytest.param("extend", True, id="extend-constant"),
+               pytest.param("extend", False, id="extend-runtime", marks=pytest.mark.slow),
+               pytest.param("fill", True, id="fill-constant"),
+               pytest.param("fill", False, id="fill-runtime", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize(("mode", "const"), MODES_CONST)
 @pytest.mark.parametrize(("how", "k"), CASES)
 def test_nan_and_inf_data_keep_the_direct_sums_footprint(x64: None, how: str, k: int,
                                                          mode: str, const: bool) -> None:

@@ -99,8 +99,12 @@ def test_runtime_weights_take_the_fft():
     assert dense.choose(jax.ShapeDtypeStruct((K, K), np.float32)) == "fft"
 
 
-@pytest.mark.parametrize("mode", ["periodic", "extend", "fill", "reflect", "symmetric"])
-@pytest.mark.parametrize("kind", ["numpy", "jax"])
+# every mode on numpy input, periodic on JAX input in the fast run (5 s each on 2 cores)
+@pytest.mark.parametrize(("kind", "mode"), [
+    pytest.param(kind, mode, id=f"{kind}-{mode}",
+                 marks=() if kind == "numpy" or mode == "periodic" else pytest.mark.slow)
+    for kind in ("numpy", "jax")
+    for mode in ("periodic", "extend", "fill", "reflect", "symmetric")])
 def test_float32_numpy_and_jax_inputs_match_scipy(mode: str, kind: str) -> None:
     """numpy and JAX data, every boundary mode the FFT lowering pads for
     (periodic: the circular FFT on the field itself), on repeated calls
@@ -144,8 +148,12 @@ POSITIONS = [(0, 0), (0, SHAPE[1] - 1), (SHAPE[0] - 1, 0), (SHAPE[0] - 1, SHAPE[
              (SHAPE[0] // 2, SHAPE[1] // 2), (1, 17), (23, 0), (39, 30)]
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["float32", "float64"])
-@pytest.mark.parametrize("mode", ["periodic", "extend"])
+# 15-20 s each on 2 cores: periodic float32 and extend float64 in the fast run
+@pytest.mark.parametrize(("mode", "wide"), [
+    pytest.param("periodic", False, id="periodic-float32"),
+    pytest.param("periodic", True, id="periodic-float64", marks=pytest.mark.slow),
+    pytest.param("extend", False, id="extend-float32", marks=pytest.mark.slow),
+    pytest.param("extend", True, id="extend-float64")])
 def test_one_non_finite_value_anywhere_reruns_the_exact_program(
         mode: str, wide: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a finite call has staged the all-finite program, a single NaN,
@@ -183,7 +191,8 @@ def test_one_non_finite_value_anywhere_reruns_the_exact_program(
             assert len(plain_calls) == 3 * (i + 1)  # each one caught, rerun exactly
 
 
-@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("value", [np.nan, pytest.param(np.inf, marks=pytest.mark.slow),
+                                   -np.inf])  # 18-21 s each on 2 cores
 def test_weights_turning_non_finite_in_place(value: float,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Weights changed in place after a finite call: their spectrum is new

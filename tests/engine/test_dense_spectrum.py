@@ -117,6 +117,7 @@ def test_float32_split_program_matches_the_plain_one() -> None:
                                rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.slow  # gradient and vmap compiles: 48 s on a loaded 2-core host
 def test_gradients_and_vmap_over_the_weights(x64: None) -> None:
     """Traced weights (grad, vmap) run the plain program: still correct."""
     rng = np.random.default_rng(4)

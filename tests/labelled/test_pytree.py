@@ -163,6 +163,7 @@ def test_fit_diffusion_coefficient_by_gradient_descent():
     assert float(nu) == pytest.approx(float(true_nu), rel=2e-2)
 
 
+@pytest.mark.slow  # a fresh interpreter: 41 s on a loaded 2-core host
 def test_conflicting_registration_warns_clearly():
     code = textwrap.dedent("""
         import warnings
