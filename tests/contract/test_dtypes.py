@@ -134,7 +134,12 @@ casts = st.sampled_from([None, np.dtype(np.float32), np.dtype(np.int32),
                          np.dtype(np.float64)])
 
 
-@pytest.mark.parametrize("x64", [False, True], ids=["x64_off", "x64_on"])
+#: x64 off in the fast run, on with the slow tests (each example compiles)
+X64 = [pytest.param(False, id="x64_off"),
+       pytest.param(True, id="x64_on", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("x64", X64)
 @settings(max_examples=15)  # each example compiles
 @given(c=case, cast=casts)
 def test_map_has_the_kernels_dtype(x64: bool, c: tuple[Any, ...], cast: Any) -> None:
@@ -156,7 +161,7 @@ def test_map_has_the_kernels_dtype(x64: bool, c: tuple[Any, ...], cast: Any) -> 
         np.testing.assert_array_equal(np.asarray(cast_out), np.asarray(out).astype(cast))
 
 
-@pytest.mark.parametrize("x64", [False, True], ids=["x64_off", "x64_on"])
+@pytest.mark.parametrize("x64", X64)
 @settings(max_examples=15)  # each example compiles
 @given(c=array_case)
 def test_kmap_and_map_agree(x64: bool, c: tuple[Any, ...]) -> None:
@@ -196,7 +201,7 @@ def _wrap(x: np.ndarray) -> Any:
     return x
 
 
-@pytest.mark.parametrize("x64", [False, True], ids=["x64_off", "x64_on"])
+@pytest.mark.parametrize("x64", X64)
 @settings(max_examples=15)  # each example compiles
 @given(c=case)
 def test_mesh_promotes_kernels_and_kept_input(x64: bool, c: tuple[Any, ...]) -> None:
@@ -229,7 +234,7 @@ SCAN_KERNELS: dict[str, tuple[Callable[..., Any], Callable[[np.ndarray], np.ndar
 }
 
 
-@pytest.mark.parametrize("x64", [False, True], ids=["x64_off", "x64_on"])
+@pytest.mark.parametrize("x64", X64)
 @settings(max_examples=15)  # each example compiles
 @given(dt=st.sampled_from(DTYPES), name=st.sampled_from(sorted(SCAN_KERNELS)),
        seed=st.integers(0, 2**31 - 1))
