@@ -254,3 +254,21 @@ def test_read_outside_the_window_in_a_mesh_region():
     F[0] = lambda u: u[-2]
     with pytest.raises(IndexError, match=E("offset -2 along axis 0 is outside the window")):
         F(A6)
+
+
+@pytest.mark.parametrize("kind", ["smap", "sscan"])
+def test_a_window_wider_than_the_data_names_kernel_size_for_smap(kind: str) -> None:
+    """smap and sscan have no ``padding=``: the refusal of a window that pads
+    past the data named it and raised a bare KeyError (found by
+    tests/test_fuzz_specs.py); it names ``kernel_size`` and its fix."""
+    fn = getattr(xstencil, kind)(lambda x: jnp.zeros((), x.dtype), kernel_size=(1, 2050))
+    with pytest.raises(XStencilError, match=r"kernel_size=\(1, 2050\) pads axis 1 \(length 5\) "
+                                            r"by \(1024, 1025\).*use a smaller kernel_size"):
+        fn(jnp.zeros((4, 5), jnp.float32))
+
+
+def test_padding_wider_than_the_data_names_padding_for_kmap() -> None:
+    fn = xstencil.kmap(lambda x: x[0, 0], kernel_size=(1, 3), padding=((0, 0), (3000, 3000)))
+    with pytest.raises(XStencilError, match=r"padding=.*pads axis 1 \(length 5\) by "
+                                            r"\(3000, 3000\).*'same', 'valid' or a smaller int"):
+        fn(jnp.zeros((4, 5), jnp.float32))

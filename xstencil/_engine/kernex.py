@@ -165,10 +165,13 @@ class KernelMesh:
         check_fill(call, o["fill_value"], x.dtype, modes)
         for ax, ((lo, hi), n) in enumerate(zip(pads, x.shape, strict=True)):
             if max(lo, hi) > max(n, MAX_HALO):
+                if "padding" in o:  # kmap, kscan
+                    given, fix = f"padding={o['padding']!r:.60}", "'same', 'valid' or a smaller int"
+                else:  # smap, sscan pad by the window: (k - 1) // 2 and k // 2
+                    given, fix = f"kernel_size={o['kernel_size']!r:.60}", "a smaller kernel_size"
                 raise XStencilError(
-                    f"{call}: padding={o['padding']!r:.60} pads axis {ax} (length {n}) by "
-                    f"({lo}, {hi}); padding wider than the data (or {MAX_HALO} cells) is not "
-                    f"supported; use 'same', 'valid' or a smaller int"
+                    f"{call}: {given} pads axis {ax} (length {n}) by ({lo}, {hi}); padding "
+                    f"wider than the data (or {MAX_HALO} cells) is not supported; use {fix}"
                 )
         # a stride beyond the padded length gives one output, as that length does
         steps = tuple(min(s, max(n + lo + hi, 1))
