@@ -44,6 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from xstencil._engine.linear import drops_value, width
+
 __all__ = ["is_affine", "integer_affine", "homogeneous", "runtime_weights", "MAX_JACFWD"]
 
 #: ``(window cells) ** 2`` above which a kernel that widens its cells' dtype
@@ -75,19 +77,13 @@ def is_affine(closed: Any, n_cells: int) -> bool:
     the cells, with coefficients that depend on no cell."""
     jaxpr = closed.jaxpr
     tags = [True] * n_cells + [False] * (len(jaxpr.invars) - n_cells)
-    widest = max((_width(v.aval.dtype) for v in jaxpr.outvars), default=0)
+    widest = max((width(v.aval.dtype) for v in jaxpr.outvars), default=0)
     try:
         _tags(jaxpr, tags, widest)
     except _NotAffine:
         return False
     return all(v.aval.shape == () and np.dtype(v.aval.dtype).kind in "fc"
                for v in jaxpr.outvars)
-
-
-def _width(dtype: Any) -> int:
-    """The bytes of one real component of ``dtype`` (complex64: 4)."""
-    dt = np.dtype(dtype)
-    return dt.itemsize // 2 if dt.kind == "c" else dt.itemsize
 
 
 def _walk(jaxpr: Any, args: Sequence[Any], rule: Callable[[Any, list[Any]], list[Any]],
@@ -139,10 +135,8 @@ def _eqn(eqn: Any, ins: list[bool], widest: int) -> list[bool]:
     if name in _UNARY or name in _JOINT:
         return [True] * n_out
     if name == "convert_element_type":
-        new, src = np.dtype(eqn.params["new_dtype"]), np.dtype(eqn.invars[0].aval.dtype)
-        if new.kind not in "fc" or (src.kind == "c" and new.kind != "c") or (
-                _width(new) < widest and _width(new) < _width(src)):
-            raise _NotAffine  # an integer, a real part, or a rounding the output does not do
+        if drops_value(eqn.params["new_dtype"], eqn.invars[0].aval.dtype, widest):
+            raise _NotAffine
         return [True]
     if name in ("mul", "dot_general"):
         if all(ins):
@@ -350,7 +344,7 @@ def _weights(closed: Any, shapes: Sequence[tuple[int, ...]], dyn: Any) -> list[l
 
     outs = [np.dtype(v.aval.dtype) for v in closed.jaxpr.outvars]
     # real cells of a complex output: a vjp would keep the weights' real part only
-    widens = any(_width(o) > _width(a.dtype) or (o.kind == "c" and np.dtype(a.dtype).kind != "c")
+    widens = any(width(o) > width(a.dtype) or (o.kind == "c" and np.dtype(a.dtype).kind != "c")
                  for o in outs for a in avals)
     if widens:
         if sum(math.prod(s) for s in shapes) ** 2 > MAX_JACFWD:

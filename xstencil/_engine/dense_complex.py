@@ -28,19 +28,14 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jcore
 
+from xstencil._engine.linear import component
+
 __all__ = ["component", "is_complex", "nan_halo", "real_weights", "split_correlate"]
 
 
 def is_complex(x: Any) -> bool:
     """Whether the array or dtype ``x`` is complex."""
     return np.dtype(getattr(x, "dtype", x)).kind == "c"
-
-
-def component(dtype: Any) -> np.dtype:
-    """The dtype of one real part of ``dtype`` (complex64: float32), or
-    ``dtype`` itself where it is real."""
-    dt = np.dtype(dtype)
-    return np.dtype(np.finfo(dt).dtype) if dt.kind == "c" else dt
 
 
 def nan_halo(src: Any) -> Any:

@@ -32,6 +32,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from xstencil._engine.call import stand_in
+from xstencil._engine.linear import component
 
 __all__ = ["REARRANGE", "exact_in", "float_cells"]
 
@@ -52,9 +53,7 @@ def exact_in(dtype: Any, fdtype: Any) -> bool:
     """Whether every value of ``dtype`` (a bool or integer dtype) is a
     ``fdtype`` float (or both components of a complex ``fdtype`` are): its
     bits fit the float's significand."""
-    dtype, fdtype = np.dtype(dtype), np.dtype(fdtype)
-    if fdtype.kind == "c":
-        fdtype = np.finfo(fdtype).dtype
+    dtype, fdtype = np.dtype(dtype), component(fdtype)
     if not np.issubdtype(fdtype, np.floating):
         return False
     if dtype == np.bool_:
@@ -82,9 +81,7 @@ def float_cells(closed: Any, n: int) -> Any:
     outs = {np.dtype(v.aval.dtype) for v in jaxpr.outvars}
     if len(outs) != 1 or not np.issubdtype(next(iter(outs)), np.inexact):
         return None
-    fdtype = next(iter(outs))
-    if fdtype.kind == "c":
-        fdtype = np.dtype(np.finfo(fdtype).dtype)
+    fdtype = component(next(iter(outs)))
     if not all(exact_in(avals[i].dtype, fdtype) for i in ints):
         return None
 

@@ -26,7 +26,8 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-__all__ = ["Linear", "MAX_INTEGER_WEIGHT", "integer", "weights"]
+__all__ = ["Linear", "MAX_INTEGER_WEIGHT", "component", "drops_value", "integer", "weights",
+           "width"]
 
 _LINEAR_UNARY = frozenset({"neg", "copy", "copy_p", "optimization_barrier"})
 _STRUCTURAL = frozenset({"slice", "squeeze", "reshape", "transpose", "broadcast_in_dim", "rev",
@@ -95,10 +96,26 @@ def _number(c: Any) -> np.ndarray:
     return np.asarray(c, dtype=np.complex128 if np.iscomplexobj(c) else np.float64)
 
 
-def _width(dtype: Any) -> int:
-    """The bytes of one real component of ``dtype`` (complex64: 4)."""
+def component(dtype: Any) -> np.dtype:
+    """The dtype of one real part of ``dtype`` (complex64: float32), or
+    ``dtype`` itself where it is real."""
     dt = np.dtype(dtype)
-    return dt.itemsize // 2 if dt.kind == "c" else dt.itemsize
+    return np.dtype(np.finfo(dt).dtype) if dt.kind == "c" else dt
+
+
+def width(dtype: Any) -> int:
+    """The bytes of one real component of ``dtype`` (complex64: 4)."""
+    return component(dtype).itemsize
+
+
+def drops_value(new: Any, src: Any, widest: int) -> bool:
+    """Whether ``convert_element_type`` from ``src`` to ``new`` is not a
+    step of a linear (or affine) float sum whose widest output component
+    has ``widest`` bytes: a cast to an integer, to a complex value's real
+    part, or a rounding the output does not do."""
+    new, src = np.dtype(new), np.dtype(src)
+    return new.kind not in "fc" or (src.kind == "c" and new.kind != "c") or (
+        width(new) < widest and width(new) < width(src))
 
 
 def _const_linear(c: Any) -> Linear:
@@ -123,7 +140,7 @@ def weights(closed: Any, cell_shapes: Sequence[tuple[int, ...]]) -> list[list[np
         args.append(Linear(idx, idx + offset, np.ones(size), np.zeros(shape)))
         offset += size
     args += [_Opaque() for _ in jaxpr.invars[n:]]
-    widest = max((_width(v.aval.dtype) for v in jaxpr.outvars), default=0)
+    widest = max((width(v.aval.dtype) for v in jaxpr.outvars), default=0)
     ints = integer(closed)
     try:
         outs = _interpret(jaxpr, closed.consts, args, widest, ints)
@@ -252,10 +269,8 @@ def _linear_eqn(eqn: Any, invals: list[Any], widest: int,
             return [Linear(x.rows, x.cols, -x.vals, -x.bias)]
         return [x] * len(eqn.outvars)
     if name == "convert_element_type":
-        new, src = np.dtype(params["new_dtype"]), np.dtype(eqn.invars[0].aval.dtype)
-        if new.kind not in "fc" or (src.kind == "c" and new.kind != "c") or (
-                _width(new) < widest and _width(new) < _width(src)):
-            raise _NotLinear  # an integer, a complex value's real part, or a rounding
+        if drops_value(params["new_dtype"], eqn.invars[0].aval.dtype, widest):
+            raise _NotLinear
         return [invals[0]]
     if name in ("add", "sub", "add_any"):
         a, b = (x if isinstance(x, Linear) else _const_linear(x) for x in invals)
