@@ -121,12 +121,13 @@ INTEGER_SLICES = 441
 #: :data:`FFT_TAPS` and at most this many cells that is not separable is a
 #: loop over its rows ('rows': :func:`~xstencil._engine.dense_runtime.
 #: runtime_slices`), not one sum of every cell nor an FFT.  Measured on a TPU
-#: v5e at 1024² float32 (session 30): the loop compiled in 0.9-1.4 s at every
-#: size and ran 0.61 ms a call at 15 x 15 and 2.75 ms at 31 x 31, where the
-#: FFT compiled in 11-18 s (16-23 s with the weights' transform; 46-49 s under
-#: a user's ``jit``, with its non-finite branch) and ran 1.05-1.34 ms by hand
-#: and about 3 ms in xstencil; one sum of 225 cells compiled in 4.9 s and ran
-#: 3.0 ms.  At 63 x 63 the loop ran 17.5 ms, so larger windows keep the FFT.
+#: v5e at 1024² float32 (session 30, lowerings written by hand): the loop
+#: compiled in 0.9-1.4 s at every size and ran 0.61 ms a call at 15 x 15 and
+#: 2.75 ms at 31 x 31, where the FFT compiled in 11-18 s (16-23 s with the
+#: weights' transform; xstencil's 46-49 s under a user's ``jit``, with its
+#: non-finite branch) and ran 1.05-1.34 ms (about 3 ms in xstencil, one warm
+#: call each); one sum of 225 cells compiled in 4.9 s and ran 3.0 ms.  At
+#: 63 x 63 the loop ran 17.5 ms, so larger windows keep the FFT.
 ROW_TAPS = 1024
 
 
